@@ -1,0 +1,200 @@
+"""The ``abl`` command line. Imports stay lazy so ``abl --help`` does not load torch."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+DEFAULT_DB = "results/abl.duckdb"
+
+
+def fail(message: str) -> None:
+    """A user error: a clear message, exit status 2, no traceback."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def _user_errors():
+    from .config import ConfigError
+    from .data import DataError
+    from .plugins import PluginLoadError
+    from .registry import RegistryError
+    from .store import StoreError
+
+    return (ConfigError, RegistryError, PluginLoadError, DataError, StoreError)
+
+
+def _registry():
+    from .plugins import get_registry
+
+    try:
+        return get_registry()
+    except _user_errors() as exc:
+        fail(str(exc))
+
+
+class AblGroup(click.Group):
+    """Built-in commands are listed eagerly; plugin commands load on first use."""
+
+    _plugins_loaded = False
+
+    def get_command(self, ctx, name):
+        cmd = super().get_command(ctx, name)
+        if cmd is None and not AblGroup._plugins_loaded:
+            AblGroup._plugins_loaded = True
+            from .plugins import load_plugins
+
+            try:
+                load_plugins().hook.register_commands(cli=self)
+            except _user_errors() as exc:
+                fail(str(exc))
+            cmd = super().get_command(ctx, name)
+        return cmd
+
+
+@click.group(cls=AblGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="abl")
+@click.option("--plugins-dir", type=click.Path(file_okay=False), multiple=True,
+              help="Also load every *.py file in this folder as a plugin (repeatable).")
+def cli(plugins_dir):
+    """abl: ablations of decoder-only LM architectures, on your data and hardware.
+
+    Run a grid of small training runs (abl run GRID.toml), list the variants
+    (abl plugins), and compare results (abl dashboard).
+    """
+    if plugins_dir:
+        existing = [p for p in os.environ.get("ABL_PLUGINS_DIR", "").split(os.pathsep) if p]
+        os.environ["ABL_PLUGINS_DIR"] = os.pathsep.join(
+            existing + [str(Path(d).resolve()) for d in plugins_dir])
+
+
+@cli.command()
+@click.argument("grid_file", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override any config key, e.g. --set model.d_model=64 (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Print the cells and exit without training.")
+@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
+@click.option("--runs-dir", default=None, help="Run folders (default: runs/ beside the database).")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Cells trained at once, each in its own process.")
+@click.option("--max-cells", default=10_000, show_default=True, type=click.IntRange(1),
+              help="Refuse grids with more runs than this.")
+def run(grid_file, overrides, dry_run, db_path, runs_dir, workers, max_cells):
+    """Expand GRID_FILE into cells, validate them all, then train those not yet completed."""
+    from .config import load_grid
+
+    registry = _registry()
+    try:
+        grid = load_grid(grid_file, registry, list(overrides), max_cells=max_cells)
+    except _user_errors() as exc:
+        fail(str(exc))
+    if dry_run:
+        _print_cells(grid)
+        return
+    from .runner import run_grid
+
+    db = Path(db_path)
+    try:
+        failures = run_grid(grid, registry, db, Path(runs_dir) if runs_dir else db.parent / "runs",
+                            workers=workers)
+    except _user_errors() as exc:
+        fail(str(exc))
+    except KeyboardInterrupt:
+        click.echo("stopped; completed cells are stored, run the same command to resume", err=True)
+        sys.exit(130)
+    if failures:
+        click.echo(f"{failures} run(s) did not complete; see the table above", err=True)
+        sys.exit(1)
+
+
+def _print_cells(grid) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{grid.path}: {len(grid.cells)} runs")
+    table.add_column("#", justify="right")
+    table.add_column("run_id")
+    for p in grid.grid_paths:
+        table.add_column(p)
+    table.add_column("seed", justify="right")
+    for i, c in enumerate(grid.cells, 1):
+        table.add_row(str(i), c.run_id, *[str(c.varied[p]) for p in grid.grid_paths], str(c.seed))
+    Console().print(table)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of tables.")
+def plugins(as_json):
+    """List every registered component by axis, with the plugin and package it came from."""
+    import json
+
+    registry = _registry()
+    rows = [c.summary() for c in registry.all()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .registry import AXES
+
+    console = Console()
+    for axis in AXES:
+        table = Table(title=f"{axis}  (selected by {AXES[axis][0]})", title_justify="left")
+        for col in ("name", "plugin", "package", "parameters", "description"):
+            table.add_column(col)
+        for r in (r for r in rows if r["axis"] == axis):
+            params = ", ".join(f"{k}: {v}" for k, v in r["params"].items()) or "-"
+            table.add_row(*map(escape, (r["name"], r["plugin"], f"{r['package']} {r['version']}",
+                                        params, r["doc"])))
+        console.print(table)
+
+
+@cli.command()
+@click.argument("run_dirs", nargs=-1, type=click.Path(exists=True, file_okay=False))
+@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True)
+@click.option("--runs-dir", default=None, help="Ingest every run folder in here (default: runs/ beside the database).")
+def ingest(run_dirs, db_path, runs_dir):
+    """Copy run folders into the database (rebuilds it from the folders if needed)."""
+    from . import store
+
+    db = Path(db_path)
+    dirs = [Path(d) for d in run_dirs]
+    if not dirs:
+        base = Path(runs_dir) if runs_dir else db.parent / "runs"
+        dirs = sorted(p for p in base.glob("*") if (p / "config.json").exists())
+    try:
+        result = store.ingest_dirs(db, dirs)
+    except _user_errors() as exc:
+        fail(str(exc))
+    click.echo(f"ingested {len(result)} run folder(s) into {db}")
+
+
+@cli.command()
+@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True)
+@click.option("--port", default=8501, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--host", default="127.0.0.1", show_default=True)
+def dashboard(db_path, port, host):
+    """Serve the Streamlit comparison dashboard (needs the 'dashboard' extra)."""
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("streamlit") is None:
+        fail("the dashboard needs Streamlit: pip install -e '.[dashboard]'")
+    app = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+    env = dict(os.environ, ABL_DB=str(Path(db_path).resolve()))
+    sys.exit(subprocess.call([sys.executable, "-m", "streamlit", "run", str(app),
+                              "--server.address", host, "--server.port", str(port),
+                              "--server.headless", "true"], env=env))
+
+
+def main() -> None:
+    cli(prog_name="abl")
+
+
+if __name__ == "__main__":
+    main()

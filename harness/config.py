@@ -1,0 +1,497 @@
+"""Grid files: TOML -> typed configs -> validated cells with stable run ids.
+
+A grid file has the tables
+
+- ``[experiment]``: name, seeds, description;
+- ``[model]``, ``[train]``, ``[data]``: the flat fields of the dataclasses
+  below. The component on each axis is chosen by name (``model.norm``,
+  ``model.mixer``, ``train.precision``, ``data.dataset`` ...);
+- one table per axis holding parameters per component name, e.g.
+  ``[norm.rmsnorm] eps = 1e-6`` or ``[mixer.mha] n_kv_heads = 2``; they apply
+  only when that component is selected;
+- ``[grid]``: dotted config paths mapped to lists of values; the cells are
+  the cartesian product of those lists x seeds. ``exclude`` is an optional
+  list of tables; a cell matching every entry of one of them is dropped.
+
+Every problem found is collected and reported together, before any training.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import hashlib
+import itertools
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .registry import AXES, Param, Registry, RegistryError
+
+
+class ConfigError(Exception):
+    """A user error in a grid file or override; ``messages`` lists them all."""
+
+    def __init__(self, messages: list[str] | str):
+        self.messages = [messages] if isinstance(messages, str) else list(messages)
+        super().__init__("\n".join(self.messages))
+
+
+def _f(default, doc, **kw):
+    return field(default=default, metadata={"doc": doc, **kw})
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = _f("default", "experiment name; runs are grouped by it in the store")
+    seeds: list = field(default_factory=lambda: [0],
+                        metadata={"doc": "list of integer seeds; every cell runs once per seed"})
+    description: str = _f("", "free text shown in reports")
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = _f(128, "residual stream width", min=1)
+    n_layers: int = _f(4, "number of blocks", min=1)
+    n_heads: int = _f(4, "attention heads (query heads)", min=1)
+    context: int = _f(128, "training context length in tokens", min=2)
+    vocab_size: int = _f(0, "0 = take it from the dataset", min=0)
+    tie_embeddings: bool = _f(True, "share the token embedding with the LM head")
+    init_std: float = _f(0.02, "std of the normal init of linear and embedding weights", min=0.0)
+    dropout: float = _f(0.0, "dropout on sublayer outputs", min=0.0, max=1.0)
+    norm: str = _f("rmsnorm", "norm component")
+    block: str = _f("pre", "block layout component")
+    position: str = _f("rope", "position component")
+    mixer: str = _f("mha", "mixer component (attention or SSM)")
+    ffn: str = _f("gelu", "feed-forward component")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass
+class TrainConfig:
+    steps: int = _f(200, "optimizer steps", min=1)
+    batch_size: int = _f(16, "sequences per step", min=1)
+    lr: float = _f(3e-3, "peak learning rate", min=0.0)
+    min_lr_ratio: float = _f(0.1, "cosine decays to lr * min_lr_ratio", min=0.0, max=1.0)
+    warmup_steps: int = _f(20, "linear warm-up steps", min=0)
+    weight_decay: float = _f(0.1, "AdamW decoupled weight decay (matrices only)", min=0.0)
+    beta1: float = _f(0.9, "AdamW beta1", min=0.0, max=1.0)
+    beta2: float = _f(0.95, "AdamW beta2", min=0.0, max=1.0)
+    adam_eps: float = _f(1e-8, "AdamW epsilon", min=0.0)
+    grad_clip: float = _f(1.0, "global grad-norm clip; 0 disables", min=0.0)
+    eval_every: int = _f(50, "evaluate on the validation split every N steps (and at the end)", min=1)
+    eval_batches: int = _f(8, "validation batches per evaluation", min=1)
+    precision: str = _f("fp32", "precision component")
+    device: str = _f("auto", "auto, cpu, cuda or cuda:N", choices=None)
+    kernels: str = _f("auto", "auto (triton on CUDA, torch elsewhere), triton or torch",
+                      choices=("auto", "triton", "torch"))
+    threads: int = _f(0, "torch CPU threads; 0 = torch's default", min=0)
+    diverge_loss: float = _f(1e3, "a train loss above this (or non-finite) stops the cell as diverged", min=0.0)
+
+
+@dataclass
+class DataConfig:
+    dataset: str = _f("pystdlib", "dataset component")
+
+
+SECTIONS: dict[str, type] = {
+    "experiment": ExperimentConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "data": DataConfig,
+}
+
+
+def section_params(cls) -> dict[str, Param]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        md = f.metadata
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        typ = {"int": int, "float": float, "str": str, "bool": bool, "list": list}.get(
+            f.type if isinstance(f.type, str) else f.type.__name__, None
+        )
+        out[f.name] = Param(default=default, type=typ, doc=md.get("doc", ""),
+                            choices=md.get("choices"), min=md.get("min"), max=md.get("max"))
+    return out
+
+
+@dataclass
+class Cell:
+    """One fully resolved training run."""
+
+    config: dict[str, Any]
+    run_id: str
+    experiment: ExperimentConfig
+    model: ModelConfig
+    train: TrainConfig
+    data: DataConfig
+    seed: int
+    components: dict[str, dict[str, Any]]  # axis -> {"name": ..., "params": {...}}
+    varied: dict[str, Any]  # grid path -> value for this cell
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in self.varied.items()) or "base"
+
+    @property
+    def cell_key(self) -> str:
+        """Identifies the cell across seeds (the run_id without the seed)."""
+        cfg = dict(self.config)
+        cfg.pop("seed", None)
+        return config_hash(cfg)
+
+
+@dataclass
+class Grid:
+    path: str
+    raw: dict[str, Any]
+    cells: list[Cell]
+    grid_paths: list[str]
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def parse_toml_text(text: str, source: str) -> dict:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: TOML syntax error: {exc}") from None
+
+
+def read_toml(path: str | Path) -> dict:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    return parse_toml_text(text, str(path))
+
+
+def parse_value(text: str) -> Any:
+    """An override value is a TOML literal (1, 2.5, true, "x", [1, 2]); bare words are strings."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(raw: dict, path: str, value: Any) -> None:
+    parts = path.split(".")
+    node = raw
+    for part in parts[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {path}: {part!r} is not a table")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    out = []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set model.d_model=64")
+        key, _, val = item.partition("=")
+        key = key.strip()
+        if not key or any(not p for p in key.split(".")):
+            raise ConfigError(f"--set {item!r}: bad key {key!r}")
+        out.append((key, parse_value(val.strip())))
+    return out
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _suggest(word: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(word, valid, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _known_path(path: str, registry: Registry) -> str | None:
+    """None if ``path`` names a settable key, else an error message."""
+    parts = path.split(".")
+    head = parts[0]
+    if head in SECTIONS:
+        if len(parts) != 2:
+            return f"{path!r}: expected {head}.<key>"
+        keys = list(section_params(SECTIONS[head]))
+        if parts[1] not in keys:
+            return f"unknown key {path!r}{_suggest(parts[1], keys)} (valid: {', '.join(keys)})"
+        return None
+    if head in AXES:
+        if len(parts) != 3:
+            return f"{path!r}: component parameters are written {head}.<name>.<param>"
+        try:
+            comp = registry.get(head, parts[1])
+        except RegistryError as exc:
+            return f"{path!r}: {exc}"
+        if parts[2] not in comp.params:
+            valid = sorted(comp.params)
+            return (
+                f"{path!r}: {head} {parts[1]!r} has no parameter {parts[2]!r}"
+                f"{_suggest(parts[2], valid)} (valid: {', '.join(valid) or 'none'})"
+            )
+        return None
+    valid = list(SECTIONS) + list(AXES) + ["grid"]
+    return f"unknown table {head!r}{_suggest(head, valid)} (valid tables: {', '.join(valid)})"
+
+
+def _check_structure(raw: dict, registry: Registry) -> list[str]:
+    errs: list[str] = []
+    for key, value in raw.items():
+        if key == "grid":
+            continue
+        if key in SECTIONS:
+            if not isinstance(value, dict):
+                errs.append(f"[{key}] must be a table")
+                continue
+            for k in value:
+                msg = _known_path(f"{key}.{k}", registry)
+                if msg:
+                    errs.append(msg)
+        elif key in AXES:
+            if not isinstance(value, dict):
+                errs.append(f"[{key}] must be a table of component names")
+                continue
+            for name, params in value.items():
+                if not isinstance(params, dict):
+                    errs.append(f"{key}.{name}: expected a table of parameters, e.g. [{key}.{name}]")
+                    continue
+                for p in params:
+                    msg = _known_path(f"{key}.{name}.{p}", registry)
+                    if msg:
+                        errs.append(msg)
+        else:
+            errs.append(_known_path(key, registry) or f"unknown table {key!r}")
+    return errs
+
+
+def _parse_grid(raw: dict, registry: Registry) -> tuple[dict[str, list], list[dict], list[str]]:
+    grid = raw.get("grid", {})
+    errs: list[str] = []
+    if not isinstance(grid, dict):
+        return {}, [], ["[grid] must be a table of dotted paths to lists"]
+    axes: dict[str, list] = {}
+    excludes: list[dict] = []
+    for path, values in grid.items():
+        if path == "exclude":
+            if not isinstance(values, list) or not all(isinstance(v, dict) for v in values):
+                errs.append('grid.exclude must be a list of tables, e.g. [{"model.norm" = "none"}]')
+                continue
+            for ex in values:
+                for p in ex:
+                    msg = _known_path(p, registry)
+                    if msg:
+                        errs.append(f"grid.exclude: {msg}")
+            excludes = values
+            continue
+        if isinstance(values, dict):
+            errs.append(
+                f"grid key {path!r} is a table; quote dotted paths: \"{path}.<key>\" = [...]"
+            )
+            continue
+        msg = _known_path(path, registry)
+        if msg:
+            errs.append(f"grid: {msg}")
+            continue
+        if not isinstance(values, list) or not values:
+            errs.append(f"grid {path!r} must be a non-empty list of values")
+            continue
+        axes[path] = values
+    return axes, excludes, errs
+
+
+def _build_section(name: str, raw: dict) -> tuple[Any, list[str]]:
+    cls = SECTIONS[name]
+    params = section_params(cls)
+    values: dict[str, Any] = {}
+    errs: list[str] = []
+    for key, p in params.items():
+        v = raw.get(key, p.default)
+        if key == "seeds":
+            if not isinstance(v, list) or not v or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in v
+            ):
+                errs.append(f"experiment.seeds must be a non-empty list of integers, got {v!r}")
+            elif len(set(v)) != len(v):
+                errs.append(f"experiment.seeds has duplicates: {v!r}")
+        else:
+            for msg in p.check(key, v):
+                errs.append(f"{name}.{msg}")
+        if isinstance(v, int) and not isinstance(v, bool) and p.resolved_type() is float:
+            v = float(v)
+        values[key] = v
+    if errs:
+        return None, errs
+    return cls(**values), []
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def config_hash(obj: Any) -> str:
+    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
+
+
+def _selector(axis: str, sections: dict[str, Any]) -> str:
+    sec, key = AXES[axis][0].split(".")
+    return getattr(sections[sec], key)
+
+
+def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registry) -> tuple[Cell | None, list[str]]:
+    """Turn one cell's raw dict into a validated Cell (or error messages)."""
+    errs: list[str] = []
+    sections: dict[str, Any] = {}
+    for name in SECTIONS:
+        sub = raw.get(name, {})
+        obj, e = _build_section(name, sub if isinstance(sub, dict) else {})
+        errs += e
+        sections[name] = obj
+    if errs:
+        return None, errs
+    model: ModelConfig = sections["model"]
+    if model.d_model % model.n_heads:
+        errs.append(f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}")
+    dev = sections["train"].device
+    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        errs.append(f"train.device must be auto, cpu, cuda or cuda:N, got {dev!r}")
+    components: dict[str, dict[str, Any]] = {}
+    for axis in AXES:
+        name = _selector(axis, sections)
+        try:
+            comp = registry.get(axis, name)
+        except RegistryError as exc:
+            errs.append(f"{AXES[axis][0]}: {exc}")
+            continue
+        given = raw.get(axis, {}).get(name, {}) if isinstance(raw.get(axis), dict) else {}
+        params, e = comp.resolve_params(given, f"{axis}.{name}")
+        errs += e
+        components[axis] = {"name": name, "params": params}
+    if errs:
+        return None, errs
+    # cross-axis checks declared by the components themselves
+    for axis, spec in components.items():
+        comp = registry.get(axis, spec["name"])
+        if comp.check is not None:
+            for msg in comp.check(model, spec["params"]) or []:
+                errs.append(f"{axis} {spec['name']!r}: {msg}")
+    if errs:
+        return None, errs
+    exp: ExperimentConfig = sections["experiment"]
+    config = {
+        "experiment": exp.name,
+        "seed": seed,
+        "model": dataclasses.asdict(model),
+        "train": dataclasses.asdict(sections["train"]),
+        "data": dataclasses.asdict(sections["data"]),
+        "components": components,
+    }
+    return (
+        Cell(
+            config=config,
+            run_id=config_hash(config),
+            experiment=exp,
+            model=model,
+            train=sections["train"],
+            data=sections["data"],
+            seed=seed,
+            components=components,
+            varied=varied,
+        ),
+        [],
+    )
+
+
+def cell_from_config(config: dict, registry: Registry) -> Cell:
+    """Rebuild a Cell from a stored resolved config (used by the worker)."""
+    raw: dict[str, Any] = {
+        "experiment": {"name": config["experiment"], "seeds": [config["seed"]]},
+        "model": config["model"],
+        "train": config["train"],
+        "data": config["data"],
+    }
+    for axis, spec in config["components"].items():
+        raw.setdefault(axis, {})[spec["name"]] = spec["params"]
+    cell, errs = resolve_cell(raw, config["seed"], {}, registry)
+    if errs:
+        raise ConfigError(errs)
+    assert cell is not None
+    return cell
+
+
+def _matches(varied: dict[str, Any], exclude: dict[str, Any], raw: dict) -> bool:
+    for path, value in exclude.items():
+        if path in varied:
+            if varied[path] != value:
+                return False
+        else:
+            node: Any = raw
+            for part in path.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            if node != value:
+                return False
+    return True
+
+
+def load_grid(
+    path: str | Path,
+    registry: Registry,
+    overrides: list[str] | None = None,
+    max_cells: int | None = None,
+) -> Grid:
+    """Read, override, expand and validate a grid file. Raises ConfigError."""
+    raw = read_toml(path)
+    for key, value in parse_overrides(overrides or []):
+        apply_override(raw, key, value)
+    return expand(raw, registry, source=str(path), max_cells=max_cells)
+
+
+def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int | None = None) -> Grid:
+    errs = _check_structure(raw, registry)
+    axes, excludes, gerrs = _parse_grid(raw, registry)
+    errs += gerrs
+    exp_raw = raw.get("experiment", {}) if isinstance(raw.get("experiment"), dict) else {}
+    exp, e = _build_section("experiment", exp_raw)
+    errs += e
+    if errs:
+        raise ConfigError([f"{source}: {m}" for m in errs])
+    assert exp is not None
+    cells: list[Cell] = []
+    seen: set[str] = set()
+    paths = list(axes)
+    for combo in itertools.product(*(axes[p] for p in paths)):
+        varied = dict(zip(paths, combo))
+        if any(_matches(varied, ex, raw) for ex in excludes):
+            continue
+        cell_raw = copy.deepcopy({k: v for k, v in raw.items() if k != "grid"})
+        for p, v in varied.items():
+            apply_override(cell_raw, p, v)
+        for seed in exp.seeds:
+            cell, e = resolve_cell(cell_raw, seed, varied, registry)
+            if e:
+                label = ", ".join(f"{k}={v!r}" for k, v in varied.items()) or "base config"
+                errs += [f"{source}: cell [{label}]: {m}" for m in e]
+                break
+            assert cell is not None
+            if cell.run_id in seen:  # two grid points resolving to the same run
+                continue
+            seen.add(cell.run_id)
+            cells.append(cell)
+    if errs:
+        # one message per distinct problem keeps the report short
+        raise ConfigError(list(dict.fromkeys(errs)))
+    if not cells:
+        raise ConfigError(f"{source}: the grid is empty (every cell was excluded)")
+    if max_cells is not None and len(cells) > max_cells:
+        raise ConfigError(f"{source}: the grid has {len(cells)} runs, more than --max-cells={max_cells}")
+    return Grid(path=source, raw=raw, cells=cells, grid_paths=paths)

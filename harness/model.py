@@ -1,0 +1,187 @@
+"""The shared decoder-only skeleton. Every part comes from the registry.
+
+    tokens -> embedding -> position.embed -> N x block -> final norm -> LM head -> CE
+
+(the "Decoder-Only Transformers" notes, sec. 1, in ../shared/seeds). The block
+component lays out its norm(s), mixer and FFN; the position component talks to
+mixers only through ``PositionEncoding``. Nothing here names a variant.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .registry import Registry
+
+
+class PositionEncoding(nn.Module):
+    """The one interface between a position component and every mixer.
+
+    A position plugin overrides any of the three hooks; the defaults do
+    nothing, so a mixer can call all three unconditionally:
+
+    - ``embed(x, start)``: add absolute information to the token embeddings
+      ``x [B, T, D]`` of positions ``start .. start+T-1``;
+    - ``rotate(q, k, q_start, k_start)``: transform queries ``[B, Hq, Tq, Dh]``
+      and keys ``[B, Hk, Tk, Dh]`` (RoPE-style);
+    - ``score_bias(n_heads, q_len, k_len, q_start, k_start, device)``: an
+      additive ``[H, Tq, Tk]`` float bias on the attention scores, or None
+      (ALiBi / T5-style).
+    """
+
+    def embed(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        return x
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, q_start: int, k_start: int):
+        return q, k
+
+    def score_bias(self, n_heads: int, q_len: int, k_len: int, q_start: int, k_start: int,
+                   device: torch.device) -> torch.Tensor | None:
+        return None
+
+
+@dataclass
+class ForwardContext:
+    """Per-forward state handed to every block, mixer and FFN.
+
+    - ``position``: the model's ``PositionEncoding`` (mixers use it; they must
+      not store it as a submodule);
+    - ``start``: absolute position of the first token (non-zero when decoding
+      with a cache);
+    - ``layer`` / ``cache``: the current block index and a dict a mixer may use
+      for its per-layer decoding state;
+    - ``aux_losses``: components add differentiable auxiliary losses here
+      (already weighted); the model adds them to the training loss;
+    - ``metrics``: components add scalar diagnostics recorded every step.
+    """
+
+    position: PositionEncoding
+    start: int = 0
+    layer: int = 0
+    cache: dict | None = None
+    kernels: str = "torch"
+    aux_losses: dict[str, torch.Tensor] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def add_aux_loss(self, name: str, value: torch.Tensor) -> None:
+        self.aux_losses[name] = self.aux_losses.get(name, 0) + value
+
+    def add_metric(self, name: str, value) -> None:
+        """A float or a 0-d tensor; the trainer converts it when it records."""
+        self.metrics[name] = value.detach() if isinstance(value, torch.Tensor) else float(value)
+
+
+def residual_out(linear: nn.Linear) -> nn.Linear:
+    """Mark a projection that writes into the residual stream.
+
+    Its init std is scaled by 1/sqrt(2 n_layers) (GPT-2), so the residual
+    stream's variance does not grow with depth.
+    """
+    linear.abl_residual_out = True  # type: ignore[attr-defined]
+    return linear
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, components: dict[str, dict[str, Any]], registry: Registry,
+                 kernels: str = "torch"):
+        super().__init__()
+        if cfg.vocab_size <= 0:
+            raise ValueError("ModelConfig.vocab_size must be set before building the model")
+        self.cfg = cfg
+        self.kernels = kernels
+
+        def part(axis):
+            spec = components[axis]
+            return registry.get(axis, spec["name"]).factory, dict(spec["params"])
+
+        norm_f, norm_p = part("norm")
+        pos_f, pos_p = part("position")
+        mix_f, mix_p = part("mixer")
+        ffn_f, ffn_p = part("ffn")
+        blk_f, blk_p = part("block")
+
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.position: PositionEncoding = pos_f(cfg, **pos_p)
+        if not isinstance(self.position, PositionEncoding):
+            raise TypeError(f"position component {components['position']['name']!r} must "
+                            "return a harness.model.PositionEncoding")
+
+        def make_norm(dim: int) -> nn.Module:
+            return norm_f(dim, **norm_p)
+
+        def make_mixer() -> nn.Module:
+            return mix_f(cfg, self.position, **mix_p)
+
+        def make_ffn() -> nn.Module:
+            return ffn_f(cfg, **ffn_p)
+
+        self.blocks = nn.ModuleList(
+            blk_f(cfg, make_norm, make_mixer, make_ffn, **blk_p) for _ in range(cfg.n_layers)
+        )
+        wants_final = bool(getattr(self.blocks[0], "final_norm", True))
+        self.final_norm = make_norm(cfg.d_model) if wants_final else nn.Identity()
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._init_weights()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def _init_weights(self) -> None:
+        std = self.cfg.init_std
+        resid_std = std / math.sqrt(2 * self.cfg.n_layers)
+        for m in self.modules():
+            if getattr(m, "abl_custom_init", False):
+                continue
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, resid_std if getattr(m, "abl_residual_out", False) else std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, 0.0, std)
+
+    def n_params(self, non_embedding: bool = False) -> int:
+        seen, total = set(), 0
+        for name, p in self.named_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if non_embedding and (p is self.embed.weight or p is self.lm_head.weight):
+                continue
+            total += p.numel()
+        return total
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                ctx: ForwardContext | None = None):
+        """idx, targets: [B, T] token ids. Returns (logits [B, T, V], loss or None, ctx).
+
+        ``loss`` is cross-entropy plus the auxiliary losses components reported;
+        the cross-entropy alone is ``ctx.metrics["ce_loss"]``.
+        """
+        if ctx is None:
+            ctx = ForwardContext(position=self.position, kernels=self.kernels)
+        x = self.embed(idx)
+        x = self.position.embed(x, ctx.start)
+        for i, block in enumerate(self.blocks):
+            ctx.layer = i
+            x = block(x, ctx)
+        x = self.final_norm(x)
+        logits = self.lm_head(x)
+        loss = None
+        if targets is not None:
+            ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+            ctx.metrics["ce_loss"] = ce.detach()
+            loss = ce
+            for value in ctx.aux_losses.values():
+                loss = loss + value
+        return logits, loss, ctx
+
+
+def build_model(cfg: ModelConfig, components: dict[str, dict[str, Any]], registry: Registry,
+                kernels: str = "torch") -> DecoderLM:
+    return DecoderLM(cfg, components, registry, kernels=kernels)

@@ -1,0 +1,219 @@
+"""The component registry: (axis, name) -> component.
+
+A component is a factory plus its typed parameters, where it came from, and
+optional cost model, reference implementation and compatibility check.
+Nothing here knows any specific variant; plugins fill the registry.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# axis -> (config path of the selector, what the factory is called with)
+AXES: dict[str, tuple[str, str]] = {
+    "norm": ("model.norm", "factory(dim, **params) -> nn.Module"),
+    "block": (
+        "model.block",
+        "factory(config, make_norm, make_mixer, make_ffn, **params) -> nn.Module "
+        "with forward(x, ctx) -> x and attribute final_norm (bool)",
+    ),
+    "position": (
+        "model.position",
+        "factory(config, **params) -> harness.model.PositionEncoding",
+    ),
+    "mixer": (
+        "model.mixer",
+        "factory(config, position, **params) -> nn.Module with forward(x, ctx) -> y",
+    ),
+    "ffn": ("model.ffn", "factory(config, **params) -> nn.Module with forward(x) -> y"),
+    "precision": ("train.precision", "factory(**params) -> harness.train.Precision"),
+    "dataset": ("data.dataset", "factory(**params) -> harness.data.TokenData"),
+}
+
+
+class RegistryError(Exception):
+    """A problem with a component name or its parameters (a user error)."""
+
+
+_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """A typed component parameter with a default.
+
+    ``type`` is one of bool, int, float, str. ``choices`` restricts values;
+    ``min``/``max`` bound numbers (inclusive).
+    """
+
+    default: Any
+    type: type | None = None
+    doc: str = ""
+    choices: tuple | None = None
+    min: float | None = None
+    max: float | None = None
+
+    def resolved_type(self) -> type:
+        if self.type is not None:
+            return self.type
+        if self.default is None:
+            return str
+        return type(self.default)
+
+    def check(self, name: str, value: Any) -> list[str]:
+        """Return messages for a bad value (empty when it is fine)."""
+        t = self.resolved_type()
+        ok = isinstance(value, t) and not (t is not bool and isinstance(value, bool))
+        if t is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if value is None and self.default is None:
+            ok = True
+        if not ok:
+            return [
+                f"{name} must be {_TYPE_NAMES.get(t, t.__name__)}, "
+                f"got {type(value).__name__} {value!r}"
+            ]
+        errs = []
+        if self.choices is not None and value not in self.choices:
+            errs.append(f"{name} must be one of {list(self.choices)}, got {value!r}")
+        if self.min is not None and value is not None and value < self.min:
+            errs.append(f"{name} must be >= {self.min}, got {value!r}")
+        if self.max is not None and value is not None and value > self.max:
+            errs.append(f"{name} must be <= {self.max}, got {value!r}")
+        return errs
+
+    def describe(self) -> str:
+        t = _TYPE_NAMES.get(self.resolved_type(), "?")
+        extra = ""
+        if self.choices:
+            extra = f" one of {list(self.choices)}"
+        return f"{t}={self.default!r}{extra}"
+
+
+def _as_param(value: Any) -> Param:
+    if isinstance(value, Param):
+        return value
+    return Param(default=value)
+
+
+@dataclass
+class Component:
+    axis: str
+    name: str
+    factory: Callable
+    params: dict[str, Param]
+    plugin: str
+    package: str
+    version: str
+    doc: str = ""
+    cost: Callable | None = None
+    reference: Callable | None = None
+    check: Callable | None = None
+
+    def resolve_params(self, given: dict[str, Any] | None, where: str) -> tuple[dict, list[str]]:
+        """Fill defaults and validate. Returns (params, error messages)."""
+        given = dict(given or {})
+        errs: list[str] = []
+        out: dict[str, Any] = {}
+        for key in given:
+            if key not in self.params:
+                valid = sorted(self.params)
+                close = difflib.get_close_matches(key, valid, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                errs.append(
+                    f"{where}: {self.axis} {self.name!r} has no parameter {key!r}"
+                    f" (valid: {', '.join(valid) or 'none'}){hint}"
+                )
+        for key, p in self.params.items():
+            value = given.get(key, p.default)
+            for msg in p.check(key, value):
+                errs.append(f"{where}.{key}: {msg}")
+            out[key] = value
+        return out, errs
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "axis": self.axis,
+            "name": self.name,
+            "plugin": self.plugin,
+            "package": self.package,
+            "version": self.version,
+            "doc": self.doc,
+            "params": {k: p.describe() for k, p in self.params.items()},
+        }
+
+
+@dataclass
+class Registry:
+    components: dict[tuple[str, str], Component] = field(default_factory=dict)
+
+    def register(
+        self,
+        axis: str,
+        name: str,
+        factory: Callable,
+        params: dict[str, Any] | None = None,
+        doc: str | None = None,
+        cost: Callable | None = None,
+        reference: Callable | None = None,
+        check: Callable | None = None,
+        *,
+        plugin: str = "?",
+        package: str = "?",
+        version: str = "?",
+    ) -> Component:
+        if axis not in AXES:
+            raise RegistryError(
+                f"plugin {plugin!r} registers {name!r} on unknown axis {axis!r}; "
+                f"axes are: {', '.join(AXES)}"
+            )
+        key = (axis, name)
+        if key in self.components:
+            other = self.components[key]
+            raise RegistryError(
+                f"duplicate {axis} {name!r}: registered by plugin {other.plugin!r} "
+                f"({other.package} {other.version}) and by plugin {plugin!r} "
+                f"({package} {version})"
+            )
+        if doc is None:
+            doc = (getattr(factory, "__doc__", None) or "").strip().split("\n")[0]
+        comp = Component(
+            axis=axis,
+            name=name,
+            factory=factory,
+            params={k: _as_param(v) for k, v in (params or {}).items()},
+            plugin=plugin,
+            package=package,
+            version=version,
+            doc=doc,
+            cost=cost,
+            reference=reference,
+            check=check,
+        )
+        self.components[key] = comp
+        return comp
+
+    def names(self, axis: str) -> list[str]:
+        return sorted(n for (a, n) in self.components if a == axis)
+
+    def get(self, axis: str, name: Any) -> Component:
+        if axis not in AXES:
+            raise RegistryError(f"unknown axis {axis!r}; axes are: {', '.join(AXES)}")
+        comp = self.components.get((axis, name)) if isinstance(name, str) else None
+        if comp is None:
+            raise RegistryError(unknown_name_message(axis, name, self.names(axis)))
+        return comp
+
+    def all(self) -> list[Component]:
+        order = {a: i for i, a in enumerate(AXES)}
+        return sorted(self.components.values(), key=lambda c: (order[c.axis], c.name))
+
+
+def unknown_name_message(axis: str, name: Any, valid: list[str]) -> str:
+    close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
+    hint = f" Closest match: {close[0]!r}." if close else ""
+    return (
+        f"unknown {axis} {name!r}. Valid {axis} names: {', '.join(valid) or '(none)'}.{hint}"
+    )

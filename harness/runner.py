@@ -1,0 +1,212 @@
+"""``abl run``: prepare run folders, skip completed cells, execute, ingest, summarise."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from . import store
+from .config import Cell, Grid
+from .executors import Job, LocalExecutor
+from .plugins import pm, provenance
+from .registry import Registry
+from .worker import write_json_atomic
+
+SOURCE_DIR = Path(__file__).resolve().parent.parent
+
+
+def git_commit() -> str:
+    """The commit of the abl source tree, with "-dirty" if it has local changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=SOURCE_DIR, capture_output=True,
+                              text=True, timeout=5)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=SOURCE_DIR,
+                               capture_output=True, text=True, timeout=5)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _version(dist: str) -> str:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "-"
+
+
+def versions(cell: Cell, registry: Registry) -> dict[str, Any]:
+    out: dict[str, Any] = {"python": platform.python_version()}
+    for dist in ("abl", "torch", "numpy", "duckdb", "pluggy", "triton"):
+        out[dist] = _version(dist)
+    out["components"] = {
+        axis: f"{spec['name']} ({c.plugin}, {c.package} {c.version})"
+        for axis, spec in cell.components.items()
+        for c in [registry.get(axis, spec["name"])]
+    }
+    return out
+
+
+def prepare(cell: Cell, runs_dir: Path, meta: dict[str, Any]) -> Path:
+    run_dir = runs_dir / cell.run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", cell.config)
+    write_json_atomic(run_dir / "meta.json", meta)
+    # a fresh attempt: drop the previous attempt's status (its metrics go when the worker starts)
+    (run_dir / "status.json").unlink(missing_ok=True)
+    return run_dir
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def summary_table(rows: list[dict[str, Any]], title: str, grid: Grid | None = None) -> Table:
+    """One row per cell, best final val_loss first; one column per varied grid path."""
+    varied = {c.cell_key: c.varied for c in grid.cells} if grid else {}
+    paths = grid.grid_paths if grid and grid.grid_paths else []
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right")
+    for p in paths or ["cell"]:
+        table.add_column(p)
+    for col, just in (("seeds", "right"),
+                      ("val_loss (mean ± std)", "right"), ("tokens/s", "right"),
+                      ("peak mem", "right"), ("status", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for i, r in enumerate(rows, 1):
+        if r["val_loss_mean"] is None:
+            vl = "-"
+        elif r["val_loss_std"] is None:
+            vl = f"{r['val_loss_mean']:.4f}"
+        else:
+            vl = f"{r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f}"
+        tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
+        names = [str(varied.get(r["cell_key"], {}).get(p, "?")) for p in paths] or [r["label"] or "-"]
+        table.add_row(str(i), *names, f"{r['completed']}/{r['runs']}", vl, tps,
+                      fmt_bytes(r["peak_mem_bytes"]), r["statuses"] or "-")
+    return table
+
+
+def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, workers: int = 1,
+             console: Console | None = None) -> int:
+    """Run every cell not yet completed. Returns the number of cells that did not complete."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=max(console.width, 120))
+    cells = grid.cells
+    done = store.statuses(db_path, [c.run_id for c in cells])
+    todo = [c for c in cells if done.get(c.run_id) != "completed"]
+    skipped = len(cells) - len(todo)
+    console.print(f"[bold]{grid.cells[0].experiment.name}[/]: {len(cells)} runs "
+                  f"({len({c.cell_key for c in cells})} cells x seeds); "
+                  f"{skipped} already completed, skipped; {len(todo)} to run.")
+    commit = git_commit()
+    con = store.open_store(db_path)  # migrate early so a schema problem stops us before training
+    con.close()
+
+    jobs = []
+    for i, cell in enumerate(todo):
+        meta = {"cell_key": cell.cell_key, "label": f"{cell.label}", "git_commit": commit,
+                "versions": versions(cell, registry), "grid_file": grid.path}
+        jobs.append(Job(cell=cell, run_dir=prepare(cell, runs_dir, meta), index=i))
+    failures = 0
+
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
+    )
+    executor = LocalExecutor(workers=workers)
+    with progress:
+        overall = progress.add_task(f"cells 0/{len(jobs)}", total=len(jobs), info="")
+        tasks: dict[str, Any] = {}
+
+        def on_progress(job: Job) -> None:
+            tid = tasks.get(job.cell.run_id)
+            desc = f"  [{job.index + 1}/{len(jobs)}] {job.cell.label} seed={job.cell.seed}"
+            if tid is None:
+                tid = tasks[job.cell.run_id] = progress.add_task(desc, total=job.cell.train.steps, info="")
+            info = "" if job.train_loss is None else f"step {job.step} loss {job.train_loss:.3f}"
+            if job.val_loss is not None:
+                info += f" val {job.val_loss:.3f}"
+            progress.update(tid, completed=job.step, info=info)
+
+        def on_done(job: Job) -> None:
+            nonlocal failures
+            status_override = "killed" if job.killed else None
+            st = store.read_json(job.run_dir / "status.json", {})
+            if not job.killed and st.get("status") in (None, "running"):
+                # the worker died without writing its final status (signal, segfault, OOM-kill)
+                status_override = "killed" if (job.returncode or 0) < 0 else "failed"
+                st.update(status=status_override, finished=time.time(),
+                          error=st.get("error") or _log_tail(job.run_dir))
+                write_json_atomic(job.run_dir / "status.json", st)
+            con = store.open_store(db_path)
+            try:
+                status = store.ingest_run(con, job.run_dir, status_override)
+            finally:
+                con.close()
+            if status != "completed":
+                failures += 1
+                err = store.read_json(job.run_dir / "status.json", {}).get("error") or ""
+                progress.console.print(f"[red]{status}[/]: {job.cell.label} seed={job.cell.seed}: "
+                                       f"{err.splitlines()[-1] if err else ''}")
+            tid = tasks.pop(job.cell.run_id, None)
+            if tid is not None:
+                progress.remove_task(tid)
+            progress.advance(overall)
+            progress.update(overall, description=f"cells {int(progress.tasks[0].completed)}/{len(jobs)}")
+            summary = {r[1]: r[2] for r in store.read_metrics(job.run_dir / "metrics.jsonl")
+                       if r[1] in ("n_params", "peak_mem_bytes", "wall_s")}
+            pm.hook.run_finished(run_id=job.cell.run_id, status=status, config=job.cell.config,
+                                 summary=summary)
+
+        try:
+            executor.run(jobs, on_progress, on_done)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted: stopping the running cells[/]")
+            executor.stop_all()
+            for job in executor.running:
+                on_done(job)
+            raise
+
+    rows = store.cell_summary(db_path, [c.run_id for c in cells])
+    console.print(summary_table(rows, f"{cells[0].experiment.name}: final val_loss by cell, best first",
+                                grid))
+    console.print(f"database: {db_path}   run folders: {runs_dir}")
+    return failures
+
+
+def _log_tail(run_dir: Path, n: int = 12) -> str:
+    try:
+        lines = (run_dir / "worker.log").read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return "worker exited without a status"
+    return "\n".join(lines[-n:]) or "worker exited without a status"
+
+
+def describe_plugins(registry: Registry) -> list[dict[str, Any]]:
+    return [c.summary() for c in registry.all()]
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False)
+
+
+__all__ = ["run_grid", "describe_plugins", "provenance", "dumps"]

@@ -1,0 +1,246 @@
+"""The DuckDB store: schema, numbered migrations, ingest of run folders, queries.
+
+Only one process writes the database: the ``abl run`` parent (or ``abl
+ingest``). Workers write run folders (see harness/worker.py); the folders are
+the source of truth and the database can be rebuilt from them with
+``abl ingest``. Connections are opened briefly so readers are not blocked for
+long.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import duckdb
+
+# Each migration runs once, in order, inside a transaction; never edit one
+# that has shipped: append a new one.
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (1, "runs and metrics", """
+        CREATE TABLE runs (
+            run_id VARCHAR PRIMARY KEY,
+            experiment VARCHAR NOT NULL,
+            cell_key VARCHAR,
+            label VARCHAR,
+            seed INTEGER,
+            status VARCHAR NOT NULL,
+            config JSON,
+            started TIMESTAMP,
+            finished TIMESTAMP,
+            git_commit VARCHAR,
+            versions JSON,
+            device VARCHAR,
+            env JSON,
+            data_fingerprint VARCHAR,
+            grid_file VARCHAR,
+            notes VARCHAR,
+            error VARCHAR
+        );
+        CREATE TABLE metrics (
+            run_id VARCHAR NOT NULL,
+            step INTEGER NOT NULL,
+            name VARCHAR NOT NULL,
+            value DOUBLE
+        );
+        CREATE INDEX metrics_run ON metrics (run_id, name);
+    """),
+]
+
+STATUSES = ("queued", "running", "completed", "diverged", "oom", "failed", "killed")
+
+
+class StoreError(Exception):
+    """The database cannot be opened or migrated (reported to the user)."""
+
+
+def connect(path: str | Path, read_only: bool = False, retries: int = 50) -> duckdb.DuckDBPyConnection:
+    """Open the database, retrying briefly while another process holds its lock."""
+    p = Path(path)
+    if not read_only:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    last: Exception | None = None
+    for _ in range(retries):
+        try:
+            return duckdb.connect(str(p), read_only=read_only)
+        except duckdb.IOException as exc:  # lock held by another process
+            last = exc
+            time.sleep(0.1)
+    raise StoreError(f"cannot open database {path}: {last}")
+
+
+def schema_version(con) -> int:
+    con.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP)")
+    row = con.execute("SELECT max(version) FROM schema_migrations").fetchone()
+    return int(row[0] or 0)
+
+
+def migrate(con) -> int:
+    """Apply pending migrations; returns the schema version."""
+    current = schema_version(con)
+    for version, name, sql in MIGRATIONS:
+        if version <= current:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for stmt in [s for s in sql.split(";") if s.strip()]:
+                con.execute(stmt)
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                        [version, name, datetime.now(timezone.utc).replace(tzinfo=None)])
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        current = version
+    return current
+
+
+def open_store(path: str | Path) -> duckdb.DuckDBPyConnection:
+    con = connect(path)
+    migrate(con)
+    return con
+
+
+# ---------------------------------------------------------------- run folders
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default
+
+
+def read_metrics(path: Path) -> list[tuple[int, str, float | None]]:
+    """Long rows from a metrics.jsonl; a torn last line (a killed writer) is skipped."""
+    rows: list[tuple[int, str, float | None]] = []
+    try:
+        f = open(path)
+    except FileNotFoundError:
+        return rows
+    with f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # partially written line
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            step = int(obj.pop("step", 0))
+            for name, value in obj.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    rows.append((step, name, float(value)))
+    return rows
+
+
+def _ts(t: float | None) -> datetime | None:
+    return None if t is None else datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None)
+
+
+def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
+    """Copy one run folder into the store (idempotent). Returns the run's status."""
+    config = read_json(run_dir / "config.json")
+    if config is None:
+        raise StoreError(f"{run_dir}: no config.json; not a run folder")
+    meta = read_json(run_dir / "meta.json", {})
+    status = read_json(run_dir / "status.json", {"status": "queued"})
+    info = read_json(run_dir / "info.json", {})
+    state = status_override or status.get("status", "queued")
+    run_id = run_dir.name
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    notes = status.get("notes") or meta.get("notes")
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
+        con.execute(
+            "INSERT INTO runs (run_id, experiment, cell_key, label, seed, status, config, started,"
+            " finished, git_commit, versions, device, env, data_fingerprint, grid_file, notes, error)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run_id, config["experiment"], meta.get("cell_key"), meta.get("label"), config["seed"], state,
+             json.dumps(config, sort_keys=True), _ts(status.get("started")), _ts(status.get("finished")),
+             meta.get("git_commit"), json.dumps(meta.get("versions", {}), sort_keys=True),
+             info.get("device"), json.dumps(info, sort_keys=True), info.get("data_fingerprint"),
+             meta.get("grid_file"), notes, status.get("error")],
+        )
+        con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
+        if rows:
+            steps, names, values = zip(*rows)
+            con.execute(
+                "INSERT INTO metrics SELECT ?, s, n, v FROM "
+                "(SELECT unnest(?) AS s, unnest(?) AS n, unnest(?) AS v)",
+                [run_id, list(steps), list(names), list(values)],
+            )
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return state
+
+
+def ingest_dirs(db_path: str | Path, run_dirs: Iterable[Path]) -> dict[str, str]:
+    con = open_store(db_path)
+    try:
+        return {d.name: ingest_run(con, d) for d in run_dirs}
+    finally:
+        con.close()
+
+
+# ---------------------------------------------------------------- queries
+
+
+def statuses(db_path: str | Path, run_ids: list[str]) -> dict[str, str]:
+    """Status of each given run id that is in the store (read-only; empty if no store)."""
+    if not Path(db_path).exists() or not run_ids:
+        return {}
+    con = connect(db_path, read_only=True)
+    try:
+        if "runs" not in {r[0] for r in con.execute("SHOW TABLES").fetchall()}:
+            return {}
+        rows = con.execute("SELECT run_id, status FROM runs WHERE list_contains(?, run_id)",
+                           [run_ids]).fetchall()
+        return dict(rows)
+    finally:
+        con.close()
+
+
+SUMMARY_SQL = """
+WITH final_val AS (
+    SELECT run_id, arg_max(value, step) AS val_loss FROM metrics
+    WHERE name = 'val_loss' GROUP BY run_id
+), speed AS (
+    SELECT run_id, median(value) AS tokens_per_s FROM metrics
+    WHERE name = 'tokens_per_s' GROUP BY run_id
+), mem AS (
+    SELECT run_id, max(value) AS peak_mem_bytes FROM metrics
+    WHERE name = 'peak_mem_bytes' GROUP BY run_id
+)
+SELECT r.cell_key, any_value(r.label) AS label,
+       count(*) AS runs,
+       count(*) FILTER (WHERE r.status = 'completed') AS completed,
+       string_agg(DISTINCT r.status, ',') AS statuses,
+       avg(v.val_loss) AS val_loss_mean,
+       stddev_samp(v.val_loss) AS val_loss_std,
+       avg(s.tokens_per_s) AS tokens_per_s,
+       max(m.peak_mem_bytes) AS peak_mem_bytes
+FROM runs r
+LEFT JOIN final_val v USING (run_id)
+LEFT JOIN speed s USING (run_id)
+LEFT JOIN mem m USING (run_id)
+WHERE list_contains(?, r.run_id)
+GROUP BY r.cell_key
+ORDER BY val_loss_mean ASC NULLS LAST
+"""
+
+
+def cell_summary(db_path: str | Path, run_ids: list[str]) -> list[dict[str, Any]]:
+    con = connect(db_path, read_only=True)
+    try:
+        cur = con.execute(SUMMARY_SQL, [run_ids])
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]
+    finally:
+        con.close()

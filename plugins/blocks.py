@@ -1,0 +1,84 @@
+"""Block layouts (axis ``block``): where the norms sit around each sublayer.
+
+Seeds 002 sec. 1.1 (pre vs post, "double norm" of Grok / Gemma 2, OLMo 2's
+post-branch norm) and 000 sec. 3.7 / 5. Every factory is
+``factory(config, make_norm, make_mixer, make_ffn, **params)`` and returns a
+module with ``forward(x, ctx)`` and a ``final_norm`` flag telling the skeleton
+whether a norm follows the last block.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from harness.hookspecs import hookimpl
+
+
+class _Block(nn.Module):
+    final_norm = True
+
+    def __init__(self, cfg, make_norm, make_mixer, make_ffn):
+        super().__init__()
+        self.mixer = make_mixer()
+        self.ffn = make_ffn()
+        self.drop = nn.Dropout(cfg.dropout)
+
+
+class PreNorm(_Block):
+    """x = x + f(norm(x)) for f in (mixer, ffn); a final norm after the last block."""
+
+    def __init__(self, cfg, make_norm, make_mixer, make_ffn):
+        super().__init__(cfg, make_norm, make_mixer, make_ffn)
+        self.norm1, self.norm2 = make_norm(cfg.d_model), make_norm(cfg.d_model)
+
+    def forward(self, x, ctx):
+        x = x + self.drop(self.mixer(self.norm1(x), ctx))
+        return x + self.drop(self.ffn(self.norm2(x), ctx))
+
+
+class PostNorm(_Block):
+    """x = norm(x + f(x)) (Vaswani et al. 2017). The stream is already normed, so no final norm."""
+
+    final_norm = False
+
+    def __init__(self, cfg, make_norm, make_mixer, make_ffn):
+        super().__init__(cfg, make_norm, make_mixer, make_ffn)
+        self.norm1, self.norm2 = make_norm(cfg.d_model), make_norm(cfg.d_model)
+
+    def forward(self, x, ctx):
+        x = self.norm1(x + self.drop(self.mixer(x, ctx)))
+        return self.norm2(x + self.drop(self.ffn(x, ctx)))
+
+
+class SandwichNorm(_Block):
+    """x = x + norm_out(f(norm_in(x))): "double norm" as in Gemma 2 and Grok."""
+
+    def __init__(self, cfg, make_norm, make_mixer, make_ffn):
+        super().__init__(cfg, make_norm, make_mixer, make_ffn)
+        d = cfg.d_model
+        self.norm1_in, self.norm1_out = make_norm(d), make_norm(d)
+        self.norm2_in, self.norm2_out = make_norm(d), make_norm(d)
+
+    def forward(self, x, ctx):
+        x = x + self.drop(self.norm1_out(self.mixer(self.norm1_in(x), ctx)))
+        return x + self.drop(self.norm2_out(self.ffn(self.norm2_in(x), ctx)))
+
+
+class PostBranchNorm(_Block):
+    """x = x + norm(f(x)): OLMo 2 normalises only the branch output, not the stream."""
+
+    def __init__(self, cfg, make_norm, make_mixer, make_ffn):
+        super().__init__(cfg, make_norm, make_mixer, make_ffn)
+        self.norm1, self.norm2 = make_norm(cfg.d_model), make_norm(cfg.d_model)
+
+    def forward(self, x, ctx):
+        x = x + self.drop(self.norm1(self.mixer(x, ctx)))
+        return x + self.drop(self.norm2(self.ffn(x, ctx)))
+
+
+@hookimpl
+def register_components(register):
+    register("block", "pre", PreNorm)
+    register("block", "post", PostNorm)
+    register("block", "sandwich", SandwichNorm)
+    register("block", "post_branch", PostBranchNorm)

@@ -1,0 +1,121 @@
+"""Normalisation layers (axis ``norm``).
+
+Definitions: ../shared/seeds 000 sec. 3.7 (LayerNorm) and 4.2 (RMSNorm),
+002 sec. 1.2; ScaleNorm from Nguyen & Salazar 2019, "Transformers without
+Tears", sec. 2.3. Every factory is ``factory(dim, **params)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from harness.hookspecs import hookimpl
+from harness.registry import Param
+
+
+class LayerNorm(nn.Module):
+    """y = (x - E[x]) / sqrt(Var[x] + eps) * gamma + beta  (Ba et al. 2016).
+
+    The seeds disagree on where eps goes: 002 sec. 1.2 and torch put it
+    inside the square root (``eps_placement="inside"``, the default); 000
+    sec. 3.7 writes sqrt(Var) + eps (``"outside"``). Variance is the biased
+    (1/d) estimate in both.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, gain: bool = True, bias: bool = True,
+                 eps_placement: str = "inside"):
+        super().__init__()
+        self.dim, self.eps, self.eps_placement = dim, eps, eps_placement
+        self.weight = nn.Parameter(torch.ones(dim)) if gain else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x):
+        if self.eps_placement == "inside":
+            return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+        xf = x.float()
+        mu = xf.mean(-1, keepdim=True)
+        sigma = (xf - mu).pow(2).mean(-1, keepdim=True).sqrt()
+        y = ((xf - mu) / (sigma + self.eps)).to(x.dtype)
+        if self.weight is not None:
+            y = y * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * gamma  (Zhang & Sennrich 2019; seeds 000 sec. 4.2).
+
+    The statistic is computed in fp32 whatever the input dtype. The paper's
+    optional bias is the ``bias`` parameter (off by default, as in LLaMA).
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, gain: bool = True, bias: bool = False):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if gain else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+
+    def forward(self, x):
+        xf = x.float()
+        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        if self.weight is not None:
+            y = y * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+
+class ScaleNorm(nn.Module):
+    """y = g * x / max(||x||_2, eps), one scalar g initialised to sqrt(dim).
+
+    Nguyen & Salazar 2019, sec. 2.3. With ``gain=False`` g stays sqrt(dim),
+    which makes the output RMS 1 like the other norms.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5, gain: bool = True):
+        super().__init__()
+        self.eps = eps
+        g = torch.tensor(math.sqrt(dim))
+        if gain:
+            self.g = nn.Parameter(g)
+        else:
+            self.register_buffer("g", g)
+
+    def forward(self, x):
+        xf = x.float()
+        norm = xf.norm(dim=-1, keepdim=True).clamp_min(self.eps)
+        return (self.g * xf / norm).to(x.dtype)
+
+
+class NoNorm(nn.Identity):
+    """Identity: the ablation "no normalisation at all"."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+
+
+@hookimpl
+def register_components(register):
+    eps_doc = "added for numerical safety (see the class docstring for where)"
+    register("norm", "layernorm", LayerNorm, params={
+        "eps": Param(1e-5, doc=eps_doc, min=0.0),
+        "gain": Param(True, doc="learnable per-channel scale gamma"),
+        "bias": Param(True, doc="learnable per-channel shift beta"),
+        "eps_placement": Param("inside", doc="inside: sqrt(var + eps); outside: sqrt(var) + eps",
+                               choices=("inside", "outside")),
+    })
+    register("norm", "rmsnorm", RMSNorm, params={
+        "eps": Param(1e-6, doc=eps_doc, min=0.0),
+        "gain": Param(True, doc="learnable per-channel scale gamma"),
+        "bias": Param(False, doc="learnable per-channel shift (the paper's optional b)"),
+    })
+    register("norm", "scalenorm", ScaleNorm, params={
+        "eps": Param(1e-5, doc="lower bound on the L2 norm", min=0.0),
+        "gain": Param(True, doc="learnable scalar g (init sqrt(dim)); False keeps it fixed"),
+    })
+    register("norm", "none", NoNorm, doc="identity: no normalisation")
