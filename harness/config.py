@@ -24,6 +24,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +163,9 @@ def parse_toml_text(text: str, source: str) -> dict:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: TOML syntax error: {exc}") from None
+        m = re.search(r"line (\d+), column (\d+)", str(exc))
+        where = f"{source}:{m.group(1)}:{m.group(2)}" if m else source
+        raise ConfigError(f"{where}: TOML syntax error: {exc}") from None
 
 
 def read_toml(path: str | Path) -> dict:
@@ -185,7 +188,10 @@ def parse_value(text: str) -> Any:
 
 
 def apply_override(raw: dict, path: str, value: Any) -> None:
+    """Set a dotted path; under ``grid.`` the rest is one grid key (``grid.model.norm``)."""
     parts = path.split(".")
+    if parts[0] == "grid" and len(parts) > 2:
+        parts = ["grid", ".".join(parts[1:])]
     node = raw
     for part in parts[:-1]:
         nxt = node.setdefault(part, {})

@@ -39,12 +39,12 @@ class LayerNorm(nn.Module):
         xf = x.float()
         mu = xf.mean(-1, keepdim=True)
         sigma = (xf - mu).pow(2).mean(-1, keepdim=True).sqrt()
-        y = ((xf - mu) / (sigma + self.eps)).to(x.dtype)
+        y = (xf - mu) / (sigma + self.eps)
         if self.weight is not None:
             y = y * self.weight
         if self.bias is not None:
             y = y + self.bias
-        return y
+        return y.to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -62,12 +62,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         xf = x.float()
-        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.weight is not None:
             y = y * self.weight
         if self.bias is not None:
             y = y + self.bias
-        return y
+        return y.to(x.dtype)
 
 
 class ScaleNorm(nn.Module):

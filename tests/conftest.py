@@ -1,0 +1,30 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def registry():
+    from harness.plugins import get_registry
+
+    return get_registry()
+
+
+@pytest.fixture
+def tiny_model_config():
+    from harness.config import ModelConfig
+
+    return ModelConfig(d_model=32, n_layers=2, n_heads=4, context=16, vocab_size=64)
+
+
+def run_abl(args, cwd=None, env=None, timeout=600):
+    """Run the real CLI in a subprocess (what a user types)."""
+    import subprocess
+
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd or ROOT,
+                          capture_output=True, text=True, env=full_env, timeout=timeout)

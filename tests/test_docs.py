@@ -1,0 +1,22 @@
+import inspect
+
+from conftest import ROOT
+from harness import hookspecs
+
+
+def test_every_hook_is_documented_in_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction)
+             if hasattr(f, "abl_spec")]
+    assert hooks, "no hookspecs found"
+    for name in hooks:
+        assert inspect.getdoc(getattr(hookspecs, name)), f"hook {name} has no docstring"
+        assert f"`{name}(" in readme, f"hook {name} is not documented in README.md"
+
+
+def test_every_axis_is_documented_in_the_readme():
+    from harness.registry import AXES
+
+    readme = (ROOT / "README.md").read_text()
+    for axis in AXES:
+        assert f"| {axis} |" in readme, axis

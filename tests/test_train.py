@@ -1,0 +1,70 @@
+import math
+
+import pytest
+
+from harness.config import expand
+from harness.train import Diverged, lr_at, train
+
+GRID = {
+    "experiment": {"name": "t", "seeds": [0]},
+    "model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "context": 32},
+    "train": {"steps": 40, "batch_size": 8, "lr": 3e-3, "warmup_steps": 5, "eval_every": 20,
+              "eval_batches": 2},
+    "dataset": {"pystdlib": {"max_bytes": 200_000}},
+}
+
+
+class ListSink:
+    def __init__(self):
+        self.rows = []
+
+    def log(self, step, metrics):
+        self.rows.append((step, dict(metrics)))
+
+    def series(self, name):
+        return [(s, m[name]) for s, m in self.rows if name in m]
+
+
+def test_schedule_warms_up_then_decays_to_the_floor():
+    class C:
+        lr, warmup_steps, steps, min_lr_ratio = 1.0, 10, 110, 0.1
+
+    assert lr_at(0, C) == pytest.approx(0.1)
+    assert lr_at(9, C) == pytest.approx(1.0)
+    assert lr_at(60, C) == pytest.approx(0.55)
+    assert lr_at(110, C) == pytest.approx(0.1)
+    assert all(lr_at(s, C) >= lr_at(s + 1, C) for s in range(10, 110))
+
+
+def test_training_learns_and_records_the_metrics(registry):
+    cell = expand(GRID, registry).cells[0]
+    sink = ListSink()
+    summary = train(cell, registry, sink)
+    losses = [v for _, v in sink.series("train_loss")]
+    assert len(losses) == 40
+    assert losses[-1] < losses[0] - 1.0  # byte-level text: from ~5.5 down well below
+    vals = sink.series("val_loss")
+    assert [s for s, _ in vals] == [20, 40]
+    for name in ("lr", "grad_norm", "tokens_per_s"):
+        assert len(sink.series(name)) == 40
+    assert summary["n_params"] > 0 and summary["peak_mem_bytes"] > 0 and summary["wall_s"] > 0
+
+
+def test_same_seed_same_losses(registry):
+    cell = expand(GRID, registry).cells[0]
+    a, b = ListSink(), ListSink()
+    cell.train.steps = 5
+    train(cell, registry, a)
+    train(cell, registry, b)
+    assert a.series("train_loss") == b.series("train_loss")
+
+
+def test_divergence_stops_the_run(registry):
+    grid = {**GRID, "train": {**GRID["train"], "lr": 1e6, "warmup_steps": 0, "grad_clip": 0.0,
+                              "diverge_loss": 20.0}}
+    cell = expand(grid, registry).cells[0]
+    sink = ListSink()
+    with pytest.raises(Diverged, match="diverged at step"):
+        train(cell, registry, sink)
+    last = sink.series("train_loss")[-1][1]
+    assert not math.isfinite(last) or last > 20.0
