@@ -68,6 +68,15 @@ class ModelConfig:
     position: str = _f("rope", "position component")
     mixer: str = _f("mha", "mixer component (attention or SSM)")
     ffn: str = _f("gelu", "feed-forward component")
+    layer_pattern: str = _f("", "hybrid stacks: comma-separated mixer names tiled over the layers, "
+                            "e.g. 'mamba2,mamba2,mha'; empty = model.mixer in every layer")
+
+    def layer_mixer_names(self) -> list[str]:
+        """The mixer name of each layer (``layer_pattern`` tiled, or ``mixer`` everywhere)."""
+        names = [n.strip() for n in self.layer_pattern.split(",") if n.strip()]
+        if not names:
+            return [self.mixer] * self.n_layers
+        return [names[i % len(names)] for i in range(self.n_layers)]
 
     @property
     def head_dim(self) -> int:
@@ -133,7 +142,9 @@ class Cell:
     train: TrainConfig
     data: DataConfig
     seed: int
-    components: dict[str, dict[str, Any]]  # axis -> {"name": ..., "params": {...}}
+    # axis -> {"name": ..., "params": {...}}; plus "layer_mixers": one such spec per
+    # layer when model.layer_pattern is set
+    components: dict[str, Any]
     varied: dict[str, Any]  # grid path -> value for this cell
 
     @property
@@ -383,10 +394,30 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
         params, e = comp.resolve_params(given, f"{axis}.{name}")
         errs += e
         components[axis] = {"name": name, "params": params}
+    pattern = [n.strip() for n in model.layer_pattern.split(",") if n.strip()]
+    if pattern:
+        if model.n_layers % len(pattern):
+            errs.append(f"model.layer_pattern has {len(pattern)} entries; model.n_layers="
+                        f"{model.n_layers} must be a multiple of it")
+        specs: dict[str, dict[str, Any]] = {}
+        for name in dict.fromkeys(pattern):
+            try:
+                comp = registry.get("mixer", name)
+            except RegistryError as exc:
+                errs.append(f"model.layer_pattern: {exc}")
+                continue
+            given = raw.get("mixer", {}).get(name, {}) if isinstance(raw.get("mixer"), dict) else {}
+            params, e = comp.resolve_params(given, f"mixer.{name}")
+            errs += e
+            specs[name] = {"name": name, "params": params}
+        if not errs:
+            components["layer_mixers"] = [specs[n] for n in model.layer_mixer_names()]
     if errs:
         return None, errs
     # cross-axis checks declared by the components themselves
-    for axis, spec in components.items():
+    checked = [(axis, spec) for axis, spec in components.items() if axis in AXES]
+    checked += [("mixer", spec) for spec in {s["name"]: s for s in components.get("layer_mixers", [])}.values()]
+    for axis, spec in checked:
         comp = registry.get(axis, spec["name"])
         if comp.check is not None:
             for msg in comp.check(model, spec["params"]) or []:
@@ -427,7 +458,10 @@ def cell_from_config(config: dict, registry: Registry) -> Cell:
         "data": config["data"],
     }
     for axis, spec in config["components"].items():
-        raw.setdefault(axis, {})[spec["name"]] = spec["params"]
+        if axis in AXES:
+            raw.setdefault(axis, {})[spec["name"]] = spec["params"]
+    for spec in config["components"].get("layer_mixers", []):
+        raw.setdefault("mixer", {})[spec["name"]] = spec["params"]
     cell, errs = resolve_cell(raw, config["seed"], {}, registry)
     if errs:
         raise ConfigError(errs)

@@ -55,8 +55,12 @@ class ForwardContext:
       not store it as a submodule);
     - ``start``: absolute position of the first token (non-zero when decoding
       with a cache);
-    - ``layer`` / ``cache``: the current block index and a dict a mixer may use
-      for its per-layer decoding state;
+    - ``layer`` / ``cache``: the current block index, and the decoding cache.
+      ``cache`` is None in training. For cached decoding the caller passes
+      ``cache={}`` with the whole prompt at ``start=0`` (prefill), then one
+      token at a time with ``start`` = tokens already seen. A mixer keeps its
+      state (KV tensors, a recurrent state...) in ``cache[ctx.layer]``; every
+      tensor reachable from it counts as cache memory;
     - ``aux_losses``: components add differentiable auxiliary losses here
       (already weighted); the model adds them to the training loss;
     - ``metrics``: components add scalar diagnostics recorded every step.
@@ -116,15 +120,23 @@ class DecoderLM(nn.Module):
         def make_norm(dim: int) -> nn.Module:
             return norm_f(dim, **norm_p)
 
+        layer_specs = components.get("layer_mixers")
+        built = [0]  # blocks are built in order; each make_mixer() call is the next layer's
+
         def make_mixer() -> nn.Module:
-            return mix_f(cfg, self.position, **mix_p)
+            if layer_specs is None:
+                return mix_f(cfg, self.position, **mix_p)
+            spec = layer_specs[min(built[0], len(layer_specs) - 1)]
+            return registry.get("mixer", spec["name"]).factory(cfg, self.position, **spec["params"])
 
         def make_ffn() -> nn.Module:
             return ffn_f(cfg, **ffn_p)
 
-        self.blocks = nn.ModuleList(
-            blk_f(cfg, make_norm, make_mixer, make_ffn, **blk_p) for _ in range(cfg.n_layers)
-        )
+        blocks = []
+        for i in range(cfg.n_layers):
+            built[0] = i
+            blocks.append(blk_f(cfg, make_norm, make_mixer, make_ffn, **blk_p))
+        self.blocks = nn.ModuleList(blocks)
         wants_final = bool(getattr(self.blocks[0], "final_norm", True))
         self.final_norm = make_norm(cfg.d_model) if wants_final else nn.Identity()
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib.metadata as md
-import json
 import platform
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -17,7 +17,7 @@ from rich.table import Table
 from . import store
 from .config import Cell, Grid
 from .executors import Job, LocalExecutor
-from .plugins import pm, provenance
+from .plugins import pm
 from .registry import Registry
 from .worker import write_json_atomic
 
@@ -65,6 +65,10 @@ def prepare(cell: Cell, runs_dir: Path, meta: dict[str, Any]) -> Path:
     # a fresh attempt: drop the previous attempt's status (its metrics go when the worker starts)
     (run_dir / "status.json").unlink(missing_ok=True)
     return run_dir
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -142,6 +146,7 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, work
             desc = f"  [{job.index + 1}/{len(jobs)}] {job.cell.label} seed={job.cell.seed}"
             if tid is None:
                 tid = tasks[job.cell.run_id] = progress.add_task(desc, total=job.cell.train.steps, info="")
+                _ingest(db_path, job.run_dir, "running")  # visible as in progress
             info = "" if job.train_loss is None else f"step {job.step} loss {job.train_loss:.3f}"
             if job.val_loss is not None:
                 info += f" val {job.val_loss:.3f}"
@@ -157,11 +162,7 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, work
                 st.update(status=status_override, finished=time.time(),
                           error=st.get("error") or _log_tail(job.run_dir))
                 write_json_atomic(job.run_dir / "status.json", st)
-            con = store.open_store(db_path)
-            try:
-                status = store.ingest_run(con, job.run_dir, status_override)
-            finally:
-                con.close()
+            status = _ingest(db_path, job.run_dir, status_override)
             if status != "completed":
                 failures += 1
                 err = store.read_json(job.run_dir / "status.json", {}).get("error") or ""
@@ -177,6 +178,7 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, work
             pm.hook.run_finished(run_id=job.cell.run_id, status=status, config=job.cell.config,
                                  summary=summary)
 
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             executor.run(jobs, on_progress, on_done)
         except KeyboardInterrupt:
@@ -185,12 +187,22 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, work
             for job in executor.running:
                 on_done(job)
             raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     rows = store.cell_summary(db_path, [c.run_id for c in cells])
     console.print(summary_table(rows, f"{cells[0].experiment.name}: final val_loss by cell, best first",
                                 grid))
     console.print(f"database: {db_path}   run folders: {runs_dir}")
     return failures
+
+
+def _ingest(db_path: Path, run_dir: Path, status_override: str | None) -> str:
+    con = store.open_store(db_path)
+    try:
+        return store.ingest_run(con, run_dir, status_override)
+    finally:
+        con.close()
 
 
 def _log_tail(run_dir: Path, n: int = 12) -> str:
@@ -201,12 +213,3 @@ def _log_tail(run_dir: Path, n: int = 12) -> str:
     return "\n".join(lines[-n:]) or "worker exited without a status"
 
 
-def describe_plugins(registry: Registry) -> list[dict[str, Any]]:
-    return [c.summary() for c in registry.all()]
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=False)
-
-
-__all__ = ["run_grid", "describe_plugins", "provenance", "dumps"]

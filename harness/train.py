@@ -24,6 +24,7 @@ import torch
 
 from .config import Cell
 from .data import Batches, TokenData
+from .kernels import set_backend as set_kernel_backend
 from .model import DecoderLM, ForwardContext
 from .registry import Registry
 
@@ -143,13 +144,18 @@ def _to_float(v: Any) -> float:
 
 def train(cell: Cell, registry: Registry, sink: MetricSink,
           on_info: Callable[[dict], None] | None = None) -> dict[str, Any]:
-    """Train one cell. Returns the once-per-run summary. Raises Diverged."""
+    """Train one cell. Returns the once-per-run summary. Raises Diverged.
+
+    ``summary["notes"]`` lists human-readable remarks about the run (e.g. an
+    evaluation that could not run and why); the worker stores them with it.
+    """
     t_start = time.perf_counter()
     tc, mc = cell.train, cell.model
     if tc.threads:
         torch.set_num_threads(tc.threads)
     device = resolve_device(tc.device)
     kernels = tc.kernels if tc.kernels != "auto" else ("triton" if device.type == "cuda" else "torch")
+    set_kernel_backend(kernels)
     seed_everything(cell.seed)
 
     ds = cell.components["dataset"]
@@ -220,6 +226,10 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
             row["val_loss"] = evaluate(model, batches, tc.eval_batches, precision, device, kernels)
         sink.log(step, row)
 
+    notes: list[str] = []
+    # ---- post-training evaluations (decode speed, length extrapolation, ...) go here;
+    # each logs its metrics to ``sink`` at step tc.steps and appends to ``notes``.
+
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
     else:
@@ -231,4 +241,5 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
         "wall_s": time.perf_counter() - t_start,
     }
     sink.log(tc.steps, summary)
+    summary["notes"] = notes
     return summary

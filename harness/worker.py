@@ -64,8 +64,11 @@ def run(run_dir: Path) -> int:
         registry = get_registry()
         config = json.loads((run_dir / "config.json").read_text())
         cell = cell_from_config(config, registry)
-        train(cell, registry, sink, on_info=lambda info: write_json_atomic(run_dir / "info.json", info))
+        summary = train(cell, registry, sink,
+                        on_info=lambda info: write_json_atomic(run_dir / "info.json", info))
         status.update(status="completed")
+        if summary.get("notes"):
+            status["notes"] = "; ".join(summary["notes"])
     except Diverged as exc:
         status.update(status="diverged", error=str(exc))
     except MemoryError as exc:

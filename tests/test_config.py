@@ -109,3 +109,15 @@ def test_exclude_drops_matching_cells_and_empty_grid_is_an_error(registry):
 def test_max_cells(registry):
     with pytest.raises(ConfigError, match="more than --max-cells=3"):
         grid_of(BASE, registry, max_cells=3)
+
+
+def test_layer_pattern_tiles_mixers_over_layers(registry):
+    text = BASE.replace("n_heads = 4", "n_heads = 4\nn_layers = 4\nlayer_pattern = \"mha, mha\"\n"
+                        "[mixer.mha]\nn_kv_heads = 2")
+    cell = grid_of(text, registry).cells[0]
+    assert [s["name"] for s in cell.components["layer_mixers"]] == ["mha"] * 4
+    assert cell.components["layer_mixers"][0]["params"]["n_kv_heads"] == 2
+    with pytest.raises(ConfigError, match="multiple of it"):
+        grid_of(text.replace("n_layers = 4", "n_layers = 3").replace('"mha, mha"', '"mha,mha"'), registry)
+    with pytest.raises(ConfigError, match="unknown mixer 'mamba9'"):
+        grid_of(text.replace('"mha, mha"', '"mamba9,mha"'), registry)
