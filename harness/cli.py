@@ -76,14 +76,33 @@ def cli(plugins_dir):
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config key, e.g. --set model.d_model=64 (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Print the cells and exit without training.")
-@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
+@click.option("--db", "db_path", default=None,
+              help=f"DuckDB file to write (default: experiment.db of the grid, else {DEFAULT_DB}).")
 @click.option("--runs-dir", default=None, help="Run folders (default: runs/ beside the database).")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Cells trained at once, each in its own process.")
+@click.option("--retry", type=click.Choice(["failed"]), default=None,
+              help="Also re-run cells that failed, diverged or ran out of memory.")
 @click.option("--max-cells", default=10_000, show_default=True, type=click.IntRange(1),
               help="Refuse grids with more runs than this.")
-def run(grid_file, overrides, dry_run, db_path, runs_dir, workers, max_cells):
-    """Expand GRID_FILE into cells, validate them all, then train those not yet completed."""
+@click.option("--executor", type=click.Choice(["local", "slurm", "ray"]), default="local", show_default=True,
+              help="Where cells run: this machine, Slurm jobs (submitit) or Ray tasks.")
+@click.option("--workers", default=None, type=click.IntRange(1, 256),
+              help="local: cells at once (default: one per GPU, else 1).")
+@click.option("--slurm-partition", default=None, help="slurm: partition.")
+@click.option("--slurm-time", default=60, show_default=True, type=click.IntRange(1), help="slurm: minutes per cell.")
+@click.option("--slurm-cluster", type=click.Choice(["slurm", "local"]), default="slurm", show_default=True,
+              help="slurm: 'local' runs the submitit path on this machine without Slurm.")
+@click.option("--gpus-per-cell", default=0, show_default=True, type=click.IntRange(0),
+              help="slurm/ray: GPUs reserved per cell.")
+@click.option("--ray-address", default=None, help="ray: address of an existing cluster (default: start a local one).")
+def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
+        slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address):
+    """Expand GRID_FILE into cells, validate them all, then train those not yet completed.
+
+    Running the same command again resumes the grid: completed cells are
+    skipped, killed or interrupted ones restart (from their checkpoint when
+    train.checkpoint_every is set), failed and diverged ones re-run only with
+    --retry failed.
+    """
     from .config import load_grid
 
     registry = _registry()
@@ -96,18 +115,34 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, workers, max_cells):
         return
     from .runner import run_grid
 
-    db = Path(db_path)
+    db = Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB)
+    runs = Path(runs_dir) if runs_dir else db.parent / "runs"
     try:
-        failures = run_grid(grid, registry, db, Path(runs_dir) if runs_dir else db.parent / "runs",
-                            workers=workers)
+        engine = _make_executor(executor, workers, runs, slurm_partition, slurm_time, slurm_cluster,
+                                gpus_per_cell, ray_address)
+    except ImportError as exc:
+        fail(f"--executor {executor} needs an extra package ({exc.name}): pip install -e '.[distributed]'")
+    try:
+        failures = run_grid(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed")
     except _user_errors() as exc:
         fail(str(exc))
     except KeyboardInterrupt:
-        click.echo("stopped; completed cells are stored, run the same command to resume", err=True)
+        click.echo("stopped; finished cells are stored, run the same command to resume", err=True)
         sys.exit(130)
     if failures:
         click.echo(f"{failures} run(s) did not complete; see the table above", err=True)
         sys.exit(1)
+
+
+def _make_executor(kind, workers, runs_dir, partition, time_min, cluster, gpus, ray_address):
+    from . import executors
+
+    if kind == "slurm":
+        return executors.SlurmExecutor(runs_dir / "_slurm", partition=partition, time_min=time_min,
+                                       gpus_per_cell=gpus, cluster=cluster)
+    if kind == "ray":
+        return executors.RayExecutor(address=ray_address, gpus_per_cell=gpus)
+    return executors.LocalExecutor(workers=workers)
 
 
 def _print_cells(grid) -> None:
@@ -175,21 +210,38 @@ def ingest(run_dirs, db_path, runs_dir):
 
 
 @cli.command()
-@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True)
+@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True, help="DuckDB file to read.")
+@click.option("--runs-dir", default=None,
+              help="Run folders, read for the live metrics of running cells (default: runs/ beside the database).")
 @click.option("--port", default=8501, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--host", default="127.0.0.1", show_default=True)
-def dashboard(db_path, port, host):
-    """Serve the Streamlit comparison dashboard (needs the 'dashboard' extra)."""
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; the default serves this machine only.")
+def dashboard(db_path, runs_dir, port, host):
+    """Serve the Streamlit comparison dashboard (needs the 'dashboard' extra).
+
+    It only reads the store, with short read-only connections, so it can stay
+    open while abl run writes to the same database.
+    """
     import importlib.util
     import subprocess
 
     if importlib.util.find_spec("streamlit") is None:
         fail("the dashboard needs Streamlit: pip install -e '.[dashboard]'")
+    db = Path(db_path).resolve()
+    if not db.exists():
+        click.echo(f"note: no database at {db} yet; the dashboard shows it once abl run creates it", err=True)
     app = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
-    env = dict(os.environ, ABL_DB=str(Path(db_path).resolve()))
-    sys.exit(subprocess.call([sys.executable, "-m", "streamlit", "run", str(app),
-                              "--server.address", host, "--server.port", str(port),
-                              "--server.headless", "true"], env=env))
+    env = dict(os.environ, ABL_DB=str(db),
+               ABL_RUNS_DIR=str(Path(runs_dir).resolve() if runs_dir else db.parent / "runs"))
+    click.echo(f"abl dashboard: http://{host}:{port}  (store {db})", err=True)
+    argv = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host,
+            "--server.port", str(port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false", "--global.developmentMode", "false"]
+    if os.name == "posix":  # become the server, so signals (Ctrl-C, kill) reach it directly
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, argv, env)
+    sys.exit(subprocess.call(argv, env=env))
 
 
 def main() -> None:

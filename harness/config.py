@@ -51,6 +51,8 @@ class ExperimentConfig:
     seeds: list = field(default_factory=lambda: [0],
                         metadata={"doc": "list of integer seeds; every cell runs once per seed"})
     description: str = _f("", "free text shown in reports")
+    db: str = _f("", "database for this grid, relative to the working directory and inside it "
+                 "(abl run --db overrides; default results/abl.duckdb)")
 
 
 @dataclass
@@ -103,6 +105,11 @@ class TrainConfig:
                       choices=("auto", "triton", "torch"))
     threads: int = _f(0, "torch CPU threads; 0 = torch's default", min=0)
     diverge_loss: float = _f(1e3, "a train loss above this (or non-finite) stops the cell as diverged", min=0.0)
+    checkpoint_every: int = _f(0, "save a checkpoint every N steps (0 = never); a killed cell resumes "
+                               "from its last checkpoint", min=0)
+    devices: int = _f(1, "processes per cell: > 1 trains one cell with DDP under torchrun "
+                      "(one GPU each on CUDA, gloo on CPU); batch_size is the global batch", min=1)
+    deterministic: bool = _f(False, "torch.use_deterministic_algorithms (slower; recorded with the run)")
 
 
 @dataclass
@@ -327,6 +334,16 @@ def _parse_grid(raw: dict, registry: Registry) -> tuple[dict[str, list], list[di
     return axes, excludes, errs
 
 
+def check_output_path(key: str, value: str) -> list[str]:
+    """An output path named in a grid file must stay inside the working directory."""
+    p = Path(value)
+    root = Path.cwd().resolve()
+    if p.is_absolute() or not (root / p).resolve().is_relative_to(root):
+        return [f"{key} = {value!r} points outside the working directory; use a relative path "
+                f"inside it (or pass --db on the command line)"]
+    return []
+
+
 def _build_section(name: str, raw: dict) -> tuple[Any, list[str]]:
     cls = SECTIONS[name]
     params = section_params(cls)
@@ -379,6 +396,9 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
     model: ModelConfig = sections["model"]
     if model.d_model % model.n_heads:
         errs.append(f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}")
+    if sections["train"].batch_size % sections["train"].devices:
+        errs.append(f"train.batch_size={sections['train'].batch_size} is not divisible by "
+                    f"train.devices={sections['train'].devices}")
     dev = sections["train"].device
     if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         errs.append(f"train.device must be auto, cpu, cuda or cuda:N, got {dev!r}")
@@ -503,6 +523,8 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
     exp_raw = raw.get("experiment", {}) if isinstance(raw.get("experiment"), dict) else {}
     exp, e = _build_section("experiment", exp_raw)
     errs += e
+    if exp is not None and exp.db:
+        errs += check_output_path("experiment.db", exp.db)
     if errs:
         raise ConfigError([f"{source}: {m}" for m in errs])
     assert exp is not None

@@ -121,7 +121,7 @@ class Batches:
     Validation windows are evenly spaced and identical for every cell.
     """
 
-    def __init__(self, data: TokenData, context: int, batch_size: int, seed: int):
+    def __init__(self, data: TokenData, context: int, batch_size: int, seed: int, stream: int = 0):
         import torch
 
         self.torch = torch
@@ -129,7 +129,8 @@ class Batches:
         self.batch_size = batch_size
         self.train = torch.from_numpy(np.asarray(data.train, dtype=np.int64))
         self.val = torch.from_numpy(np.asarray(data.val, dtype=np.int64))
-        self.gen = torch.Generator().manual_seed(10_007 * seed + 1)
+        # ``stream`` separates the ranks of a multi-process cell
+        self.gen = torch.Generator().manual_seed(10_007 * seed + 1 + 7_919 * stream)
 
     def _windows(self, tokens, starts):
         idx = starts[:, None] + self.torch.arange(self.context + 1)[None, :]

@@ -1,13 +1,25 @@
-"""Executors: where cells run. Each cell is its own worker process.
+"""Executors: where cells run. Every cell is its own worker process.
 
-``LocalExecutor`` runs up to ``workers`` worker processes at once on this
-machine. The parent only launches, watches and reaps; the worker writes its
-run folder and the parent ingests it (the single database writer). Slurm
-(submitit) and Ray executors plug in behind the same ``run`` interface.
+All executors share one shape: the parent launches a worker per cell
+(``python -m harness.worker RUN_DIR``, or torchrun around it for a multi-device
+cell), watches the run folder's ``metrics.jsonl`` for progress, and calls
+``on_done`` when the worker ends; the parent then ingests the folder (it is
+the only database writer). Scale-out goes to existing engines:
+
+- ``local``: up to ``workers`` cells at once on this machine; on CUDA one cell
+  per free GPU (``CUDA_VISIBLE_DEVICES``);
+- ``slurm``: one Slurm job per cell through submitit (a requeued job resumes
+  from the cell's checkpoint); submitit's local backend runs the same path
+  without a cluster;
+- ``ray``: one Ray task per cell (``num_gpus`` per cell) on an existing
+  cluster (``address``) or a local one.
+
+Run folders must be on a file system the workers and the parent share.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .config import Cell
 
@@ -25,22 +37,24 @@ class Job:
     cell: Cell
     run_dir: Path
     index: int
-    proc: subprocess.Popen | None = None
+    handle: Any = None  # Popen, submitit job or Ray ObjectRef
     offset: int = 0  # bytes of metrics.jsonl already read
     step: int = 0
     train_loss: float | None = None
     val_loss: float | None = None
     returncode: int | None = None
     killed: bool = False
+    gpus: list[int] = field(default_factory=list)
     started: float = field(default_factory=time.time)
 
 
-def _tail(job: Job) -> bool:
-    """Read new complete lines of the job's metrics file; True if anything changed."""
-    import json
-
+def tail(job: Job) -> bool:
+    """Read new complete lines of the job's metrics file; True if the progress changed."""
     path = job.run_dir / "metrics.jsonl"
     try:
+        size = path.stat().st_size
+        if size < job.offset:  # the worker truncated it (resume): read again
+            job.offset = 0
         with open(path, "rb") as f:
             f.seek(job.offset)
             chunk = f.read()
@@ -63,60 +77,243 @@ def _tail(job: Job) -> bool:
     return changed
 
 
-class LocalExecutor:
-    name = "local"
+def worker_command(run_dir: Path, devices: int) -> list[str]:
+    """The command that trains one cell: the worker, under torchrun if it spans devices."""
+    if devices <= 1:
+        return [sys.executable, "-m", "harness.worker", str(run_dir)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={devices}",
+            "-m", "harness.worker", str(run_dir)]
 
-    def __init__(self, workers: int = 1, poll_s: float = 0.2):
-        self.workers = max(1, workers)
-        self.poll_s = poll_s
+
+def run_worker_process(run_dir: str, devices: int = 1, env: dict[str, str] | None = None) -> int:
+    """Run one cell's worker to the end in a child process; returns its exit status.
+
+    This is what remote executors (submitit, Ray) execute: the extra process
+    keeps a crashing cell from taking the engine's own worker down.
+    """
+    path = Path(run_dir)
+    with open(path / "worker.log", "ab") as log:
+        proc = subprocess.Popen(worker_command(path, devices), stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+        try:
+            return proc.wait()
+        except BaseException:
+            proc.terminate()
+            proc.wait()
+            raise
+
+
+class Executor:
+    """Base: subclasses implement launch / poll / stop for one job."""
+
+    name = "base"
+    slots = 1
+
+    def __init__(self) -> None:
         self.running: list[Job] = []
 
-    def _launch(self, job: Job) -> None:
-        stderr = open(job.run_dir / "worker.log", "ab")
-        env = dict(os.environ)
-        if self.workers > 1 and "OMP_NUM_THREADS" not in env:
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.workers))
-        job.proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.worker", str(job.run_dir)],
-            stdout=stderr, stderr=stderr, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True,  # Ctrl-C reaches the parent only; it stops the workers
-        )
-        stderr.close()
-        job.started = time.time()
+    def launch(self, job: Job) -> None:
+        raise NotImplementedError
+
+    def poll(self, job: Job) -> int | None:
+        """The worker's exit status once it has ended, else None."""
+        raise NotImplementedError
+
+    def stop(self, job: Job) -> None:
+        raise NotImplementedError
+
+    def can_launch(self, job: Job) -> bool:
+        return len(self.running) < self.slots
+
+    def release(self, job: Job) -> None:
+        pass
 
     def stop_all(self) -> None:
-        """Stop every running worker (SIGTERM, then SIGKILL after 5 s)."""
         for job in self.running:
-            if job.proc and job.proc.poll() is None:
+            if job.returncode is None:
                 job.killed = True
-                job.proc.send_signal(signal.SIGTERM)
-        deadline = time.time() + 5
-        for job in self.running:
-            if job.proc is None:
-                continue
-            try:
-                job.proc.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                job.proc.kill()
-                job.proc.wait()
-            job.returncode = job.proc.returncode
+                self.stop(job)
 
-    def run(self, jobs: list[Job], on_progress: Callable[[Job], None],
-            on_done: Callable[[Job], None]) -> None:
+    def run(self, jobs: list[Job], on_progress: Callable[[Job], None], on_done: Callable[[Job], None],
+            poll_s: float = 0.2) -> None:
         pending = list(jobs)
         while pending or self.running:
-            while pending and len(self.running) < self.workers:
+            while pending and self.can_launch(pending[0]):
                 job = pending.pop(0)
-                self._launch(job)
+                self.launch(job)
                 self.running.append(job)
                 on_progress(job)
-            time.sleep(self.poll_s)
+            time.sleep(poll_s)
             for job in list(self.running):
-                if _tail(job):
+                if tail(job):
                     on_progress(job)
-                assert job.proc is not None
-                if job.proc.poll() is not None:
-                    _tail(job)
-                    job.returncode = job.proc.returncode
+                code = self.poll(job)
+                if code is not None:
+                    tail(job)
+                    job.returncode = code
                     self.running.remove(job)
+                    self.release(job)
                     on_done(job)
+
+
+class LocalExecutor(Executor):
+    """Cells as child processes of this machine: ``workers`` at once, or one per free GPU."""
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None, gpus: list[int] | None = None):
+        super().__init__()
+        if gpus is None:
+            gpus = _visible_gpus()
+        self.free_gpus = list(gpus)
+        self.use_gpus = bool(gpus)
+        self.slots = max(1, workers if workers else (len(gpus) or 1))
+
+    def can_launch(self, job: Job) -> bool:
+        if len(self.running) >= self.slots:
+            return False
+        need = job.cell.train.devices
+        return not self.use_gpus or len(self.free_gpus) >= need
+
+    def launch(self, job: Job) -> None:
+        env = dict(os.environ)
+        if self.use_gpus:
+            job.gpus, self.free_gpus = self.free_gpus[: job.cell.train.devices], \
+                self.free_gpus[job.cell.train.devices:]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
+        elif self.slots > 1 and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
+        log = open(job.run_dir / "worker.log", "ab")
+        job.handle = subprocess.Popen(
+            worker_command(job.run_dir, job.cell.train.devices), stdout=log, stderr=log,
+            stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,  # Ctrl-C reaches the parent only; it stops the workers
+        )
+        log.close()
+        job.started = time.time()
+
+    def poll(self, job: Job) -> int | None:
+        return job.handle.poll()
+
+    def release(self, job: Job) -> None:
+        self.free_gpus = sorted(self.free_gpus + job.gpus)
+
+    def stop(self, job: Job) -> None:
+        try:
+            os.killpg(job.handle.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def stop_all(self) -> None:
+        super().stop_all()
+        deadline = time.time() + 10
+        for job in self.running:
+            try:
+                job.returncode = job.handle.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(job.handle.pid, signal.SIGKILL)
+                job.returncode = job.handle.wait()
+
+
+def _visible_gpus() -> list[int]:
+    """GPU indices this process may use, without importing torch when there is no GPU runtime."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return [i for i, v in enumerate(vis.split(",")) if v.strip() and v.strip() != "-1"]
+    try:
+        import torch
+
+        return list(range(torch.cuda.device_count()))
+    except Exception:  # noqa: BLE001
+        return []
+
+
+class _SubmititCell:
+    """What a Slurm job executes; checkpointable so a preempted job requeues and resumes."""
+
+    def __init__(self, run_dir: str, devices: int):
+        self.run_dir, self.devices = run_dir, devices
+
+    def __call__(self) -> int:
+        return run_worker_process(self.run_dir, self.devices)
+
+    def checkpoint(self, *args, **kwargs):
+        # The worker checkpoints itself (train.checkpoint_every); requeueing
+        # the same call makes the new worker resume from that checkpoint.
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(_SubmititCell(self.run_dir, self.devices))
+
+
+class SlurmExecutor(Executor):
+    """One Slurm job per cell through submitit (``cluster="local"`` runs it without Slurm)."""
+
+    name = "slurm"
+
+    def __init__(self, folder: Path, partition: str | None = None, time_min: int = 60,
+                 gpus_per_cell: int = 0, cpus_per_cell: int | None = None, max_jobs: int = 64,
+                 cluster: str | None = None):
+        super().__init__()
+        import submitit
+
+        self.slots = max_jobs
+        self.executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
+        params: dict[str, Any] = {"timeout_min": time_min}
+        if cluster != "local":
+            params["slurm_partition"] = partition
+            if gpus_per_cell:
+                params["gpus_per_node"] = gpus_per_cell
+            if cpus_per_cell:
+                params["cpus_per_task"] = cpus_per_cell
+        self.executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
+        if cluster == "local":
+            self.name = "slurm-local"
+
+    def launch(self, job: Job) -> None:
+        job.handle = self.executor.submit(_SubmititCell(str(job.run_dir), job.cell.train.devices))
+
+    def poll(self, job: Job) -> int | None:
+        if not job.handle.done():
+            return None
+        try:
+            return int(job.handle.result())
+        except Exception:  # noqa: BLE001 - the job itself failed (node loss, timeout...)
+            return 1
+
+    def stop(self, job: Job) -> None:
+        job.handle.cancel(check=False)
+
+
+class RayExecutor(Executor):
+    """One Ray task per cell, ``gpus_per_cell`` GPUs each, on ``address`` or a local Ray."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, gpus_per_cell: float = 0, cpus_per_cell: float = 1,
+                 max_tasks: int = 64):
+        super().__init__()
+        import ray
+
+        self.ray = ray
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {k: v for k, v in os.environ.items()
+                                               if k.startswith("ABL_")}})
+        self.remote = ray.remote(num_gpus=gpus_per_cell, num_cpus=cpus_per_cell, max_retries=0)(
+            run_worker_process)
+        self.slots = max_tasks
+
+    def launch(self, job: Job) -> None:
+        job.handle = self.remote.remote(str(job.run_dir), job.cell.train.devices)
+
+    def poll(self, job: Job) -> int | None:
+        ready, _ = self.ray.wait([job.handle], timeout=0)
+        if not ready:
+            return None
+        try:
+            return int(self.ray.get(job.handle))
+        except Exception:  # noqa: BLE001 - the task itself failed
+            return 1
+
+    def stop(self, job: Job) -> None:
+        self.ray.cancel(job.handle, force=True)

@@ -62,7 +62,8 @@ def prepare(cell: Cell, runs_dir: Path, meta: dict[str, Any]) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", cell.config)
     write_json_atomic(run_dir / "meta.json", meta)
-    # a fresh attempt: drop the previous attempt's status (its metrics go when the worker starts)
+    # a fresh attempt: the previous attempt's status goes; its metrics up to the last
+    # checkpoint stay (the worker decides, see harness/worker.py)
     (run_dir / "status.json").unlink(missing_ok=True)
     return run_dir
 
@@ -107,28 +108,107 @@ def summary_table(rows: list[dict[str, Any]], title: str, grid: Grid | None = No
     return table
 
 
-def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, workers: int = 1,
-             console: Console | None = None) -> int:
-    """Run every cell not yet completed. Returns the number of cells that did not complete."""
+TERMINAL = ("completed", "diverged", "failed", "oom", "killed")
+FAILED = ("diverged", "failed", "oom")
+
+
+def _pid_alive(pid: Any) -> bool:
+    import os
+
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reconcile(cells: list[Cell], runs_dir: Path, db_path: Path) -> dict[str, str]:
+    """Bring the store in line with the run folders (the source of truth).
+
+    After a kill -9 of ``abl run`` the store can lag behind the folders: a cell
+    may have finished without being ingested, or be marked running with no
+    worker left. Those folders are ingested now (a dead "running" one as
+    killed). Returns the status of every cell that has one.
+    """
+    known = store.statuses(db_path, [c.run_id for c in cells])
+    stale: list[tuple[Path, str | None]] = []
+    for cell in cells:
+        run_dir = runs_dir / cell.run_id
+        st = store.read_json(run_dir / "status.json")
+        if st is None or not (run_dir / "config.json").exists():
+            continue
+        state = st.get("status")
+        if state == "running" and _pid_alive(st.get("pid")):
+            known[cell.run_id] = "busy"  # a worker of another abl run is on it
+            continue
+        if state == "running":
+            st.update(status="killed", error=st.get("error") or "the worker is gone (abl run was killed?)")
+            write_json_atomic(run_dir / "status.json", st)
+            state = "killed"
+        if state in TERMINAL and known.get(cell.run_id) != state:
+            stale.append((run_dir, None))
+            known[cell.run_id] = state
+    if stale:
+        con = store.open_store(db_path)
+        try:
+            for run_dir, override in stale:
+                try:
+                    store.ingest_run(con, run_dir, override)
+                except store.StoreError:
+                    continue  # a damaged folder: the cell simply runs again
+        finally:
+            con.close()
+    return known
+
+
+def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, executor=None,
+             retry_failed: bool = False, console: Console | None = None) -> int:
+    """Run every cell not yet completed (failed ones only with ``retry_failed``).
+
+    Returns the number of runs that did not complete in this invocation.
+    """
     if console is None:
         console = Console()
         if not console.is_terminal:
             console = Console(width=max(console.width, 120))
+    executor = executor or LocalExecutor()
     cells = grid.cells
-    done = store.statuses(db_path, [c.run_id for c in cells])
-    todo = [c for c in cells if done.get(c.run_id) != "completed"]
-    skipped = len(cells) - len(todo)
-    console.print(f"[bold]{grid.cells[0].experiment.name}[/]: {len(cells)} runs "
-                  f"({len({c.cell_key for c in cells})} cells x seeds); "
-                  f"{skipped} already completed, skipped; {len(todo)} to run.")
-    commit = git_commit()
     con = store.open_store(db_path)  # migrate early so a schema problem stops us before training
     con.close()
+    known = reconcile(cells, runs_dir, db_path)
+    completed = [c for c in cells if known.get(c.run_id) == "completed"]
+    failed = [c for c in cells if known.get(c.run_id) in FAILED]
+    busy = [c for c in cells if known.get(c.run_id) == "busy"]
+    todo = [c for c in cells if known.get(c.run_id) not in ("completed", "busy")
+            and (retry_failed or known.get(c.run_id) not in FAILED)]
+    resuming = sum((runs_dir / c.run_id / "checkpoint.pt").exists() for c in todo)
+    msg = (f"[bold]{grid.cells[0].experiment.name}[/]: {len(cells)} runs "
+           f"({len({c.cell_key for c in cells})} cells x seeds); "
+           f"{len(completed)} already completed, skipped; {len(todo)} to run")
+    if resuming:
+        msg += f" ({resuming} resuming from a checkpoint)"
+    if failed and not retry_failed:
+        msg += f"; {len(failed)} failed or diverged, skipped (--retry failed re-runs them)"
+    if busy:
+        msg += f"; {len(busy)} running in another abl process, left alone"
+    console.print(msg + ".", soft_wrap=True)
+    commit = git_commit()
 
     jobs = []
     for i, cell in enumerate(todo):
+        old = store.read_json(runs_dir / cell.run_id / "meta.json", {})
+        first = old.get("first_commit") or old.get("git_commit") or commit
         meta = {"cell_key": cell.cell_key, "label": f"{cell.label}", "git_commit": commit,
-                "versions": versions(cell, registry), "grid_file": grid.path}
+                "first_commit": first, "attempts": int(old.get("attempts", 0)) + 1,
+                "code_changed": bool(old.get("code_changed")) or first != commit,
+                "executor": executor.name, "versions": versions(cell, registry), "grid_file": grid.path}
+        if meta["code_changed"]:
+            meta["notes"] = f"code changed between attempts: first {first}, now {commit}"
+            console.print(f"[yellow]warning[/]: {cell.label} seed={cell.seed}: {meta['notes']}")
         jobs.append(Job(cell=cell, run_dir=prepare(cell, runs_dir, meta), index=i))
     failures = 0
 
@@ -136,7 +216,6 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, work
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(), TimeRemainingColumn(), console=console, transient=False,
     )
-    executor = LocalExecutor(workers=workers)
     with progress:
         overall = progress.add_task(f"cells 0/{len(jobs)}", total=len(jobs), info="")
         tasks: dict[str, Any] = {}

@@ -48,6 +48,11 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         CREATE INDEX metrics_run ON metrics (run_id, name);
     """),
+    (3, "resume bookkeeping", """
+        ALTER TABLE runs ADD COLUMN attempts INTEGER DEFAULT 1;
+        ALTER TABLE runs ADD COLUMN code_changed BOOLEAN DEFAULT false;
+        ALTER TABLE runs ADD COLUMN executor VARCHAR
+    """),
 ]
 
 STATUSES = ("queued", "running", "completed", "diverged", "oom", "failed", "killed")
@@ -72,18 +77,18 @@ def connect(path: str | Path, read_only: bool = False, retries: int = 50) -> duc
     raise StoreError(f"cannot open database {path}: {last}")
 
 
-def schema_version(con) -> int:
+def applied_versions(con) -> set[int]:
     con.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
                 "(version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP)")
-    row = con.execute("SELECT max(version) FROM schema_migrations").fetchone()
-    return int(row[0] or 0)
+    return {int(r[0]) for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
 
 
 def migrate(con) -> int:
-    """Apply pending migrations; returns the schema version."""
-    current = schema_version(con)
-    for version, name, sql in MIGRATIONS:
-        if version <= current:
+    """Apply every migration not applied yet, in version order; returns the schema version."""
+    done = applied_versions(con)
+    current = max(done, default=0)
+    for version, name, sql in sorted(MIGRATIONS):
+        if version in done:
             continue
         con.execute("BEGIN TRANSACTION")
         try:
@@ -95,7 +100,7 @@ def migrate(con) -> int:
         except Exception:
             con.execute("ROLLBACK")
             raise
-        current = version
+        current = max(current, version)
     return current
 
 
@@ -144,27 +149,29 @@ def _ts(t: float | None) -> datetime | None:
 def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     """Copy one run folder into the store (idempotent). Returns the run's status."""
     config = read_json(run_dir / "config.json")
-    if config is None:
-        raise StoreError(f"{run_dir}: no config.json; not a run folder")
+    if not isinstance(config, dict) or not {"experiment", "seed"} <= set(config):
+        raise StoreError(f"{run_dir}: no readable config.json; not a run folder")
     meta = read_json(run_dir / "meta.json", {})
     status = read_json(run_dir / "status.json", {"status": "queued"})
     info = read_json(run_dir / "info.json", {})
     state = status_override or status.get("status", "queued")
     run_id = run_dir.name
     rows = read_metrics(run_dir / "metrics.jsonl")
-    notes = status.get("notes") or meta.get("notes")
+    notes = "; ".join(n for n in (meta.get("notes"), status.get("notes")) if n) or None
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
         con.execute(
             "INSERT INTO runs (run_id, experiment, cell_key, label, seed, status, config, started,"
-            " finished, git_commit, versions, device, env, data_fingerprint, grid_file, notes, error)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " finished, git_commit, versions, device, env, data_fingerprint, grid_file, notes, error,"
+            " attempts, code_changed, executor)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run_id, config["experiment"], meta.get("cell_key"), meta.get("label"), config["seed"], state,
              json.dumps(config, sort_keys=True), _ts(status.get("started")), _ts(status.get("finished")),
              meta.get("git_commit"), json.dumps(meta.get("versions", {}), sort_keys=True),
              info.get("device"), json.dumps(info, sort_keys=True), info.get("data_fingerprint"),
-             meta.get("grid_file"), notes, status.get("error")],
+             meta.get("grid_file"), notes, status.get("error"), meta.get("attempts", 1),
+             bool(meta.get("code_changed", False)), meta.get("executor")],
         )
         con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
         if rows:

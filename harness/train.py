@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import platform
 import resource
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import torch
@@ -63,6 +65,13 @@ class Precision:
 
     def info(self) -> dict[str, Any]:
         return {"precision": self.name, "emulated": self.emulated}
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to checkpoint (e.g. a loss scaler's)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
 
 
 class MetricSink(Protocol):
@@ -138,25 +147,147 @@ def evaluate(model: DecoderLM, batches: Batches, n_batches: int, precision: Prec
     return total / n_batches
 
 
+def save_checkpoint(path: Path, step: int, model, optimizer, precision: Precision,
+                    data_states: list[torch.Tensor]) -> None:
+    """Everything needed to continue bit-for-bit: written to a temp file, then renamed.
+
+    ``data_states`` holds the data-order generator state of every rank.
+    """
+    import random
+
+    import numpy as np
+
+    state = {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "precision": precision.state_dict(),
+        "data_rng": data_states,
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "numpy_rng": np.random.get_state(),
+        "python_rng": random.getstate(),
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, model, optimizer, precision: Precision, batches: Batches, rank: int = 0) -> int:
+    """Restore a checkpoint written by save_checkpoint; returns its step."""
+    import random
+
+    import numpy as np
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    precision.load_state_dict(state["precision"])
+    batches.gen.set_state(state["data_rng"][rank])
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    np.random.set_state(state["numpy_rng"])
+    random.setstate(state["python_rng"])
+    return int(state["step"])
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of the checkpoint at ``path`` (None if there is none or it is unreadable)."""
+    if not path.exists():
+        return None
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=False)["step"])
+    except Exception:  # noqa: BLE001 - a torn checkpoint is as good as none
+        return None
+
+
 def _to_float(v: Any) -> float:
     return float(v.item()) if isinstance(v, torch.Tensor) else float(v)
 
 
+class Distributed:
+    """DDP bookkeeping for a cell spanning several processes (torchrun sets WORLD_SIZE).
+
+    One process per GPU with NCCL on CUDA, gloo on CPU. ``train.batch_size`` is
+    the global batch: each rank draws ``batch_size / world`` sequences from its
+    own seeded stream. Only rank 0 evaluates, logs and checkpoints. With one
+    process every method is a no-op.
+    """
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.enabled = self.world > 1
+        self.is_main = self.rank == 0
+
+    def setup(self, device: torch.device) -> torch.device:
+        if not self.enabled:
+            return device
+        import torch.distributed as dist
+
+        if device.type == "cuda":
+            device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return device
+
+    def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        if not self.enabled:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def mean(self, value: float, device: torch.device) -> float:
+        if not self.enabled:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return float(t.item()) / self.world
+
+    def gather(self, obj: Any) -> list[Any]:
+        if not self.enabled:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        if self.enabled:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
 def train(cell: Cell, registry: Registry, sink: MetricSink,
-          on_info: Callable[[dict], None] | None = None) -> dict[str, Any]:
+          on_info: Callable[[dict], None] | None = None,
+          checkpoint_path: Path | None = None) -> dict[str, Any]:
     """Train one cell. Returns the once-per-run summary. Raises Diverged.
 
     ``summary["notes"]`` lists human-readable remarks about the run (e.g. an
     evaluation that could not run and why); the worker stores them with it.
+
+    With ``train.checkpoint_every`` and a ``checkpoint_path``, the full
+    training state (model, optimizer, precision, RNGs, data order, step) is
+    saved atomically every N steps, and training resumes from it if the file
+    exists when ``train`` starts.
     """
     t_start = time.perf_counter()
     tc, mc = cell.train, cell.model
     if tc.threads:
         torch.set_num_threads(tc.threads)
-    device = resolve_device(tc.device)
+    dist = Distributed()
+    device = dist.setup(resolve_device(tc.device))
     kernels = tc.kernels if tc.kernels != "auto" else ("triton" if device.type == "cuda" else "torch")
     set_kernel_backend(kernels)
     seed_everything(cell.seed)
+    torch.use_deterministic_algorithms(tc.deterministic, warn_only=False)
 
     ds = cell.components["dataset"]
     data: TokenData = registry.get("dataset", ds["name"]).factory(**ds["params"])
@@ -172,12 +303,13 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     baseline_rss = cpu_peak_rss_bytes()
-    model = DecoderLM(mc, cell.components, registry, kernels=kernels).to(device)
-    precision.setup(model, device)
-    optimizer = make_optimizer(model, tc)
-    batches = Batches(data, mc.context, tc.batch_size, cell.seed)
+    core = DecoderLM(mc, cell.components, registry, kernels=kernels).to(device)
+    precision.setup(core, device)
+    optimizer = make_optimizer(core, tc)
+    model = dist.wrap(core, device)
+    batches = Batches(data, mc.context, tc.batch_size // dist.world, cell.seed, stream=dist.rank)
 
-    n_params = model.n_params()
+    n_params = core.n_params()
     info = {
         "device": device_name(device),
         "device_type": device.type,
@@ -187,26 +319,39 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
         "tokenizer": data.tokenizer,
         "vocab_size": mc.vocab_size,
         "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss",
+        "device_count": torch.cuda.device_count() if device.type == "cuda" else 1,
+        "processes": dist.world,
+        "seed": cell.seed,
+        "determinism": {
+            "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "data_order": "depends only on the seed (and train.devices)",
+        },
         **precision.info(),
     }
-    if on_info:
+    if on_info and dist.is_main:
         on_info(info)
-    sink.log(0, {"n_params": n_params, "n_params_non_embedding": model.n_params(non_embedding=True)})
 
     params = [p for p in model.parameters() if p.requires_grad]
     tokens_per_step = tc.batch_size * mc.context
+    start_step = 1
+    if checkpoint_path is not None and checkpoint_path.exists():
+        start_step = load_checkpoint(checkpoint_path, core, optimizer, precision, batches, dist.rank) + 1
+    else:
+        sink.log(0, {"n_params": n_params, "n_params_non_embedding": core.n_params(non_embedding=True)})
     model.train()
-    for step in range(1, tc.steps + 1):
+    for step in range(start_step, tc.steps + 1):
         t0 = time.perf_counter()
         lr = lr_at(step - 1, tc)
         for g in optimizer.param_groups:
             g["lr"] = lr
         x, y = batches.next_train()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        ctx = ForwardContext(position=model.position, kernels=kernels)
+        ctx = ForwardContext(position=core.position, kernels=kernels)
         with precision.autocast(device):
             _, loss, ctx = model(x, y, ctx)
-        train_loss = _to_float(ctx.metrics["ce_loss"])
+        train_loss = dist.mean(_to_float(ctx.metrics["ce_loss"]), device)
         if not math.isfinite(train_loss) or train_loss > tc.diverge_loss:
             sink.log(step, {"train_loss": train_loss, "lr": lr})
             raise Diverged(f"diverged at step {step}: train_loss={train_loss}")
@@ -222,13 +367,24 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
         row.update({k: _to_float(v) for k, v in ctx.metrics.items() if k != "ce_loss"})
         if len(ctx.aux_losses):
             row["aux_loss"] = sum(_to_float(v) for v in ctx.aux_losses.values())
-        if step % tc.eval_every == 0 or step == tc.steps:
-            row["val_loss"] = evaluate(model, batches, tc.eval_batches, precision, device, kernels)
+        if dist.is_main and (step % tc.eval_every == 0 or step == tc.steps):
+            row["val_loss"] = evaluate(core, batches, tc.eval_batches, precision, device, kernels)
         sink.log(step, row)
+        if checkpoint_path is not None and tc.checkpoint_every and step % tc.checkpoint_every == 0 \
+                and step < tc.steps:
+            data_states = dist.gather(batches.gen.get_state())
+            if dist.is_main:
+                save_checkpoint(checkpoint_path, step, core, optimizer, precision, data_states)
 
     notes: list[str] = []
     # ---- post-training evaluations (decode speed, length extrapolation, ...) go here;
     # each logs its metrics to ``sink`` at step tc.steps and appends to ``notes``.
+    if dist.is_main:
+        from .decode import post_training_evaluations
+
+        post, post_notes = post_training_evaluations(core, cell, registry, batches, precision, device, kernels)
+        sink.log(tc.steps, post)
+        notes += post_notes
 
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
@@ -242,4 +398,5 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
     }
     sink.log(tc.steps, summary)
     summary["notes"] = notes
+    dist.close()
     return summary
