@@ -70,6 +70,8 @@ class ModelConfig:
     position: str = _f("rope", "position component")
     mixer: str = _f("mha", "mixer component (attention or SSM)")
     ffn: str = _f("gelu", "feed-forward component")
+    scale: str = _f("", "a model-size preset that sets d_model, n_layers and n_heads: "
+                    "xs, s, m, l, xl (see SCALES); empty = use those fields as given")
     layer_pattern: str = _f("", "hybrid stacks: comma-separated mixer names tiled over the layers, "
                             "e.g. 'mamba2,mamba2,mha'; empty = model.mixer in every layer")
 
@@ -88,6 +90,8 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     steps: int = _f(200, "optimizer steps", min=1)
+    tokens: int = _f(0, "token budget instead of steps: steps = ceil(tokens / (batch_size * context))",
+                     min=0)
     batch_size: int = _f(16, "sequences per step", min=1)
     lr: float = _f(3e-3, "peak learning rate", min=0.0)
     min_lr_ratio: float = _f(0.1, "cosine decays to lr * min_lr_ratio", min=0.0, max=1.0)
@@ -110,6 +114,16 @@ class TrainConfig:
     devices: int = _f(1, "processes per cell: > 1 trains one cell with DDP under torchrun "
                       "(one GPU each on CUDA, gloo on CPU); batch_size is the global batch", min=1)
     deterministic: bool = _f(False, "torch.use_deterministic_algorithms (slower; recorded with the run)")
+
+
+# model.scale presets for size ladders (d_model, n_layers, n_heads); head dim 32 where it fits.
+SCALES: dict[str, tuple[int, int, int]] = {
+    "xs": (64, 2, 2),
+    "s": (128, 4, 4),
+    "m": (256, 6, 8),
+    "l": (512, 8, 16),
+    "xl": (768, 12, 24),
+}
 
 
 @dataclass
@@ -394,6 +408,16 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
     if errs:
         return None, errs
     model: ModelConfig = sections["model"]
+    if model.scale:
+        if model.scale not in SCALES:
+            errs.append(f"model.scale {model.scale!r} is not a preset; valid: {', '.join(SCALES)}")
+        else:
+            model.d_model, model.n_layers, model.n_heads = SCALES[model.scale]
+    tc: TrainConfig = sections["train"]
+    if tc.tokens:
+        if isinstance(raw.get("train"), dict) and "steps" in raw["train"]:
+            errs.append("give train.steps or train.tokens, not both")
+        tc.steps = -(-tc.tokens // (tc.batch_size * model.context))
     if model.d_model % model.n_heads:
         errs.append(f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}")
     if sections["train"].batch_size % sections["train"].devices:

@@ -202,6 +202,24 @@ def checkpoint_step(path: Path) -> int | None:
         return None
 
 
+def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batches, precision: Precision,
+                  device: torch.device, kernels: str, world: int) -> dict[str, float]:
+    """FLOPs of one training step counted by torch (on a validation batch, so the
+    training data order is untouched), and the device peak used for MFU."""
+    from .flops import count_step_flops, device_peak_flops
+
+    x, y = next(iter(batches.val_batches(1)))
+    x, y = x.to(device), y.to(device)
+    measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, kernels=kernels),
+                                lambda: precision.autocast(device))
+    out: dict[str, float] = {"flops_per_step_measured": float(measured * world)}
+    dtype = torch.bfloat16 if precision.name in ("bf16", "fp16", "fp8") else torch.float32
+    peak, _how = device_peak_flops(device, dtype)
+    if peak:
+        out["device_peak_flops"] = float(peak * world)
+    return out
+
+
 def _to_float(v: Any) -> float:
     return float(v.item()) if isinstance(v, torch.Tensor) else float(v)
 
@@ -339,7 +357,8 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
     if checkpoint_path is not None and checkpoint_path.exists():
         start_step = load_checkpoint(checkpoint_path, core, optimizer, precision, batches, dist.rank) + 1
     else:
-        sink.log(0, {"n_params": n_params, "n_params_non_embedding": core.n_params(non_embedding=True)})
+        sink.log(0, {"n_params": n_params, "n_params_non_embedding": core.n_params(non_embedding=True),
+                     **measure_costs(core, cell, registry, batches, precision, device, kernels, dist.world)})
     model.train()
     for step in range(start_step, tc.steps + 1):
         t0 = time.perf_counter()

@@ -121,3 +121,17 @@ def test_layer_pattern_tiles_mixers_over_layers(registry):
         grid_of(text.replace("n_layers = 4", "n_layers = 3").replace('"mha, mha"', '"mha,mha"'), registry)
     with pytest.raises(ConfigError, match="unknown mixer 'mamba9'"):
         grid_of(text.replace('"mha, mha"', '"mamba9,mha"'), registry)
+
+
+def test_scale_presets_and_token_budgets(registry):
+    from harness.config import SCALES
+
+    text = BASE.replace("d_model = 32", 'scale = "s"').replace("n_heads = 4", "") + ""
+    text = text.replace("[grid]", "[train]\ntokens = 100000\nbatch_size = 8\n[grid]")
+    cell = grid_of(text.replace("[model]", "[model]\ncontext = 64"), registry).cells[0]
+    assert (cell.model.d_model, cell.model.n_layers, cell.model.n_heads) == SCALES["s"]
+    assert cell.train.steps == -(-100000 // (8 * 64)) and cell.config["train"]["steps"] == cell.train.steps
+    with pytest.raises(ConfigError, match="not a preset"):
+        grid_of(text.replace('scale = "s"', 'scale = "huge"'), registry)
+    with pytest.raises(ConfigError, match="not both"):
+        grid_of(text.replace("tokens = 100000", "tokens = 100000\nsteps = 5"), registry)
