@@ -53,6 +53,30 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE runs ADD COLUMN code_changed BOOLEAN DEFAULT false;
         ALTER TABLE runs ADD COLUMN executor VARCHAR
     """),
+    (5, "kernel benchmarks", """
+        CREATE TABLE bench (
+            bench_id VARCHAR NOT NULL,
+            created TIMESTAMP,
+            op VARCHAR NOT NULL,
+            provider VARCHAR NOT NULL,
+            shape VARCHAR,
+            dtype VARCHAR,
+            pass VARCHAR,
+            p20 DOUBLE,
+            p50 DOUBLE,
+            p80 DOUBLE,
+            gbps DOUBLE,
+            tflops DOUBLE,
+            peak_fraction DOUBLE,
+            peak_basis VARCHAR,
+            device VARCHAR,
+            versions JSON,
+            git_commit VARCHAR,
+            timing VARCHAR,
+            notes VARCHAR
+        );
+        CREATE INDEX bench_op ON bench (op, provider)
+    """),
 ]
 
 STATUSES = ("queued", "running", "completed", "diverged", "oom", "failed", "killed")
@@ -224,6 +248,11 @@ WITH final_val AS (
 ), mem AS (
     SELECT run_id, max(value) AS peak_mem_bytes FROM metrics
     WHERE name = 'peak_mem_bytes' GROUP BY run_id
+), decode AS (
+    SELECT run_id,
+           max(value) FILTER (WHERE name = 'kv_bytes_per_token') AS kv_bytes_per_token,
+           max(value) FILTER (WHERE name = 'decode_tokens_per_s') AS decode_tokens_per_s
+    FROM metrics WHERE name IN ('kv_bytes_per_token', 'decode_tokens_per_s') GROUP BY run_id
 )
 SELECT r.cell_key, any_value(r.label) AS label,
        count(*) AS runs,
@@ -232,11 +261,14 @@ SELECT r.cell_key, any_value(r.label) AS label,
        avg(v.val_loss) AS val_loss_mean,
        stddev_samp(v.val_loss) AS val_loss_std,
        avg(s.tokens_per_s) AS tokens_per_s,
-       max(m.peak_mem_bytes) AS peak_mem_bytes
+       max(m.peak_mem_bytes) AS peak_mem_bytes,
+       avg(d.kv_bytes_per_token) AS kv_bytes_per_token,
+       avg(d.decode_tokens_per_s) AS decode_tokens_per_s
 FROM runs r
 LEFT JOIN final_val v USING (run_id)
 LEFT JOIN speed s USING (run_id)
 LEFT JOIN mem m USING (run_id)
+LEFT JOIN decode d USING (run_id)
 WHERE list_contains(?, r.run_id)
 GROUP BY r.cell_key
 ORDER BY val_loss_mean ASC NULLS LAST

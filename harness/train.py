@@ -217,6 +217,17 @@ def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batc
     peak, _how = device_peak_flops(device, dtype)
     if peak:
         out["device_peak_flops"] = float(peak * world)
+    from .costmodel import predict
+    from .registry import RegistryError
+
+    try:
+        pred = predict(cell, registry, vocab_size=cell.model.vocab_size)
+    except RegistryError as exc:  # a component without a cost model: say so, record the rest
+        out["_note"] = f"no cost prediction: {exc}"  # type: ignore[assignment]
+        return out
+    out["flops_per_step_predicted"] = float(pred["flops_per_step"])
+    out["useful_flops_per_step"] = float(pred["useful_flops_per_step"])
+    out["n_params_predicted"] = float(pred["n_params"])
     return out
 
 
@@ -354,11 +365,16 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
     params = [p for p in model.parameters() if p.requires_grad]
     tokens_per_step = tc.batch_size * mc.context
     start_step = 1
+    notes: list[str] = []
+    costs: dict[str, float] = {}
+    step_times: list[float] = []
     if checkpoint_path is not None and checkpoint_path.exists():
         start_step = load_checkpoint(checkpoint_path, core, optimizer, precision, batches, dist.rank) + 1
     else:
-        sink.log(0, {"n_params": n_params, "n_params_non_embedding": core.n_params(non_embedding=True),
-                     **measure_costs(core, cell, registry, batches, precision, device, kernels, dist.world)})
+        costs = measure_costs(core, cell, registry, batches, precision, device, kernels, dist.world)
+        if "_note" in costs:
+            notes.append(str(costs.pop("_note")))
+        sink.log(0, {"n_params": n_params, "n_params_non_embedding": core.n_params(non_embedding=True), **costs})
     model.train()
     for step in range(start_step, tc.steps + 1):
         t0 = time.perf_counter()
@@ -380,6 +396,7 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
+        step_times.append(dt)
         row = {"train_loss": train_loss, "lr": lr, "tokens_per_s": tokens_per_step / dt,
                "elapsed_s": time.perf_counter() - t_start}
         row.update({k: _to_float(v) for k, v in step_metrics.items()})
@@ -395,7 +412,6 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
             if dist.is_main:
                 save_checkpoint(checkpoint_path, step, core, optimizer, precision, data_states)
 
-    notes: list[str] = []
     # ---- post-training evaluations (decode speed, length extrapolation, ...) go here;
     # each logs its metrics to ``sink`` at step tc.steps and appends to ``notes``.
     if dist.is_main:
@@ -415,6 +431,10 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
         "baseline_rss_bytes": baseline_rss,
         "wall_s": time.perf_counter() - t_start,
     }
+    if costs.get("useful_flops_per_step") and costs.get("device_peak_flops") and step_times:
+        # model FLOPs utilisation: variant-aware useful FLOPs over the median step time
+        median_dt = sorted(step_times)[len(step_times) // 2]
+        summary["mfu"] = costs["useful_flops_per_step"] / median_dt / costs["device_peak_flops"]
     sink.log(tc.steps, summary)
     summary["notes"] = notes
     dist.close()
