@@ -1,25 +1,47 @@
 """Position encodings (axis ``position``), through ``harness.model.PositionEncoding``.
 
-Seeds 002 sec. 1.5 (learned absolute, RoPE derivation) and 004 (position
-interpolation). Every factory is ``factory(config, **params)``.
+Seeds 002 sec. 1.5 (sinusoidal, learned absolute, relative, RoPE derivation)
+and 004 (relative encodings, position interpolation, ALiBi). Every factory is
+``factory(config, **params)``. Each encoding uses exactly one of the three
+hooks of the interface, so it works with every mixer that calls all three:
+
+| name | hook | source |
+|---|---|---|
+| learned | embed | GPT-2; seeds 002 sec. 1.5.2 |
+| sinusoidal | embed | Vaswani et al. 2017 sec. 3.5; seeds 002 sec. 1.5.1 |
+| rope | rotate | Su et al. 2021; seeds 002 sec. 1.5.4, 004 (interpolation) |
+| alibi | score_bias | Press et al. 2022; seeds 004 "ALiBi" |
+| t5 | score_bias | Raffel et al. 2020 sec. 2.1; seeds 004 "Relative Position Encodings" |
+| nope | none | Kazemnejad et al. 2023 |
+
+An encoding that cannot run past some length says so with ``max_positions``
+(the harness reads it generically, e.g. to skip length extrapolation).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 
+from harness.cost import Cost
 from harness.hookspecs import hookimpl
 from harness.model import PositionEncoding
 from harness.registry import Param
 
 
 class LearnedPosition(PositionEncoding):
-    """x_p <- x_p + E[p], one learned vector per position up to the context (GPT-2)."""
+    """x_p <- x_p + E[p], one learned vector per position up to the context (GPT-2).
+
+    There is no row for positions past the training context, so
+    ``max_positions`` = context and longer inputs raise ValueError.
+    """
 
     def __init__(self, cfg):
         super().__init__()
         self.context = cfg.context
+        self.max_positions = cfg.context
         self.table = nn.Embedding(cfg.context, cfg.d_model)
 
     def embed(self, x, start):
@@ -30,12 +52,39 @@ class LearnedPosition(PositionEncoding):
         return x + self.table(pos)
 
 
+class SinusoidalPosition(PositionEncoding):
+    """x_p <- x_p + PE[p], PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(same).
+
+    Vaswani et al. 2017 sec. 3.5, seeds 002 sec. 1.5.1. Fixed, defined for any
+    position. ``embed_scale`` multiplies the token embeddings by sqrt(d_model)
+    first, as the paper does (sec. 3.4); off by default because the skeleton's
+    embeddings are initialised at std ``init_std``, not 1/sqrt(d).
+    """
+
+    def __init__(self, cfg, base: float = 10000.0, embed_scale: bool = False):
+        super().__init__()
+        self.d_model = cfg.d_model
+        self.scale = math.sqrt(cfg.d_model) if embed_scale else 1.0
+        i = torch.arange(0, cfg.d_model, 2, dtype=torch.float64)
+        self.register_buffer("inv_freq", (base ** (-i / cfg.d_model)).float(), persistent=False)
+
+    def table(self, start: int, length: int, device) -> torch.Tensor:
+        pos = torch.arange(start, start + length, device=device, dtype=torch.float32)
+        ang = torch.outer(pos, self.inv_freq.to(device))  # [T, ceil(d/2)]
+        pe = torch.stack((ang.sin(), ang.cos()), dim=-1).flatten(-2)  # sin at 2i, cos at 2i+1
+        return pe[:, : self.d_model]
+
+    def embed(self, x, start):
+        return x * self.scale + self.table(start, x.size(1), x.device).to(x.dtype)
+
+
 class RotaryPosition(PositionEncoding):
     """RoPE (Su et al. 2021; seeds 002 sec. 1.5.4): rotate each pair of q/k dims by p * theta_k.
 
-    theta_k = theta^(-2k/d) for k < d/2. ``interpolation_factor`` s > 1 is
-    position interpolation (Chen et al. 2023; seeds 004): position p is
-    rotated as p / s, to stretch a model to s times its trained context.
+    theta_k = theta^(-2k/d) for k < d/2, d the size of the rotated dims (the
+    head dim; MLA rotates only its decoupled RoPE dims). ``interpolation_factor``
+    s > 1 is position interpolation (Chen et al. 2023; seeds 004): position p
+    is rotated as p / s, to stretch a model to s times its trained context.
     ``layout`` picks which dims form a pair: "interleaved" (2k, 2k+1) as in the
     paper and the seeds, or "half" (k, k + d/2) as in GPT-NeoX / LLaMA code.
     The rotation is computed in fp32.
@@ -45,18 +94,24 @@ class RotaryPosition(PositionEncoding):
                  layout: str = "interleaved"):
         super().__init__()
         self.head_dim = cfg.head_dim
+        self.theta = theta
         self.layout = layout
         self.interpolation_factor = interpolation_factor
-        k = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
-        self.register_buffer("inv_freq", (theta ** -k).float(), persistent=False)
+        self.register_buffer("inv_freq", self._inv_freq(self.head_dim), persistent=False)
         self._cache: tuple | None = None
 
-    def angles(self, start: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (start, length, device)
+    def _inv_freq(self, dim: int) -> torch.Tensor:
+        k = torch.arange(0, dim, 2, dtype=torch.float64) / dim
+        return (self.theta ** -k).float()
+
+    def angles(self, start: int, length: int, device, dim: int | None = None):
+        dim = dim or self.head_dim
+        key = (start, length, device, dim)
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1], self._cache[2]
+        inv_freq = self.inv_freq if dim == self.head_dim else self._inv_freq(dim)
         pos = torch.arange(start, start + length, device=device, dtype=torch.float32)
-        freqs = torch.outer(pos / self.interpolation_factor, self.inv_freq.to(device))  # [T, d/2]
+        freqs = torch.outer(pos / self.interpolation_factor, inv_freq.to(device))  # [T, d/2]
         cos, sin = freqs.cos(), freqs.sin()
         self._cache = (key, cos, sin)
         return cos, sin
@@ -66,13 +121,14 @@ class RotaryPosition(PositionEncoding):
         return super()._apply(fn, *args, **kwargs)
 
     def _rotate(self, x, start):
-        cos, sin = self.angles(start, x.size(-2), x.device)
+        dim = x.size(-1)
+        cos, sin = self.angles(start, x.size(-2), x.device, dim)
         xf = x.float()
         if self.layout == "interleaved":
             x1, x2 = xf[..., 0::2], xf[..., 1::2]
             out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
         else:
-            half = self.head_dim // 2
+            half = dim // 2
             x1, x2 = xf[..., :half], xf[..., half:]
             out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
         return out.to(x.dtype)
@@ -81,19 +137,150 @@ class RotaryPosition(PositionEncoding):
         return self._rotate(q, q_start), self._rotate(k, k_start)
 
 
+def alibi_slopes(n_heads: int) -> list[float]:
+    """Per-head ALiBi slopes (Press et al. 2022 sec. 3 and their reference code).
+
+    For n a power of two: the geometric sequence starting at 2^(-8/n) with
+    ratio 2^(-8/n) (n = 8: 1/2, 1/4, ..., 1/256; seeds 004 writes the n = 16
+    case as m_h = 2^(-h/2)). Otherwise: the slopes of the closest smaller power
+    of two 2^k, then every other slope of the 2^(k+1) sequence, n - 2^k of them.
+    """
+
+    def power_of_two(n):
+        first = 2.0 ** (-8.0 / n)
+        return [first ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return power_of_two(n_heads)
+    closest = 2 ** math.floor(math.log2(n_heads))
+    return power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_heads - closest]
+
+
+class ALiBiPosition(PositionEncoding):
+    """ALiBi: score_ij += -m_h (i - j) for key j <= query i (Press et al. 2022; seeds 004).
+
+    No parameters and nothing added to the embeddings. The bias is added to
+    the already scaled scores q.k / sqrt(d), as in the paper's code (the
+    slides write it inside the 1/sqrt(d)); the slopes are ``alibi_slopes``.
+    """
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(cfg.n_heads)), persistent=False)
+        self._cache: tuple | None = None
+
+    def score_bias(self, n_heads, q_len, k_len, q_start, k_start, device):
+        key = (n_heads, q_len, k_len, q_start, k_start, device)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        slopes = self.slopes if n_heads == self.slopes.numel() else torch.tensor(alibi_slopes(n_heads))
+        i = torch.arange(q_start, q_start + q_len, device=device)[:, None]
+        j = torch.arange(k_start, k_start + k_len, device=device)[None, :]
+        bias = -slopes.to(device)[:, None, None] * (i - j).float()  # future keys are masked anyway
+        self._cache = (key, bias)
+        return bias
+
+    def _apply(self, fn, *args, **kwargs):
+        self._cache = None
+        return super()._apply(fn, *args, **kwargs)
+
+
+def t5_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """T5's causal (unidirectional) relative-position bucket of key - query (Raffel et al. 2020).
+
+    Distances n = query - key below num_buckets/2 get their own bucket; larger
+    ones share logarithmically wider buckets up to max_distance, beyond which
+    all distances share the last bucket (as ``_relative_position_bucket`` with
+    ``bidirectional=False`` in the T5 / mesh-tensorflow code).
+    """
+    n = (-relative_position).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    large = max_exact + (
+        torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).long()
+    large = large.clamp(max=num_buckets - 1)
+    return torch.where(is_small, n, large)
+
+
+class T5RelativeBias(PositionEncoding):
+    """T5 relative attention bias: score_ij += b[bucket(j - i), h] (Raffel et al. 2020 sec. 2.1).
+
+    One learned scalar per (bucket, head), shared by every layer as in T5.
+    Seeds 004 ("Relative Position Encodings": clip the distance so the model
+    applies to longer texts) is this idea with log-spaced buckets.
+    """
+
+    def __init__(self, cfg, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bias = nn.Embedding(num_buckets, cfg.n_heads)
+
+    def score_bias(self, n_heads, q_len, k_len, q_start, k_start, device):
+        if n_heads != self.n_heads:
+            raise ValueError(f"t5 bias was built for {self.n_heads} heads, asked for {n_heads}")
+        i = torch.arange(q_start, q_start + q_len, device=device)[:, None]
+        j = torch.arange(k_start, k_start + k_len, device=device)[None, :]
+        buckets = t5_bucket(j - i, self.num_buckets, self.max_distance)
+        return self.bias(buckets).permute(2, 0, 1)  # [H, Tq, Tk]
+
+
+class NoPosition(PositionEncoding):
+    """NoPE: no position information at all; a causal decoder can still infer
+    order from the mask (Haviv et al. 2022; Kazemnejad et al. 2023)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+
+
 def _rope_check(cfg, params):
     if cfg.head_dim % 2:
         return [f"RoPE needs an even head dim; d_model/n_heads = {cfg.head_dim}"]
     return []
 
 
+def _t5_check(cfg, params):
+    if params["max_distance"] <= params["num_buckets"] // 2:
+        return [f"max_distance={params['max_distance']} must exceed num_buckets/2="
+                f"{params['num_buckets'] // 2}"]
+    return []
+
+
+# Cost functions (harness/cost.py conventions): trainable parameters only;
+# adding, rotating and biasing are elementwise, so they count no FLOPs.
+
+def _learned_cost(cfg):
+    return Cost(params=cfg.context * cfg.d_model)
+
+
+def _t5_cost(cfg, num_buckets, max_distance):
+    return Cost(params=num_buckets * cfg.n_heads)
+
+
+def _free_cost(cfg, **params):
+    return Cost()
+
+
 @hookimpl
 def register_components(register):
-    register("position", "learned", LearnedPosition)
+    register("position", "learned", LearnedPosition, cost=_learned_cost)
+    register("position", "sinusoidal", SinusoidalPosition, params={
+        "base": Param(10000.0, doc="wavelength base: PE uses base^(2i/d)", min=1.0),
+        "embed_scale": Param(False, doc="multiply token embeddings by sqrt(d_model) first (Vaswani sec. 3.4)"),
+    }, cost=_free_cost)
     register("position", "rope", RotaryPosition, params={
         "theta": Param(10000.0, doc="base of the frequencies theta_k = theta^(-2k/d)", min=1.0),
         "interpolation_factor": Param(1.0, doc="position interpolation: rotate position p as p/s",
                                       min=1e-6),
         "layout": Param("interleaved", doc="dims paired as (2k, 2k+1) or (k, k+d/2)",
                         choices=("interleaved", "half")),
-    }, check=_rope_check)
+    }, check=_rope_check, cost=_free_cost)
+    register("position", "alibi", ALiBiPosition, cost=_free_cost)
+    register("position", "t5", T5RelativeBias, params={
+        "num_buckets": Param(32, doc="relative-position buckets (learned scalar per bucket and head)", min=2),
+        "max_distance": Param(128, doc="distances beyond this share the last bucket", min=2),
+    }, check=_t5_check, cost=_t5_cost)
+    register("position", "nope", NoPosition, cost=_free_cost)
