@@ -1,40 +1,44 @@
-"""abl dashboard (minimal): runs of the store and their final losses.
+"""abl dashboard: browse and compare the runs of the DuckDB store, read-only.
 
-Started by ``abl dashboard``; reads the database named by $ABL_DB read-only.
-The full comparison app (curves, confidence intervals, trade-offs, kernels)
-grows here.
+Started by ``abl dashboard [--db PATH] [--port N] [--host H]``, which sets
+$ABL_DB (and $ABL_RUNS_DIR) and runs ``streamlit run`` on this file. Each page
+is a script in views/ (its URL path is its file name: /curves, /compare, ...,
+/run_detail?run=RUN_ID); the sidebar filters (experiment, status, config axes,
+cells) apply to every page.
 """
 
-import os
+import sys
+from pathlib import Path
 
-import duckdb
-import streamlit as st
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # streamlit puts this file's folder on the path, not the repo
+    sys.path.insert(0, str(ROOT))
 
-DB = os.environ.get("ABL_DB", "results/abl.duckdb")
+import streamlit as st  # noqa: E402
 
-st.set_page_config(page_title="abl", layout="wide")
-st.title("abl: runs")
+from dashboard import common  # noqa: E402
+from dashboard.queries import StoreBusy, StoreUnavailable  # noqa: E402
 
+st.set_page_config(page_title="abl dashboard", page_icon=":material/science:", layout="wide")
+
+PAGES = [
+    st.Page("views/experiments.py", title="Experiments & runs", icon=":material/table_rows:", default=True),
+    st.Page("views/curves.py", title="Curves", icon=":material/show_chart:"),
+    st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page("views/tradeoffs.py", title="Trade-offs", icon=":material/scatter_plot:"),
+    st.Page("views/kernels.py", title="Kernels", icon=":material/memory:"),
+    st.Page("views/run_detail.py", title="Run detail", icon=":material/description:"),
+]
+
+page = st.navigation(PAGES)
+st.sidebar.markdown("### abl")
 try:
-    con = duckdb.connect(DB, read_only=True)
-except duckdb.Error as exc:  # missing file or held by a writer
-    st.error(f"cannot open {DB}: {exc}")
-    st.stop()
-
-experiments = [r[0] for r in con.execute("SELECT DISTINCT experiment FROM runs ORDER BY 1").fetchall()]
-if not experiments:
-    st.info("no runs yet: abl run ablations/norms.toml")
-    st.stop()
-experiment = st.selectbox("experiment", experiments)
-table = con.execute(
-    """
-    SELECT r.label, r.seed, r.status, v.val_loss, r.run_id
-    FROM runs r LEFT JOIN (
-        SELECT run_id, arg_max(value, step) AS val_loss FROM metrics
-        WHERE name = 'val_loss' GROUP BY run_id) v USING (run_id)
-    WHERE r.experiment = ? ORDER BY v.val_loss NULLS LAST
-    """,
-    [experiment],
-).df()
-st.dataframe(table, use_container_width=True)
-con.close()
+    with common.session():  # the page's queries share read-only connections, all closed at the end
+        common.init()
+        st.session_state["selection"] = common.sidebar()
+        page.run()
+except StoreBusy as exc:
+    st.warning(str(exc), icon=":material/hourglass_top:")
+    st.button("Try again", icon=":material/refresh:")
+except StoreUnavailable as exc:
+    st.error(str(exc), icon=":material/database:")

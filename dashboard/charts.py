@@ -1,0 +1,257 @@
+"""Altair charts, and ``show``: a chart with its CSV and PNG downloads.
+
+Every chart is interactive (tooltips; zoom and pan on the scales of the line
+and scatter charts; click a legend entry to highlight one series). The PNG is
+rendered on demand, when its button is clicked, with vl-convert (no browser).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+alt.data_transformers.disable_max_rows()
+# Altair checks every chart against the Vega-Lite JSON schema when it is built and again
+# when it is serialised: over half of a page's render time. The charts here are fixed
+# code, checked against the schema by the tests, so the app skips both.
+alt.utils.schemapi.disable_debug_mode()
+
+HEIGHT = 340
+PALETTE = "tableau20"
+SIGNIFICANCE = alt.Scale(domain=["baseline", "better", "worse", "not significant", "n/a"],
+                         range=["#1f77b4", "#2ca02c", "#d62728", "#7f7f7f", "#c7c7c7"])
+
+
+def png_bytes(chart: alt.TopLevelMixin, width: int = 900, scale: float = 2.0) -> bytes:
+    """The chart as PNG, at a fixed width (the app's charts size to their container)."""
+    import vl_convert as vlc
+
+    spec = copy.deepcopy(chart.to_dict())
+    spec.setdefault("background", "white")
+    composite = any(k in spec for k in ("facet", "hconcat", "vconcat", "concat", "repeat"))
+    if not composite and spec.get("width") in (None, "container"):
+        spec["width"] = width
+    elif "facet" in spec and isinstance(spec.get("spec"), dict):
+        spec["spec"].setdefault("width", 260)
+    return vlc.vegalite_to_png(vl_spec=spec, scale=scale)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "chart"
+
+
+def show(chart: alt.TopLevelMixin, data: pd.DataFrame, name: str, key: str,
+         caption: str | None = None, height: int | None = None) -> None:
+    """Render ``chart`` with buttons that download ``data`` as CSV and the chart as PNG.
+
+    ``height``: the element's total height in pixels, for charts with a discrete
+    y axis (Streamlit does not size those from the chart's own height).
+    """
+    fast = chart.copy(deep=False)
+    object.__setattr__(fast, "to_dict", functools.partial(type(chart).to_dict, fast, validate=False))
+    if height is None:
+        st.altair_chart(fast, width="stretch")
+    else:
+        st.altair_chart(fast, width="stretch", height=height)
+    slug = _slug(name)
+    row = st.container(horizontal=True, vertical_alignment="center", gap="small")
+    row.download_button("CSV", data=lambda: data.to_csv(index=False), file_name=f"{slug}.csv",
+                        mime="text/csv", key=f"dl_csv_{key}", on_click="ignore",
+                        icon=":material/download:", help="the data behind this chart")
+    row.download_button("PNG", data=lambda: png_bytes(chart), file_name=f"{slug}.png",
+                        mime="image/png", key=f"dl_png_{key}", on_click="ignore",
+                        icon=":material/image:", help="this chart as an image")
+    if caption:
+        row.caption(caption)
+
+
+def rows_height(n_rows: int, facets: bool = False) -> int:
+    """Total element height for a chart with ``n_rows`` bands on its y axis, legend below."""
+    return 28 * max(1, n_rows) + 150 + (30 if facets else 0)
+
+
+def _scheme(n: int) -> str:
+    return "tableau10" if n <= 10 else "tableau20"
+
+
+def _scale(log: bool, zero: bool = False) -> alt.Scale:
+    return alt.Scale(type="log") if log else alt.Scale(zero=zero)
+
+
+# ---------------------------------------------------------------- curves
+
+
+def curve_chart(mean: pd.DataFrame, seeds: pd.DataFrame | None, x_title: str, y_title: str,
+                log_x: bool = False, log_y: bool = False, band: bool = True,
+                x_format: str = ",.4~g", domain: list[str] | None = None) -> alt.TopLevelMixin:
+    """Mean line per cell with its 95% CI band; optional thin line per seed.
+
+    ``mean``: cell, x, mean, lo, hi, n. ``seeds``: cell, seed, x, y.
+    """
+    pick = alt.selection_point(fields=["cell"], bind="legend")
+    zoom = alt.selection_interval(bind="scales")
+    x = alt.X("x:Q", title=x_title, scale=_scale(log_x), axis=alt.Axis(format=x_format))
+    # a fixed domain keeps each cell's color the same in every chart of the page
+    domain = domain or sorted(mean["cell"].unique())
+    color = alt.Color("cell:N", title="cell", scale=alt.Scale(scheme=_scheme(len(domain)), domain=domain),
+                      legend=alt.Legend(orient="bottom", columns=2, labelLimit=420, symbolType="stroke",
+                                        symbolStrokeWidth=3, symbolOpacity=1))
+    faded = alt.condition(pick, alt.value(1.0), alt.value(0.12))
+    tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
+               alt.Tooltip("mean:Q", title=f"{y_title} (mean)", format=".4f"),
+               alt.Tooltip("lo:Q", title="95% CI low", format=".4f"),
+               alt.Tooltip("hi:Q", title="95% CI high", format=".4f"),
+               alt.Tooltip("n:Q", title="seeds")]
+    base = alt.Chart(mean)
+    layers = []
+    if band:
+        layers.append(base.mark_area(opacity=0.18).encode(
+            x=x, y=alt.Y("lo:Q", title=y_title, scale=_scale(log_y)), y2="hi:Q", color=color,
+            opacity=alt.condition(pick, alt.value(0.18), alt.value(0.03))))
+    if seeds is not None and len(seeds):
+        layers.append(alt.Chart(seeds).mark_line(strokeWidth=1, strokeDash=[3, 2]).encode(
+            x=x, y=alt.Y("y:Q", title=y_title, scale=_scale(log_y)), color=color,
+            detail="seed:N", opacity=alt.condition(pick, alt.value(0.5), alt.value(0.06)),
+            tooltip=[alt.Tooltip("cell:N"), alt.Tooltip("seed:N"),
+                     alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
+                     alt.Tooltip("y:Q", title=y_title, format=".4f")]))
+    layers.append(base.mark_line(strokeWidth=2, point=alt.OverlayMarkDef(size=12, opacity=0.0)).encode(
+        x=x, y=alt.Y("mean:Q", title=y_title, scale=_scale(log_y)), color=color,
+        opacity=faded, tooltip=tooltip))
+    n_legend = -(-mean["cell"].nunique() // 2)  # two legend columns below the plot
+    return alt.layer(*layers).add_params(pick, zoom).properties(height=_with_legend(n_legend))
+
+
+def _with_legend(rows: int, extra: int = 0) -> int:
+    """Streamlit fits the whole chart, legend included, into the height: leave room for it."""
+    return HEIGHT + extra + (30 + 20 * rows if rows else 0)
+
+
+def line_chart(df: pd.DataFrame, x: str, y: str, x_title: str, y_title: str,
+               log_y: bool = False) -> alt.TopLevelMixin:
+    return alt.Chart(df).mark_line(point=alt.OverlayMarkDef(size=10)).encode(
+        x=alt.X(f"{x}:Q", title=x_title),
+        y=alt.Y(f"{y}:Q", title=y_title, scale=_scale(log_y)),
+        tooltip=[alt.Tooltip(f"{x}:Q", title=x_title), alt.Tooltip(f"{y}:Q", title=y_title, format=".6g")],
+    ).add_params(alt.selection_interval(bind="scales")).properties(height=HEIGHT)
+
+
+# ---------------------------------------------------------------- compare
+
+
+def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: str | None,
+                  facet: str | None, sort: list[str], baseline: float | None) -> alt.TopLevelMixin:
+    """Mean and 95% CI per cell; ``df`` has mean, ci_lo, ci_hi, n, marker, cell, and the fields named."""
+    enc_y = alt.Y(f"{y}:N", title=y_title, sort=sort, axis=alt.Axis(labelLimit=360))
+    if color == "significance":
+        col = alt.Color("significance:N", scale=SIGNIFICANCE, legend=alt.Legend(orient="bottom"))
+    elif color:
+        col = alt.Color(f"{color}:N", scale=alt.Scale(scheme=PALETTE), legend=alt.Legend(orient="bottom"))
+    else:
+        col = alt.value("#1f77b4")
+    tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("n:Q", title="seeds"),
+               alt.Tooltip("mean:Q", format=".4f"), alt.Tooltip("ci_lo:Q", title="95% CI low", format=".4f"),
+               alt.Tooltip("ci_hi:Q", title="95% CI high", format=".4f")]
+    if "delta" in df:
+        tooltip += [alt.Tooltip("delta:Q", title="Δ vs baseline", format="+.4f"),
+                    alt.Tooltip("p:Q", title="p", format=".3g"), alt.Tooltip("marker:N", title="sig.")]
+    xscale = alt.Scale(zero=False)
+    base = alt.Chart(df)
+    bars = base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_lo:Q", title=x_title, scale=xscale),
+                                                x2="ci_hi:Q", y=enc_y, color=col, tooltip=tooltip)
+    dots = base.mark_point(filled=True, size=80).encode(
+        x=alt.X("mean:Q", title=x_title, scale=xscale), y=enc_y, color=col, tooltip=tooltip)
+    text = base.mark_text(align="left", dx=8, dy=-8, fontSize=11).encode(
+        x="mean:Q", y=enc_y, text=alt.Text("marker:N"))
+    layers = [bars, dots, text]
+    if baseline is not None and pd.notna(baseline):
+        layers.insert(0, base.mark_rule(strokeDash=[5, 4], color="#888").encode(x="baseline:Q"))
+    n_rows = max(1, len(sort)) if not facet else max(1, df[y].nunique())
+    chart = alt.layer(*layers).properties(height=max(120, min(900, 26 * n_rows)))
+    if facet:
+        chart = chart.facet(column=alt.Column(f"{facet}:N", title=facet))
+        chart = chart.resolve_scale(x="shared", y="independent" if y == "cell" else "shared")
+    return chart.interactive(bind_y=False) if not facet else chart
+
+
+def delta_chart(df: pd.DataFrame, sort: list[str], x_title: str) -> alt.TopLevelMixin:
+    """Difference to the baseline with its 95% Welch CI, colored by significance."""
+    enc_y = alt.Y("cell:N", title=None, sort=sort, axis=alt.Axis(labelLimit=360))
+    color = alt.Color("significance:N", scale=SIGNIFICANCE, legend=alt.Legend(orient="bottom"))
+    tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("delta:Q", title="Δ", format="+.4f"),
+               alt.Tooltip("delta_lo:Q", title="95% CI low", format="+.4f"),
+               alt.Tooltip("delta_hi:Q", title="95% CI high", format="+.4f"),
+               alt.Tooltip("p:Q", title="p", format=".3g"), alt.Tooltip("marker:N", title="sig.")]
+    base = alt.Chart(df)
+    zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#888").encode(x="x:Q")
+    bars = base.mark_rule(strokeWidth=2).encode(
+        x=alt.X("delta_lo:Q", title=x_title), x2="delta_hi:Q", y=enc_y, color=color, tooltip=tooltip)
+    dots = base.mark_point(filled=True, size=70).encode(x="delta:Q", y=enc_y, color=color, tooltip=tooltip)
+    return alt.layer(zero, bars, dots).properties(height=max(120, min(900, 26 * len(sort))))
+
+
+# ---------------------------------------------------------------- trade-offs
+
+
+def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: str | None,
+                 log_x: bool, x_better: str, domain: list[str] | None = None) -> alt.TopLevelMixin:
+    """Quality (y, lower is better) against a cost; ``df`` has x, y, y_lo, y_hi, cell, front."""
+    field = color or "cell"
+    domain = domain or sorted(df[field].astype(str).unique())
+    pick = alt.selection_point(fields=[field], bind="legend")
+    col = alt.Color(f"{field}:N", scale=alt.Scale(scheme=_scheme(len(domain)), domain=domain),
+                    legend=alt.Legend(orient="bottom", columns=1 if field == "cell" else 4, labelLimit=420,
+                                      symbolOpacity=1))
+    tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
+               alt.Tooltip("y:Q", title=y_title, format=".4f"), alt.Tooltip("n:Q", title="runs"),
+               alt.Tooltip("front:N", title="on the Pareto front")]
+    xs = alt.X("x:Q", title=x_title, scale=_scale(log_x), axis=alt.Axis(format=",.4~g"))
+    ys = alt.Y("y:Q", title=y_title, scale=alt.Scale(zero=False))
+    base = alt.Chart(df)
+    err = base.mark_rule(opacity=0.5).encode(x=xs, y=alt.Y("y_lo:Q", title=y_title, scale=alt.Scale(zero=False)),
+                                              y2="y_hi:Q", color=col,
+                                              opacity=alt.condition(pick, alt.value(0.5), alt.value(0.08)))
+    pts = base.mark_point(filled=True, size=110, stroke="#222", strokeWidth=0.6).encode(
+        x=xs, y=ys, color=col,
+        shape=alt.Shape("front:N", title="Pareto front", scale=alt.Scale(domain=[True, False],
+                                                                       range=["diamond", "circle"])),
+        opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)), tooltip=tooltip)
+    front = df[df["front"]].sort_values("x")
+    step = "step-after" if x_better == "lower" else "step-before"
+    line = alt.Chart(front).mark_line(interpolate=step, color="#444", strokeDash=[6, 3]).encode(x=xs, y=ys)
+    n_legend = df[field].nunique() if field == "cell" else -(-df[field].nunique() // 4)
+    return (alt.layer(line, err, pts).add_params(pick, alt.selection_interval(bind="scales"))
+            .properties(height=_with_legend(n_legend)))
+
+
+# ---------------------------------------------------------------- kernels
+
+
+def bench_chart(df: pd.DataFrame, value: str, title: str, lo: str | None = None, hi: str | None = None,
+                rule: float | None = None) -> alt.TopLevelMixin:
+    """Providers side by side for each case (``df``: case, provider and the value columns)."""
+    color = alt.Color("provider:N", scale=alt.Scale(scheme="tableau10"), legend=alt.Legend(orient="bottom"))
+    tooltip: list[Any] = [alt.Tooltip("case:N"), alt.Tooltip("provider:N"),
+                          alt.Tooltip(f"{value}:Q", title=title, format=".4~g")]
+    if lo and hi:
+        tooltip += [alt.Tooltip(f"{lo}:Q", format=".4~g"), alt.Tooltip(f"{hi}:Q", format=".4~g")]
+    for extra in ("shape", "dtype", "pass", "device", "notes"):
+        if extra in df:
+            tooltip.append(alt.Tooltip(f"{extra}:N"))
+    base = alt.Chart(df)
+    x = alt.X("case:N", title=None, sort=None, axis=alt.Axis(labelAngle=-25, labelLimit=260))
+    bars = base.mark_bar().encode(x=x, xOffset="provider:N", y=alt.Y(f"{value}:Q", title=title),
+                                  color=color, tooltip=tooltip)
+    layers = [bars]
+    if lo and hi:
+        layers.append(base.mark_rule(color="#222").encode(x=x, xOffset="provider:N", y=f"{lo}:Q", y2=f"{hi}:Q"))
+    if rule is not None:
+        layers.append(alt.Chart(pd.DataFrame({"y": [rule]})).mark_rule(color="#d62728", strokeDash=[4, 3])
+                      .encode(y="y:Q"))
+    return alt.layer(*layers).properties(height=_with_legend(1, extra=90))  # legend, slanted labels

@@ -1,0 +1,234 @@
+"""What the app and its pages share: the store, the query cache, the sidebar filters.
+
+Query results are cached under the store's signature (the database file's
+and its WAL's mtime and size) and the metrics files of running cells, so a
+page rerenders from memory until ``abl run`` writes something, and shows the
+new rows on the next refresh after it does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import queries as q
+
+ABSENT = "(absent)"
+
+
+@dataclass
+class Ctx:
+    store: q.Store
+    sig: tuple
+    live: q.Live
+
+
+@st.cache_data(max_entries=512, show_spinner=False)
+def _cached(name: str, db: str, runs_dir: str, sig: tuple, live_key: tuple | None,
+            args: tuple, kwargs: tuple, _store: q.Store, _live: q.Live | None) -> Any:
+    fn = getattr(q, name)
+    kw = dict(kwargs)
+    if live_key is not None:
+        kw["live"] = _live
+    return fn(_store, *args, **kw)
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def _live_cached(db: str, runs_dir: str, ids: tuple, key: tuple, _store: q.Store) -> q.Live:
+    return q.live_snapshot(_store, ids)
+
+
+def _takes_live(fn: Callable) -> bool:
+    return "live" in inspect.signature(fn).parameters
+
+
+def init() -> Ctx:
+    """Called by app.py at the start of every script run."""
+    store = q.Store.from_env()
+    ctx = Ctx(store=store, sig=store.signature(), live=q.Live())
+    st.session_state["_abl_ctx"] = ctx
+    ids = tuple(load(q.running_ids))
+    if ids:
+        ctx.live = _live_cached(store.db, store.runs_dir, ids, q.live_key(store, ids), store)
+    return ctx
+
+
+def session():
+    """Share read-only connections among the queries of one script run (see Store.session)."""
+    return q.Store.from_env().session()
+
+
+def ctx() -> Ctx:
+    return st.session_state["_abl_ctx"]
+
+
+def load(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Call a function of dashboard.queries through the cache."""
+    c = ctx()
+    live_key = c.live.key if _takes_live(fn) else None
+    return _cached(fn.__name__, c.store.db, c.store.runs_dir, c.sig, live_key, args,
+                   tuple(sorted(kwargs.items())), c.store, c.live if live_key is not None else None)
+
+
+def clear_cache() -> None:
+    _cached.clear()
+    _live_cached.clear()
+
+
+# ---------------------------------------------------------------- sidebar
+
+
+def _keep_valid(key: str, options: list, default: list) -> None:
+    """Drop remembered choices that are no longer offered (a widget refuses unknown values)."""
+    if key not in st.session_state:
+        st.session_state[key] = [v for v in default if v in options]
+    else:
+        st.session_state[key] = [v for v in st.session_state[key] if v in options]
+
+
+def _show_value(v: Any) -> str:
+    return ABSENT if v is None else str(v)
+
+
+def sidebar() -> q.Selection:
+    """The filters every page shares; returns the selection they describe."""
+    sb = st.sidebar
+    c = ctx()
+    exps = load(q.experiments)
+    if exps.empty:
+        sb.info("The store has no runs yet. Start a grid with `abl run ablations/norms.toml`; "
+                "its runs appear here as they start.")
+        return q.Selection(experiments=("",))  # matches nothing
+    options = list(exps["experiment"])
+    _keep_valid("f_experiments", options, default=options[:1])
+    chosen = sb.multiselect("Experiments", options, key="f_experiments", placeholder="all experiments",
+                            help="Most recent first. Leave empty to see every experiment.")
+    statuses = load(q.status_values)
+    _keep_valid("f_status", statuses, default=[])
+    picked_status = sb.multiselect("Status", statuses, key="f_status", placeholder="any status")
+    sel = q.Selection(experiments=tuple(chosen), statuses=tuple(picked_status))
+
+    axes = load(q.config_axes, q.Selection(experiments=tuple(chosen)))
+    varied = axes[axes["varied"]]
+    filters = []
+    with sb.expander(f"Config axes ({len(varied)} varied)", expanded=False):
+        if varied.empty:
+            st.caption("Every selected run has the same config apart from its seed.")
+        for path, label, values in zip(varied["path"], varied["label"], varied["values"]):
+            shown = [_show_value(v) for v in values]
+            key = f"f_axis:{path}"
+            _keep_valid(key, shown, default=[])
+            pick = st.multiselect(label, shown, key=key, placeholder="any")
+            if pick:
+                filters.append((path, tuple(None if v == ABSENT else v for v in pick)))
+    sel = replace(sel, axes=tuple(filters))
+
+    cells = cell_table(sel)
+    keys = list(cells["cell_key"])
+    labels = dict(zip(cells["cell_key"], cells["cell"]))
+    _keep_valid("f_cells", keys, default=[])
+    picked = sb.multiselect("Cells to compare", keys, key="f_cells", format_func=lambda k: labels.get(k, k),
+                            placeholder="all cells that match",
+                            help="Restrict every page to these cells (also set from the runs table).")
+    sel = replace(sel, cells=tuple(picked))
+
+    sb.divider()
+    sb.caption(f"Store: `{c.store.db}`  \nRun folders: `{c.store.runs_dir}`")
+    left, right = sb.columns(2)
+    if left.button("Refresh", icon=":material/refresh:", help="Re-read the store (new and running runs)"):
+        clear_cache()
+    right.toggle("Live", key="auto_refresh", help="Re-read every 5 s while runs are in progress")
+    if st.session_state.get("auto_refresh"):
+        _watch(c.sig, c.live.key)
+    return sel
+
+
+@st.fragment(run_every=5)
+def _watch(sig: tuple, live_key: tuple) -> None:
+    """Rerun the whole page when the store or a running cell's metrics file changed."""
+    c = ctx()
+    ids = tuple(q.running_ids(c.store)) if c.store.signature() != sig else tuple(r[0] for r in live_key)
+    if c.store.signature() != sig or q.live_key(c.store, ids) != live_key:
+        st.rerun(scope="app")
+
+
+# ---------------------------------------------------------------- shared frames
+
+
+def varied_axes(sel: q.Selection) -> pd.DataFrame:
+    """Config paths that differ between the selected runs (the grid's axes)."""
+    axes = load(q.config_axes, sel)
+    return axes[axes["varied"]].reset_index(drop=True)
+
+
+def runs_table(sel: q.Selection) -> pd.DataFrame:
+    """Selected runs with a ``cell`` label and one column per varied axis (named by its label)."""
+    axes = varied_axes(sel)
+    df = load(q.runs, sel, tuple(axes["path"]))
+    multi = df["experiment"].nunique() > 1
+    df["cell"] = [f"{e} · {lbl}" if multi else lbl for e, lbl in zip(df["experiment"], df["label"])]
+    rename = {f"axis:{p}": lbl for p, lbl in zip(axes["path"], axes["label"])}
+    df = df.rename(columns=rename)
+    for lbl in rename.values():
+        df[lbl] = df[lbl].fillna(ABSENT)
+    df.attrs["axes"] = list(rename.values())
+    df.attrs["axis_paths"] = dict(zip(axes["label"], axes["path"]))
+    return df
+
+
+def cell_table(sel: q.Selection) -> pd.DataFrame:
+    """One row per cell: key, label, experiment, runs, statuses, the axes' values."""
+    df = runs_table(sel)
+    axes = df.attrs.get("axes", [])
+    if df.empty:
+        return pd.DataFrame(columns=["cell_key", "cell", "experiment", "runs", "statuses", "first_started", *axes])
+    agg = df.groupby("cell_key", sort=False).agg(
+        cell=("cell", "first"), experiment=("experiment", "first"), runs=("run_id", "count"),
+        statuses=("status", lambda s: ", ".join(sorted(set(s)))), first_started=("started", "min"),
+        **{a: (a, "first") for a in axes}).reset_index()
+    agg.attrs["axes"] = axes
+    return agg
+
+
+def no_runs(sel: q.Selection) -> bool:
+    if runs_table(sel).empty:
+        st.info("No runs match the filters in the sidebar." if sel.experiments != ("",) else
+                "The store has no runs yet. Start a grid with `abl run ablations/norms.toml`; "
+                "its runs appear here as they start.")
+        return True
+    return False
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def fmt_bytes(n: Any) -> str:
+    if n is None or (isinstance(n, float) and not math.isfinite(n)):
+        return "–"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt_num(x: Any, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    x = float(x)
+    if x != 0 and (abs(x) >= 1e6 or abs(x) < 1e-3):
+        return f"{x:.{digits - 1}e}"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}f}"
+
+
+def metric_title(name: str) -> str:
+    info = q.metric_info(name)
+    return f"{info.label} [{info.unit}]" if info.unit else info.label

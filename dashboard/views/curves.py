@@ -1,0 +1,152 @@
+"""Curves: train and val loss (or any per-step metric) against step, tokens, FLOPs or wall time.
+
+The seeds of a cell are averaged at each step into one line, with the 95%
+t-interval of that mean as a band (where at least two seeds reached the step).
+Smoothing is a debiased EMA applied to each run before averaging.
+"""
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, common
+from dashboard import queries as q
+from dashboard import stats
+
+MAX_POINTS = 400  # per line, after smoothing
+DEFAULT_CELLS = 12
+
+# The FLOPs axis, from the first of these a run records: cumulative training FLOPs at each
+# step; FLOPs of one training step (x step); forward FLOPs per token (x tokens x 3, backward
+# counted as twice the forward as in harness/cost.py).
+FLOPS_CUMULATIVE = ("flops", "train_flops")
+FLOPS_PER_RUN = (("flops_per_step_measured", "step", 1.0), ("flops_per_step", "step", 1.0),
+                 ("train_flops_per_token", "token", 1.0), ("flops_per_token", "token", 3.0))
+
+sel: q.Selection = st.session_state["selection"]
+st.title("Curves")
+if common.no_runs(sel):
+    st.stop()
+
+runs = common.runs_table(sel)
+catalogue = common.load(q.metric_catalogue, sel)
+per_step = [n for n, s in zip(catalogue["name"], catalogue["per_step"]) if s and n != "elapsed_s"]
+if not per_step:
+    st.info("The selected runs have no per-step metrics yet.")
+    st.stop()
+present = set(catalogue["name"])
+
+# cells, best final val_loss first, so the default picks the interesting ones
+cells = common.cell_table(sel)
+if "val_loss" in present:
+    vals = common.load(q.cell_values, sel, "val_loss", False)
+    best = vals.groupby("cell_key")["value"].mean()
+    cells["order"] = cells["cell_key"].map(best)
+    cells = cells.sort_values("order", na_position="last")
+labels = dict(zip(cells["cell_key"], cells["cell"]))
+
+x_options = {"step": "step", "tokens": "tokens seen"}
+flops_cum = next((n for n in FLOPS_CUMULATIVE if n in present), None)
+flops_run = next((f for f in FLOPS_PER_RUN if f[0] in present), None)
+if flops_cum or flops_run:
+    x_options["flops"] = "training FLOPs"
+if "elapsed_s" in present:
+    x_options["wall"] = "wall time [s]"
+
+top = st.columns([3, 2, 2])
+default_metrics = [m for m in ("train_loss", "val_loss") if m in per_step] or per_step[:1]
+metrics = top[0].multiselect("Metrics", per_step, default=default_metrics, key="curve_metrics")
+x_kind = top[1].radio("x axis", list(x_options), format_func=x_options.get, horizontal=True, key="curve_x")
+smooth = top[2].slider("EMA smoothing", 0.0, 0.99, 0.6, 0.01, key="curve_ema",
+                       help="weight of the previous value; 0 = raw. Debiased like TensorBoard's.")
+opts = st.columns(4)
+log_x = opts[0].toggle("log x", key="curve_logx")
+log_y = opts[1].toggle("log y", key="curve_logy")
+show_seeds = opts[2].toggle("individual seeds", key="curve_seeds")
+show_band = opts[3].toggle("95% CI band", value=True, key="curve_band")
+keys = list(cells["cell_key"])
+default_cells = keys if len(keys) <= DEFAULT_CELLS else keys[:DEFAULT_CELLS]
+if "curve_cells" in st.session_state:
+    st.session_state["curve_cells"] = [k for k in st.session_state["curve_cells"] if k in keys]
+else:
+    st.session_state["curve_cells"] = default_cells
+chosen = st.multiselect("Cells", keys, key="curve_cells", format_func=lambda k: labels.get(k, k),
+                        help=f"The {DEFAULT_CELLS} with the best final val_loss are shown at first.")
+if len(keys) > len(chosen):
+    st.caption(f"Showing {len(chosen)} of {len(keys)} cells.")
+if not chosen or not metrics:
+    st.info("Pick at least one metric and one cell.")
+    st.stop()
+
+sub = runs[runs["cell_key"].isin(chosen)]
+run_ids = tuple(sub["run_id"])
+meta = sub.set_index("run_id")[["cell", "seed", "tokens_per_step", "cell_key"]]
+
+flops_factor = None  # per run: FLOPs per step
+if x_kind == "flops" and not flops_cum:
+    name, unit, factor = flops_run
+    f = common.load(q.finals, sel, (name,)).set_index("run_id")[name] * factor
+    flops_factor = f * (meta["tokens_per_step"].astype(float).reindex(f.index) if unit == "token" else 1.0)
+
+
+def curve_frames(metric: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    df = common.load(q.curves, run_ids, metric, x_kind == "wall", flops_cum if x_kind == "flops" else None)
+    if df.empty:
+        return df, df
+    df = df.join(meta, on="run_id")
+    df = df.sort_values(["run_id", "step"], kind="stable")
+    df["y"] = stats.ema_by_group(df, "run_id", "y", smooth)
+    if x_kind == "step":
+        df["x"] = df["step"].astype(float)
+    elif x_kind == "tokens":
+        df["x"] = df["step"] * df["tokens_per_step"].astype(float)
+    elif x_kind == "wall":
+        df["x"] = df["elapsed_s"]
+    elif flops_cum:
+        df["x"] = df["flops"]
+    else:
+        df["x"] = df["step"] * df["run_id"].map(flops_factor)
+    df = df.dropna(subset=["x", "y"])
+    if log_x:
+        df = df[df["x"] > 0]
+    if log_y:
+        df = df[df["y"] > 0]
+    # seeds of a cell share their steps; average per step (wall time: the mean x)
+    g = df.groupby(["cell_key", "step"], sort=False)
+    agg = g.agg(cell=("cell", "first"), x=("x", "mean"), mean=("y", "mean"), std=("y", "std"),
+                n=("y", "count")).reset_index()
+    hw = stats.t_halfwidth(agg["std"].fillna(0.0), agg["n"])
+    agg["lo"] = np.where(agg["n"] >= 2, agg["mean"] - hw, agg["mean"])
+    agg["hi"] = np.where(agg["n"] >= 2, agg["mean"] + hw, agg["mean"])
+    agg = agg.sort_values(["cell_key", "step"])
+    agg = stats.downsample(agg, "cell_key", MAX_POINTS)
+    seeds = stats.downsample(df[["run_id", "cell", "seed", "step", "x", "y"]], "run_id", MAX_POINTS)
+    return agg, seeds
+
+
+for metric in metrics:
+    agg, seeds = curve_frames(metric)
+    st.subheader(metric)
+    if agg.empty:
+        st.info(f"No {metric} rows for these cells yet.")
+        continue
+    chart = charts.curve_chart(agg[["cell", "step", "x", "mean", "lo", "hi", "n"]],
+                               seeds if show_seeds else None, x_options[x_kind], metric,
+                               log_x=log_x, log_y=log_y, band=show_band,
+                               x_format={"step": "d", "wall": ",.0f"}.get(x_kind, "~s"),
+                               domain=[labels[k] for k in chosen])
+    # the x column under its own name (step is there already)
+    x_col = {"tokens": "tokens", "flops": "flops", "wall": "elapsed_s"}.get(x_kind)
+    cols = ["cell", "cell_key", "step", *(["x"] if x_col else []), "mean", "std", "n", "lo", "hi"]
+    export = agg[cols].rename(columns={"x": x_col, "lo": "ci95_lo", "hi": "ci95_hi"})
+    if show_seeds:
+        per_seed = seeds[["cell", "seed", "step", *(["x"] if x_col else []), "y"]]
+        export = pd.concat([export.assign(kind="mean over seeds"),
+                            per_seed.rename(columns={"x": x_col, "y": "mean"}).assign(kind="one seed")])
+    charts.show(chart, export, f"{metric}_vs_{x_kind}", key=f"curve_{metric}",
+                caption=f"mean over seeds, band: 95% t-interval across seeds; EMA {smooth:.2f}; "
+                        "drag to pan, scroll to zoom, click a legend entry to highlight a cell")
+if x_kind == "flops" and not flops_cum:
+    name, unit, factor = flops_run
+    st.caption(f"training FLOPs = {'step' if unit == 'step' else 'tokens seen'} × {name}"
+               + (" × 3 (forward + backward ≈ 3 × forward)" if factor != 1 else ""))

@@ -1,0 +1,153 @@
+"""Experiments & runs: what is in the store, what is running, and the final numbers of each run."""
+
+import streamlit as st
+
+from dashboard import common
+from dashboard import queries as q
+from dashboard import stats
+
+SUMMARY = ("val_loss", "train_loss", "tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token",
+           "decode_tokens_per_s", "n_params", "wall_s")
+
+sel: q.Selection = st.session_state["selection"]
+ctx = common.ctx()
+st.title("Experiments & runs")
+
+exps = common.load(q.experiments)
+if not exps.empty:
+    totals = exps[["runs", "cells", "completed", "running", "not_completed"]].sum()
+    cols = st.columns(5)
+    cols[0].metric("experiments", len(exps))
+    cols[1].metric("runs", int(totals["runs"]))
+    cols[2].metric("completed", int(totals["completed"]))
+    cols[3].metric("running", int(totals["running"]))
+    cols[4].metric("did not complete", int(totals["not_completed"]),
+                   help="diverged, out of memory, failed or killed")
+    with st.expander("All experiments", expanded=False):
+        st.dataframe(exps, hide_index=True, width="stretch", column_config={
+            "not_completed": st.column_config.NumberColumn("did not complete"),
+            "first_started": st.column_config.DatetimeColumn("first started", format="YYYY-MM-DD HH:mm"),
+            "last_activity": st.column_config.DatetimeColumn("last activity", format="YYYY-MM-DD HH:mm"),
+            "grid_files": "grid file(s)"})
+
+if common.no_runs(sel):
+    st.stop()
+
+runs = common.runs_table(sel)
+axes = runs.attrs["axes"]
+catalogue = common.load(q.metric_catalogue, sel)
+present = set(catalogue["name"])
+once = [n for n, per_step in zip(catalogue["name"], catalogue["per_step"]) if not per_step]
+names = [n for n in SUMMARY if n in present] + [n for n in once if n not in SUMMARY]
+fin = common.load(q.finals, sel, tuple(names))
+df = runs.merge(fin, on="run_id", how="left")
+
+# running cells: progress from their metrics files, and how long ago they last wrote
+progress = ctx.live.progress
+df["last_step"] = df["last_step"].astype("Float64")
+df["progress"] = (df["last_step"] / df["steps"]).clip(0, 1).astype(float)
+df.loc[df["status"] == "completed", "progress"] = 1.0
+
+
+def _activity(row) -> str:
+    p = progress.get(row["run_id"])
+    if row["status"] != "running" or p is None:
+        return ""
+    parts = []
+    if p.get("age_s") is not None:
+        parts.append(f"updated {p['age_s']:.0f} s ago")
+    else:
+        parts.append("no metrics yet")
+    fs = p.get("folder_status")
+    if fs and fs != "running":
+        parts.append(f"run folder says {fs}: run `abl ingest` if abl run is no longer running")
+    return "; ".join(parts)
+
+
+df["activity"] = df.apply(_activity, axis=1) if len(df) else ""
+n_running = int((df["status"] == "running").sum())
+if n_running:
+    st.info(f"{n_running} run(s) in progress: their curves and numbers so far come from their run folders. "
+            "Press Refresh in the sidebar (or switch on Live) to follow them.", icon=":material/sync:")
+
+st.subheader("Runs")
+view = st.segmented_control("Rows", ["one per run", "one per cell (seeds aggregated)"],
+                            default="one per run", key="rows_view")
+metric_cols = [n for n in names if n in df]
+mem_cols = [n for n in metric_cols if n.endswith("_bytes")]
+for n in mem_cols:
+    df[n] = df[n] / 2**20
+
+column_config = {
+    "cell": st.column_config.TextColumn("cell", width="medium"),
+    "status": st.column_config.TextColumn("status"),
+    "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+    "started": st.column_config.DatetimeColumn("started", format="YYYY-MM-DD HH:mm:ss"),
+    "run": st.column_config.LinkColumn("detail", display_text="open", help="Run detail in a new tab"),
+    "run_id": st.column_config.TextColumn("run_id"),
+    "activity": st.column_config.TextColumn("activity"),
+}
+for n in metric_cols:
+    info = q.metric_info(n)
+    label = f"{n} [MiB]" if n in mem_cols else n
+    fmt = "%.4f" if "loss" in n else "%.1f" if n in mem_cols else "compact" if n.startswith("n_") else "%.4g"
+    column_config[n] = st.column_config.NumberColumn(label, format=fmt, help=info.label)
+
+if view == "one per cell (seeds aggregated)":
+    groups = df.groupby("cell_key", sort=False)
+    table = groups.agg(cell=("cell", "first"), experiment=("experiment", "first"),
+                       **{a: (a, "first") for a in axes}, seeds=("seed", "count"),
+                       status=("status", lambda s: ", ".join(f"{k}×{v}" for k, v in s.value_counts().items())),
+                       progress=("progress", "mean"), started=("started", "min"),
+                       **{n: (n, "mean") for n in metric_cols}).reset_index()
+    if "val_loss" in df:
+        summ = stats.summarize(df.dropna(subset=["val_loss"]), "cell_key", "val_loss")
+        summ["val_loss ±95% CI"] = (summ["ci_hi"] - summ["mean"]).round(4)
+        table = table.merge(summ[["cell_key", "val_loss ±95% CI"]], on="cell_key", how="left")
+    if "val_loss" in table:
+        table = table.sort_values("val_loss", na_position="last")
+    order = [*axes, "seeds", "status", "progress", *metric_cols[:1],
+             *(["val_loss ±95% CI"] if "val_loss ±95% CI" in table else []), *metric_cols[1:], "cell",
+             "started", "experiment"]
+    column_config["val_loss"] = st.column_config.NumberColumn("val_loss (mean)", format="%.4f")
+else:
+    table = df.copy()
+    table["run"] = "run_detail?run=" + table["run_id"]
+    order = [*axes, "seed", "status", "progress", *metric_cols, "activity", "cell", "started", "experiment",
+             "run_id", "run"]
+    if not table["activity"].astype(bool).any():
+        order.remove("activity")
+table = table.reset_index(drop=True)
+shown = [c for c in dict.fromkeys(order) if c in table]
+event = st.dataframe(table[shown], hide_index=True, width="stretch", column_config=column_config,
+                     on_select="rerun", selection_mode="multi-row", key="runs_table",
+                     height=min(38 * (len(table) + 1) + 3, 640))
+
+
+def _use_selected_cells() -> None:
+    rows = st.session_state["runs_table"]["selection"]["rows"]
+    st.session_state["f_cells"] = list(dict.fromkeys(table.loc[rows, "cell_key"]))
+
+
+rows = event.selection.rows if event is not None else []
+left, mid, right = st.columns([2, 2, 3])
+left.button(f"Compare the {len(rows)} selected row(s)' cells", disabled=not rows, on_click=_use_selected_cells,
+            icon=":material/compare_arrows:",
+            help="Restricts every page to these cells (the sidebar's 'Cells to compare').")
+if mid.button("Open run detail", disabled=len(rows) != 1 or "run_id" not in table,
+              icon=":material/description:"):
+    st.session_state["detail_run"] = table.loc[rows[0], "run_id"]
+    st.switch_page("views/run_detail.py")
+right.download_button("Download this table (CSV)", data=lambda: table[shown].to_csv(index=False),
+                      file_name="runs.csv", mime="text/csv", on_click="ignore", icon=":material/download:")
+st.caption(f"{len(runs)} runs in {runs['cell_key'].nunique()} cells. Columns: the config axes that vary between "
+           "the selected runs, then each run's final numbers (val_loss and train_loss at the last step, "
+           "tokens/s the median over steps, memory the peak). Select rows to compare their cells.")
+
+problems = df[df["status"].isin(q.FAILED_STATUSES)]
+if len(problems):
+    st.subheader(f"Runs that did not complete ({len(problems)})")
+    for _, r in problems.iterrows():
+        msg = (r["error"] or "").strip().splitlines()
+        st.markdown(f"**{r['cell']}** seed {r['seed']} — `{r['status']}`: {msg[-1] if msg else 'no error recorded'}"
+                    f"  ·  [details](run_detail?run={r['run_id']})")

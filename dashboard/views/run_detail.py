@@ -1,0 +1,181 @@
+"""Run detail: one run's config (and how it differs from the baseline), environment, metrics, notes."""
+
+import json
+import math
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, common
+from dashboard import queries as q
+from dashboard import stats
+
+sel: q.Selection = st.session_state["selection"]
+ctx = common.ctx()
+st.title("Run detail")
+
+runs = common.runs_table(sel)
+labels = {r: f"{c} · seed {s} · {st_} · {r[:8]}" for r, c, s, st_ in
+          zip(runs["run_id"], runs["cell"], runs["seed"], runs["status"])}
+ids = list(runs["run_id"])
+wanted = st.query_params.get("run") or st.session_state.get("detail_run")
+if wanted and wanted not in labels:  # a link to a run outside the sidebar's filters
+    other = common.load(q.run_row, wanted)
+    if other is not None:
+        ids.insert(0, wanted)
+        labels[wanted] = f"{other['label']} · seed {other['seed']} · {other['status']} · {wanted[:8]} " \
+                         f"(outside the filters)"
+if not ids:
+    common.no_runs(sel)
+    st.stop()
+if st.session_state.get("detail_run_w") not in ids:
+    st.session_state["detail_run_w"] = wanted if wanted in ids else ids[0]
+
+
+def _remember() -> None:
+    st.session_state["detail_run"] = st.session_state["detail_run_w"]
+    st.query_params["run"] = st.session_state["detail_run_w"]
+
+
+run_id = st.selectbox("Run", ids, key="detail_run_w", format_func=lambda r: labels.get(r, r), on_change=_remember)
+row = common.load(q.run_row, run_id)
+if row is None:
+    st.warning(f"Run {run_id} is no longer in the store.")
+    st.stop()
+config = json.loads(row["config"]) if isinstance(row["config"], str) else row["config"]
+
+status = row["status"]
+badge = {"completed": "green", "running": "blue", "queued": "gray"}.get(status, "red")
+st.markdown(f"### {row['label'] or run_id}\n"
+            f":{badge}-badge[{status}] :gray-badge[seed {row['seed']}] :gray-badge[experiment {row['experiment']}] "
+            f":gray-badge[run {run_id}] :gray-badge[cell {row['cell_key']}]")
+
+summary = common.load(q.run_metric_summary, run_id)
+last = dict(zip(summary["name"], summary["last"]))
+med = common.load(q.finals, q.Selection(cells=(row["cell_key"],)), ("tokens_per_s",))
+tps = med.set_index("run_id")["tokens_per_s"].get(run_id) if "tokens_per_s" in med else None
+cards = st.columns(6)
+cards[0].metric("final val_loss", common.fmt_num(last.get("val_loss")))
+cards[1].metric("final train_loss", common.fmt_num(last.get("train_loss")))
+cards[2].metric("tokens/s (median)", common.fmt_num(tps))
+cards[3].metric("peak memory", common.fmt_bytes(last.get("peak_mem_bytes")))
+cards[4].metric("parameters", common.fmt_num(last.get("n_params")))
+cards[5].metric("wall time", "–" if last.get("wall_s") is None else f"{last['wall_s']:.1f} s")
+
+if status == "running":
+    p = ctx.live.progress.get(run_id, {})
+    steps = config.get("train", {}).get("steps")
+    st.info(f"In progress: step {p.get('step') or 0} of {steps}"
+            + (f", metrics file updated {p['age_s']:.0f} s ago" if p.get("age_s") is not None else "")
+            + ". Numbers so far come from the run folder.", icon=":material/sync:")
+if row.get("notes"):
+    st.warning(f"**Notes:** {row['notes']}", icon=":material/sticky_note_2:")
+if row.get("error"):
+    err = str(row["error"]).strip()
+    st.error(f"**{status}:** {err.splitlines()[-1]}", icon=":material/error:")
+    if len(err.splitlines()) > 1:
+        with st.expander("Full error"):
+            st.code(err, language=None)
+
+tab_metrics, tab_config, tab_diff, tab_env, tab_files = st.tabs(
+    ["Metrics", "Config", "Diff vs baseline", "Environment", "Run folder"])
+
+with tab_metrics:
+    if summary.empty:
+        st.info("No metrics recorded yet.")
+    else:
+        per_step = [n for n, r in zip(summary["name"], summary["rows"]) if q.is_curve(n, r)]
+        if per_step:
+            c1, c2 = st.columns([3, 1])
+            default = "train_loss" if "train_loss" in per_step else per_step[0]
+            name = c1.selectbox("Metric", per_step, index=per_step.index(default), key="detail_metric")
+            log_y = c2.toggle("log y", key="detail_logy")
+            data = common.load(q.run_metrics, run_id)
+            series = data[data["name"] == name][["step", "value"]]
+            charts.show(charts.line_chart(series, "step", "value", "step", name, log_y=log_y),
+                        series.rename(columns={"value": name}), f"{run_id[:8]}_{name}", key="detail_metric")
+        st.dataframe(summary, hide_index=True, width="stretch", column_config={
+            c: st.column_config.NumberColumn(c, format="%.6g") for c in ("first", "last", "min", "max", "mean")})
+        everything = common.load(q.run_metrics, run_id)
+        st.download_button("All metrics of this run (CSV, long format)",
+                           data=lambda: everything.to_csv(index=False),
+                           file_name=f"metrics_{run_id}.csv", mime="text/csv", on_click="ignore",
+                           icon=":material/download:")
+
+with tab_config:
+    st.json(config, expanded=2)
+
+with tab_diff:
+    cells = common.cell_table(sel)
+    options = list(cells["cell_key"])
+    cell_labels = dict(zip(cells["cell_key"], cells["cell"]))
+    base = st.session_state.get("baseline")
+    if base and base not in options:
+        options.insert(0, base)
+        cell_labels[base] = f"{base} (the baseline picked on Compare)"
+    if not options:
+        st.info("No cells to compare with.")
+    else:
+        if st.session_state.get("detail_baseline") not in options:
+            st.session_state["detail_baseline"] = base if base in options else options[0]
+        chosen = st.selectbox("Baseline cell", options, key="detail_baseline",
+                              format_func=lambda k: cell_labels.get(k, k),
+                              help="Defaults to the baseline picked on the Compare page.")
+        other = common.load(q.cell_config, chosen)
+        if other is None:
+            st.info("That cell is no longer in the store.")
+        else:
+            diff = stats.config_diff(config, other)
+            if chosen == row["cell_key"]:
+                st.success("This run belongs to the baseline cell: the configs differ only in the seed.")
+            elif diff.empty:
+                st.info("No difference apart from the seed.")
+            else:
+                st.dataframe(diff, hide_index=True, width="stretch")
+                st.caption(f"{len(diff)} setting(s) differ (the seed is ignored).")
+
+with tab_env:
+    def _ts(v) -> str:
+        return "–" if v is None or (isinstance(v, float) and math.isnan(v)) or pd.isna(v) else str(v)[:19]
+
+    duration = "–"
+    if row.get("started") is not None and row.get("finished") is not None and not pd.isna(row["finished"]):
+        duration = f"{(pd.Timestamp(row['finished']) - pd.Timestamp(row['started'])).total_seconds():.1f} s"
+    facts = {
+        "device": row.get("device"), "git commit": row.get("git_commit"),
+        "started (UTC)": _ts(row.get("started")), "finished (UTC)": _ts(row.get("finished")),
+        "duration": duration, "data fingerprint": row.get("data_fingerprint"), "grid file": row.get("grid_file"),
+    }
+    for extra in ("attempts", "executor", "code_changed"):
+        if extra in row and row[extra] is not None and not (isinstance(row[extra], float) and math.isnan(row[extra])):
+            facts[extra.replace("_", " ")] = row[extra]
+    st.dataframe(pd.DataFrame({"": list(facts), "value": [str(v) if v is not None else "–" for v in facts.values()]}),
+                 hide_index=True, width="stretch")
+    if str(row.get("git_commit") or "").endswith("-dirty"):
+        st.caption("`-dirty`: the source tree had uncommitted changes when this run started.")
+    c1, c2 = st.columns(2)
+    with c1:
+        st.markdown("**Environment** (precision, kernels, emulation, data)")
+        st.json(json.loads(row["env"]) if isinstance(row.get("env"), str) else (row.get("env") or {}))
+    with c2:
+        st.markdown("**Versions** (packages and components)")
+        st.json(json.loads(row["versions"]) if isinstance(row.get("versions"), str) else (row.get("versions") or {}))
+
+with tab_files:
+    folder = ctx.store.run_dir(run_id)
+    if not folder.exists():
+        st.info(f"No run folder at {folder} (the store can outlive its run folders).")
+    else:
+        st.caption(f"`{folder}`")
+        status_file = folder / "status.json"
+        if status_file.exists():
+            st.markdown("**status.json**")
+            try:
+                st.json(json.loads(status_file.read_text()))
+            except (OSError, json.JSONDecodeError) as exc:
+                st.caption(f"unreadable: {exc}")
+        log = folder / "worker.log"
+        if log.exists() and log.stat().st_size:
+            st.markdown("**worker.log** (last 60 lines)")
+            lines = log.read_text(errors="replace").splitlines()[-60:]
+            st.code("\n".join(lines), language=None)

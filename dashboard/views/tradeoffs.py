@@ -1,0 +1,101 @@
+"""Trade-offs: quality against cost, one point per cell, with the Pareto front of each plot.
+
+A cell is on the front when no other cell is at least as good on both axes
+and strictly better on one (lower loss; lower memory, KV cache and
+parameters; higher throughput).
+"""
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, common
+from dashboard import queries as q
+from dashboard import stats
+
+COSTS = (  # metric, better, log x by default
+    ("tokens_per_s", "higher", False),
+    ("peak_mem_bytes", "lower", False),
+    ("kv_bytes_per_token", "lower", False),
+    ("n_params", "lower", False),
+)
+
+sel: q.Selection = st.session_state["selection"]
+st.title("Trade-offs")
+if common.no_runs(sel):
+    st.stop()
+
+cells = common.cell_table(sel)
+axes = cells.attrs.get("axes", [])
+names = common.load(q.metric_names, sel)
+qualities = [n for n in ("val_loss", "train_loss") if n in names] or names
+if not qualities:
+    st.info("The selected runs have no metrics yet.")
+    st.stop()
+
+top = st.columns([2, 2, 2, 2])
+quality = top[0].selectbox("Quality (y, lower is better)", qualities, key="tr_quality")
+color = top[1].selectbox("Color by", ["cell", *axes], key="tr_color",
+                         index=0 if len(cells) <= 20 or not axes else 1)
+per_run = top[2].toggle("one point per run", key="tr_runs", help="Default: the mean of each cell's seeds")
+include_all = top[3].toggle("include runs that did not complete", key="tr_incomplete")
+extra = [n for n in names if n not in dict(((c[0], 0) for c in COSTS)) and n != quality]
+custom = st.multiselect("More cost axes", extra, key="tr_custom",
+                        help="Any other metric, one plot each (lower is better unless its name ends in _per_s).")
+
+y = common.load(q.cell_values, sel, quality, not include_all)
+if y.empty:
+    st.info(f"No {'' if include_all else 'completed '}run of the selection has {quality} yet.")
+    st.stop()
+
+
+def points(cost: str) -> pd.DataFrame:
+    """x, y (and y's CI) per cell, or per run."""
+    x = common.load(q.cell_values, sel, cost, not include_all)
+    df = y.merge(x[["run_id", "value"]].rename(columns={"value": "x"}), on="run_id")
+    if df.empty:
+        return df
+    if per_run:
+        df = df.rename(columns={"value": "y"}).assign(y_lo=lambda d: d["y"], y_hi=lambda d: d["y"], n=1)
+        df = df.merge(cells[["cell_key", "cell", *axes]], on="cell_key", how="left", suffixes=("_run", ""))
+        df["cell"] = df["cell"] + " · seed " + df["seed"].astype(str)
+        return df
+    s = stats.summarize(df, "cell_key", "value").rename(columns={"mean": "y", "ci_lo": "y_lo", "ci_hi": "y_hi"})
+    s["x"] = df.groupby("cell_key", sort=False)["x"].mean().reindex(s["cell_key"]).to_numpy()
+    s["y_lo"] = s["y_lo"].fillna(s["y"])
+    s["y_hi"] = s["y_hi"].fillna(s["y"])
+    return s.merge(cells[["cell_key", "cell", *axes]], on="cell_key", how="left")
+
+
+plots = [(c, b, lg) for c, b, lg in COSTS] + [(c, q.metric_info(c).better if q.metric_info(c).better != "none"
+                                               else "lower", False) for c in custom]
+grid = st.columns(2)
+for i, (cost, better, log_default) in enumerate(plots):
+    with grid[i % 2]:
+        title = common.metric_title(cost)
+        st.subheader(f"{quality} vs {cost}")
+        if cost not in names:
+            st.info(f"No run of the selection records {cost} yet"
+                    + (" (it is measured by the decode benchmark)." if cost.startswith("kv_") else "."))
+            continue
+        df = points(cost)
+        if df.empty:
+            st.info(f"No run has both {quality} and {cost}.")
+            continue
+        scale = 2**20 if cost.endswith("_bytes") and df["x"].max() > 2**20 else 1
+        if scale != 1:
+            df["x"] = df["x"] / scale
+            title = title.replace("[bytes]", "[MiB]")
+        df["front"] = stats.pareto_mask(df["x"], df["y"], better)
+        log_x = st.toggle("log x", value=log_default, key=f"tr_log_{cost}")
+        domain = sorted(cells[color].astype(str).unique()) if color != "cell" else list(cells["cell"])
+        if per_run and color == "cell":
+            domain = sorted(df["cell"].unique())
+        df[color] = df[color].astype(str)
+        chart = charts.pareto_chart(df, "x", title, quality, color, log_x, better, domain=domain)
+        export = df[[c for c in ["cell", "cell_key", "seed", *axes, "x", "y", "y_lo", "y_hi", "n", "front"]
+                     if c in df]].rename(columns={"x": cost if scale == 1 else f"{cost}_MiB", "y": quality})
+        front = df[df["front"]].sort_values("x", ascending=better == "lower")
+        charts.show(chart, export, f"{quality}_vs_{cost}", key=f"tr_{cost}",
+                    caption=f"{'Higher' if better == 'higher' else 'Lower'} {cost} is better. "
+                            f"Pareto front ({len(front)} of {len(df)}, diamonds, dashed line), cheapest first: "
+                            + " → ".join(front["cell"]) + ". Bars: 95% CI of the mean across seeds.")
