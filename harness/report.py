@@ -1,0 +1,886 @@
+"""``abl report``: a self-contained report of one experiment from the store.
+
+Markdown with PNG plots beside it, or one HTML file with the plots embedded,
+plus ``report.json`` with every number at full precision. Contents:
+
+1. conditions: where and how the runs ran (device, versions, commit, data
+   fingerprint, precision), grouped; every figure and table repeats them;
+2. the grid: what varies between cells and the settings they share;
+3. the comparison table: final val_loss per cell over seeds with mean, std,
+   95% CI, and the delta against the baseline cell with its CI, p-value and
+   verdict (harness/stats.py);
+4. loss curves at equal tokens, equal (predicted) training FLOPs and equal
+   wall time;
+5. quality against cost;
+6. predicted (harness/costmodel.py) against measured costs, disagreements
+   flagged, never hidden;
+7. a scaling-law fit (harness/scaling.py) when the cells span at least
+   ``MIN_SIZES_FOR_FIT`` distinct model sizes.
+
+The store is opened read-only. Nothing here names a variant.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import platform
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from . import stats
+from .costmodel import CHECKS, agreement
+
+MIN_SIZES_FOR_FIT = 4
+FINAL_NAMES = ("n_params", "n_params_non_embedding", "peak_mem_bytes", "baseline_rss_bytes", "wall_s",
+               "flops_per_step_measured", "device_peak_flops", "mfu", "hfu", "val_loss")
+
+
+class ReportError(Exception):
+    """Nothing to report, or an unusable source (a user error)."""
+
+
+# ---------------------------------------------------------------- data
+
+
+@dataclass
+class Run:
+    run_id: str
+    experiment: str
+    cell_key: str
+    label: str
+    seed: int
+    status: str
+    config: dict
+    git_commit: str
+    versions: dict
+    device: str
+    env: dict
+    data_fingerprint: str
+    grid_file: str
+    notes: str
+    final: dict = field(default_factory=dict)  # metric name -> last value (tokens_per_s: median)
+    curves: dict = field(default_factory=dict)  # metric name -> [(step, value)]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return int(self.config["train"]["batch_size"]) * int(self.config["model"]["context"])
+
+    @property
+    def data_key(self) -> tuple:
+        """What fixes the data order apart from the seed (see harness/stats.py)."""
+        return (self.data_fingerprint, self.config["model"]["context"], self.config["train"]["batch_size"])
+
+
+@dataclass
+class Cell:
+    key: str
+    label: str
+    runs: list[Run]
+    predicted: dict | None = None
+    predict_error: str = ""
+
+    @property
+    def completed(self) -> list[Run]:
+        return [r for r in self.runs if r.status == "completed"]
+
+    @property
+    def config(self) -> dict:
+        return self.runs[0].config
+
+
+def _json(text: Any, default: Any) -> Any:
+    if text is None:
+        return default
+    if isinstance(text, (dict, list)):
+        return text
+    try:
+        return json.loads(text)
+    except (TypeError, json.JSONDecodeError):
+        return default
+
+
+def load_runs(db_path: str | Path, *, run_ids: list[str] | None = None, experiment: str | None = None,
+              curve_names: tuple[str, ...] = ("val_loss", "train_loss", "elapsed_s")) -> list[Run]:
+    """Runs (with their final metrics and curves) by run id or experiment name, read-only."""
+    from . import store
+
+    if not Path(db_path).exists():
+        raise ReportError(f"no database at {db_path} (abl run writes it; --db picks another)")
+    con = store.connect(db_path, read_only=True)
+    try:
+        tables = {r[0] for r in con.execute("SHOW TABLES").fetchall()}
+        if "runs" not in tables:
+            raise ReportError(f"{db_path} has no runs table: not an abl database, or nothing ran yet")
+        cols = ("run_id, experiment, cell_key, label, seed, status, config, git_commit, versions, device, "
+                "env, data_fingerprint, grid_file, notes")
+        if run_ids is not None:
+            rows = con.execute(f"SELECT {cols} FROM runs WHERE list_contains(?, run_id) "
+                               "ORDER BY started NULLS LAST, run_id", [run_ids]).fetchall()
+        else:
+            rows = con.execute(f"SELECT {cols} FROM runs WHERE experiment = ? "
+                               "ORDER BY started NULLS LAST, run_id", [experiment]).fetchall()
+        runs = [Run(r[0], r[1], r[2] or r[0], r[3] or "", r[4], r[5], _json(r[6], {}), r[7] or "unknown",
+                    _json(r[8], {}), r[9] or "unknown", _json(r[10], {}), r[11] or "unknown", r[12] or "",
+                    r[13] or "") for r in rows]
+        ids = [r.run_id for r in runs]
+        by_id = {r.run_id: r for r in runs}
+        if ids:
+            for rid, name, value in con.execute(
+                    "SELECT run_id, name, arg_max(value, step) FROM metrics WHERE list_contains(?, run_id) "
+                    "AND list_contains(?, name) GROUP BY run_id, name", [ids, list(FINAL_NAMES)]).fetchall():
+                by_id[rid].final[name] = value
+            for rid, value in con.execute(
+                    "SELECT run_id, median(value) FROM metrics WHERE list_contains(?, run_id) "
+                    "AND name = 'tokens_per_s' GROUP BY run_id", [ids]).fetchall():
+                by_id[rid].final["tokens_per_s"] = value
+            for rid, name, step, value in con.execute(
+                    "SELECT run_id, name, step, value FROM metrics WHERE list_contains(?, run_id) "
+                    "AND list_contains(?, name) ORDER BY run_id, name, step",
+                    [ids, list(curve_names)]).fetchall():
+                by_id[rid].curves.setdefault(name, []).append((step, value))
+        return runs
+    finally:
+        con.close()
+
+
+def experiments(db_path: str | Path) -> list[str]:
+    from . import store
+
+    if not Path(db_path).exists():
+        return []
+    con = store.connect(db_path, read_only=True)
+    try:
+        if "runs" not in {r[0] for r in con.execute("SHOW TABLES").fetchall()}:
+            return []
+        return [r[0] for r in con.execute("SELECT DISTINCT experiment FROM runs ORDER BY 1").fetchall()]
+    finally:
+        con.close()
+
+
+def group_cells(runs: list[Run], order: list[str] | None = None) -> list[Cell]:
+    """Runs grouped by cell, in ``order`` (cell keys, e.g. the grid's) then first-seen order."""
+    cells: dict[str, Cell] = {}
+    for r in runs:
+        cells.setdefault(r.cell_key, Cell(r.cell_key, r.label or r.cell_key[:8], [])).runs.append(r)
+    for c in cells.values():
+        c.runs.sort(key=lambda r: r.seed)
+    rank = {k: i for i, k in enumerate(order or [])}
+    return sorted(cells.values(), key=lambda c: rank.get(c.key, len(rank)))
+
+
+def pick_baseline(cells: list[Cell], baseline: str | None) -> Cell:
+    """The baseline cell: the first one (the grid's first cell), or one chosen by label, key or 1-based index."""
+    if not baseline:
+        for c in cells:
+            if c.completed:
+                return c
+        return cells[0]
+    if baseline.isdigit() and 1 <= int(baseline) <= len(cells):
+        return cells[int(baseline) - 1]
+    hits = [c for c in cells if c.label == baseline or c.key.startswith(baseline)] or \
+           [c for c in cells if baseline in c.label]
+    if len(hits) != 1:
+        labels = "; ".join(f"{i}: {c.label}" for i, c in enumerate(cells, 1))
+        raise ReportError(f"--baseline {baseline!r} matches {len(hits)} cells; give a label or index ({labels})")
+    return hits[0]
+
+
+def final_val_losses(cell: Cell) -> dict[int, float]:
+    return {r.seed: r.final["val_loss"] for r in cell.completed if r.final.get("val_loss") is not None}
+
+
+def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPHA) -> list[dict[str, Any]]:
+    """One dict per cell: final val_loss over seeds, and the comparison with ``baseline``."""
+    values = {c.key: final_val_losses(c) for c in cells}
+    data_keys = {c.key: (c.completed[0].data_key if c.completed else None) for c in cells}
+    results = stats.compare_cells(values, baseline.key, data_keys=data_keys, alpha=alpha)
+    out = []
+    for c, res in zip(cells, results):
+        s, comp = res.summary, res.comparison
+        out.append({
+            "cell_key": c.key, "label": c.label, "runs": len(c.runs), "completed": len(c.completed),
+            "seeds": sorted(s.values), "n": s.n, "mean": s.mean, "std": s.std,
+            "ci_low": s.ci_low, "ci_high": s.ci_high, "delta": comp.delta, "delta_ci_low": comp.ci_low,
+            "delta_ci_high": comp.ci_high, "p_value": comp.p_value, "test": comp.test,
+            "verdict": comp.verdict, "note": comp.note, "is_baseline": c.key == baseline.key,
+        })
+    return out
+
+
+def statistics_for_runs(db_path: str | Path, run_ids: list[str], order: list[str] | None = None,
+                        baseline: str | None = None) -> list[dict[str, Any]]:
+    """``cell_statistics`` straight from the store (for the ``abl run`` summary).
+
+    ``order``: cell keys in grid order (the first is the baseline unless
+    ``baseline`` names another by label, key prefix or 1-based index).
+    """
+    cells = group_cells(load_runs(db_path, run_ids=run_ids, curve_names=()), order)
+    if not cells:
+        return []
+    return cell_statistics(cells, pick_baseline(cells, baseline))
+
+
+# ---------------------------------------------------------------- conditions
+
+
+def run_conditions(r: Run) -> dict[str, str]:
+    v = r.versions or {}
+    env = r.env or {}
+    precision = str(env.get("precision", r.config.get("train", {}).get("precision", "?")))
+    if env.get("emulated"):
+        precision += " (emulated)"
+    return {
+        "device": r.device,
+        "torch": str(v.get("torch", "?")),
+        "python": str(v.get("python", "?")),
+        "abl commit": r.git_commit,
+        "data": f"{r.data_fingerprint[:12]}" + (f" ({env['data_description']})" if env.get("data_description")
+                                                  else ""),
+        "precision": precision,
+        "kernels": str(env.get("kernels", "?")),
+    }
+
+
+def condition_groups(runs: list[Run]) -> list[tuple[dict[str, str], list[Run]]]:
+    groups: dict[str, tuple[dict[str, str], list[Run]]] = {}
+    for r in runs:
+        cond = run_conditions(r)
+        groups.setdefault(json.dumps(cond, sort_keys=True), (cond, []))[1].append(r)
+    return list(groups.values())
+
+
+def conditions_line(runs: list[Run]) -> str:
+    """One line that says where every number came from."""
+    groups = condition_groups(runs)
+    seeds = sorted({r.seed for r in runs})
+    seed_txt = f"seeds {','.join(map(str, seeds))}"
+    if len(groups) == 1:
+        c = groups[0][0]
+        return (f"{c['device']}; torch {c['torch']}, python {c['python']}; abl {c['abl commit'][:12]}; "
+                f"data {c['data']}; precision {c['precision']}; kernels {c['kernels']}; {seed_txt}")
+    return f"{len(groups)} different run conditions (see the Conditions table); {seed_txt}"
+
+
+def report_environment() -> dict[str, str]:
+    """Where the report itself was made (predictions are computed here)."""
+    import importlib.metadata as md
+
+    from .runner import git_commit
+
+    out = {"python": platform.python_version(), "platform": platform.platform(), "abl commit": git_commit()}
+    for dist in ("abl", "torch", "numpy", "scipy", "duckdb", "matplotlib"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = "-"
+    return out
+
+
+# ---------------------------------------------------------------- grid description
+
+
+def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(obj, list) and obj and all(isinstance(x, dict) for x in obj):
+        return {prefix[:-1]: json.dumps(obj, sort_keys=True)}
+    return {prefix[:-1]: obj}
+
+
+def _settings(config: dict) -> dict[str, Any]:
+    flat = _flatten({k: config.get(k) for k in ("model", "train", "data")})
+    for axis, spec in (config.get("components") or {}).items():
+        if isinstance(spec, dict) and spec.get("params"):
+            for k, v in spec["params"].items():
+                flat[f"{axis}.{spec['name']}.{k}"] = v
+    return flat
+
+
+def varied_and_fixed(cells: list[Cell]) -> tuple[list[str], dict[str, Any]]:
+    """Config paths that differ between cells, and the settings all cells share."""
+    flats = [_settings(c.config) for c in cells]
+    # parameters of a component only some cells select are implied by the selector column
+    keys = [k for k in flats[0] if all(k in f for f in flats)]
+    varied = [k for k in keys if len({json.dumps(f[k], default=str) for f in flats}) > 1]
+    fixed = {k: flats[0][k] for k in keys if k not in varied}
+    return varied, fixed
+
+
+# ---------------------------------------------------------------- predictions
+
+
+def attach_predictions(cells: list[Cell], registry) -> None:
+    """Predicted costs per cell from the registered cost functions (errors kept, not raised)."""
+    from .config import ConfigError, cell_from_config
+    from .costmodel import predict
+    from .registry import RegistryError
+
+    for c in cells:
+        r = c.runs[0]
+        try:
+            cell = cell_from_config(r.config, registry)
+            vocab = r.env.get("vocab_size") or None
+            c.predicted = predict(cell, registry, vocab_size=vocab)
+        except (ConfigError, RegistryError) as exc:
+            c.predict_error = str(exc).splitlines()[0]
+        except Exception as exc:  # noqa: BLE001 - a report still comes out, with the reason
+            c.predict_error = f"{type(exc).__name__}: {exc}"
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def measured(cell: Cell, name: str) -> float | None:
+    return _mean([r.final.get(name) for r in cell.completed])
+
+
+def model_flops_utilization(cell: Cell) -> float | None:
+    """MFU: the recorded one, else useful (model) FLOPs per token x measured tokens/s / device peak.
+
+    Useful FLOPs are the variant-aware prediction (seeds 003 sec. 8: model
+    FLOPs, recomputation excluded), so a variant cannot show an MFU above 100%
+    by being counted as dense attention.
+    """
+    recorded = measured(cell, "mfu")
+    if recorded is not None:
+        return recorded
+    peak, tps = measured(cell, "device_peak_flops"), measured(cell, "tokens_per_s")
+    if not (peak and tps and cell.predicted):
+        return None
+    return cell.predicted["useful_train_flops_per_token"] * tps / peak
+
+
+def measured_peak_growth(cell: Cell) -> float | None:
+    """Peak memory the training added: on CPU, peak RSS minus the RSS before the model was built."""
+    vals = []
+    for r in cell.completed:
+        peak = r.final.get("peak_mem_bytes")
+        if peak is None:
+            continue
+        if r.env.get("peak_mem_kind", "cpu_peak_rss") == "cpu_peak_rss" and r.final.get("baseline_rss_bytes"):
+            peak -= r.final["baseline_rss_bytes"]
+        vals.append(peak)
+    return _mean(vals)
+
+
+def cost_rows(cells: list[Cell]) -> list[dict[str, Any]]:
+    """Predicted vs measured, one dict per cell and check (see costmodel.CHECKS)."""
+    rows = []
+    for c in cells:
+        for pred_key, meas_key, required in CHECKS:
+            pred = c.predicted.get(pred_key) if c.predicted else None
+            meas = measured_peak_growth(c) if meas_key == "peak_mem_bytes" else measured(c, meas_key)
+            ratio, verdict = agreement(pred, meas, required)
+            if pred is None and c.predict_error:
+                verdict = f"not predicted: {c.predict_error}"
+            rows.append({"cell_key": c.key, "label": c.label, "figure": pred_key, "predicted": pred,
+                         "measured": meas, "measured_as": meas_key, "ratio": ratio, "agreement": verdict})
+    return rows
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _fig_to_png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _footer(fig, text: str) -> None:
+    fig.text(0.01, -0.02, text, fontsize=6, color="0.35", ha="left", va="top", wrap=True)
+
+
+def _mean_curve(runs: list[Run], name: str) -> tuple[list[int], list[float]]:
+    by_step: dict[int, list[float]] = {}
+    for r in runs:
+        for step, v in r.curves.get(name, []):
+            if v is not None and math.isfinite(v):
+                by_step.setdefault(step, []).append(v)
+    steps = sorted(s for s, vs in by_step.items() if len(vs) == len(runs))
+    return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
+
+def _smooth(ys: list[float], k: int) -> list[float]:
+    if k <= 1 or len(ys) < 3:
+        return ys
+    out, acc = [], None
+    a = 2.0 / (k + 1)
+    for y in ys:
+        acc = y if acc is None else a * y + (1 - a) * acc
+        out.append(acc)
+    return out
+
+
+def plot_loss_curves(cells: list[Cell], footer: str) -> bytes:
+    """train_loss and val_loss against tokens; val_loss against predicted FLOPs and wall time."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, c in enumerate(cells):
+        runs = c.completed or c.runs
+        if not runs:
+            continue
+        col = colors[i % len(colors)]
+        tps = runs[0].tokens_per_step
+        flops = c.predicted.get("flops_per_step") if c.predicted else None
+        steps, tl = _mean_curve(runs, "train_loss")
+        if steps:
+            axes[0, 0].plot([s * tps for s in steps], _smooth(tl, max(1, len(steps) // 20)), color=col,
+                            label=c.label)
+        for r in runs:
+            pts = r.curves.get("val_loss", [])
+            if len(runs) > 1 and pts:
+                axes[0, 1].plot([s * tps for s, _ in pts], [v for _, v in pts], color=col, alpha=0.25, lw=0.8)
+            elapsed = dict(r.curves.get("elapsed_s", []))
+            tw = [(elapsed[s], v) for s, v in pts if s in elapsed]
+            if tw:
+                axes[1, 1].plot(*zip(*tw), color=col, alpha=0.6 if len(runs) > 1 else 1.0, lw=1,
+                                marker=".", label=c.label if r is runs[0] else None)
+        steps, vl = _mean_curve(runs, "val_loss")
+        if steps:
+            axes[0, 1].plot([s * tps for s in steps], vl, color=col, marker="o", ms=3, label=c.label)
+            if flops:
+                axes[1, 0].plot([s * flops for s in steps], vl, color=col, marker="o", ms=3, label=c.label)
+    axes[0, 0].set(title="train loss (EMA, mean over seeds)", xlabel="tokens", ylabel="cross-entropy (nats)")
+    axes[0, 1].set(title="val loss at equal tokens (mean; seeds faint)", xlabel="tokens", ylabel="val_loss")
+    axes[1, 0].set(title="val loss at equal training FLOPs (predicted)", xlabel="training FLOPs",
+                   ylabel="val_loss")
+    axes[1, 1].set(title="val loss at equal wall time (each seed)", xlabel="wall time (s)", ylabel="val_loss")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    _footer(fig, footer)
+    return _fig_to_png(fig)
+
+
+def plot_quality_vs_cost(cells: list[Cell], stat_rows: list[dict], footer: str) -> bytes:
+    """Final val_loss (mean, 95% CI bars) against training FLOPs, wall time and parameters."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    by_key = {s["cell_key"]: s for s in stat_rows}
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, c in enumerate(cells):
+        s = by_key[c.key]
+        if s["mean"] is None:
+            continue
+        err = None if s["ci_high"] is None else [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]]
+        steps = c.config["train"]["steps"]
+        xs = [
+            c.predicted["flops_per_step"] * steps if c.predicted else (
+                (measured(c, "flops_per_step_measured") or 0) * steps or None),
+            measured(c, "wall_s"),
+            (c.predicted or {}).get("n_params") or measured(c, "n_params"),
+        ]
+        for ax, x in zip(axes, xs):
+            if x:
+                ax.errorbar([x], [s["mean"]], yerr=err, fmt="o", color=colors[i % len(colors)], capsize=3,
+                            label=c.label)
+    for ax, xl in zip(axes, ("training FLOPs (predicted, whole run)", "wall time (s, measured)",
+                             "parameters")):
+        ax.set(xlabel=xl, ylabel="final val_loss (mean, 95% CI)")
+        ax.grid(alpha=0.3)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
+    fig.suptitle("quality vs cost")
+    fig.tight_layout()
+    _footer(fig, footer)
+    return _fig_to_png(fig)
+
+
+def plot_predicted_vs_measured(rows: list[dict], footer: str) -> bytes | None:
+    plt = _pyplot()
+    figures = [f for f in ("n_params", "flops_per_step", "train_peak_bytes")
+               if any(r["figure"] == f and r["predicted"] and r["measured"] for r in rows)]
+    if not figures:
+        return None
+    fig, axes = plt.subplots(1, len(figures), figsize=(4.3 * len(figures), 4), squeeze=False)
+    for ax, name in zip(axes[0], figures):
+        pts = [(r["predicted"], r["measured"], r["label"]) for r in rows
+               if r["figure"] == name and r["predicted"] and r["measured"]]
+        xs, ys, _ = zip(*pts)
+        lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.25
+        ax.plot([lo, hi], [lo, hi], color="0.5", lw=1, label="measured = predicted")
+        if name == "flops_per_step":
+            ax.fill_between([lo, hi], [lo * 0.95, hi * 0.95], [lo * 1.05, hi * 1.05], color="0.85",
+                            label="±5%")
+        ax.scatter(xs, ys, s=18, zorder=3)
+        ax.set(xscale="log", yscale="log", xlabel=f"predicted {name}", ylabel="measured",
+               title={"n_params": "parameters (exact)", "flops_per_step": "FLOPs per step (flop counter)",
+                      "train_peak_bytes": "training memory (peak growth)"}[name])
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    _footer(fig, footer)
+    return _fig_to_png(fig)
+
+
+def plot_scaling(points: list[tuple[float, float, float]], fit, footer: str) -> bytes:
+    import numpy as np
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    n, d, l = (np.array(v, dtype=float) for v in zip(*points))
+    budgets = sorted(set(d))
+    cmap = plt.get_cmap("viridis")
+    grid = np.logspace(np.log10(n.min() / 1.5), np.log10(n.max() * 1.5), 100)
+    for j, dv in enumerate(budgets):
+        col = cmap(j / max(1, len(budgets) - 1))
+        m = d == dv
+        ax.scatter(n[m], l[m], color=col, s=16, label=f"D = {dv:.3g} tokens")
+        if fit is not None:
+            ax.plot(grid, fit.predict(grid, dv), color=col, lw=1)
+    ax.set(xscale="log", xlabel="N (non-embedding parameters)", ylabel="final val_loss",
+           title="scaling fit: L = E + A/N^α + B/D^β")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    _footer(fig, footer)
+    return _fig_to_png(fig)
+
+
+# ---------------------------------------------------------------- document
+
+
+@dataclass
+class Doc:
+    blocks: list[tuple] = field(default_factory=list)
+
+    def h(self, level: int, text: str) -> None:
+        self.blocks.append(("h", level, text))
+
+    def p(self, text: str) -> None:
+        self.blocks.append(("p", text))
+
+    def table(self, headers: list[str], rows: list[list[Any]], caption: str = "") -> None:
+        self.blocks.append(("table", headers, [[("-" if x is None else str(x)) for x in r] for r in rows],
+                            caption))
+
+    def image(self, name: str, png: bytes | None, caption: str) -> None:
+        if png:
+            self.blocks.append(("img", name, png, caption))
+
+    def pre(self, text: str) -> None:
+        self.blocks.append(("pre", text))
+
+    def markdown(self) -> str:
+        out = []
+        for b in self.blocks:
+            if b[0] == "h":
+                out.append("#" * b[1] + " " + b[2])
+            elif b[0] == "p":
+                out.append(b[1])
+            elif b[0] == "table":
+                _, headers, rows, caption = b
+
+                def cell(x: str) -> str:
+                    return x.replace("|", "\\|").replace("\n", " ")
+
+                lines = ["| " + " | ".join(map(cell, headers)) + " |",
+                         "|" + "|".join("---" for _ in headers) + "|"]
+                lines += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
+                if caption:
+                    lines += ["", f"*{caption}*"]
+                out.append("\n".join(lines))
+            elif b[0] == "img":
+                out.append(f"![{b[1].rsplit('.', 1)[0].replace('_', ' ')}]({b[1]})\n\n*{b[3]}*")
+            elif b[0] == "pre":
+                out.append("```\n" + b[1] + "\n```")
+        return "\n\n".join(out) + "\n"
+
+    def html(self, title: str) -> str:
+        e = html.escape
+        out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>"
+               "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
+               "table{border-collapse:collapse;font-size:13px;margin:.5em 0}"
+               "td,th{border:1px solid #ccc;padding:3px 7px;text-align:left}th{background:#f3f3f3}"
+               "caption{caption-side:bottom;font-size:12px;color:#555;text-align:left;padding-top:4px}"
+               "img{max-width:100%}figcaption{font-size:12px;color:#555}pre{background:#f6f6f6;padding:8px;"
+               "overflow-x:auto}</style></head><body>"]
+        for b in self.blocks:
+            if b[0] == "h":
+                out.append(f"<h{b[1]}>{e(b[2])}</h{b[1]}>")
+            elif b[0] == "p":
+                out.append(f"<p>{e(b[1])}</p>")
+            elif b[0] == "table":
+                _, headers, rows, caption = b
+                out.append("<table>" + (f"<caption>{e(caption)}</caption>" if caption else "")
+                           + "<tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>"
+                           + "".join("<tr>" + "".join(f"<td>{e(x)}</td>" for x in r) + "</tr>" for r in rows)
+                           + "</table>")
+            elif b[0] == "img":
+                data = base64.b64encode(b[2]).decode()
+                out.append(f"<figure><img alt='{e(b[3])}' src='data:image/png;base64,{data}'>"
+                           f"<figcaption>{e(b[3])}</figcaption></figure>")
+            elif b[0] == "pre":
+                out.append(f"<pre>{e(b[1])}</pre>")
+        out.append("</body></html>")
+        return "\n".join(out)
+
+
+def _num(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return str(x)
+    if isinstance(x, int) or (x.is_integer() and abs(x) < 1e15):
+        return f"{int(x):,}"
+    return f"{x:.4g}"
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _ci(lo: float | None, hi: float | None) -> str:
+    return "-" if lo is None or hi is None else f"[{stats.fmt(lo)}, {stats.fmt(hi)}]"
+
+
+def _signed(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.4f}"
+
+
+# ---------------------------------------------------------------- the report
+
+
+@dataclass
+class Report:
+    title: str
+    source: str
+    db_path: str
+    cells: list[Cell]
+    baseline: Cell
+    stat_rows: list[dict]
+    cost_rows: list[dict]
+    fit: Any
+    fit_points: list
+    fit_note: str
+    doc: Doc
+
+
+def scaling_points(cells: list[Cell]) -> list[tuple[float, float, float]]:
+    """(N non-embedding, D training tokens, final val_loss) for every completed run."""
+    pts = []
+    for c in cells:
+        for r in c.completed:
+            n = r.final.get("n_params_non_embedding") or (c.predicted or {}).get("n_params_non_embedding")
+            loss = r.final.get("val_loss")
+            d = r.final.get("tokens") or r.config["train"]["steps"] * r.tokens_per_step
+            if n and loss is not None and math.isfinite(loss):
+                pts.append((float(n), float(d), float(loss)))
+    return pts
+
+
+def build_report(runs: list[Run], *, source: str, db_path: str, registry, order: list[str] | None = None,
+                 baseline: str | None = None, grid_raw: dict | None = None,
+                 missing_runs: int = 0) -> Report:
+    if not runs:
+        raise ReportError(f"no runs of {source} in {db_path}")
+    cells = group_cells(runs, order)
+    base = pick_baseline(cells, baseline)
+    if registry is not None:
+        attach_predictions(cells, registry)
+    stat_rows = cell_statistics(cells, base)
+    rows = cost_rows(cells)
+    cond = conditions_line(runs)
+    experiment = runs[0].experiment
+    doc = Doc()
+    title = f"abl report: {experiment}"
+    doc.h(1, title)
+    completed = sum(len(c.completed) for c in cells)
+    doc.p(f"Source: {source}. Database: {db_path}. {len(cells)} cells, {len(runs)} runs ({completed} completed"
+          + (f", {missing_runs} runs of the grid not in the store yet" if missing_runs else "")
+          + f"). Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.")
+    doc.p(f"Conditions of every number below: {cond}.")
+
+    # 1. conditions
+    doc.h(2, "Conditions")
+    groups = condition_groups(runs)
+    keys = list(groups[0][0])
+    doc.table(keys + ["runs", "cells"],
+              [[g[k] for k in keys] + [len(rs), len({r.cell_key for r in rs})] for g, rs in groups],
+              "where and how the runs ran (from each run's info.json and meta.json)")
+    if len(groups) > 1:
+        doc.p("WARNING: the runs ran under different conditions; a difference between cells may come from "
+              "the environment rather than the variant.")
+    env = report_environment()
+    doc.table(list(env), [list(env.values())], "where this report was made (predicted costs are computed here)")
+
+    # 2. grid
+    doc.h(2, "Grid")
+    varied, fixed = varied_and_fixed(cells)
+    if grid_raw and isinstance(grid_raw.get("grid"), dict):
+        doc.pre("\n".join(f"{k} = {json.dumps(v)}" for k, v in grid_raw["grid"].items()))
+    doc.table(["#", "cell"] + varied + ["seeds (completed/runs)", "status"],
+              [[i, c.label] + [_flatten_get(c.config, k) for k in varied]
+               + [f"{len(c.completed)}/{len(c.runs)}", ",".join(sorted({r.status for r in c.runs}))]
+               for i, c in enumerate(cells, 1)],
+              f"cells in grid order; baseline: #{cells.index(base) + 1} {base.label}")
+    shown = {k: v for k, v in fixed.items() if not k.startswith(("train.device", "train.threads"))}
+    doc.table(["setting", "value"], [[k, json.dumps(v) if not isinstance(v, str) else v]
+                                     for k, v in shown.items()], "settings shared by every cell")
+
+    # 3. comparison
+    doc.h(2, "Comparison: final val_loss")
+    table_rows = []
+    for i, s in enumerate(stat_rows, 1):
+        table_rows.append([i, s["label"], f"{s['n']}/{s['runs']}", stats.fmt(s["mean"]), stats.fmt(s["std"]),
+                           _ci(s["ci_low"], s["ci_high"]),
+                           "-" if s["is_baseline"] else _signed(s["delta"]),
+                           _ci(s["delta_ci_low"], s["delta_ci_high"]), stats.fmt_p(s["p_value"]), s["test"],
+                           s["verdict"]])
+    doc.table(["#", "cell", "n", "mean", "std", "95% CI", "Δ vs baseline", "Δ 95% CI", "p", "test", "verdict"],
+              table_rows,
+              f"val_loss: mean cross-entropy (nats) on the fixed validation batches at the last step, "
+              f"completed runs only. CI: Student t, 95%. Δ = cell - baseline ({base.label}); lower is better; "
+              f"verdicts at α = {stats.ALPHA}; paired by seed when both cells ran the same seeds on the same "
+              f"data order, else Welch. {cond}")
+    notes = [f"{s['label']}: {s['note']}" for s in stat_rows if s["note"]]
+    if len(cells) > 2:
+        notes.append(f"{len(cells) - 1} comparisons against one baseline, each at α = {stats.ALPHA} "
+                     "(no multiple-comparison correction)")
+    for n in notes:
+        doc.p("Note: " + n)
+
+    # 4. curves, 5. quality vs cost
+    doc.h(2, "Loss curves")
+    doc.image("loss_curves.png", plot_loss_curves(cells, cond),
+              f"loss curves at equal tokens, equal predicted training FLOPs and equal wall time. {cond}")
+    doc.h(2, "Quality vs cost")
+    doc.image("quality_vs_cost.png", plot_quality_vs_cost(cells, stat_rows, cond),
+              f"final val_loss (mean over seeds, 95% CI bars) against cost. {cond}")
+
+    # 6. predicted vs measured
+    doc.h(2, "Predicted vs measured costs")
+    prow = []
+    for c in cells:
+        pr = c.predicted or {}
+        prow.append([c.label, _num(pr.get("n_params")), _num(pr.get("n_params_non_embedding")),
+                     _num(pr.get("flops_per_step")), _num(pr.get("useful_flops_per_step")),
+                     _bytes(pr.get("static_bytes")), _bytes(pr.get("activation_bytes_per_step")),
+                     _bytes(pr.get("kv_cache_bytes_per_token")),
+                     _num(measured(c, "tokens_per_s")), _pct(model_flops_utilization(c))])
+    doc.table(["cell", "params", "non-emb. params", "train FLOPs/step", "useful FLOPs/step",
+               "params+grads+AdamW", "activations/step", "KV cache/token", "tokens/s (measured)",
+               "MFU (measured)"], prow,
+              "predicted from the components' cost functions (harness/costmodel.py) at each cell's batch size, "
+              "context and precision; tokens/s: median over steps, mean over seeds; MFU: useful (model) FLOPs "
+              "per token x tokens/s / the device peak the run recorded (on CPU measured at start-up with a "
+              f"large matmul). {cond}")
+    doc.table(["cell", "figure", "predicted", "measured", "measured / predicted", "agreement"],
+              [[r["label"], r["figure"], _num(r["predicted"]), _num(r["measured"]),
+                "-" if r["ratio"] is None else f"{r['ratio']:.4f}", r["agreement"]] for r in rows],
+              "required: parameters exact, FLOPs per step within 5% of torch.utils.flop_counter on one step. "
+              "Memory: predicted = fp32 params + grads + AdamW moments (+ autocast weight copies) + activations "
+              "saved for backward; measured = peak CUDA allocation (tensors only), or on CPU the growth of the "
+              "process's peak RSS after the data was loaded, which adds a fixed runtime overhead (allocator, "
+              "thread pools, kernels: tens of MiB), so on CPU the ratio means something only when the "
+              f"prediction is well above that; measured - predicted shows the overhead. {cond}")
+    errs = sorted({c.predict_error for c in cells if c.predict_error})
+    for e in errs:
+        doc.p("Not predicted: " + e)
+    doc.image("predicted_vs_measured.png", plot_predicted_vs_measured(rows, cond),
+              f"predicted against measured costs (one point per cell). {cond}")
+
+    # 7. scaling
+    pts = scaling_points(cells)
+    n_sizes = len({p[0] for p in pts})
+    fit, fit_note = None, ""
+    if n_sizes >= MIN_SIZES_FOR_FIT:
+        from .scaling import ScalingFitError, fit as fit_scaling
+
+        doc.h(2, "Scaling fit")
+        try:
+            fit = fit_scaling(*zip(*pts))
+        except ScalingFitError as exc:
+            fit_note = str(exc)
+        if fit is not None:
+            doc.table(["E", "A", "α", "B", "β", "form", "points", "sizes", "token budgets", "rmse(log L)"],
+                      [[_num(fit.E), _num(fit.A), _num(fit.alpha), _num(fit.B), _num(fit.beta), fit.form,
+                        fit.n_points, fit.n_sizes, fit.n_token_budgets, f"{fit.rmse_log:.3g}"]],
+                      "Chinchilla form fitted by Huber loss (δ=1e-3) on log L with L-BFGS from a grid of starts "
+                      f"(Hoffmann et al. 2022, App. D); N = non-embedding parameters, D = training tokens; every "
+                      f"completed run is a point. {cond}")
+            for n in fit.notes:
+                doc.p("Note: " + n)
+        else:
+            doc.p(f"No fit: {fit_note}")
+        doc.image("scaling.png", plot_scaling(pts, fit, cond), f"final val_loss against model size. {cond}")
+    else:
+        fit_note = f"{n_sizes} distinct model size(s); a scaling fit needs at least {MIN_SIZES_FOR_FIT}"
+
+    run_notes = [(r, r.notes) for r in runs if r.notes]
+    if run_notes or any(r.status != "completed" for r in runs):
+        doc.h(2, "Run notes")
+        doc.table(["cell", "seed", "status", "notes"],
+                  [[r.label, r.seed, r.status, r.notes] for r in runs if r.notes or r.status != "completed"])
+    return Report(title, source, db_path, cells, base, stat_rows, rows, fit, pts, fit_note, doc)
+
+
+def _flatten_get(config: dict, key: str) -> Any:
+    return _settings(config).get(key)
+
+
+def write_report(rep: Report, out_dir: str | Path, fmt: str = "md") -> Path:
+    """Write report.md + PNGs (fmt "md") or one self-contained report.html, and report.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt == "md":
+        for b in rep.doc.blocks:
+            if b[0] == "img":
+                (out / b[1]).write_bytes(b[2])
+        path = out / "report.md"
+        path.write_text(rep.doc.markdown(), encoding="utf-8")
+    elif fmt == "html":
+        path = out / "report.html"
+        path.write_text(rep.doc.html(rep.title), encoding="utf-8")
+    else:
+        raise ReportError(f"unknown format {fmt!r}: md or html")
+    data = {
+        "title": rep.title, "source": rep.source, "database": rep.db_path,
+        "baseline": rep.baseline.key, "conditions": [c for c, _ in condition_groups(
+            [r for c in rep.cells for r in c.runs])],
+        "report_environment": report_environment(),
+        "comparison": rep.stat_rows,
+        "predicted": {c.key: {k: v for k, v in (c.predicted or {}).items() if k != "parts"} for c in rep.cells},
+        "predicted_vs_measured": rep.cost_rows,
+        "scaling_fit": rep.fit.as_dict() if rep.fit is not None else None, "scaling_note": rep.fit_note,
+    }
+    (out / "report.json").write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    return path
+

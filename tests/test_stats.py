@@ -1,0 +1,107 @@
+"""Multi-seed statistics against scipy's reference implementations."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from harness import stats
+
+
+def test_summary_matches_a_t_interval():
+    vals = {0: 3.10, 1: 3.25, 2: 3.17, 3: 3.30}
+    s = stats.summarize(vals)
+    x = np.array(list(vals.values()))
+    lo, hi = sps.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=sps.sem(x))
+    assert s.n == 4
+    assert s.mean == pytest.approx(x.mean())
+    assert s.std == pytest.approx(x.std(ddof=1))
+    assert (s.ci_low, s.ci_high) == (pytest.approx(lo), pytest.approx(hi))
+    assert s.ci_halfwidth == pytest.approx(hi - x.mean())
+
+
+def test_summary_of_one_value_has_no_spread_and_non_finite_values_are_dropped():
+    s = stats.summarize({0: 2.5, 1: float("nan"), 2: float("inf")})
+    assert (s.n, s.mean, s.std, s.ci_low, s.ci_high) == (1, 2.5, None, None, None)
+    assert stats.summarize([]).mean is None
+
+
+def test_paired_comparison_is_scipys_paired_t_test():
+    base = {0: 3.00, 1: 3.10, 2: 2.95, 3: 3.05}
+    cell = {0: 2.96, 1: 3.07, 2: 2.93, 3: 3.00}
+    c = stats.compare(cell, base)
+    ref = sps.ttest_rel(list(cell.values()), list(base.values()))
+    d = np.array(list(cell.values())) - np.array(list(base.values()))
+    lo, hi = sps.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=sps.sem(d))
+    assert c.test == "paired t (n=4)"
+    assert c.p_value == pytest.approx(ref.pvalue)
+    assert c.delta == pytest.approx(d.mean())
+    assert (c.ci_low, c.ci_high) == (pytest.approx(lo), pytest.approx(hi))
+    assert c.verdict == ("better" if ref.pvalue < 0.05 else stats.SAME)
+
+
+def test_welch_when_seeds_differ_is_scipys_welch_test():
+    base = {0: 3.00, 1: 3.10, 2: 2.95}
+    cell = {5: 3.20, 6: 3.31, 7: 3.26, 8: 3.18}
+    c = stats.compare(cell, base)
+    a, b = list(cell.values()), list(base.values())
+    ref = sps.ttest_ind(a, b, equal_var=False)
+    ci = ref.confidence_interval(0.95)
+    assert c.test == "Welch t"
+    assert c.p_value == pytest.approx(ref.pvalue)
+    assert c.df == pytest.approx(ref.df)
+    assert (c.ci_low, c.ci_high) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert c.verdict == "worse"  # higher loss, p < 0.05
+
+
+def test_pairing_can_be_refused():
+    base = {0: 3.0, 1: 3.1, 2: 2.9}
+    cell = {0: 3.01, 1: 3.12, 2: 2.92}
+    paired = stats.compare(cell, base)
+    welch = stats.compare(cell, base, paired=False)
+    assert paired.test.startswith("paired") and welch.test == "Welch t"
+    # the shared seed-to-seed variance cancels when paired
+    assert paired.p_value < 0.05 < welch.p_value
+
+
+def test_verdicts():
+    base = {i: 3.0 + 0.01 * (i % 3) for i in range(6)}
+    assert stats.compare({i: v - 0.5 for i, v in base.items()}, base).verdict == "better"
+    assert stats.compare({i: v + 0.5 for i, v in base.items()}, base).verdict == "worse"
+    noisy = {i: v + (0.05 if i % 2 else -0.05) for i, v in base.items()}
+    assert stats.compare(noisy, base).verdict == "not distinguishable from baseline"
+    # higher is better for accuracy-like metrics
+    assert stats.compare({i: v + 0.5 for i, v in base.items()}, base, lower_is_better=False).verdict == "better"
+
+
+def test_fewer_than_two_seeds_gives_no_test_and_says_so():
+    c = stats.compare({0: 2.9}, {0: 3.0})
+    assert c.p_value is None and c.delta == pytest.approx(-0.1)
+    assert c.verdict.startswith("not distinguishable from baseline") and "n=1" in c.verdict
+    assert "n<2" in c.note
+
+
+def test_identical_differences_do_not_divide_by_zero():
+    base = {0: 3.0, 1: 3.1, 2: 3.2}
+    same = stats.compare(dict(base), base)
+    shifted = stats.compare({k: v - 0.1 for k, v in base.items()}, base)
+    assert (same.p_value, same.verdict) == (1.0, stats.SAME)
+    assert shifted.p_value == 0.0 and shifted.verdict == "better"
+    assert math.isclose(shifted.ci_low, -0.1) and math.isclose(shifted.ci_high, -0.1)
+
+
+def test_compare_cells_pairs_only_cells_on_the_same_data():
+    values = {"a": {0: 3.0, 1: 3.1, 2: 2.9}, "b": {0: 2.9, 1: 3.0, 2: 2.8}, "c": {0: 2.9, 1: 3.0, 2: 2.8}}
+    res = stats.compare_cells(values, "a", data_keys={"a": "d1", "b": "d1", "c": "d2"})
+    assert [r.key for r in res] == ["a", "b", "c"]
+    assert res[0].comparison.verdict == "baseline"
+    assert res[1].comparison.test.startswith("paired")
+    assert res[2].comparison.test == "Welch t" and "not paired" in res[2].comparison.note
+    with pytest.raises(KeyError):
+        stats.compare_cells(values, "zzz")
+
+
+def test_formatting():
+    assert stats.fmt(1.23456) == "1.2346" and stats.fmt(None) == "-" and stats.fmt(float("nan")) == "-"
+    assert stats.fmt_p(0.00001) == "<0.0001" and stats.fmt_p(0.5) == "0.5000"
