@@ -111,6 +111,11 @@ class TrainConfig:
     diverge_loss: float = _f(1e3, "a train loss above this (or non-finite) stops the cell as diverged", min=0.0)
     checkpoint_every: int = _f(0, "save a checkpoint every N steps (0 = never); a killed cell resumes "
                                "from its last checkpoint", min=0)
+    match: str = _f("none", "fair budgets: resize cells so non-embedding params ('params') or training "
+                    "FLOPs per token ('flops') match the grid's first cell within 1%",
+                    choices=("none", "params", "flops"))
+    match_by: str = _f("ffn", "what train.match adjusts: the FFN width ('ffn') or the depth ('n_layers')",
+                       choices=("ffn", "n_layers"))
     devices: int = _f(1, "processes per cell: > 1 trains one cell with DDP under torchrun "
                       "(one GPU each on CUDA, gloo on CPU); batch_size is the global batch", min=1)
     deterministic: bool = _f(False, "torch.use_deterministic_algorithms (slower; recorded with the run)")
@@ -573,6 +578,12 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
                 continue
             seen.add(cell.run_id)
             cells.append(cell)
+    if not errs and cells and cells[0].train.match != "none":
+        from .matching import match_cells
+
+        errs += [f"{source}: {m}" for m in match_cells(cells, registry)]
+        # cells that became identical once resized are one run
+        cells = list({c.run_id: c for c in cells}.values())
     if errs:
         # one message per distinct problem keeps the report short
         raise ConfigError(list(dict.fromkeys(errs)))

@@ -135,3 +135,27 @@ def test_scale_presets_and_token_budgets(registry):
         grid_of(text.replace('scale = "s"', 'scale = "huge"'), registry)
     with pytest.raises(ConfigError, match="not both"):
         grid_of(text.replace("tokens = 100000", "tokens = 100000\nsteps = 5"), registry)
+
+
+@pytest.mark.parametrize("what", ["params", "flops"])
+def test_match_resizes_cells_to_the_first_within_one_percent(registry, what):
+    import dataclasses
+
+    from harness.costmodel import predict_model
+
+    text = BASE.replace('"model.norm" = ["rmsnorm", "layernorm"]',
+                        '"model.ffn" = ["gelu", "swiglu"]\n"ffn.gelu.ratio" = [4.0, 2.0]')
+    text = text.replace("[grid]", f'[train]\nmatch = "{what}"\n[grid]')
+    cells = grid_of(text, registry).cells
+    key = "n_params_non_embedding" if what == "params" else "train_flops_per_token"
+
+    def cost(c):
+        m = dataclasses.replace(c.model, vocab_size=256)
+        return predict_model(m, c.components, registry, batch_size=c.train.batch_size)[key]
+
+    target = cost(cells[0])
+    assert all(abs(cost(c) - target) <= 0.01 * target for c in cells)
+    assert all(c.config["matched"]["what"] == what for c in cells)
+    assert len({c.run_id for c in cells}) == len(cells)
+    by_depth = grid_of(text.replace(f'match = "{what}"', f'match = "{what}"\nmatch_by = "n_layers"'), registry)
+    assert by_depth.cells  # depth is coarse: accepted only when it lands within 1%
