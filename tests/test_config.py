@@ -157,5 +157,6 @@ def test_match_resizes_cells_to_the_first_within_one_percent(registry, what):
     assert all(abs(cost(c) - target) <= 0.01 * target for c in cells)
     assert all(c.config["matched"]["what"] == what for c in cells)
     assert len({c.run_id for c in cells}) == len(cells)
-    by_depth = grid_of(text.replace(f'match = "{what}"', f'match = "{what}"\nmatch_by = "n_layers"'), registry)
-    assert by_depth.cells  # depth is coarse: accepted only when it lands within 1%
+    # depth moves in whole layers: here it cannot land within 1%, and the grid is refused
+    with pytest.raises(ConfigError, match="more than 1%"):
+        grid_of(text.replace(f'match = "{what}"', f'match = "{what}"\nmatch_by = "n_layers"'), registry)
