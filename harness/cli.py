@@ -236,12 +236,218 @@ def dashboard(db_path, runs_dir, port, host):
     click.echo(f"abl dashboard: http://{host}:{port}  (store {db})", err=True)
     argv = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host,
             "--server.port", str(port), "--server.headless", "true",
-            "--browser.gatherUsageStats", "false", "--global.developmentMode", "false"]
+            "--browser.gatherUsageStats", "false", "--global.developmentMode", "false",
+            "--client.toolbarMode", "minimal"]
     if os.name == "posix":  # become the server, so signals (Ctrl-C, kill) reach it directly
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, argv, env)
     sys.exit(subprocess.call(argv, env=env))
+
+
+def _si(x, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}".rstrip()
+    return f"{x:.3g} {unit}".rstrip()
+
+
+@cli.command()
+@click.argument("grid_file", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override any config key, e.g. --set model.d_model=64 (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list (one object per cell) instead.")
+def cost(grid_file, overrides, as_json):
+    """Print the predicted cost of every cell of GRID_FILE; nothing is trained.
+
+    Parameters, FLOPs per token and per step, activation, parameter/optimizer
+    and KV-cache memory, from the cost functions the components declare
+    (harness/costmodel.py).
+    """
+    import json
+
+    from .config import load_grid
+    from .costmodel import predict
+    from .runner import fmt_bytes
+
+    registry = _registry()
+    try:
+        grid = load_grid(grid_file, registry, list(overrides))
+        cells = list({c.cell_key: c for c in reversed(grid.cells)}.values())[::-1]
+        preds = [predict(c, registry) for c in cells]
+    except _user_errors() as exc:
+        fail(str(exc))
+    if as_json:
+        click.echo(json.dumps([{"cell": c.label, "cell_key": c.cell_key, **p} for c, p in zip(cells, preds)],
+                              indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{grid.path}: predicted cost per cell (no training)", title_justify="left")
+    table.add_column("#", justify="right")
+    for p in grid.grid_paths or ["cell"]:
+        table.add_column(p)
+    cols = ("params", "non-emb", "fwd FLOP/tok", "train FLOP/step", "useful", "6N·tok", "act./step",
+            "params+grad+adam", "KV/tok", "est. peak")
+    for col in cols:
+        table.add_column(col, justify="right")
+    for i, (c, p) in enumerate(zip(cells, preds), 1):
+        names = [str(c.varied.get(k, "?")) for k in grid.grid_paths] or [c.label]
+        table.add_row(str(i), *names, f"{p['n_params']:,}", f"{p['n_params_non_embedding']:,}",
+                      _si(p["flops_per_token"]), _si(p["flops_per_step"]), _si(p["useful_flops_per_step"]),
+                      _si(p["flops_6n_per_token"] * p["tokens_per_step"]),
+                      fmt_bytes(p["activation_bytes_per_step"]), fmt_bytes(p["static_bytes"]),
+                      fmt_bytes(p["kv_cache_bytes_per_token"]), fmt_bytes(p["train_peak_bytes"]))
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 160))
+    console.print(table)
+    conds = sorted({(p["tokens_per_step"], p["activation_dtype_bytes"], p["vocab_size"]) for p in preds})
+    console.print("per step = train.batch_size x model.context tokens; training = forward + backward as "
+                  "executed (flop-counter convention); useful = model FLOPs for MFU; 6N = 6 x non-embedding "
+                  "params, for reference. Conditions: " + "; ".join(
+                      f"{t} tokens/step, activations {b} bytes/element, vocab {v}" for t, b, v in conds))
+
+
+@cli.command()
+@click.argument("source", metavar="GRID_FILE_OR_EXPERIMENT")
+@click.option("--db", "db_path", default=None,
+              help=f"DuckDB file to read (default: experiment.db of the grid, else {DEFAULT_DB}).")
+@click.option("--out", "out_dir", default=None,
+              help="Folder to write the report into (default: reports/<experiment>/ beside the database).")
+@click.option("--format", "fmt", type=click.Choice(["md", "html"]), default="md", show_default=True,
+              help="md: report.md with PNG plots beside it; html: one self-contained report.html.")
+@click.option("--baseline", default=None,
+              help="Baseline cell by label, cell key prefix or 1-based index (default: the grid's first cell).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Overrides used when the grid was run (so the same cells are found).")
+def report(source, db_path, out_dir, fmt, baseline, overrides):
+    """Write a self-contained report of a finished (or partly finished) grid.
+
+    GRID_FILE_OR_EXPERIMENT is a grid file (its cells are looked up in the
+    store) or an experiment name. The report holds the conditions, the grid,
+    the comparison table with 95% CIs and verdicts against the baseline, loss
+    curves, quality vs cost, predicted vs measured costs and, with at least 4
+    model sizes, a scaling-law fit.
+    """
+    from .report import ReportError, build_report, experiments, load_runs, write_report
+
+    registry = _registry()
+    user_errors = _user_errors() + (ReportError,)
+    try:
+        if Path(source).is_file():
+            from .config import load_grid
+
+            grid = load_grid(source, registry, list(overrides))
+            db = Path(db_path or getattr(grid.cells[0].experiment, "db", "") or DEFAULT_DB)
+            run_ids = [c.run_id for c in grid.cells]
+            runs = load_runs(db, run_ids=run_ids)
+            if not runs:
+                name = grid.cells[0].experiment.name
+                hint = (f"; the store has runs of experiment {name!r} from other configs (the code or the "
+                        f"grid changed since): abl report {name} reports those" if name in experiments(db)
+                        else f": abl run {source} first")
+                fail(f"no run of {source} as it resolves now is in {db}{hint}")
+            order = list(dict.fromkeys(c.cell_key for c in grid.cells))
+            missing = len(set(run_ids) - {r.run_id for r in runs})
+            name, raw = grid.cells[0].experiment.name, grid.raw
+        else:
+            if source.endswith(".toml") or os.sep in source:
+                fail(f"{source}: no such grid file")
+            db = Path(db_path or DEFAULT_DB)
+            runs = load_runs(db, experiment=source)
+            if not runs:
+                names = experiments(db)
+                fail(f"no experiment {source!r} in {db}; experiments there: {', '.join(names) or 'none'}")
+            order, missing, name, raw = None, 0, source, None
+        rep = build_report(runs, source=source, db_path=str(db), registry=registry, order=order,
+                           baseline=baseline, grid_raw=raw, missing_runs=missing)
+        path = write_report(rep, Path(out_dir) if out_dir else db.parent / "reports" / name, fmt)
+    except user_errors as exc:
+        fail(str(exc))
+    click.echo(f"wrote {path}")
+
+
+@cli.group()
+def bench():
+    """Benchmarks of the harness itself (abl bench kernels)."""
+
+
+_BENCH_OPS = ("rmsnorm", "layernorm", "rope", "swiglu", "geglu", "cross_entropy", "linear_cross_entropy",
+              "flash_attention", "ssd_scan")
+
+
+@bench.command("kernels")
+@click.option("--op", "ops", multiple=True, type=click.Choice(_BENCH_OPS),
+              help="Only these ops (repeatable; default: all).")
+@click.option("--provider", "providers", multiple=True,
+              type=click.Choice(["triton", "torch", "torch.compile", "liger", "flash-attn", "mamba-ssm"]),
+              help="Only these providers (repeatable; default: every one available here).")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp32", "bf16", "fp16"]),
+              help="Input dtypes (repeatable; default bf16 on CUDA, fp32 on CPU).")
+@click.option("--pass", "passes", multiple=True, type=click.Choice(["fwd", "bwd", "fwd+bwd"]),
+              help="Passes to time (repeatable; default all three).")
+@click.option("--size", type=click.Choice(["auto", "small", "large"]), default="auto", show_default=True,
+              help="Shapes: small (CPU default) or large (CUDA default).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of a table.")
+@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
+@click.option("--no-store", is_flag=True, help="Do not write the rows to the database.")
+def bench_kernels(ops, providers, dtypes, passes, size, device, as_json, db_path, no_store):
+    """Time every kernel op for every available provider: triton, torch, torch.compile, peers.
+
+    p20/p50/p80 in milliseconds, effective GB/s (memory-bound ops) or TFLOP/s
+    (attention, fused LM-head cross-entropy) and the fraction of the device's
+    peak; stored in the database's ``bench`` table.
+    """
+    import json
+
+    from .bench import run_bench, store_rows
+    from .train import resolve_device
+
+    try:
+        dev = resolve_device(device)
+    except RuntimeError as exc:
+        fail(str(exc))
+    rows = run_bench(dev, ops=list(ops) or None, providers=list(providers) or None,
+                     dtypes=list(dtypes) or None, passes=list(passes) or None, size=size,
+                     log=lambda msg: click.echo(msg, err=True))
+    if not no_store:
+        try:
+            store_rows(Path(db_path), rows)
+        except _user_errors() as exc:
+            fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(rows, indent=1, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    device_name = rows[0]["device"] if rows else str(dev)
+    table = Table(title=f"abl bench kernels: {device_name} (times in ms)")
+    for col in ("op", "shape", "dtype", "pass", "provider"):
+        table.add_column(col)
+    for col in ("p20", "p50", "p80", "GB/s", "TFLOP/s", "of peak"):
+        table.add_column(col, justify="right")
+
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    for r in rows:
+        table.add_row(r["op"], r["shape"], r["dtype"], r["pass"], r["provider"], num(r["p20"], ".4g"),
+                      num(r["p50"], ".4g"), num(r["p80"], ".4g"), num(r["gbps"], ".3g"),
+                      num(r["tflops"], ".3g"),
+                      "-" if r["peak_fraction"] is None else f"{100 * r['peak_fraction']:.1f}%")
+    console = Console()
+    console.width = max(console.width, 150)  # one row per line, also when piped
+    console.print(table)
+    if rows:
+        click.echo(f"peak: {rows[0]['peak_basis']}")
+    if not no_store:
+        click.echo(f"stored {len(rows)} rows in {db_path} (table bench)")
 
 
 def main() -> None:

@@ -1,13 +1,19 @@
-"""Feed-forward sublayers (axis ``ffn``).
+"""Feed-forward sublayers (axis ``ffn``): dense activations and the GLU family.
 
-Seeds 000 sec. 6 (activations, GLU family) and 002 sec. 2.1 (FFN sizing):
-a dense FFN has d_ff = ratio * d_model (ratio 4 by default); a gated FFN
-defaults to ratio 8/3 so its three matrices match the dense FFN's two
-(Shazeer 2020). Every factory is ``factory(config, **params)``.
+Seeds 000 sec. 7.4 (dense FFN, ReLU / GELU / SiLU), sec. 7.5 (gated linear
+units), 002 sec. 2.1 (FFN sizing) and Shazeer 2020, "GLU Variants Improve
+Transformer". Every factory is ``factory(config, **params)``.
+
+Sizing rule. A dense FFN has two matrices, d x d_ff and d_ff x d, with
+d_ff = ratio * d_model and ratio 4 by default. A gated FFN has three (gate,
+up, down), so its default ratio is 2/3 of that, 8/3: 3 * 8/3 d^2 = 2 * 4 d^2,
+and the parameter counts match (Shazeer 2020 sec. 2; seeds 002 sec. 2.1).
+Hidden sizes are rounded up to a multiple of ``multiple_of``.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -15,18 +21,47 @@ from harness.hookspecs import hookimpl
 from harness.model import residual_out
 from harness.registry import Param
 
+DENSE_RATIO = 4.0
+GATED_RATIO = DENSE_RATIO * 2 / 3  # 8/3: three matrices instead of two
+
 
 def hidden_size(d_model: int, ratio: float, multiple_of: int) -> int:
     h = int(round(ratio * d_model))
     return max(multiple_of, multiple_of * ((h + multiple_of - 1) // multiple_of))
 
 
-class DenseFFN(nn.Module):
-    """y = W2 act(W1 x + b1) + b2."""
+def relu2(x):
+    """Squared ReLU, max(0, x)^2 (So et al. 2021, "Primer", sec. 3)."""
+    return torch.square(F.relu(x))
 
-    def __init__(self, cfg, activation, ratio: float = 4.0, bias: bool = False, multiple_of: int = 8):
+
+def identity(x):
+    return x
+
+
+# name -> (activation, gated). Dense: act(x W1) W2. Gated: (act(x W) * x V) W2,
+# with the activations of Shazeer 2020 eqs. 1-6 (GLU uses the sigmoid, Dauphin
+# et al. 2017; "bilinear" has none).
+VARIANTS: dict[str, tuple] = {
+    "relu": (F.relu, False),
+    "gelu": (F.gelu, False),  # exact erf form, seeds 000 sec. 7.4
+    "silu": (F.silu, False),  # swish with beta = 1
+    "relu2": (relu2, False),
+    "glu": (torch.sigmoid, True),
+    "reglu": (F.relu, True),
+    "geglu": (F.gelu, True),
+    "swiglu": (F.silu, True),
+    "bilinear": (identity, True),
+}
+
+
+class DenseFFN(nn.Module):
+    """y = W2 act(W1 x + b1) + b2 (seeds 000 sec. 7.4)."""
+
+    def __init__(self, cfg, activation, ratio: float = DENSE_RATIO, bias: bool = False,
+                 multiple_of: int = 8, hidden: int | None = None):
         super().__init__()
-        h = hidden_size(cfg.d_model, ratio, multiple_of)
+        h = hidden or hidden_size(cfg.d_model, ratio, multiple_of)
         self.act = activation
         self.up = nn.Linear(cfg.d_model, h, bias=bias)
         self.down = residual_out(nn.Linear(h, cfg.d_model, bias=bias))
@@ -36,11 +71,15 @@ class DenseFFN(nn.Module):
 
 
 class GatedFFN(nn.Module):
-    """y = W2 (act(W_gate x) * (W_up x)) (GLU variants, Shazeer 2020)."""
+    """y = W2 (act(W_gate x + b_g) * (W_up x + b_u)) + b2 (Shazeer 2020; seeds 000 sec. 7.5).
 
-    def __init__(self, cfg, activation, ratio: float = 8 / 3, bias: bool = False, multiple_of: int = 8):
+    The gate and up projections are one matmul; the first half is the gate.
+    """
+
+    def __init__(self, cfg, activation, ratio: float = GATED_RATIO, bias: bool = False,
+                 multiple_of: int = 8, hidden: int | None = None):
         super().__init__()
-        h = hidden_size(cfg.d_model, ratio, multiple_of)
+        h = hidden or hidden_size(cfg.d_model, ratio, multiple_of)
         self.act = activation
         self.gate_up = nn.Linear(cfg.d_model, 2 * h, bias=bias)
         self.down = residual_out(nn.Linear(h, cfg.d_model, bias=bias))
@@ -48,6 +87,28 @@ class GatedFFN(nn.Module):
     def forward(self, x, ctx=None):
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(self.act(gate) * up)
+
+
+def make_ffn(name: str, cfg, hidden: int, bias: bool = False) -> nn.Module:
+    """One FFN of variant ``name`` with an explicit hidden size (used by MoE experts)."""
+    act, gated = VARIANTS[name]
+    return (GatedFFN if gated else DenseFFN)(cfg, act, bias=bias, hidden=hidden)
+
+
+def ffn_cost(d_model: int, hidden: int, gated: bool, bias: bool):
+    """Cost of one FFN (harness/cost.py conventions).
+
+    FLOPs: the two (dense) or three (gated) projections. Saved for backward:
+    the input, the pre-activation(s) and the activation output (and for gated
+    the product), seeds 003 sec. 6.1.3.
+    """
+    from harness.cost import Cost, linear_flops, linear_params
+
+    n_in = 2 * hidden if gated else hidden
+    params = linear_params(d_model, n_in, bias) + linear_params(hidden, d_model, bias)
+    flops = linear_flops(d_model, n_in) + linear_flops(hidden, d_model)
+    saved = d_model + n_in + hidden + (hidden if gated else 0)
+    return Cost(params=params, flops_per_token=flops, activation_elements_per_token=saved)
 
 
 def _params(ratio):
@@ -58,15 +119,42 @@ def _params(ratio):
     }
 
 
+def _factory(name):
+    act, gated = VARIANTS[name]
+    cls = GatedFFN if gated else DenseFFN
+
+    def factory(cfg, **p):
+        return cls(cfg, act, **p)
+
+    kind = "gated (GLU family)" if gated else "dense"
+    factory.__doc__ = f"{kind} FFN with activation {name}"
+    return factory
+
+
+def _cost(name):
+    gated = VARIANTS[name][1]
+
+    def cost(cfg, ratio=GATED_RATIO if gated else DENSE_RATIO, bias=False, multiple_of=8, **_):
+        return ffn_cost(cfg.d_model, hidden_size(cfg.d_model, ratio, multiple_of), gated, bias)
+
+    return cost
+
+
+_DOCS = {
+    "relu": "dense FFN, ReLU (Vaswani et al. 2017)",
+    "gelu": "dense FFN, GELU exact erf form (Hendrycks & Gimpel 2016)",
+    "silu": "dense FFN, SiLU / swish-1 (Ramachandran et al. 2017)",
+    "relu2": "dense FFN, squared ReLU (So et al. 2021, Primer)",
+    "glu": "gated FFN, sigmoid gate (Dauphin et al. 2017; Shazeer 2020)",
+    "reglu": "gated FFN, ReLU gate (Shazeer 2020)",
+    "geglu": "gated FFN, GELU gate (Shazeer 2020)",
+    "swiglu": "gated FFN, SiLU gate (Shazeer 2020; LLaMA, PaLM)",
+    "bilinear": "gated FFN without activation (Shazeer 2020)",
+}
+
+
 @hookimpl
 def register_components(register):
-    def gelu(cfg, **p):
-        """Dense FFN with GELU (tanh-free, exact erf form)."""
-        return DenseFFN(cfg, nn.GELU(), **p)
-
-    def swiglu(cfg, **p):
-        """Gated FFN with a Swish/SiLU gate (SwiGLU)."""
-        return GatedFFN(cfg, F.silu, **p)
-
-    register("ffn", "gelu", gelu, params=_params(4.0))
-    register("ffn", "swiglu", swiglu, params=_params(8 / 3))
+    for name, (_, gated) in VARIANTS.items():
+        register("ffn", name, _factory(name), params=_params(GATED_RATIO if gated else DENSE_RATIO),
+                 doc=_DOCS[name], cost=_cost(name))

@@ -34,6 +34,12 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x):
+        from harness.kernels import use_triton
+
+        if use_triton():
+            from harness.kernels.layernorm import layernorm
+
+            return layernorm(x, self.weight, self.bias, self.eps, self.eps_placement)
         if self.eps_placement == "inside":
             return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
         xf = x.float()
@@ -61,6 +67,12 @@ class RMSNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x):
+        from harness.kernels import use_triton
+
+        if use_triton():
+            from harness.kernels.rmsnorm import rmsnorm
+
+            return rmsnorm(x, self.weight, self.bias, self.eps)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.weight is not None:
@@ -99,6 +111,35 @@ class NoNorm(nn.Identity):
         super().__init__()
 
 
+# Cost functions (harness/cost.py conventions). A norm is elementwise work, so it
+# adds no counted FLOPs; for backward it saves its input (seeds 003 sec. 6.1.3,
+# "LayerNorm ... each have BDS inputs") plus its per-token statistics.
+
+
+def _layernorm_cost(dim, gain=True, bias=True, **_):
+    from harness.cost import Cost
+
+    return Cost(params=dim * (int(gain) + int(bias)), activation_elements_per_token=dim + 2)  # mean, rstd
+
+
+def _rmsnorm_cost(dim, gain=True, bias=False, **_):
+    from harness.cost import Cost
+
+    return Cost(params=dim * (int(gain) + int(bias)), activation_elements_per_token=dim + 1)  # rstd
+
+
+def _scalenorm_cost(dim, gain=True, **_):
+    from harness.cost import Cost
+
+    return Cost(params=int(gain), activation_elements_per_token=dim + 1)  # the norm ||x||
+
+
+def _no_norm_cost(dim, **_):
+    from harness.cost import Cost
+
+    return Cost()
+
+
 @hookimpl
 def register_components(register):
     eps_doc = "added for numerical safety (see the class docstring for where)"
@@ -108,14 +149,14 @@ def register_components(register):
         "bias": Param(True, doc="learnable per-channel shift beta"),
         "eps_placement": Param("inside", doc="inside: sqrt(var + eps); outside: sqrt(var) + eps",
                                choices=("inside", "outside")),
-    })
+    }, cost=_layernorm_cost)
     register("norm", "rmsnorm", RMSNorm, params={
         "eps": Param(1e-6, doc=eps_doc, min=0.0),
         "gain": Param(True, doc="learnable per-channel scale gamma"),
         "bias": Param(False, doc="learnable per-channel shift (the paper's optional b)"),
-    })
+    }, cost=_rmsnorm_cost)
     register("norm", "scalenorm", ScaleNorm, params={
         "eps": Param(1e-5, doc="lower bound on the L2 norm", min=0.0),
         "gain": Param(True, doc="learnable scalar g (init sqrt(dim)); False keeps it fixed"),
-    })
-    register("norm", "none", NoNorm, doc="identity: no normalisation")
+    }, cost=_scalenorm_cost)
+    register("norm", "none", NoNorm, doc="identity: no normalisation", cost=_no_norm_cost)

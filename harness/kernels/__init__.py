@@ -2,7 +2,19 @@
 
 Which path the plugins take is a process-wide choice made by the trainer from
 ``train.kernels``: "triton" (the kernels), "torch" (the references), "auto"
-(triton on CUDA, torch elsewhere). Plugins ask ``backend()``.
+(triton on CUDA, torch elsewhere). Plugins ask ``backend()`` / ``use_triton()``
+and import the op's public function lazily, e.g.
+
+    if use_triton():
+        from harness.kernels.rmsnorm import rmsnorm
+        return rmsnorm(x, self.weight, self.bias, self.eps)
+
+Modules (each: Triton kernels, launchers, autograd.Function, public function
+with a shape docstring, torch reference): rmsnorm, layernorm, rope, swiglu
+(swiglu, geglu), cross_entropy (cross_entropy, linear_cross_entropy),
+flash_attention, ssd_scan; utils holds the optional triton import. On CPU the
+kernels run only in the Triton interpreter (TRITON_INTERPRET=1 set before
+triton is imported), which is how the tests exercise them.
 """
 
 from __future__ import annotations
@@ -19,3 +31,33 @@ def set_backend(name: str) -> None:
 
 def backend() -> str:
     return _BACKEND
+
+
+def use_triton() -> bool:
+    """True when the plugins should call the Triton kernels (``train.kernels`` resolved to triton)."""
+    return _BACKEND == "triton"
+
+
+# op -> (module, public function, torch reference). Imports stay lazy: importing
+# this package imports neither torch nor triton, so ``abl --help`` stays fast and a
+# test process can set TRITON_INTERPRET=1 before triton is imported.
+OPS: dict[str, tuple[str, str, str]] = {
+    "rmsnorm": ("rmsnorm", "rmsnorm", "rmsnorm_reference"),
+    "layernorm": ("layernorm", "layernorm", "layernorm_reference"),
+    "rope": ("rope", "rope", "rope_reference"),
+    "swiglu": ("swiglu", "swiglu", "swiglu_reference"),
+    "geglu": ("swiglu", "geglu", "geglu_reference"),
+    "cross_entropy": ("cross_entropy", "cross_entropy", "cross_entropy_reference"),
+    "linear_cross_entropy": ("cross_entropy", "linear_cross_entropy", "linear_cross_entropy_reference"),
+    "flash_attention": ("flash_attention", "flash_attention", "attention_reference"),
+    "ssd_scan": ("ssd_scan", "ssd_scan", "ssd_chunked"),
+}
+
+
+def load(op: str):
+    """(triton function, torch reference) of an op, importing its module."""
+    import importlib
+
+    module, fn, ref = OPS[op]
+    mod = importlib.import_module(f"{__name__}.{module}")
+    return getattr(mod, fn), getattr(mod, ref)

@@ -1,0 +1,544 @@
+"""FlashAttention forward and backward: exact softmax attention without the [T, T] score matrix.
+
+The algorithm is the one in seeds 003 sec. 2.6.1 (Algorithms 2 and 3; Dao et
+al. 2022, FlashAttention-2 2023); seeds 004 gives the memory-hierarchy reason
+(scores stay in SRAM). Per query block (rows r) the forward streams key/value
+blocks (columns c) and keeps a running max M, denominator L and numerator Z:
+    S = q k^T * scale + bias            (masked entries are -inf)
+    M_new = max(M_old, rowmax S)
+    Z <- exp(M_old - M_new) Z + exp(S - M_new) v
+    L <- exp(M_old - M_new) L + rowsum exp(S - M_new)
+    out = Z / L,   lse = M + ln L       (lse is kept for the backward)
+Exponentials are base 2 on the hardware path (exp(x) = 2^(x log2 e)), so the
+kernels carry scores and lse in log2 units.
+
+Backward (Algorithm 3 and its footnote 24: delta = rowsum(dO * O) is computed
+first, as in FlashAttention-2, and dq has its own loop):
+    P = exp(S - lse),  dV = P^T dO,  dP = dO V^T,  dS = P (dP - delta),
+    dK = dS^T Q * scale,  dQ = dS K * scale.
+
+Features, all inside the kernels:
+- causal masking, aligned bottom-right: query row r sits at absolute position
+  r + Tk - Tq, so a query block appended to a KV cache is masked correctly;
+- sliding window (Mistral; seeds 004): a query at position i sees keys j with
+  i - j < window (and j - i < window when not causal);
+- ALiBi (Press et al. 2022; seeds 004): bias -m_h |i - j| added to the scaled
+  scores, m_h = ``alibi_slopes[h]`` (``alibi_slopes(n)`` gives the paper's);
+- GQA / MQA: query head h reads key/value head h // (Hq / Hkv) in place; the
+  dK/dV kernel sums the group's query heads itself, so K/V are never repeated;
+- head dims up to 256 (32-128 tested), non-power-of-two dims and sequence
+  lengths by masking; fp32, fp16 and bf16 inputs, fp32 accumulation.
+Key blocks that the causal mask or the window hide entirely are skipped.
+"""
+
+import math
+
+import torch
+
+from .utils import check_launch, interpreting, next_pow2, tl, triton
+
+_LOG2E = 1.4426950408889634
+
+# ---------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _attn_fwd_kernel(Q, K, V, O, LSE, SLOPES,
+                     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
+                     H, GROUP, M_Q, N_K, OFFSET, WINDOW, qk_scale,
+                     HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                     HAS_ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     UPCAST: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    b = (off_bh // H).to(tl.int64)
+    h = off_bh % H
+    hk = (h // GROUP).to(tl.int64)
+    h = h.to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=(offs_m[:, None] < M_Q) & d_mask[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    if HAS_ALIBI:
+        slope = tl.load(SLOPES + h).to(tl.float32) * 1.4426950408889634
+    q_pos = offs_m + OFFSET
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # the key blocks that some row of this query block can see
+    lo = 0
+    hi = N_K
+    if IS_CAUSAL:
+        hi = tl.minimum(N_K, OFFSET + (start_m + 1) * BLOCK_M)
+    if HAS_WINDOW:
+        lo = tl.maximum(0, OFFSET + start_m * BLOCK_M - WINDOW + 1)
+        lo = (lo // BLOCK_N) * BLOCK_N
+        if not IS_CAUSAL:
+            hi = tl.minimum(N_K, OFFSET + (start_m + 1) * BLOCK_M - 1 + WINDOW)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kv_mask = (cols[:, None] < N_K) & d_mask[None, :]
+        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        rel = q_pos[:, None] - cols[None, :]
+        if HAS_ALIBI:
+            s = s - slope * tl.abs(rel).to(tl.float32)
+        valid = cols[None, :] < N_K
+        if IS_CAUSAL:
+            valid = valid & (rel >= 0)
+        if HAS_WINDOW:
+            valid = valid & (rel < WINDOW) & (rel > -WINDOW)
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees nothing yet
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        pv = p.to(V.dtype.element_ty)
+        if UPCAST:
+            pv = pv.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    lse = tl.where(seen, m_i + tl.math.log2(l_safe), float("inf"))  # +inf: P = 0 in the backward
+    m_mask = offs_m < M_Q
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+             out.to(O.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    tl.store(LSE + off_bh.to(tl.int64) * M_Q + offs_m, lse, mask=m_mask)
+
+
+@triton.jit
+def _attn_bwd_preprocess_kernel(O, DO, DELTA, stride_ob, stride_oh, stride_om,
+                                stride_dob, stride_doh, stride_dom, H, M_Q,
+                                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    b = (off_bh // H).to(tl.int64)
+    h = (off_bh % H).to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < M_Q) & (offs_d[None, :] < HEAD_DIM)
+    o = tl.load(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
+                 mask=mask, other=0.0).to(tl.float32)
+    tl.store(DELTA + off_bh.to(tl.int64) * M_Q + offs_m, tl.sum(o * do, axis=1), mask=offs_m < M_Q)
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
+                          stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                          stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+                          stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                          H, HK, GROUP, M_Q, N_K, OFFSET, WINDOW, qk_scale, sm_scale,
+                          HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                          HAS_ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     UPCAST: tl.constexpr):
+    # One program per (key block, batch, KV head): it loops over the GROUP query heads
+    # that share this KV head, so GQA/MQA gradients are summed without repeating K/V.
+    start_n = tl.program_id(0)
+    off_bhk = tl.program_id(1)
+    b = (off_bhk // HK).to(tl.int64)
+    hk = (off_bhk % HK).to(tl.int64)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    n_mask = offs_n < N_K
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                mask=kv_mask, other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    # the query blocks that can see some key of this block
+    lo = 0
+    hi = M_Q
+    if IS_CAUSAL:
+        lo = tl.maximum(0, start_n * BLOCK_N - OFFSET)
+        lo = (lo // BLOCK_M) * BLOCK_M
+    if HAS_WINDOW:
+        hi = tl.minimum(M_Q, (start_n + 1) * BLOCK_N - 1 + WINDOW - OFFSET)
+        if not IS_CAUSAL:
+            lo = tl.maximum(0, start_n * BLOCK_N - WINDOW + 1 - OFFSET)
+            lo = (lo // BLOCK_M) * BLOCK_M
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        off_bh = b * H + h
+        q_base = Q + b * stride_qb + h * stride_qh
+        do_base = DO + b * stride_dob + h * stride_doh
+        if HAS_ALIBI:
+            slope = tl.load(SLOPES + h).to(tl.float32) * 1.4426950408889634
+        for start_m in range(lo, hi, BLOCK_M):
+            offs_m = start_m + offs_m0
+            m_mask = offs_m < M_Q
+            qo_mask = m_mask[:, None] & d_mask[None, :]
+            q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=qo_mask, other=0.0)
+            do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_d[None, :], mask=qo_mask, other=0.0)
+            if UPCAST:
+                q = q.to(tl.float32)
+                do = do.to(tl.float32)
+            lse = tl.load(LSE + off_bh * M_Q + offs_m, mask=m_mask, other=float("inf"))
+            delta = tl.load(DELTA + off_bh * M_Q + offs_m, mask=m_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            rel = (offs_m + OFFSET)[:, None] - offs_n[None, :]
+            if HAS_ALIBI:
+                s = s - slope * tl.abs(rel).to(tl.float32)
+            valid = n_mask[None, :] & m_mask[:, None]
+            if IS_CAUSAL:
+                valid = valid & (rel >= 0)
+            if HAS_WINDOW:
+                valid = valid & (rel < WINDOW) & (rel > -WINDOW)
+            p = tl.where(valid, tl.math.exp2(s - lse[:, None]), 0.0)
+            pv = p.to(DO.dtype.element_ty)
+            if UPCAST:
+                pv = pv.to(tl.float32)
+            dv += tl.dot(tl.trans(pv), do, input_precision=DOT_PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+            ds = (p * (dp - delta[:, None])).to(Q.dtype.element_ty)
+            if UPCAST:
+                ds = ds.to(tl.float32)
+            dk += tl.dot(tl.trans(ds), q, input_precision=DOT_PRECISION)
+    dk = dk * sm_scale
+    tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=kv_mask)
+    tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, SLOPES,
+                        stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                        stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
+                        stride_dqb, stride_dqh, stride_dqm,
+                        H, GROUP, M_Q, N_K, OFFSET, WINDOW, qk_scale, sm_scale,
+                        HEAD_DIM: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                        HAS_ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                     UPCAST: tl.constexpr):
+    start_m = tl.program_id(0)
+    off_bh = tl.program_id(1)
+    b = (off_bh // H).to(tl.int64)
+    h = off_bh % H
+    hk = (h // GROUP).to(tl.int64)
+    h = h.to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    m_mask = offs_m < M_Q
+    qo_mask = m_mask[:, None] & d_mask[None, :]
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :],
+                mask=qo_mask, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
+                 mask=qo_mask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse = tl.load(LSE + off_bh.to(tl.int64) * M_Q + offs_m, mask=m_mask, other=float("inf"))
+    delta = tl.load(DELTA + off_bh.to(tl.int64) * M_Q + offs_m, mask=m_mask, other=0.0)
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    if HAS_ALIBI:
+        slope = tl.load(SLOPES + h).to(tl.float32) * 1.4426950408889634
+    q_pos = offs_m + OFFSET
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo = 0
+    hi = N_K
+    if IS_CAUSAL:
+        hi = tl.minimum(N_K, OFFSET + (start_m + 1) * BLOCK_M)
+    if HAS_WINDOW:
+        lo = tl.maximum(0, OFFSET + start_m * BLOCK_M - WINDOW + 1)
+        lo = (lo // BLOCK_N) * BLOCK_N
+        if not IS_CAUSAL:
+            hi = tl.minimum(N_K, OFFSET + (start_m + 1) * BLOCK_M - 1 + WINDOW)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n0
+        kv_mask = (cols[:, None] < N_K) & d_mask[None, :]
+        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        rel = q_pos[:, None] - cols[None, :]
+        if HAS_ALIBI:
+            s = s - slope * tl.abs(rel).to(tl.float32)
+        valid = (cols[None, :] < N_K) & m_mask[:, None]
+        if IS_CAUSAL:
+            valid = valid & (rel >= 0)
+        if HAS_WINDOW:
+            valid = valid & (rel < WINDOW) & (rel > -WINDOW)
+        p = tl.where(valid, tl.math.exp2(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = (p * (dp - delta[:, None])).to(Q.dtype.element_ty)
+        if UPCAST:
+            ds = ds.to(tl.float32)
+        dq += tl.dot(ds, k, input_precision=DOT_PRECISION)
+    dq = dq * sm_scale
+    tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=qo_mask)
+
+
+# ---------------------------------------------------------------- launchers
+
+# Tile sizes. The interpreter runs one program at a time, so small tiles there
+# keep the tests' loops over several blocks (and their masked tails) cheap. On
+# CUDA the candidates go from large to small; a launch that runs out of shared
+# memory or registers retries with the next (the winner is cached per key).
+_CUDA_FWD = ((128, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1), (16, 16, 4, 1))
+_CUDA_BWD = ((64, 64, 4, 2), (32, 64, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (16, 16, 4, 1))
+_chosen: dict = {}
+
+
+def _candidates(kind, q):
+    if q.device.type != "cuda" or interpreting():
+        return ((16, 16, 1, 1),)
+    table = _CUDA_FWD if kind == "fwd" else _CUDA_BWD
+    wide = q.shape[-1] > 64 or q.dtype == torch.float32
+    return table[1:] if wide else table
+
+
+def _launch(kind, q, launch):
+    """Run ``launch(block_m, block_n, num_warps, num_stages)`` with the first tile that fits."""
+    key = (kind, q.device.index, q.dtype, next_pow2(q.shape[-1]))
+    if key in _chosen:
+        return launch(*_chosen[key])
+    last = None
+    for cfg in _candidates(kind, q):
+        try:
+            out = launch(*cfg)
+        except Exception as exc:  # triton's OutOfResources, or a compile failure for this tile
+            if type(exc).__name__ not in ("OutOfResources", "CompilationError"):
+                raise
+            last = exc
+            continue
+        _chosen[key] = cfg
+        return out
+    raise last  # pragma: no cover
+
+
+def _dot_precision(dtype) -> str | None:
+    # fp32 inputs: exact fp32 dots unless the run opted into TF32 (the tf32 precision
+    # policy); 16-bit inputs: Triton's default (the tensor cores' native MMA)
+    if dtype == torch.float32:
+        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    return None
+
+
+def _upcast(dtype) -> bool:
+    # The Triton interpreter (3.x) multiplies bf16 tiles as their raw uint16 bits in
+    # tl.dot; there the kernels widen bf16 tiles to fp32 before each dot (exact: bf16
+    # products are exact in fp32, as in the GPU's MMA). Roundings of P and dS to the
+    # input dtype are kept, so the numerics match the GPU path's.
+    return dtype == torch.bfloat16 and interpreting()
+
+
+def _mask_args(tq, tk, window):
+    """(offset of query row 0 in key positions, window or 0 for none)."""
+    return tk - tq, (int(window) if window else 0)
+
+
+def attention_fwd(q, k, v, slopes, causal, window, scale):
+    b, h, tq, d = q.shape
+    hk, tk = k.shape[1], k.shape[2]
+    o = torch.empty((b, h, tq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, tq), dtype=torch.float32, device=q.device)
+    offset, win = _mask_args(tq, tk, window)
+    block_d = max(16, next_pow2(d))
+
+    def launch(bm, bn, warps, stages):
+        _attn_fwd_kernel[(triton.cdiv(tq, bm), b * h)](
+            q, k, v, o, lse, slopes if slopes is not None else lse,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            h, h // hk, tq, tk, offset, win, scale * _LOG2E,
+            HEAD_DIM=d, IS_CAUSAL=causal, HAS_WINDOW=win > 0, HAS_ALIBI=slopes is not None,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, DOT_PRECISION=_dot_precision(q.dtype),
+            UPCAST=_upcast(q.dtype), num_warps=warps, num_stages=stages)
+
+    if o.numel():
+        _launch("fwd", q, launch)
+    return o, lse
+
+
+def attention_bwd(do, q, k, v, o, lse, slopes, causal, window, scale):
+    b, h, tq, d = q.shape
+    hk, tk = k.shape[1], k.shape[2]
+    offset, win = _mask_args(tq, tk, window)
+    block_d = max(16, next_pow2(d))
+    dq = torch.empty((b, h, tq, d), dtype=q.dtype, device=q.device)
+    dk = torch.empty((b, hk, tk, d), dtype=k.dtype, device=k.device)
+    dv = torch.empty((b, hk, tk, d), dtype=v.dtype, device=v.device)
+    if not q.numel() or not k.numel():
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    delta = torch.empty_like(lse)
+    bm_pre = 16 if interpreting() or q.device.type != "cuda" else 64
+    _attn_bwd_preprocess_kernel[(triton.cdiv(tq, bm_pre), b * h)](
+        o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        h, tq, HEAD_DIM=d, BLOCK_M=bm_pre, BLOCK_D=block_d)
+    common = dict(HEAD_DIM=d, IS_CAUSAL=causal, HAS_WINDOW=win > 0, HAS_ALIBI=slopes is not None,
+                  BLOCK_D=block_d, DOT_PRECISION=_dot_precision(q.dtype), UPCAST=_upcast(q.dtype))
+    slopes_arg = slopes if slopes is not None else lse
+
+    def launch_dkdv(bm, bn, warps, stages):
+        _attn_bwd_dkdv_kernel[(triton.cdiv(tk, bn), b * hk)](
+            q, k, v, do, lse, delta, dk, dv, slopes_arg,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+            h, hk, h // hk, tq, tk, offset, win, scale * _LOG2E, scale,
+            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **common)
+
+    def launch_dq(bm, bn, warps, stages):
+        # the dq loop holds a query tile and streams key tiles: the roles of the tile sizes swap
+        _attn_bwd_dq_kernel[(triton.cdiv(tq, bn), b * h)](
+            q, k, v, do, lse, delta, dq, slopes_arg,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2),
+            h, h // hk, tq, tk, offset, win, scale * _LOG2E, scale,
+            BLOCK_M=bn, BLOCK_N=bm, num_warps=warps, num_stages=stages, **common)
+
+    _launch("bwd_dkdv", q, launch_dkdv)
+    _launch("bwd_dq", q, launch_dq)
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------- autograd
+
+
+def _unit_last(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, slopes, causal, window, scale):
+        check_launch(q, k, v, slopes)
+        q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+        if slopes is not None:
+            slopes = slopes.to(device=q.device, dtype=torch.float32).contiguous()
+        o, lse = attention_fwd(q, k, v, slopes, causal, window, scale)
+        ctx.save_for_backward(q, k, v, o, lse, slopes)
+        ctx.args = (causal, window, scale)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse, slopes = ctx.saved_tensors
+        dq, dk, dv = attention_bwd(_unit_last(do), q, k, v, o, lse, slopes, *ctx.args)
+        return dq, dk, dv, None, None, None, None
+
+
+def _check_shapes(q, k, v, window, alibi_slopes):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be [B, H, T, D]")
+    b, h, _, d = q.shape
+    if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [B, Hkv, Tk, D] "
+                         f"with B={b}, D={d}")
+    if h % k.shape[1]:
+        raise ValueError(f"query heads {h} not divisible by key/value heads {k.shape[1]}")
+    if not 1 <= d <= 256:
+        raise ValueError(f"head dim must be in 1..256, got {d}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 (or None), got {window}")
+    if alibi_slopes is not None and tuple(alibi_slopes.shape) != (h,):
+        raise ValueError(f"alibi_slopes must be [H] = [{h}], got {tuple(alibi_slopes.shape)}")
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                    window: int | None = None, alibi_slopes: torch.Tensor | None = None,
+                    scale: float | None = None, return_lse: bool = False):
+    """Softmax attention with the FlashAttention Triton kernels (no [T, T] matrix in memory).
+
+    Args:
+        q: ``[B, H, Tq, D]``.
+        k, v: ``[B, Hkv, Tk, D]`` with H % Hkv == 0 (Hkv = H: MHA, 1: MQA, else GQA;
+            query head h reads KV head h // (H / Hkv), nothing is repeated).
+            Only the last dim needs unit stride: ``x.view(B, T, H, D).transpose(1, 2)``
+            is read in place. fp32, fp16 or bf16; D up to 256.
+        causal: mask keys after the query; with Tq < Tk the queries are the last
+            Tq positions (a KV cache's new tokens).
+        window: sliding window W: a query at position i sees keys j with
+            i - j < W (and j - i < W when not causal). None = unlimited.
+        alibi_slopes: ``[H]`` fp32 slopes m_h; adds -m_h |i - j| to the scaled scores.
+        scale: score scale (default 1/sqrt(D)).
+        return_lse: also return the row log-sum-exp ``[B, H, Tq]`` (fp32, natural log).
+
+    Returns:
+        ``[B, H, Tq, D]`` in q's dtype (and lse). Differentiable in q, k and v.
+    """
+    _check_shapes(q, k, v, window, alibi_slopes)
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    o, lse2 = FlashAttentionFunction.apply(q, k, v, alibi_slopes, bool(causal),
+                                           int(window) if window else None, scale)
+    if return_lse:
+        return o, lse2 * math.log(2.0)
+    return o
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """The ALiBi paper's head slopes (Press et al. 2022, sec. 3): a geometric sequence
+    starting at 2^(-8/n); for n not a power of two, the first 2^floor(log2 n) of that
+    sequence plus every other slope of the sequence for 2 * that many heads."""
+    def power_of_2(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if n_heads & (n_heads - 1) == 0:
+        slopes = power_of_2(n_heads)
+    else:
+        closest = 2 ** math.floor(math.log2(n_heads))
+        slopes = power_of_2(closest) + power_of_2(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+# ---------------------------------------------------------------- reference
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                        window: int | None = None, alibi_slopes: torch.Tensor | None = None,
+                        scale: float | None = None) -> torch.Tensor:
+    """The plain definition in fp32 (materialises the scores; repeats K/V for GQA)."""
+    _check_shapes(q, k, v, window, alibi_slopes)
+    tq, tk, d = q.shape[2], k.shape[2], q.shape[3]
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    group = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(group, dim=1)
+    vf = v.float().repeat_interleave(group, dim=1)
+    s = (q.float() @ kf.transpose(-1, -2)) * scale
+    rel = (torch.arange(tq, device=q.device)[:, None] + (tk - tq)) - torch.arange(tk, device=q.device)[None, :]
+    if alibi_slopes is not None:
+        s = s - alibi_slopes.float().to(q.device)[:, None, None] * rel.abs().float()
+    keep = torch.ones_like(rel, dtype=torch.bool)
+    if causal:
+        keep &= rel >= 0
+    if window:
+        keep &= (rel < window) & (rel > -window)
+    s = s.masked_fill(~keep, float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row that sees no key gives 0
+    return (p @ vf).to(q.dtype)

@@ -1,0 +1,168 @@
+"""Rotary position embedding (RoPE): rotate pairs of dims of q/k by position-dependent angles.
+
+Su et al. 2021; seeds 002 sec. 1.5.4. For each pair (x1, x2) and angle a:
+    y1 = x1 cos a - x2 sin a,    y2 = x1 sin a + x2 cos a.
+Two layouts of the pairs, as in plugins/positions.py:
+- "interleaved": dims (2k, 2k+1), the paper's and the seeds' form;
+- "half": dims (k, k + D/2), the GPT-NeoX / LLaMA code form.
+The rotation is orthogonal, so the backward is the same kernel rotating by -a
+(sin negated). cos/sin are inputs (the position plugin owns theta, position
+interpolation and the cache) and get no gradient. Arithmetic is fp32.
+"""
+
+import torch
+
+from .utils import check_launch, next_pow2, tl, triton
+
+# ---------------------------------------------------------------- kernel
+
+
+@triton.jit
+def _rope_kernel(X, Y, COS, SIN,
+                 stride_xb, stride_xh, stride_xt, stride_yb, stride_yh, stride_yt,
+                 stride_cb, stride_ct, H, T, HALF,
+                 INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+                 BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_bh = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    k = tl.arange(0, BLOCK_K)
+    mask = (t[:, None] < T) & (k[None, :] < HALF)
+    c_off = b * stride_cb + t[:, None] * stride_ct + k[None, :]
+    cos = tl.load(COS + c_off, mask=mask, other=1.0).to(tl.float32)
+    sin = tl.load(SIN + c_off, mask=mask, other=0.0).to(tl.float32)
+    if BACKWARD:
+        sin = -sin
+    if INTERLEAVED:
+        d1 = 2 * k
+        d2 = 2 * k + 1
+    else:
+        d1 = k
+        d2 = k + HALF
+    x_row = X + b * stride_xb + h * stride_xh + t[:, None] * stride_xt
+    y_row = Y + b * stride_yb + h * stride_yh + t[:, None] * stride_yt
+    x1 = tl.load(x_row + d1[None, :], mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + d2[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_row + d1[None, :], (x1 * cos - x2 * sin).to(Y.dtype.element_ty), mask=mask)
+    tl.store(y_row + d2[None, :], (x1 * sin + x2 * cos).to(Y.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------- launcher
+
+
+def _as4d(x):
+    if x.dim() < 2 or x.dim() > 4:
+        raise ValueError(f"rope expects [T, D], [H, T, D] or [B, H, T, D], got {tuple(x.shape)}")
+    while x.dim() < 4:
+        x = x.unsqueeze(0)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return x
+
+
+def _as_angles(c, t, half, batch):
+    if c.shape[-2:] != (t, half):
+        raise ValueError(f"cos/sin must be [T, D/2] = [{t}, {half}] (or [B, T, D/2]), got {tuple(c.shape)}")
+    if c.dim() == 2:
+        c = c.unsqueeze(0).expand(batch, t, half)
+    if c.dim() != 3 or c.shape[0] not in (1, batch):
+        raise ValueError(f"cos/sin batch dim must be 1 or {batch}, got {tuple(c.shape)}")
+    if c.stride(-1) != 1:
+        c = c.contiguous()
+    return c
+
+
+def rope_launch(x, cos, sin, interleaved: bool, backward: bool):
+    """x: [..., T, D] with up to 4 dims. Returns a new tensor of x's shape and dtype."""
+    shape = x.shape
+    x4 = _as4d(x)
+    b, h, t, d = x4.shape
+    half = d // 2
+    cos = _as_angles(cos, t, half, b)
+    sin = _as_angles(sin, t, half, b)
+    y4 = torch.empty((b, h, t, d), dtype=x.dtype, device=x.device)
+    if x4.numel():
+        block_k = next_pow2(half)
+        block_t = max(1, min(next_pow2(t), 4096 // block_k, 64))
+        grid = (b * h, triton.cdiv(t, block_t))
+        _rope_kernel[grid](
+            x4, y4, cos, sin,
+            x4.stride(0), x4.stride(1), x4.stride(2), y4.stride(0), y4.stride(1), y4.stride(2),
+            cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), h, t, half,
+            INTERLEAVED=interleaved, BACKWARD=backward, BLOCK_T=block_t, BLOCK_K=block_k,
+            num_warps=4)
+    return y4.view(shape)
+
+
+# ---------------------------------------------------------------- autograd
+
+
+class RoPEFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved):
+        check_launch(x, cos, sin)
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return rope_launch(x, cos, sin, interleaved, backward=False)
+
+    @staticmethod
+    def backward(ctx, dy):
+        cos, sin = ctx.saved_tensors
+        return rope_launch(dy, cos, sin, ctx.interleaved, backward=True), None, None, None
+
+
+def _layout(layout: str) -> bool:
+    if layout not in ("interleaved", "half"):
+        raise ValueError(f"layout must be 'interleaved' or 'half', got {layout!r}")
+    return layout == "interleaved"
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
+    """Rotate x by the angles whose cos/sin are given, with the Triton kernel.
+
+    Args:
+        x: ``[B, H, T, D]`` (or ``[H, T, D]``, ``[T, D]``); D even; any float dtype.
+            Only the last dim needs unit stride (the transposed q/k views of an
+            attention layer are read in place).
+        cos, sin: ``[T, D/2]`` (or ``[B, T, D/2]``) angles p * theta_k for the T
+            positions, as ``RotaryPosition.angles`` returns them.
+        layout: "interleaved" (pairs 2k, 2k+1) or "half" (pairs k, k + D/2).
+
+    Returns:
+        the rotated tensor, shape and dtype of x. Differentiable in x.
+    """
+    if x.shape[-1] % 2:
+        raise ValueError(f"rope needs an even last dim, got {x.shape[-1]}")
+    return RoPEFunction.apply(x, cos, sin, _layout(layout))
+
+
+def rope_qk(q: torch.Tensor, k: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
+            cos_k: torch.Tensor | None = None, sin_k: torch.Tensor | None = None,
+            layout: str = "interleaved") -> tuple[torch.Tensor, torch.Tensor]:
+    """``rope`` on queries ``[B, Hq, Tq, D]`` and keys ``[B, Hk, Tk, D]`` (keys reuse q's angles
+    when cos_k/sin_k are None)."""
+    if cos_k is None:
+        cos_k, sin_k = cos_q, sin_q
+    return rope(q, cos_q, sin_q, layout), rope(k, cos_k, sin_k, layout)
+
+
+# ---------------------------------------------------------------- reference
+
+
+def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   layout: str = "interleaved") -> torch.Tensor:
+    """The plain torch definition (as plugins/positions.py's RotaryPosition computes it)."""
+    xf = x.float()
+    if cos.dim() == 3 and x.dim() == 4:  # per-sequence angles [B, T, D/2]
+        cos, sin = cos[:, None], sin[:, None]
+    cos, sin = cos.float(), sin.float()
+    if _layout(layout):
+        x1, x2 = xf[..., 0::2], xf[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    else:
+        half = x.shape[-1] // 2
+        x1, x2 = xf[..., :half], xf[..., half:]
+        out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out.to(x.dtype)

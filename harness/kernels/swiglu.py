@@ -1,0 +1,165 @@
+"""GLU activations, the elementwise part only: swiglu(g, u) = silu(g) * u, geglu(g, u) = gelu(g) * u.
+
+Shazeer 2020 ("GLU Variants Improve Transformer"); seeds 000 (GLU family) and
+003 (GLU variants). The projections around them stay ordinary matmuls; this
+fuses the activation, the product and their backward into one pass each.
+
+Derivatives (s = sigmoid(g)):
+    silu'(g) = s * (1 + g * (1 - s))
+    gelu'(g) = Phi(g) + g * phi(g)                      exact: Phi = 0.5 (1 + erf(g / sqrt 2))
+    gelu_tanh'(g) = 0.5 (1 + t) + 0.5 g (1 - t^2) c (1 + 3 a g^2),  t = tanh(c (g + a g^3))
+so du = dy * act(g) and dg = dy * u * act'(g). Arithmetic is fp32.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from .utils import check_launch, next_pow2, tl, triton
+
+# ACT codes (constexpr): 0 silu, 1 gelu (erf), 2 gelu (tanh approximation). The literals in the
+# kernels: 0.7071... = 1/sqrt(2), 0.3989... = 1/sqrt(2 pi), 0.7978... = sqrt(2/pi).
+
+# ---------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _glu_fwd_kernel(G, U, Y, stride_g, stride_u, stride_y, N,
+                    ACT: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    if ACT == 0:
+        a = g * tl.sigmoid(g)
+    elif ACT == 1:
+        a = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
+    else:
+        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        a = 0.5 * g * (1.0 + (2.0 * tl.sigmoid(2.0 * inner) - 1.0))  # tanh(z) = 2 sigmoid(2z) - 1
+    tl.store(Y + row * stride_y + cols, (a * u).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _glu_bwd_kernel(DY, G, U, DG, DU, stride_dy, stride_g, stride_u, stride_dg, stride_du, N,
+                    ACT: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    if ACT == 0:
+        s = tl.sigmoid(g)
+        a = g * s
+        da = s * (1.0 + g * (1.0 - s))
+    elif ACT == 1:
+        cdf = 0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476))
+        a = g * cdf
+        da = cdf + g * 0.3989422804014327 * tl.exp(-0.5 * g * g)
+    else:
+        inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        t = 2.0 * tl.sigmoid(2.0 * inner) - 1.0
+        a = 0.5 * g * (1.0 + t)
+        da = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * g * g)
+    tl.store(DG + row * stride_dg + cols, (dy * u * da).to(DG.dtype.element_ty), mask=mask)
+    tl.store(DU + row * stride_du + cols, (dy * a).to(DU.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------- launchers
+
+
+def _rows(x, n):
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return x2
+
+
+def _block(n):
+    return min(4096, next_pow2(n))
+
+
+def glu_fwd(gate, up, act: int):
+    n = gate.shape[-1]
+    g2, u2 = _rows(gate, n), _rows(up, n)
+    y = torch.empty(g2.shape, dtype=gate.dtype, device=gate.device)
+    if y.numel():
+        block = _block(n)
+        _glu_fwd_kernel[(g2.shape[0], triton.cdiv(n, block))](
+            g2, u2, y, g2.stride(0), u2.stride(0), y.stride(0), n,
+            ACT=act, BLOCK_N=block, num_warps=max(1, min(8, block // 256)))
+    return y.view(gate.shape)
+
+
+def glu_bwd(dy, gate, up, act: int):
+    n = gate.shape[-1]
+    dy2, g2, u2 = _rows(dy, n), _rows(gate, n), _rows(up, n)
+    dg = torch.empty(g2.shape, dtype=gate.dtype, device=gate.device)
+    du = torch.empty(u2.shape, dtype=up.dtype, device=up.device)
+    if dg.numel():
+        block = _block(n)
+        _glu_bwd_kernel[(g2.shape[0], triton.cdiv(n, block))](
+            dy2, g2, u2, dg, du, dy2.stride(0), g2.stride(0), u2.stride(0), dg.stride(0), du.stride(0), n,
+            ACT=act, BLOCK_N=block, num_warps=max(1, min(8, block // 256)))
+    return dg.view(gate.shape), du.view(up.shape)
+
+
+# ---------------------------------------------------------------- autograd
+
+
+class GLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, act):
+        check_launch(gate, up)
+        if gate.shape != up.shape:
+            raise ValueError(f"gate and up must have one shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
+        ctx.save_for_backward(gate, up)
+        ctx.act = act
+        return glu_fwd(gate, up, act)
+
+    @staticmethod
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        dg, du = glu_bwd(dy, gate, up, ctx.act)
+        return dg, du, None
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up with the Triton kernels.
+
+    Args:
+        gate, up: ``[..., H]``, one shape and dtype (e.g. the two halves of a
+            fused gate/up projection: ``gate, up = proj(x).chunk(2, -1)``;
+            such strided views are read in place).
+
+    Returns:
+        ``[..., H]`` in the inputs' dtype. Differentiable in gate and up.
+    """
+    return GLUFunction.apply(gate, up, 0)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """gelu(gate) * up with the Triton kernels.
+
+    Args:
+        gate, up: ``[..., H]``, one shape and dtype.
+        approximate: "none" (exact erf GELU, torch's default) or "tanh".
+
+    Returns:
+        ``[..., H]`` in the inputs' dtype. Differentiable in gate and up.
+    """
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return GLUFunction.apply(gate, up, 1 if approximate == "none" else 2)
+
+
+# ---------------------------------------------------------------- references
+
+
+def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return (F.silu(gate.float()) * up.float()).to(gate.dtype)
+
+
+def geglu_reference(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    return (F.gelu(gate.float(), approximate=approximate) * up.float()).to(gate.dtype)

@@ -1,0 +1,103 @@
+"""Shared plumbing for the kernel modules: the optional Triton import and launch checks.
+
+Triton decides once, when it is imported, whether ``@triton.jit`` compiles for
+the GPU or runs in its interpreter (``TRITON_INTERPRET=1``). The interpreter
+runs the very same kernel source with numpy on CPU tensors; that is how the
+tests exercise the kernels on machines without a GPU. So a process that wants
+the interpreter must set the variable before anything imports triton
+(``torch.compile`` imports it too).
+
+Without triton installed (e.g. macOS), the kernel modules still import: the
+stub below makes ``@triton.jit`` a no-op, every reference works, and calling a
+Triton path raises a clear error.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+try:  # pragma: no cover - exercised implicitly by every kernel module
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+    TRITON_VERSION = triton.__version__
+except ImportError:  # pragma: no cover
+    HAS_TRITON = False
+    TRITON_VERSION = None
+
+    class _StubTriton:
+        @staticmethod
+        def jit(fn=None, **kwargs):
+            return fn if fn is not None else (lambda f: f)
+
+        @staticmethod
+        def cdiv(a, b):
+            return -(-a // b)
+
+        @staticmethod
+        def next_power_of_2(n):
+            return 1 << (max(1, int(n)) - 1).bit_length()
+
+    class _StubLanguage:
+        constexpr = object
+        float32 = float16 = bfloat16 = int64 = int32 = None
+
+    triton = _StubTriton()  # type: ignore[assignment]
+    tl = _StubLanguage()  # type: ignore[assignment]
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+class KernelUnavailable(RuntimeError):
+    """A Triton kernel was asked for where it cannot run."""
+
+
+def check_launch(*tensors) -> None:
+    """Raise a clear error when the Triton kernels cannot run on these tensors."""
+    if not HAS_TRITON:
+        raise KernelUnavailable("the Triton kernels need the 'triton' package (Linux): "
+                                "pip install triton, or use train.kernels = \"torch\"")
+    devices = {t.device.type for t in tensors if t is not None}
+    if len(devices) > 1:
+        raise KernelUnavailable(f"tensors on several device types: {sorted(devices)}")
+    if devices == {"cpu"} and not interpreting():
+        raise KernelUnavailable(
+            "Triton kernels need a CUDA device; on CPU they run only in the Triton interpreter "
+            "(set TRITON_INTERPRET=1 before triton is imported; slow, for testing) - "
+            "or use train.kernels = \"torch\" / \"auto\"")
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(int(n))
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def as_rows(x):
+    """View ``x [..., N]`` as ``[M, N]`` with unit stride along N (copies only when it must)."""
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    if n > 1 and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    return x2
+
+
+@functools.lru_cache(maxsize=8)
+def sm_count(device_index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def reduction_programs(x, rows: int) -> int:
+    """How many programs share a row reduction (the dweight partial sums)."""
+    if x.device.type == "cuda":
+        return max(1, min(rows, 4 * sm_count(x.device.index or 0)))
+    return max(1, min(rows, 4))  # the interpreter runs programs one by one

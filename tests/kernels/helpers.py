@@ -1,0 +1,20 @@
+"""Comparison helpers shared by the kernel tests."""
+
+import torch
+
+# Largest error allowed, relative to the largest magnitude of the reference
+# (outputs and gradients are rounded to the input dtype at the end).
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def assert_close(name, ref, out, dtype=None):
+    """max |out - ref| <= tol(dtype) * max |ref| (and the same shape, no nan where ref has none)."""
+    assert out is not None and ref is not None, name
+    assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    tol = TOLERANCE[dtype or ref.dtype]
+    r, o = ref.detach().float().cpu(), out.detach().float().cpu()
+    assert torch.isfinite(o).all() or not torch.isfinite(r).all(), f"{name}: non-finite values"
+    err = (o - r).abs().max().item()
+    scale = max(r.abs().max().item(), 1e-6)
+    assert err <= tol * scale, f"{name}: max abs err {err:.3g} > {tol:g} x max|ref| {scale:.3g}"

@@ -1,0 +1,65 @@
+"""abl bench kernels: rows for the torch providers on CPU, the bench table, the JSON output."""
+
+import json
+
+import duckdb
+import pytest
+from conftest import run_abl
+
+
+def test_run_bench_rows_on_cpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    from harness.bench import BENCH_COLUMNS, run_bench, store_rows
+
+    rows = run_bench(torch.device("cpu"), ops=["rmsnorm", "flash_attention"], providers=["torch", "triton"],
+                     passes=["fwd", "fwd+bwd"])
+    assert {(r["op"], r["pass"]) for r in rows} == {
+        ("rmsnorm", "fwd"), ("rmsnorm", "fwd+bwd"), ("flash_attention", "fwd"), ("flash_attention", "fwd+bwd")}
+    for r in rows:
+        assert r["provider"] == "torch"  # triton is not timed on CPU
+        assert 0 < r["p20"] <= r["p50"] <= r["p80"]
+        assert r["device"].startswith("cpu") and json.loads(r["versions"])["torch"]
+        assert 0 < r["peak_fraction"] and "measured" in r["peak_basis"]
+        if r["op"] == "flash_attention":
+            assert r["tflops"] > 0 and r["gbps"] is None
+        else:
+            assert r["gbps"] > 0 and r["tflops"] is None
+    db = tmp_path / "b.duckdb"
+    store_rows(db, rows)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        cols = [d[0] for d in con.execute("SELECT * FROM bench LIMIT 0").description]
+        assert set(BENCH_COLUMNS) <= set(cols)
+        assert con.execute("SELECT count(*) FROM bench").fetchone()[0] == len(rows)
+    finally:
+        con.close()
+
+
+def test_bench_kernels_cli_json(tmp_path):
+    db = tmp_path / "cli.duckdb"
+    r = run_abl(["bench", "kernels", "--op", "swiglu", "--op", "cross_entropy", "--provider", "torch",
+                 "--pass", "fwd", "--json", "--db", str(db)], timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {(x["op"], x["provider"], x["pass"]) for x in rows} == {
+        ("swiglu", "torch", "fwd"), ("cross_entropy", "torch", "fwd")}
+    assert all(set(x) >= {"op", "provider", "shape", "dtype", "pass", "p20", "p50", "p80", "gbps", "tflops",
+                          "device", "versions"} for x in rows)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM bench").fetchone()[0] == 2
+    finally:
+        con.close()
+
+
+def test_gpu_peak_table_matches_the_most_specific_name():
+    pytest.importorskip("torch")
+    from harness.bench import gpu_peak
+
+    cases = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H100 PCIe": "h100 pcie", "NVIDIA GH200 480GB": "gh200",
+             "NVIDIA A100-SXM4-40GB": "a100", "NVIDIA A10G": "a10g", "NVIDIA L40S": "l40s", "NVIDIA L4": "l4",
+             "Tesla T4": "t4", "NVIDIA H200": "h200"}
+    for name, key in cases.items():
+        assert gpu_peak(name).basis == f"datasheet ({key})", name
+    unknown = gpu_peak("Some Future GPU")
+    assert unknown.gbps is None and unknown.tflops == {}
