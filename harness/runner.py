@@ -51,9 +51,12 @@ def versions(cell: Cell, registry: Registry) -> dict[str, Any]:
         out[dist] = _version(dist)
     out["components"] = {
         axis: f"{spec['name']} ({c.plugin}, {c.package} {c.version})"
-        for axis, spec in cell.components.items()
+        for axis, spec in cell.components.items() if axis != "layer_mixers"
         for c in [registry.get(axis, spec["name"])]
     }
+    for spec in cell.components.get("layer_mixers", []):  # hybrids: every mixer the pattern names
+        c = registry.get("mixer", spec["name"])
+        out["components"][f"mixer:{spec['name']}"] = f"{spec['name']} ({c.plugin}, {c.package} {c.version})"
     return out
 
 

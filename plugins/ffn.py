@@ -39,6 +39,9 @@ def identity(x):
     return x
 
 
+# gated variants with a fused Triton kernel for act(gate) * up (harness/kernels/swiglu.py)
+KERNELS = {"swiglu": "swiglu", "geglu": "geglu"}
+
 # name -> (activation, gated). Dense: act(x W1) W2. Gated: (act(x W) * x V) W2,
 # with the activations of Shazeer 2020 eqs. 1-6 (GLU uses the sigmoid, Dauphin
 # et al. 2017; "bilinear" has none).
@@ -74,25 +77,35 @@ class GatedFFN(nn.Module):
     """y = W2 (act(W_gate x + b_g) * (W_up x + b_u)) + b2 (Shazeer 2020; seeds 000 sec. 7.5).
 
     The gate and up projections are one matmul; the first half is the gate.
+    ``kernel`` names the fused Triton op of harness/kernels/swiglu.py for
+    act(gate) * up ("swiglu" or "geglu"), used when ``train.kernels`` is triton.
     """
 
     def __init__(self, cfg, activation, ratio: float = GATED_RATIO, bias: bool = False,
-                 multiple_of: int = 8, hidden: int | None = None):
+                 multiple_of: int = 8, hidden: int | None = None, kernel: str | None = None):
         super().__init__()
         h = hidden or hidden_size(cfg.d_model, ratio, multiple_of)
-        self.act = activation
+        self.act, self.kernel = activation, kernel
         self.gate_up = nn.Linear(cfg.d_model, 2 * h, bias=bias)
         self.down = residual_out(nn.Linear(h, cfg.d_model, bias=bias))
 
     def forward(self, x, ctx=None):
+        from harness.kernels import use_triton
+
         gate, up = self.gate_up(x).chunk(2, dim=-1)
+        if self.kernel is not None and use_triton():
+            from harness.kernels import swiglu as glu_kernels
+
+            return self.down(getattr(glu_kernels, self.kernel)(gate, up))
         return self.down(self.act(gate) * up)
 
 
 def make_ffn(name: str, cfg, hidden: int, bias: bool = False) -> nn.Module:
     """One FFN of variant ``name`` with an explicit hidden size (used by MoE experts)."""
     act, gated = VARIANTS[name]
-    return (GatedFFN if gated else DenseFFN)(cfg, act, bias=bias, hidden=hidden)
+    if gated:
+        return GatedFFN(cfg, act, bias=bias, hidden=hidden, kernel=KERNELS.get(name))
+    return DenseFFN(cfg, act, bias=bias, hidden=hidden)
 
 
 def ffn_cost(d_model: int, hidden: int, gated: bool, bias: bool):
@@ -121,10 +134,11 @@ def _params(ratio):
 
 def _factory(name):
     act, gated = VARIANTS[name]
-    cls = GatedFFN if gated else DenseFFN
 
     def factory(cfg, **p):
-        return cls(cfg, act, **p)
+        if gated:
+            return GatedFFN(cfg, act, kernel=KERNELS.get(name), **p)
+        return DenseFFN(cfg, act, **p)
 
     kind = "gated (GLU family)" if gated else "dense"
     factory.__doc__ = f"{kind} FFN with activation {name}"

@@ -254,7 +254,8 @@ class Mamba2(nn.Module):
     One in_proj gives z, xBC and dt; a depthwise causal conv + SiLU acts on
     x, B and C together; the SSD scan has a scalar A per head and B, C shared
     by each of ``n_groups`` groups of heads; then y + D x, the gated RMSNorm
-    and out_proj. The scan is ``harness.kernels.ssd_scan.ssd_chunked``.
+    and out_proj. The scan is ``harness.kernels.ssd_scan.ssd_chunked`` (its
+    Triton forward ``ssd_scan`` under ``train.kernels`` = triton).
     """
 
     def __init__(self, cfg, position=None, d_state: int = 64, d_conv: int = 4, expand: int = 2,
@@ -275,6 +276,17 @@ class Mamba2(nn.Module):
         self.norm = GatedRMSNorm(e, n_groups, norm_eps)
         self.out_proj = residual_out(nn.Linear(e, d, bias=bias))
 
+    def _scan(self):
+        """The Triton SSD forward under ``train.kernels`` = triton when its tile fits (a power of
+        two >= 16), else the torch reference; both are the same chunked algorithm."""
+        from harness.kernels import use_triton
+
+        if use_triton() and self.chunk_size >= 16 and not self.chunk_size & (self.chunk_size - 1):
+            from harness.kernels.ssd_scan import ssd_scan
+
+            return ssd_scan
+        return ssd_chunked
+
     def forward(self, x, ctx=None):
         b, t, _ = x.shape
         state = _cached_state(ctx)
@@ -293,7 +305,7 @@ class Mamba2(nn.Module):
                 y, ssm_state = ssd_step(u[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], h0)
                 y = y[:, None]
             else:
-                y, ssm_state = ssd_chunked(u, dt, A, Bm, Cm, self.chunk_size, h0)
+                y, ssm_state = self._scan()(u, dt, A, Bm, Cm, self.chunk_size, h0)
             y = (y + u * self.D[:, None]).reshape(b, t, e)
         if ctx is not None and ctx.cache is not None:  # copies: the views would keep whole sequences alive
             ctx.cache[ctx.layer] = {"conv": conv_state.clone(), "ssm": ssm_state.clone()}

@@ -50,6 +50,17 @@ def reference_ffn(ffn, x, act, gated):
     return hidden @ ffn.down.weight.T + (0 if ffn.down.bias is None else ffn.down.bias)
 
 
+def triton_device():
+    """Where the Triton kernels can run in this process: "cuda", "cpu" (interpreter) or None."""
+    from harness.kernels.utils import HAS_TRITON, interpreting
+
+    if not HAS_TRITON:
+        return None
+    if interpreting():
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else None
+
+
 def test_every_variant_is_registered(registry):
     assert set(REFERENCE) <= set(registry.names("ffn"))
     for name in ("gelu", "swiglu"):  # the names and parameters of the foundation keep working
@@ -69,6 +80,29 @@ def test_ffn_matches_reference(registry, name, bias):
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     act, gated = REFERENCE[name]
     torch.testing.assert_close(ffn(x), reference_ffn(ffn, x, act, gated))
+
+
+@pytest.mark.parametrize("name", ["swiglu", "geglu"])
+def test_fused_glu_kernel_under_the_triton_backend(registry, name):
+    """The wiring only (the kernel itself: tests/kernels/test_kernels_rope_glu.py)."""
+    from harness import kernels
+
+    device = triton_device()
+    if device is None:
+        pytest.skip("no CUDA device and the Triton interpreter is not active in this process")
+    torch.manual_seed(0)
+    ffn = registry.get("ffn", name).factory(ModelConfig(d_model=16)).to(device)
+    x = torch.randn(2, 5, 16, device=device, requires_grad=True)
+    outs = []
+    for backend in ("torch", "triton"):
+        kernels.set_backend(backend)
+        try:
+            y = ffn(x)
+            outs.append((y, *torch.autograd.grad(y.square().sum(), x)))
+        finally:
+            kernels.set_backend("torch")
+    for ref, got in zip(*outs):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
 
 
 def test_gated_default_is_two_thirds_of_dense_and_matches_parameters(registry):

@@ -16,6 +16,17 @@ from plugins.ssm import LinearScan, Mamba, Mamba2, selective_scan, selective_sca
 f64 = torch.float64
 
 
+def triton_device():
+    """Where the Triton kernels can run in this process: "cuda", "cpu" (interpreter) or None."""
+    from harness.kernels.utils import HAS_TRITON, interpreting
+
+    if not HAS_TRITON:
+        return None
+    if interpreting():
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else None
+
+
 def _grads(out, inputs, seed=1):
     """Gradients of <out, random> w.r.t. inputs (a random output gradient, as fla's tests do)."""
     gen = torch.Generator().manual_seed(seed)
@@ -282,6 +293,29 @@ def test_hybrid_layer_pattern_builds_and_trains(registry):
     assert abs(float(loss.detach()) - math.log(40)) < 0.5
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_mamba2_uses_the_triton_ssd_scan_under_the_triton_backend():
+    """The wiring only (the kernel itself: tests/kernels/test_kernels_ssd_scan.py). Runs where the
+    kernels can: CUDA, or the interpreter (set up when tests/kernels is collected first)."""
+    from harness import kernels
+
+    device = triton_device()
+    if device is None:
+        pytest.skip("no CUDA device and the Triton interpreter is not active in this process")
+    torch.manual_seed(0)
+    m = Mamba2(CFG, d_state=16, head_dim=8, chunk_size=16).to(device)
+    x = torch.randn(2, 37, 16, device=device, requires_grad=True)
+    outs = []
+    for name in ("torch", "triton"):
+        kernels.set_backend(name)
+        try:
+            y = m(x, ForwardContext(position=PositionEncoding()))
+            outs.append((y, *torch.autograd.grad(y.square().sum(), x)))
+        finally:
+            kernels.set_backend("torch")
+    for ref, got in zip(*outs):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
 
 
 def test_mamba2_head_dim_must_divide_the_inner_width(registry):
