@@ -299,7 +299,8 @@ def test_compare_page_cis_welch_and_facets(fixture_store):
     vals: dict[str, list[float]] = {}
     for label, v in fixture_store.sql("""
             SELECT r.label, arg_max(m.value, m.step) FROM metrics m JOIN runs r USING (run_id)
-            WHERE m.name = 'val_loss' AND r.status = 'completed' GROUP BY r.run_id, r.label"""):
+            WHERE m.name = 'val_loss' AND r.status = 'completed' GROUP BY r.run_id, r.label, r.seed
+            ORDER BY r.seed"""):
         vals.setdefault(label, []).append(v)
     base_label = table.loc[table["marker"] == "baseline", "cell"].iloc[0]
     for _, row in table.iterrows():
