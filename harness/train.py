@@ -213,7 +213,8 @@ def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batc
     measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, kernels=kernels),
                                 lambda: precision.autocast(device))
     out: dict[str, float] = {"flops_per_step_measured": float(measured * world)}
-    dtype = torch.bfloat16 if precision.name in ("bf16", "fp16", "fp8") else torch.float32
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(precision.name,
+                                                                                      torch.float32)
     peak, _how = device_peak_flops(device, dtype)
     if peak:
         out["device_peak_flops"] = float(peak * world)
@@ -435,7 +436,8 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
         # model FLOPs utilisation: variant-aware useful FLOPs over the median step time
         median_dt = sorted(step_times)[len(step_times) // 2]
         summary["mfu"] = costs["useful_flops_per_step"] / median_dt / costs["device_peak_flops"]
-    sink.log(tc.steps, summary)
+    # n_params was recorded at step 0; the summary row carries only what is new
+    sink.log(tc.steps, {k: v for k, v in summary.items() if k != "n_params"})
     summary["notes"] = notes
     dist.close()
     return summary
