@@ -47,10 +47,17 @@ def flop_counter() -> fc.FlopCounterMode:
 
 
 def count_step_flops(model, x, y, make_ctx, autocast) -> int:
-    """FLOPs of one training step's forward + backward (gradients are discarded)."""
+    """FLOPs of one training step's forward + backward (gradients are discarded).
+
+    Counted on the torch reference path: torch's counter sees only torch ops, so
+    a Triton kernel's matmuls (flash attention, the fused LM-head loss) would
+    count as zero. The arithmetic the kernels do is the references' arithmetic.
+    """
+    from .kernels import using
+
     was_training = model.training
     model.train()
-    with flop_counter() as counter:
+    with using("torch"), flop_counter() as counter:
         with autocast():
             _, loss, _ = model(x, y, make_ctx())
         loss.backward()

@@ -33,7 +33,12 @@ class PositionEncoding(nn.Module):
       and keys ``[B, Hk, Tk, Dh]`` (RoPE-style);
     - ``score_bias(n_heads, q_len, k_len, q_start, k_start, device)``: an
       additive ``[H, Tq, Tk]`` float bias on the attention scores, or None
-      (ALiBi / T5-style).
+      (ALiBi / T5-style);
+    - ``bias_slopes(n_heads, device)``: when the score bias is exactly the
+      linear distance penalty ``-m_h (i - j)`` on every visible key, the
+      per-head ``m_h`` as an fp32 ``[H]`` tensor, so a fused attention kernel
+      forms the bias itself instead of reading an ``[H, Tq, Tk]`` tensor.
+      None (the default) means "use ``score_bias``".
     """
 
     def embed(self, x: torch.Tensor, start: int) -> torch.Tensor:
@@ -45,6 +50,13 @@ class PositionEncoding(nn.Module):
     def score_bias(self, n_heads: int, q_len: int, k_len: int, q_start: int, k_start: int,
                    device: torch.device) -> torch.Tensor | None:
         return None
+
+    def bias_slopes(self, n_heads: int, device: torch.device) -> torch.Tensor | None:
+        return None
+
+    def adds_score_bias(self) -> bool:
+        """Does this position override ``score_bias`` (so a mixer must ask it for a bias)?"""
+        return type(self).score_bias is not PositionEncoding.score_bias
 
 
 @dataclass
@@ -63,7 +75,10 @@ class ForwardContext:
       tensor reachable from it counts as cache memory;
     - ``aux_losses``: components add differentiable auxiliary losses here
       (already weighted); the model adds them to the training loss;
-    - ``metrics``: components add scalar diagnostics recorded every step.
+    - ``metrics``: components add scalar diagnostics recorded every step;
+    - ``need_logits``: False when the caller wants only the loss (the training
+      step); the model may then fuse the LM head into the loss and return
+      None for the logits.
     """
 
     position: PositionEncoding
@@ -71,6 +86,7 @@ class ForwardContext:
     layer: int = 0
     cache: dict | None = None
     kernels: str = "torch"
+    need_logits: bool = True
     aux_losses: dict[str, torch.Tensor] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -168,9 +184,24 @@ class DecoderLM(nn.Module):
             total += p.numel()
         return total
 
+    @staticmethod
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy in fp32: the chunked Triton kernel under
+        ``train.kernels = "triton"`` (no fp32 copy of the logits), torch otherwise."""
+        from .kernels import use_triton
+
+        if use_triton():
+            from .kernels.cross_entropy import cross_entropy
+
+            return cross_entropy(logits, targets)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 ctx: ForwardContext | None = None):
         """idx, targets: [B, T] token ids. Returns (logits [B, T, V], loss or None, ctx).
+
+        Logits are None when ``ctx.need_logits`` is False and the fused LM-head
+        cross-entropy kernel ran.
 
         ``loss`` is cross-entropy plus the auxiliary losses components reported;
         the cross-entropy alone is ``ctx.metrics["ce_loss"]``.
@@ -183,10 +214,21 @@ class DecoderLM(nn.Module):
             ctx.layer = i
             x = block(x, ctx)
         x = self.final_norm(x)
-        logits = self.lm_head(x)
+        from .kernels import use_triton
+
+        fusable = type(self.lm_head) is nn.Linear and self.lm_head.bias is None  # not swapped (fp8)
+        if use_triton() and targets is not None and not ctx.need_logits and fusable:
+            # the fused LM head + cross-entropy kernel: the [B*T, V] logits never exist whole
+            from .kernels.cross_entropy import linear_cross_entropy
+
+            logits, ce = None, linear_cross_entropy(x, self.lm_head.weight, targets)
+        else:
+            logits = self.lm_head(x)
+            ce = None
+            if targets is not None:
+                ce = self.loss(logits, targets)
         loss = None
-        if targets is not None:
-            ce = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        if ce is not None:
             ctx.metrics["ce_loss"] = ce.detach()
             loss = ce
             for value in ctx.aux_losses.values():

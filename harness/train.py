@@ -26,6 +26,7 @@ import torch
 
 from .config import Cell
 from .data import Batches, TokenData
+from .kernels import enable_interpreter as enable_triton_interpreter
 from .kernels import set_backend as set_kernel_backend
 from .model import DecoderLM, ForwardContext
 from .registry import Registry
@@ -210,7 +211,8 @@ def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batc
 
     x, y = next(iter(batches.val_batches(1)))
     x, y = x.to(device), y.to(device)
-    measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, kernels=kernels),
+    measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, kernels=kernels,
+                                                                      need_logits=False),
                                 lambda: precision.autocast(device))
     out: dict[str, float] = {"flops_per_step_measured": float(measured * world)}
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(precision.name,
@@ -316,6 +318,10 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
     device = dist.setup(resolve_device(tc.device))
     kernels = tc.kernels if tc.kernels != "auto" else ("triton" if device.type == "cuda" else "torch")
     set_kernel_backend(kernels)
+    if kernels == "triton" and device.type == "cpu" and not enable_triton_interpreter():
+        raise ValueError("train.kernels = \"triton\" on CPU needs the Triton interpreter, but triton was "
+                         "imported in this process before it could be switched on; set TRITON_INTERPRET=1 "
+                         "in the environment, or use train.kernels = \"torch\"")
     seed_everything(cell.seed)
     torch.use_deterministic_algorithms(tc.deterministic, warn_only=False)
 
@@ -367,6 +373,9 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
     tokens_per_step = tc.batch_size * mc.context
     start_step = 1
     notes: list[str] = []
+    if kernels == "triton" and device.type == "cpu":
+        notes.append("Triton kernels ran in the Triton interpreter on CPU (a correctness path: its "
+                     "timings say nothing about the kernels' speed)")
     costs: dict[str, float] = {}
     step_times: list[float] = []
     if checkpoint_path is not None and checkpoint_path.exists():
@@ -384,7 +393,7 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
             g["lr"] = lr
         x, y = batches.next_train()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        ctx = ForwardContext(position=core.position, kernels=kernels)
+        ctx = ForwardContext(position=core.position, kernels=kernels, need_logits=False)
         with precision.autocast(device):
             _, loss, ctx = model(x, y, ctx)
         train_loss = dist.mean(_to_float(ctx.metrics["ce_loss"]), device)

@@ -110,6 +110,29 @@ class NullSink:
         pass
 
 
+def prepare_kernels(run_dir: Path) -> None:
+    """Switch the Triton interpreter on for a CPU cell with ``train.kernels = "triton"``.
+
+    Triton decides at import whether it interprets, and loading the plugins
+    imports it, so this runs first, from the cell's config.json.
+    """
+    try:
+        tc = json.loads((run_dir / "config.json").read_text()).get("train", {})
+    except (OSError, ValueError):
+        return  # train() reports a broken config
+    if tc.get("kernels") != "triton":
+        return
+    device = str(tc.get("device", "auto"))
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        from .kernels import enable_interpreter
+
+        enable_interpreter()
+
+
 def run_rank(run_dir: Path) -> int:
     """A non-zero rank of a torchrun cell: train, write nothing; rank 0 owns the folder."""
     from .config import cell_from_config
@@ -125,6 +148,7 @@ def run_rank(run_dir: Path) -> int:
 
 def run(run_dir: Path) -> int:
     die_with_parent()
+    prepare_kernels(run_dir)
     if int(os.environ.get("RANK", "0")) != 0:
         return run_rank(run_dir)
     signal.signal(signal.SIGTERM, _on_signal)

@@ -51,6 +51,12 @@ def softmax_attention(q, k, v, position: PositionEncoding, q_start: int, k_start
     scaled scores.
     """
     hq, tq, tk = q.size(1), q.size(2), k.size(2)
+    from harness.kernels import use_triton
+
+    if use_triton():
+        out = _flash(q, k, v, position, q_start, k_start, window, softcap, scale)
+        if out is not None:
+            return out
     bias = position.score_bias(hq, tq, tk, q_start, k_start, q.device)
     if softcap:
         return _capped_attention(q, k, v, bias, q_start, k_start, window, softcap, scale)
@@ -68,6 +74,31 @@ def softmax_attention(q, k, v, position: PositionEncoding, q_start: int, k_start
         if not all_visible:
             mask = mask.masked_fill(~visible(tq, tk, q_start, k_start, window, q.device), float("-inf"))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def _flash(q, k, v, position, q_start, k_start, window, softcap, scale):
+    """The FlashAttention Triton kernel (``train.kernels = "triton"``) where it computes
+    exactly what ``softmax_attention`` would, else None (the caller falls back).
+
+    The kernel covers causal masking aligned at the last query/key (training,
+    and decoding with a cache holding every key up to the new tokens), a
+    sliding window, GQA/MQA in place, and a linear distance bias (ALiBi) that it
+    forms itself from the position's ``bias_slopes``. Not covered: soft-capped
+    logits, other score biases (T5 buckets), value heads of another width
+    than the query/key heads (MLA), and mixed q/k/v dtypes.
+    """
+    if softcap or q_start + q.size(2) != k_start + k.size(2) or v.size(-1) != q.size(-1):
+        return None
+    if not (q.dtype == k.dtype == v.dtype) or q.size(-1) > 256:
+        return None
+    slopes = None
+    if position.adds_score_bias():
+        slopes = position.bias_slopes(q.size(1), q.device)
+        if slopes is None:
+            return None
+    from harness.kernels.flash_attention import flash_attention
+
+    return flash_attention(q, k, v, causal=True, window=window or None, alibi_slopes=slopes, scale=scale)
 
 
 def _capped_attention(q, k, v, bias, q_start, k_start, window, softcap, scale):

@@ -121,8 +121,14 @@ class RotaryPosition(PositionEncoding):
         return super()._apply(fn, *args, **kwargs)
 
     def _rotate(self, x, start):
+        from harness.kernels import use_triton
+
         dim = x.size(-1)
         cos, sin = self.angles(start, x.size(-2), x.device, dim)
+        if use_triton():
+            from harness.kernels.rope import rope
+
+            return rope(x, cos, sin, self.layout)
         xf = x.float()
         if self.layout == "interleaved":
             x1, x2 = xf[..., 0::2], xf[..., 1::2]
@@ -179,6 +185,10 @@ class ALiBiPosition(PositionEncoding):
         bias = -slopes.to(device)[:, None, None] * (i - j).float()  # future keys are masked anyway
         self._cache = (key, bias)
         return bias
+
+    def bias_slopes(self, n_heads, device):
+        slopes = self.slopes if n_heads == self.slopes.numel() else torch.tensor(alibi_slopes(n_heads))
+        return slopes.to(device=device, dtype=torch.float32)
 
     def _apply(self, fn, *args, **kwargs):
         self._cache = None

@@ -33,9 +33,43 @@ def backend() -> str:
     return _BACKEND
 
 
+class using:
+    """Context manager: the given backend inside the block, the previous one after it."""
+
+    def __init__(self, name: str):
+        self.name, self.previous = name, None
+
+    def __enter__(self):
+        self.previous = _BACKEND
+        set_backend(self.name)
+        return self
+
+    def __exit__(self, *exc):
+        set_backend(self.previous)
+        return False
+
+
 def use_triton() -> bool:
     """True when the plugins should call the Triton kernels (``train.kernels`` resolved to triton)."""
     return _BACKEND == "triton"
+
+
+def enable_interpreter() -> bool:
+    """Make Triton kernels runnable on CPU tensors by switching on its interpreter.
+
+    Must happen before triton is imported (it decides once). Returns True when
+    the interpreter is (now) on; False when triton was already imported without
+    it, so the kernels cannot run on CPU in this process.
+    """
+    import os
+    import sys
+
+    if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"):
+        return True
+    if "triton" in sys.modules:
+        return False
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True
 
 
 # op -> (module, public function, torch reference). Imports stay lazy: importing
