@@ -25,6 +25,9 @@ Conventions (so predictions can be checked against measurement):
 - ``activation_elements_per_token``: elements saved for backward per token
   (seeds 003 sec. 6 activation accounting); multiplied by the activation
   dtype's bytes by the caller.
+- ``transient_elements_per_token``: elements one instance's backward
+  allocates at once on top of what was saved (scan temporaries); the
+  largest instance's (or the loss's logit gradient) counts toward the peak.
 - ``state_elements_per_token``: decoding cache that grows with the sequence
   (KV cache) per token; ``state_elements_per_sequence``: fixed-size
   recurrent state per sequence (linear attention, SSMs). Multiplied by the
@@ -43,6 +46,7 @@ class Cost:
     useful_flops_per_token: float | None = None
     backward_factor: float = 2.0
     activation_elements_per_token: float = 0.0
+    transient_elements_per_token: float = 0.0
     state_elements_per_token: float = 0.0
     state_elements_per_sequence: float = 0.0
     norms: int = 0
@@ -53,7 +57,7 @@ class Cost:
 
     def scaled(self, k: float) -> "Cost":
         out = Cost(**{f.name: getattr(self, f.name) for f in fields(self)})
-        for name in ("params", "flops_per_token", "activation_elements_per_token",
+        for name in ("params", "flops_per_token", "activation_elements_per_token", "transient_elements_per_token",
                      "state_elements_per_token", "state_elements_per_sequence", "norms"):
             setattr(out, name, type(getattr(self, name))(getattr(self, name) * k))
         if self.useful_flops_per_token is not None:

@@ -42,14 +42,24 @@ from .registry import Registry, RegistryError
 FP32_BYTES = 4
 ADAM_STATES = 2  # AdamW keeps two running moments per parameter (seeds 003 note 36)
 
+# Peak training memory: measured/predicted must lie in this band. Measured is
+# ``peak_tensor_bytes`` (harness/memory.py: live tensor storages over one whole
+# training step, on the torch reference path); predicted is ``train_peak_bytes``.
+# Calibration (CPU, every cell of the seven shipped grids, one step each, and
+# every built-in at the tests' tiny shapes): fp32 cells 1.01-1.04 (the residue
+# is the batch, RNG and bookkeeping tensors), bf16/fp16 1.14 and fp8 (emulated)
+# 1.16 (the reference norms, RoPE and loss upcast to fp32 copies that the model
+# counts at the autocast width). The band leaves ~10% either side.
+MEMORY_BAND = (0.9, 1.25)
+
 # (predicted key, measured metric name, agreement required) - the issue's table.
-# A float is a relative tolerance; "exact" means equal; "band" is documented in
-# the report (CPU peak RSS includes the interpreter, allocator slack, etc.).
+# A float is a relative tolerance; "exact" means equal; a (lo, hi) tuple bounds
+# measured / predicted.
 CHECKS: list[tuple[str, str, Any]] = [
     ("n_params", "n_params", "exact"),
     ("n_params_non_embedding", "n_params_non_embedding", "exact"),
     ("flops_per_step", "flops_per_step_measured", 0.05),
-    ("train_peak_bytes", "peak_mem_bytes", "band"),
+    ("train_peak_bytes", "peak_tensor_bytes", MEMORY_BAND),
 ]
 
 
@@ -199,6 +209,11 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
         "autocast_copy_bytes": activation_bytes * n_params if activation_bytes < FP32_BYTES else 0,
     }
     static_bytes = sum(static.values())
+    # the loss's backward forms the fp32 gradient of the logits while the saved
+    # log-softmax output is still alive: one more V-wide fp32 row per token;
+    # a component may declare a larger transient of its own backward
+    loss_backward = v * FP32_BYTES * tokens
+    transient = max([p.cost.transient_elements_per_token * activation_bytes * tokens for p in parts] + [0.0])
     kv_per_token = tot["kv"] * activation_bytes
     state_per_seq = tot["state"] * activation_bytes
     return {
@@ -223,7 +238,9 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
         "decode_cache_bytes_per_sequence": kv_per_token * model.context + state_per_seq,
         **static,
         "static_bytes": static_bytes,
-        "train_peak_bytes": static_bytes + act_per_token * tokens,
+        "loss_backward_bytes": loss_backward,
+        "backward_transient_bytes": max(loss_backward, transient),
+        "train_peak_bytes": static_bytes + act_per_token * tokens + max(loss_backward, transient),
         "parts": [p.as_dict() for p in parts],
     }
 
@@ -306,7 +323,9 @@ def agreement(predicted: float | None, measured: float | None, required: Any) ->
     if isinstance(required, float):
         ok = ratio is not None and abs(ratio - 1) <= required
         return ratio, f"agrees (within {required:.0%})" if ok else f"DISAGREES (outside {required:.0%})"
-    diff = measured - predicted
-    sign = "+" if diff >= 0 else "-"
-    mib = abs(diff) / 2**20
-    return ratio, f"measured - predicted = {sign}{mib:.1f} MiB (band: see the note)"
+    if isinstance(required, tuple):
+        lo, hi = required
+        ok = ratio is not None and lo <= ratio <= hi
+        band = f"{lo:g}-{hi:g}x"
+        return ratio, f"agrees (within {band})" if ok else f"DISAGREES (outside {band})"
+    raise ValueError(f"unknown agreement requirement {required!r}")

@@ -5,7 +5,9 @@ is flushed as each line is written); the trainer never touches the database.
 
 Recorded names:
 - every step: train_loss, lr, grad_norm, tokens_per_s, elapsed_s (+ any a
-  component or the precision policy adds);
+  component or the precision policy adds); step 2 runs under the tensor
+  tracker (harness/memory.py) and records peak_tensor_bytes and its parts
+  instead of tokens_per_s;
 - every evaluation: val_loss;
 - once: n_params, n_params_non_embedding, peak_mem_bytes, wall_s.
 """
@@ -27,6 +29,7 @@ import torch
 from .config import Cell
 from .data import Batches, TokenData
 from .kernels import enable_interpreter as enable_triton_interpreter
+from .memory import step_memory
 from .kernels import set_backend as set_kernel_backend
 from .model import DecoderLM, ForwardContext
 from .registry import Registry
@@ -393,22 +396,33 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
             g["lr"] = lr
         x, y = batches.next_train()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        ctx = ForwardContext(position=core.position, kernels=kernels, need_logits=False)
-        with precision.autocast(device):
-            _, loss, ctx = model(x, y, ctx)
-        train_loss = dist.mean(_to_float(ctx.metrics["ce_loss"]), device)
-        if not math.isfinite(train_loss) or train_loss > tc.diverge_loss:
-            sink.log(step, {"train_loss": train_loss, "lr": lr})
-            raise Diverged(f"diverged at step {step}: train_loss={train_loss}")
-        optimizer.zero_grad(set_to_none=True)
-        precision.backward(loss)
-        step_metrics = precision.step(optimizer, params, tc.grad_clip)
+        # one step (the second: the optimizer state exists by then) is run under the
+        # tensor-memory tracker; it is slower, so it gives no throughput figure
+        tracked = dist.world == 1 and step == min(2, tc.steps)
+        with step_memory(tracked, core, optimizer, x, y) as mem:
+            ctx = ForwardContext(position=core.position, kernels=kernels, need_logits=False)
+            with precision.autocast(device):
+                _, loss, ctx = model(x, y, ctx)
+            train_loss = dist.mean(_to_float(ctx.metrics["ce_loss"]), device)
+            if not math.isfinite(train_loss) or train_loss > tc.diverge_loss:
+                sink.log(step, {"train_loss": train_loss, "lr": lr})
+                raise Diverged(f"diverged at step {step}: train_loss={train_loss}")
+            optimizer.zero_grad(set_to_none=True)
+            precision.backward(loss)
+            step_metrics = precision.step(optimizer, params, tc.grad_clip)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = time.perf_counter() - t0
-        step_times.append(dt)
-        row = {"train_loss": train_loss, "lr": lr, "tokens_per_s": tokens_per_step / dt,
-               "elapsed_s": time.perf_counter() - t_start}
+        row = {"train_loss": train_loss, "lr": lr, "elapsed_s": time.perf_counter() - t_start}
+        if tracked:
+            if mem.peak is not None:
+                row["peak_tensor_bytes"] = mem.peak
+                row.update({f"peak_tensor_{k}_bytes": v for k, v in mem.breakdown.items() if v})
+            elif mem.why:
+                notes.append(mem.why)
+        else:
+            step_times.append(dt)
+            row["tokens_per_s"] = tokens_per_step / dt
         row.update({k: _to_float(v) for k, v in step_metrics.items()})
         row.update({k: _to_float(v) for k, v in ctx.metrics.items() if k != "ce_loss"})
         if len(ctx.aux_losses):

@@ -390,8 +390,8 @@ def _gqa_check(cfg, params):
     return errs
 
 
-def _adds_score_bias(position_name: str) -> bool:
-    """Does the named position component override PositionEncoding.score_bias?"""
+def _position_overrides(position_name: str, hook: str) -> bool:
+    """Does the named position component override ``PositionEncoding.<hook>``?"""
     from harness.plugins import get_registry
     from harness.registry import RegistryError
 
@@ -399,7 +399,15 @@ def _adds_score_bias(position_name: str) -> bool:
         factory = get_registry().get("position", position_name).factory
     except RegistryError:  # not in the process-wide registry: the forward's own check still applies
         return False
-    return isinstance(factory, type) and factory.score_bias is not PositionEncoding.score_bias
+    return isinstance(factory, type) and getattr(factory, hook) is not getattr(PositionEncoding, hook)
+
+
+def _rotates(position_name: str) -> bool:
+    return _position_overrides(position_name, "rotate")
+
+
+def _adds_score_bias(position_name: str) -> bool:
+    return _position_overrides(position_name, "score_bias")
 
 
 def _linear_check(cfg, params):
@@ -424,14 +432,29 @@ def _avg_keys(t: int, window: int = 0) -> float:
 
 
 def _softmax_cost(cfg, hq, hk, qk_dim, v_dim, proj_params, proj_flops, window=0, state_tok=0.0,
-                  state_seq=0.0, extra_act=0.0):
+                  state_seq=0.0, extra_act=0.0, rotated_dim=None, materialised=False):
+    """Cost of a causal softmax-attention layer with the given head shapes.
+
+    Activations follow the torch reference path (the one ``train.kernels = "torch"``
+    runs and FLOPs are counted on): saved for backward (seeds 003 sec. 6.1.3)
+    are the block input, q, k, v, the output and its per-row log-sum-exp (a
+    fused attention kernel keeps no T x T probabilities); a rotating position
+    adds the rotated q and k (``rotated_dim`` per head; the rotation runs in
+    fp32 and keeps its input); and when the scores are ``materialised`` (soft
+    capping, a float score bias, value heads narrower than q/k: torch cannot use
+    a fused kernel there) the Tq x Tk probabilities are kept too.
+    """
     t = cfg.context
     # SDPA as flop_counter counts it: a full Tq x Tk score matrix and its product with V
     attn = 2.0 * hq * t * (qk_dim + v_dim)
     useful = 2.0 * hq * _avg_keys(t, window) * (qk_dim + v_dim)
-    # saved for backward (seeds 003 sec. 6.1.3, flash-style attention: no T x T probabilities):
-    # the block input, q, k, v, the attention output and its per-row log-sum-exp
     act = cfg.d_model + hq * qk_dim + hk * (qk_dim + v_dim) + hq * v_dim + hq + extra_act
+    if rotated_dim is None:
+        rotated_dim = qk_dim
+    if _rotates(cfg.position):
+        act += (hq + hk) * rotated_dim
+    if materialised or _adds_score_bias(cfg.position):
+        act += hq * t  # the probabilities of each query row
     return Cost(params=proj_params, flops_per_token=proj_flops + attn,
                 useful_flops_per_token=proj_flops + useful, activation_elements_per_token=act,
                 state_elements_per_token=state_tok, state_elements_per_sequence=state_seq)
@@ -446,10 +469,9 @@ def mha_cost(cfg, n_kv_heads=0, bias=False, qk_norm=False, softcap=0.0, window=0
     kv = 2 * hk * dh
     # the rolling buffer stops growing at W tokens: then it is a fixed per-sequence state
     bounded = bool(window) and window < cfg.context
-    extra = h * cfg.context if softcap else 0.0  # the capped path keeps the probabilities
     return _softmax_cost(cfg, h, hk, dh, dh, params, flops, window,
                          state_tok=0.0 if bounded else kv, state_seq=kv * window if bounded else 0.0,
-                         extra_act=extra)
+                         materialised=bool(softcap))
 
 
 def mqa_cost(cfg, **params):
@@ -474,7 +496,12 @@ def linear_cost(cfg, chunk_size=64, bias=False, eps=1e-6):
     # read of the incoming state and the chunk's phi(k) v^T (padded chunks included)
     mixing = h * (2 * c * dh + 2 * c * dh + 2 * dh * dh + 2 * dh * dh) * padded
     useful = h * (2 * (c + 1) / 2 * dh * 2 + 4 * dh * dh)
-    act = d + 3 * h * dh + 2 * h * dh + h * c + h * dh + h * dh * dh * (1 / c)
+    # saved on the chunked path, per token: the input; q, k, v (one projection); phi(q), phi(k)
+    # and the chunk-shaped copy of v; the masked C x C chunk scores; the numerator, the
+    # running z and the output; the denominator; the chunk-entry states (d x d per chunk);
+    # a rotating position adds the rotated features
+    act = (d + 3 * h * dh + 3 * h * dh + h * c + 3 * h * dh + h + h * dh * dh / c
+           + (2 * h * dh if _rotates(cfg.position) else 0))
     return Cost(params=params, flops_per_token=proj + mixing, useful_flops_per_token=proj + useful,
                 activation_elements_per_token=act, state_elements_per_sequence=h * (dh * dh + dh))
 
@@ -490,8 +517,9 @@ def mla_cost(cfg, kv_rank=0, q_rank=0, rope_dim=0, latent_norm=True):
         q_params, q_flops = d * h * qk, linear_flops(d, h * qk)
     params = (q_params + d * (r + dr) + (r if latent_norm else 0) + r * h * 2 * dh + h * dh * d)
     flops = q_flops + linear_flops(d, r + dr) + linear_flops(r, h * 2 * dh) + linear_flops(h * dh, d)
+    # the value heads (d_h) are narrower than q/k (d_h + d_R): the probabilities are kept
     return _softmax_cost(cfg, h, h, qk, dh, params, flops, extra_act=r + dr,
-                         state_tok=r + dr)
+                         state_tok=r + dr, rotated_dim=dr, materialised=True)
 
 
 @hookimpl

@@ -108,19 +108,26 @@ def make_ffn(name: str, cfg, hidden: int, bias: bool = False) -> nn.Module:
     return DenseFFN(cfg, act, bias=bias, hidden=hidden)
 
 
-def ffn_cost(d_model: int, hidden: int, gated: bool, bias: bool):
+# hidden-wide tensors an activation keeps for its backward beyond what its
+# neighbours keep anyway: ReLU needs only its output (which the down
+# projection keeps as its input); the identity of a bilinear GLU keeps nothing.
+ACT_KEEPS = {"relu": 0, "bilinear": 0}
+
+
+def ffn_cost(d_model: int, hidden: int, gated: bool, bias: bool, act_keeps: int = 1):
     """Cost of one FFN (harness/cost.py conventions).
 
-    FLOPs: the two (dense) or three (gated) projections. Saved for backward:
-    the input, the pre-activation(s) and the activation output (and for gated
-    the product), seeds 003 sec. 6.1.3.
+    FLOPs: the two (dense) or three (gated) projections. Saved for backward
+    (seeds 003 sec. 6.1.3): the input, the up (and gate) projection's output,
+    what the activation keeps (``act_keeps`` hidden-wide tensors, see
+    ``ACT_KEEPS``) and, gated, the product that the down projection reads.
     """
     from harness.cost import Cost, linear_flops, linear_params
 
     n_in = 2 * hidden if gated else hidden
     params = linear_params(d_model, n_in, bias) + linear_params(hidden, d_model, bias)
     flops = linear_flops(d_model, n_in) + linear_flops(hidden, d_model)
-    saved = d_model + n_in + hidden + (hidden if gated else 0)
+    saved = d_model + n_in + act_keeps * hidden + (hidden if gated else 0)
     return Cost(params=params, flops_per_token=flops, activation_elements_per_token=saved)
 
 
@@ -149,7 +156,8 @@ def _cost(name):
     gated = VARIANTS[name][1]
 
     def cost(cfg, ratio=GATED_RATIO if gated else DENSE_RATIO, bias=False, multiple_of=8, **_):
-        return ffn_cost(cfg.d_model, hidden_size(cfg.d_model, ratio, multiple_of), gated, bias)
+        return ffn_cost(cfg.d_model, hidden_size(cfg.d_model, ratio, multiple_of), gated, bias,
+                        ACT_KEEPS.get(name, 1))
 
     return cost
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from harness.hookspecs import hookimpl
 from harness.registry import Param
-from plugins.ffn import DENSE_RATIO, GATED_RATIO, VARIANTS, ffn_cost, hidden_size, make_ffn
+from plugins.ffn import ACT_KEEPS, DENSE_RATIO, GATED_RATIO, VARIANTS, ffn_cost, hidden_size, make_ffn
 
 
 def expert_hidden(d_model: int, expert: str, expert_ratio: float, top_k: int, n_shared: int,
@@ -193,7 +193,7 @@ def _cost(cfg, routing="token_choice", n_experts=8, top_k=2, n_shared_experts=0,
 
     d = cfg.d_model
     hidden = expert_hidden(d, expert, expert_ratio, top_k, n_shared_experts, multiple_of)
-    one = ffn_cost(d, hidden, VARIANTS[expert][1], bias)
+    one = ffn_cost(d, hidden, VARIANTS[expert][1], bias, ACT_KEEPS.get(expert, 1))
     active = top_k if routing == "token_choice" else (capacity_factor or 1.0) * top_k
     params = linear_params(d, n_experts, router_bias) + (n_experts + n_shared_experts) * one.params
     flops = linear_flops(d, n_experts) + (active + n_shared_experts) * one.flops_per_token

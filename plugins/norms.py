@@ -113,7 +113,9 @@ class NoNorm(nn.Identity):
 
 # Cost functions (harness/cost.py conventions). A norm is elementwise work, so it
 # adds no counted FLOPs; for backward it saves its input (seeds 003 sec. 6.1.3,
-# "LayerNorm ... each have BDS inputs") plus its per-token statistics.
+# "LayerNorm ... each have BDS inputs") plus its per-token statistics, and
+# whatever else the reference implementation keeps (the Triton kernels keep
+# only the input and the statistics).
 
 
 def _layernorm_cost(dim, gain=True, bias=True, **_):
@@ -125,13 +127,15 @@ def _layernorm_cost(dim, gain=True, bias=True, **_):
 def _rmsnorm_cost(dim, gain=True, bias=False, **_):
     from harness.cost import Cost
 
-    return Cost(params=dim * (int(gain) + int(bias)), activation_elements_per_token=dim + 1)  # rstd
+    # the reference keeps x, rstd and (with a gain) x * rstd for the gain's gradient
+    return Cost(params=dim * (int(gain) + int(bias)), activation_elements_per_token=dim * (1 + int(gain)) + 1)
 
 
 def _scalenorm_cost(dim, gain=True, **_):
     from harness.cost import Cost
 
-    return Cost(params=int(gain), activation_elements_per_token=dim + 1)  # the norm ||x||
+    # x, g * x and the norm ||x||
+    return Cost(params=int(gain), activation_elements_per_token=2 * dim + 1)
 
 
 def _no_norm_cost(dim, **_):

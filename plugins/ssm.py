@@ -327,9 +327,15 @@ def _mamba_cost(cfg, d_state=16, d_conv=4, expand=2, dt_rank=0, bias=False, conv
               + e * n + e + linear_params(e, d, bias))
     flops = linear_flops(d, 2 * e) + linear_flops(e, r + 2 * n) + linear_flops(r, e) + linear_flops(e, d)
     # saved for backward: in_proj input and output, conv out, silu out, x_proj out, dt,
-    # the scan's decay and states (E x N each), y, the gate, the out_proj input
-    saved = d + 2 * e + e + e + (r + 2 * n) + e + 2 * e * n + e + e + e
+    # the scan's decay (E x N) and its states (E x N at the scan's power-of-two padded
+    # length), y, the gate, the out_proj input, and the softplus / gate products
+    t = cfg.context
+    t_scan = 1 << max(0, (t - 1).bit_length())
+    saved = d + 2 * e + e + e + (r + 2 * n) + e + e * n + e * n * t_scan / t + 6 * e
+    # at the peak, inside the reverse scan of the backward, about two E x N temporaries at the
+    # padded length are live beyond the saved activations (calibrated against MemTracker)
     return Cost(params=params, flops_per_token=flops, activation_elements_per_token=saved,
+                transient_elements_per_token=2 * e * n * t_scan / t,
                 state_elements_per_sequence=e * n + e * (d_conv - 1))
 
 
@@ -347,8 +353,15 @@ def _mamba2_cost(cfg, d_state=64, d_conv=4, expand=2, head_dim=32, n_groups=1, c
     scan, scan_useful = ssd_chunked_flops(cfg.context, chunk_size, h, head_dim, d_state, n_groups)
     proj = linear_flops(d, 2 * e + 2 * gn + h) + linear_flops(e, d)  # the conv is elementwise
     chunk = min(chunk_size, cfg.context)
-    # saved: in_proj in/out, conv out, silu out, the chunk's L x L scores per head, y, norm in/out
-    saved = d + (2 * e + 2 * gn + h) + 2 * conv_dim + h * chunk + 4 * e
+    # saved on the reference path (harness/kernels/ssd_scan.py ssd_chunked), per token: in_proj
+    # in/out; the conv output (with its causal padding), the conv activation's input and output;
+    # per head, the chunk's L x L decay, C B^T and their product; B and C spread to the heads
+    # and the contraction copies; e-wide: X = dt x, its copies for the two contractions, the
+    # diagonal and off-diagonal outputs, the gated norm's inputs and output; the chunk-entry
+    # states (H x P x N per chunk) and a few H-wide factors
+    t = cfg.context
+    saved = (d + (2 * e + 2 * gn + h) + conv_dim * (t + d_conv - 1) / t + 2 * conv_dim + 3 * h * chunk
+             + 3 * h * d_state + 9 * e + h * head_dim * d_state / chunk + 4 * h)
     return Cost(params=params, flops_per_token=proj + scan, useful_flops_per_token=proj + scan_useful,
                 activation_elements_per_token=saved,
                 state_elements_per_sequence=h * head_dim * d_state + conv_dim * (d_conv - 1))

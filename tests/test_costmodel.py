@@ -12,7 +12,7 @@ import torch.nn as nn
 from harness import costmodel
 from harness.config import expand
 from harness.cost import Cost
-from harness.model import DecoderLM, PositionEncoding, residual_out
+from harness.model import DecoderLM, ForwardContext, PositionEncoding, residual_out
 from harness.registry import AXES, Registry
 
 MODEL_AXES = ("norm", "block", "position", "mixer", "ffn")
@@ -186,6 +186,42 @@ def test_predicted_flops_per_step_within_5_percent_of_the_flop_counter(reg, axis
         f"(forward predicted {pred['forward_flops_per_step']:,.0f})")
 
 
+def _measured_step_peak(reg, cell):
+    """peak_tensor_bytes of one training step after a first one (the optimizer state exists), as train() does."""
+    from harness.memory import StepMemory
+    from harness.train import make_optimizer
+
+    torch.manual_seed(0)
+    model = DecoderLM(cell.model, cell.components, reg)
+    spec = cell.components["precision"]
+    precision = reg.get("precision", spec["name"]).factory(**spec["params"])
+    cpu = torch.device("cpu")
+    precision.setup(model, cpu)
+    opt = make_optimizer(model, cell.train)
+    x = torch.randint(0, cell.model.vocab_size, (cell.train.batch_size, cell.model.context))
+    for _ in range(2):
+        with StepMemory(model, opt, x) as mem:
+            with precision.autocast(cpu):
+                _, loss, _ = model(x, x, ForwardContext(position=model.position, need_logits=False))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return mem.peak
+
+
+MEMORY_CASES = COMPONENTS + [("precision", n) for n in ("fp32", "bf16", "fp16", "fp8")]
+
+
+@pytest.mark.parametrize("axis,name", MEMORY_CASES, ids=[f"{a}-{n}" for a, n in MEMORY_CASES])
+def test_predicted_peak_memory_within_the_documented_band(reg, axis, name):
+    """The prediction (torch reference path) against torch's MemTracker over one whole step."""
+    cell = _cell_or_skip(reg, axis, name, model={"context": 32}, train={"batch_size": 4})
+    pred = costmodel.predict(cell, reg)["train_peak_bytes"]
+    peak = _measured_step_peak(reg, cell)
+    lo, hi = costmodel.MEMORY_BAND
+    assert lo <= peak / pred <= hi, f"{axis} {name!r}: measured {peak:,} / predicted {pred:,.0f} = {peak / pred:.3f}"
+
+
 def test_hybrid_layer_pattern_costs_each_layers_own_mixer(reg):
     other = _default(reg, "mixer", "mha")
     cell = make_cell(reg, model={"n_layers": 4, "layer_pattern": f"test_stub_mixer,{other}"})
@@ -250,7 +286,10 @@ def test_memory_accounting_follows_the_seeds(reg):
     # activations scale with the dtype except the fp32 log-softmax output of the loss (V per token)
     assert (fp32["activation_bytes_per_token"] - 4 * v) == pytest.approx(2 * (half["activation_bytes_per_token"] - 4 * v))
     assert fp32["activation_bytes_per_step"] == fp32["activation_bytes_per_token"] * 2 * 16
-    assert fp32["train_peak_bytes"] == fp32["static_bytes"] + fp32["activation_bytes_per_step"]
+    # + the fp32 gradient of the logits that the loss's backward forms while its output is alive
+    assert fp32["loss_backward_bytes"] == 4 * v * 2 * 16
+    assert fp32["train_peak_bytes"] == (fp32["static_bytes"] + fp32["activation_bytes_per_step"]
+                                        + fp32["loss_backward_bytes"])
 
 
 def test_activation_dtype_comes_from_the_precision_policy(reg):

@@ -364,6 +364,31 @@ def test_tradeoffs_page_pareto_fronts(fixture_store):
     assert max(len(d) for d in vega(at)[0]["_data"].values()) == 6
 
 
+def test_costs_page_predicted_vs_measured(fixture_store):
+    """The page shows abl report's cost rows for the selection, every check listed."""
+    at = app("costs")
+    assert [t.value for t in at.title] == ["Costs & scaling"]
+    assert_ok(at)
+    table = at.dataframe[0].value
+    n_cells = fixture_store.sql("SELECT count(DISTINCT cell_key) FROM runs WHERE experiment = ?", [EXPERIMENT])[0][0]
+    assert len(table) == 4 * n_cells  # params, non-embedding params, FLOPs/step, peak memory
+    params = table[table["figure"] == "n_params"]
+    assert set(params["agreement"]) == {"agrees (exact)"}
+    counted = dict(fixture_store.sql(
+        "SELECT r.label, max(m.value) FROM runs r JOIN metrics m USING (run_id) "
+        "WHERE m.name = 'n_params' AND r.experiment = ? GROUP BY r.label", [EXPERIMENT]))
+    for row in params.itertuples():
+        assert row.measured == counted[row.cell]
+    mem = table[table["figure"] == "train_peak_bytes"].dropna(subset=["measured"])
+    assert len(mem) == 3 and (mem["measured"] > 0).all()  # the three cells that completed
+    verdicts = set(table["agreement"])
+    if any(v.startswith("DISAGREES") for v in verdicts):
+        assert "disagree" in text_of(at)
+    else:
+        assert [s.value for s in at.success]
+    assert "Scaling fit" in {s.value for s in at.subheader}
+
+
 def _store_copy(fixture_store, tmp_path, monkeypatch) -> Path:
     db = tmp_path / "abl.duckdb"
     shutil.copy(fixture_store.db, db)
