@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .kernels import use_triton
 from .registry import Registry
 
 
@@ -54,9 +55,13 @@ class PositionEncoding(nn.Module):
     def bias_slopes(self, n_heads: int, device: torch.device) -> torch.Tensor | None:
         return None
 
-    def adds_score_bias(self) -> bool:
-        """Does this position override ``score_bias`` (so a mixer must ask it for a bias)?"""
-        return type(self).score_bias is not PositionEncoding.score_bias
+    @classmethod
+    def overrides(cls, hook: str) -> bool:
+        """Does this position class override ``hook`` ("embed", "rotate", "score_bias", ...)?
+
+        Mixers ask it of an instance's class, cost functions of the registered factory.
+        """
+        return getattr(cls, hook) is not getattr(PositionEncoding, hook)
 
 
 @dataclass
@@ -188,8 +193,6 @@ class DecoderLM(nn.Module):
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy in fp32: the chunked Triton kernel under
         ``train.kernels = "triton"`` (no fp32 copy of the logits), torch otherwise."""
-        from .kernels import use_triton
-
         if use_triton():
             from .kernels.cross_entropy import cross_entropy
 
@@ -214,8 +217,6 @@ class DecoderLM(nn.Module):
             ctx.layer = i
             x = block(x, ctx)
         x = self.final_norm(x)
-        from .kernels import use_triton
-
         fusable = type(self.lm_head) is nn.Linear and self.lm_head.bias is None  # not swapped (fp8)
         if use_triton() and targets is not None and not ctx.need_logits and fusable:
             # the fused LM head + cross-entropy kernel: the [B*T, V] logits never exist whole

@@ -362,26 +362,13 @@ def model_flops_utilization(cell: Cell) -> float | None:
     return cell.predicted["useful_train_flops_per_token"] * tps / peak
 
 
-def measured_peak_growth(cell: Cell) -> float | None:
-    """Peak memory the training added: on CPU, peak RSS minus the RSS before the model was built."""
-    vals = []
-    for r in cell.completed:
-        peak = r.final.get("peak_mem_bytes")
-        if peak is None:
-            continue
-        if r.env.get("peak_mem_kind", "cpu_peak_rss") == "cpu_peak_rss" and r.final.get("baseline_rss_bytes"):
-            peak -= r.final["baseline_rss_bytes"]
-        vals.append(peak)
-    return _mean(vals)
-
-
 def cost_rows(cells: list[Cell]) -> list[dict[str, Any]]:
     """Predicted vs measured, one dict per cell and check (see costmodel.CHECKS)."""
     rows = []
     for c in cells:
         for pred_key, meas_key, required in CHECKS:
             pred = c.predicted.get(pred_key) if c.predicted else None
-            meas = measured_peak_growth(c) if meas_key == "peak_mem_bytes" else measured(c, meas_key)
+            meas = measured(c, meas_key)
             ratio, verdict = agreement(pred, meas, required)
             if pred is None and c.predict_error:
                 verdict = f"not predicted: {c.predict_error}"

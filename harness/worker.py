@@ -122,14 +122,14 @@ def prepare_kernels(run_dir: Path) -> None:
         return  # train() reports a broken config
     if tc.get("kernels") != "triton":
         return
-    device = str(tc.get("device", "auto"))
-    if device == "auto":
-        import torch
+    from .kernels import enable_interpreter
+    from .train import resolve_device
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        from .kernels import enable_interpreter
-
+    try:
+        device = resolve_device(str(tc.get("device", "auto")))
+    except (RuntimeError, ValueError):
+        return  # train() reports an unusable device
+    if device.type == "cpu":
         enable_interpreter()
 
 

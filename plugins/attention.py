@@ -92,7 +92,7 @@ def _flash(q, k, v, position, q_start, k_start, window, softcap, scale):
     if not (q.dtype == k.dtype == v.dtype) or q.size(-1) > 256:
         return None
     slopes = None
-    if position.adds_score_bias():
+    if type(position).overrides("score_bias"):
         slopes = position.bias_slopes(q.size(1), q.device)
         if slopes is None:
             return None
@@ -399,7 +399,7 @@ def _position_overrides(position_name: str, hook: str) -> bool:
         factory = get_registry().get("position", position_name).factory
     except RegistryError:  # not in the process-wide registry: the forward's own check still applies
         return False
-    return isinstance(factory, type) and getattr(factory, hook) is not getattr(PositionEncoding, hook)
+    return isinstance(factory, type) and issubclass(factory, PositionEncoding) and factory.overrides(hook)
 
 
 def _rotates(position_name: str) -> bool:

@@ -179,10 +179,9 @@ class ALiBiPosition(PositionEncoding):
         key = (n_heads, q_len, k_len, q_start, k_start, device)
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
-        slopes = self.slopes if n_heads == self.slopes.numel() else torch.tensor(alibi_slopes(n_heads))
         i = torch.arange(q_start, q_start + q_len, device=device)[:, None]
         j = torch.arange(k_start, k_start + k_len, device=device)[None, :]
-        bias = -slopes.to(device)[:, None, None] * (i - j).float()  # future keys are masked anyway
+        bias = -self.bias_slopes(n_heads, device)[:, None, None] * (i - j).float()  # future keys are masked anyway
         self._cache = (key, bias)
         return bias
 

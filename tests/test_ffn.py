@@ -9,6 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from harness.config import ModelConfig, load_grid
 from harness.model import DecoderLM
+from tests.kernels.helpers import triton_device
 from conftest import ROOT
 
 
@@ -48,17 +49,6 @@ def reference_ffn(ffn, x, act, gated):
     else:
         hidden = act(x @ ffn.up.weight.T + (0 if ffn.up.bias is None else ffn.up.bias))
     return hidden @ ffn.down.weight.T + (0 if ffn.down.bias is None else ffn.down.bias)
-
-
-def triton_device():
-    """Where the Triton kernels can run in this process: "cuda", "cpu" (interpreter) or None."""
-    from harness.kernels.utils import HAS_TRITON, interpreting
-
-    if not HAS_TRITON:
-        return None
-    if interpreting():
-        return "cpu"
-    return "cuda" if torch.cuda.is_available() else None
 
 
 def test_every_variant_is_registered(registry):

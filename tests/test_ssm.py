@@ -12,19 +12,9 @@ from harness.config import ConfigError, ModelConfig, expand
 from harness.kernels.ssd_scan import segsum, ssd_chunked, ssd_sequential, ssd_step
 from harness.model import DecoderLM, ForwardContext, PositionEncoding
 from plugins.ssm import LinearScan, Mamba, Mamba2, selective_scan, selective_scan_sequential
+from tests.kernels.helpers import triton_device
 
 f64 = torch.float64
-
-
-def triton_device():
-    """Where the Triton kernels can run in this process: "cuda", "cpu" (interpreter) or None."""
-    from harness.kernels.utils import HAS_TRITON, interpreting
-
-    if not HAS_TRITON:
-        return None
-    if interpreting():
-        return "cpu"
-    return "cuda" if torch.cuda.is_available() else None
 
 
 def _grads(out, inputs, seed=1):

@@ -18,3 +18,14 @@ def assert_close(name, ref, out, dtype=None):
     err = (o - r).abs().max().item()
     scale = max(r.abs().max().item(), 1e-6)
     assert err <= tol * scale, f"{name}: max abs err {err:.3g} > {tol:g} x max|ref| {scale:.3g}"
+
+
+def triton_device():
+    """Where the Triton kernels can run in this process: "cuda", "cpu" (interpreter) or None."""
+    from harness.kernels.utils import HAS_TRITON, interpreting
+
+    if not HAS_TRITON:
+        return None
+    if interpreting():
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else None
