@@ -7,17 +7,10 @@ is a script in views/ (its URL path is its file name: /curves, /compare, ...,
 cells) apply to every page.
 """
 
-import sys
-from pathlib import Path
+import streamlit as st
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # streamlit puts this file's folder on the path, not the repo
-    sys.path.insert(0, str(ROOT))
-
-import streamlit as st  # noqa: E402
-
-from dashboard import common  # noqa: E402
-from dashboard.queries import StoreBusy, StoreUnavailable  # noqa: E402
+from abl.dashboard import common
+from abl.dashboard.queries import StoreBusy, StoreUnavailable
 
 st.set_page_config(page_title="abl dashboard", page_icon=":material/science:", layout="wide")
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pandas as pd
 import streamlit as st
 
-from dashboard import queries as q
+from abl.dashboard import queries as q
 
 ABSENT = "(absent)"
 

@@ -36,7 +36,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import duckdb
 import pandas as pd
 
-from harness.store import read_json, read_metrics
+from abl.store import read_json, read_metrics
 
 DEFAULT_DB = "results/abl.duckdb"
 

@@ -20,7 +20,7 @@ def fail(message: str) -> None:
 def _user_errors():
     from .config import ConfigError
     from .data import DataError
-    from .plugins import PluginLoadError
+    from .plugin_manager import PluginLoadError
     from .registry import RegistryError
     from .store import StoreError
 
@@ -28,7 +28,7 @@ def _user_errors():
 
 
 def _registry():
-    from .plugins import get_registry
+    from .plugin_manager import get_registry
 
     try:
         return get_registry()
@@ -45,7 +45,7 @@ class AblGroup(click.Group):
         cmd = super().get_command(ctx, name)
         if cmd is None and not AblGroup._plugins_loaded:
             AblGroup._plugins_loaded = True
-            from .plugins import load_plugins
+            from .plugin_manager import load_plugins
 
             try:
                 load_plugins().hook.register_commands(cli=self)
@@ -230,7 +230,9 @@ def dashboard(db_path, runs_dir, port, host):
     db = Path(db_path).resolve()
     if not db.exists():
         click.echo(f"note: no database at {db} yet; the dashboard shows it once abl run creates it", err=True)
-    app = Path(__file__).resolve().parent.parent / "dashboard" / "app.py"
+    import abl.dashboard
+
+    app = Path(abl.dashboard.__file__).resolve().parent / "app.py"
     env = dict(os.environ, ABL_DB=str(db),
                ABL_RUNS_DIR=str(Path(runs_dir).resolve() if runs_dir else db.parent / "runs"))
     click.echo(f"abl dashboard: http://{host}:{port}  (store {db})", err=True)
@@ -338,9 +340,9 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
     registry = _registry()
     user_errors = _user_errors() + (ReportError,)
     try:
-        if Path(source).is_file():
-            from .config import load_grid
+        from .config import load_grid, resolve_grid_path
 
+        if Path(source).is_file() or (source.endswith(".toml") and resolve_grid_path(source).is_file()):
             grid = load_grid(source, registry, list(overrides))
             db = Path(db_path or getattr(grid.cells[0].experiment, "db", "") or DEFAULT_DB)
             run_ids = [c.run_id for c in grid.cells]

@@ -532,6 +532,28 @@ def _matches(varied: dict[str, Any], exclude: dict[str, Any], raw: dict) -> bool
     return True
 
 
+def packaged_grids() -> dict[str, Path]:
+    """The grid files shipped inside the ``abl`` distribution, by name (``norms``, ...)."""
+    from importlib.resources import files
+
+    folder = Path(str(files("abl.ablations")))
+    return {p.stem: p for p in sorted(folder.glob("*.toml"))}
+
+
+def resolve_grid_path(path: str | Path) -> Path:
+    """A grid file by path; where none exists, a shipped grid of that name.
+
+    ``norms``, ``norms.toml`` and ``ablations/norms.toml`` all name the packaged
+    ``norms`` grid when the working folder has no such file, so the shipped
+    grids work from a non-editable install too.
+    """
+    p = Path(path)
+    if p.exists() or p.parent not in (Path("."), Path("ablations")):
+        return p
+    shipped = packaged_grids().get(p.name[:-5] if p.name.endswith(".toml") else p.name)
+    return shipped if shipped is not None else p
+
+
 def load_grid(
     path: str | Path,
     registry: Registry,
@@ -539,6 +561,10 @@ def load_grid(
     max_cells: int | None = None,
 ) -> Grid:
     """Read, override, expand and validate a grid file. Raises ConfigError."""
+    path = resolve_grid_path(path)
+    if not path.exists():
+        names = ", ".join(packaged_grids())
+        raise ConfigError(f"{path}: no such file (the shipped grids, usable by name: {names})")
     raw = read_toml(path)
     for key, value in parse_overrides(overrides or []):
         apply_override(raw, key, value)

@@ -1,7 +1,7 @@
 """Model-level cost prediction from the components' declared cost functions.
 
 Every component declares the cost of ONE instance (``harness/cost.py``); this
-module assembles the whole model the way ``harness.model.DecoderLM`` builds it:
+module assembles the whole model the way ``abl.model.DecoderLM`` builds it:
 
     embedding + position + n_layers x (block + block.norms x norm + mixer + ffn)
               + final norm (when the block wants one) + LM head (unless tied)
@@ -287,7 +287,7 @@ def activation_dtype_bytes(cell, registry: Registry) -> int:
 
 def predict(cell, registry: Registry, *, vocab_size: int | None = None,
             activation_bytes: int | None = None) -> dict[str, Any]:
-    """Predicted costs of one cell (a ``harness.config.Cell``). Raises CostModelError.
+    """Predicted costs of one cell (a ``abl.config.Cell``). Raises CostModelError.
 
     ``vocab_size`` overrides the dataset lookup (pass the recorded one for a
     finished run); ``activation_bytes`` overrides the precision policy's dtype.

@@ -250,7 +250,7 @@ def post_training_evaluations(model: DecoderLM, cell, registry, batches, precisi
                               device: torch.device, kernels: str) -> tuple[dict, list[str]]:
     """Decode and length-extrapolation metrics for a trained model; never raises for them.
 
-    ``batches`` is the run's ``harness.data.Batches``: its validation stream
+    ``batches`` is the run's ``abl.data.Batches``: its validation stream
     and batch size (the x1 windows are then those of the regular val_loss).
     """
     val = batches.val

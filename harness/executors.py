@@ -80,9 +80,9 @@ def tail(job: Job) -> bool:
 def worker_command(run_dir: Path, devices: int) -> list[str]:
     """The command that trains one cell: the worker, under torchrun if it spans devices."""
     if devices <= 1:
-        return [sys.executable, "-m", "harness.worker", str(run_dir)]
+        return [sys.executable, "-m", "abl.worker", str(run_dir)]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={devices}",
-            "-m", "harness.worker", str(run_dir)]
+            "-m", "abl.worker", str(run_dir)]
 
 
 def run_worker_process(run_dir: str, devices: int = 1, env: dict[str, str] | None = None) -> int:

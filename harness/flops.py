@@ -9,7 +9,7 @@ exactly as torch counts its CUDA attention ops).
 
 ``cpu_peak_flops`` measures the CPU's fp32 matmul peak once per process (a
 large matmul, best of a few); on CUDA the peak comes from a table of known
-GPUs (see ``harness.bench`` when present) and is None for unknown devices.
+GPUs (see ``abl.bench`` when present) and is None for unknown devices.
 """
 
 from __future__ import annotations

@@ -24,14 +24,14 @@ def register_components(register):
     Call ``register(axis, name, factory, params=..., doc=..., cost=...,
     reference=..., check=...)`` once per component:
 
-    - ``axis``: one of ``harness.registry.AXES`` (norm, block, position, mixer,
+    - ``axis``: one of ``abl.registry.AXES`` (norm, block, position, mixer,
       ffn, precision, dataset);
     - ``name``: unique within the axis; a second plugin registering the same
       (axis, name) is an error naming both plugins;
     - ``factory``: a callable that builds the component; its signature depends
-      on the axis (see ``harness.registry.AXES``);
+      on the axis (see ``abl.registry.AXES``);
     - ``params``: mapping of parameter name to a default value (the type is
-      inferred from it) or to a ``harness.registry.Param`` for ranges,
+      inferred from it) or to a ``abl.registry.Param`` for ranges,
       choices and docs. Configs are validated against it before training;
     - ``cost``: optional analytic cost function (parameters, FLOPs, memory);
     - ``reference``: optional plain reference implementation used by tests;

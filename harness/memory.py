@@ -8,7 +8,7 @@ records ``peak_tensor_bytes``: the largest total size of live tensor storages
 during one whole training step (forward, backward, optimizer step), counted by
 torch's ``MemTracker`` dispatch mode. Parameters, gradients, optimizer state,
 saved activations and temporaries all count; storages shared by views count
-once. This is what ``harness.costmodel``'s ``train_peak_bytes`` predicts.
+once. This is what ``abl.costmodel``'s ``train_peak_bytes`` predicts.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from rich.table import Table
 from . import store
 from .config import Cell, Grid
 from .executors import Job, LocalExecutor
-from .plugins import pm
+from .plugin_manager import pm
 from .registry import Registry
 from .worker import write_json_atomic
 

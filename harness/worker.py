@@ -136,7 +136,7 @@ def prepare_kernels(run_dir: Path) -> None:
 def run_rank(run_dir: Path) -> int:
     """A non-zero rank of a torchrun cell: train, write nothing; rank 0 owns the folder."""
     from .config import cell_from_config
-    from .plugins import get_registry
+    from .plugin_manager import get_registry
     from .train import train
 
     registry = get_registry()
@@ -162,7 +162,7 @@ def run(run_dir: Path) -> int:
     sink = None
     try:
         from .config import cell_from_config
-        from .plugins import get_registry
+        from .plugin_manager import get_registry
         from .train import Diverged, checkpoint_step, train
 
         # a restarted cell keeps the rows up to its checkpoint and writes the rest again

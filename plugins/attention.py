@@ -19,10 +19,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness.cost import Cost, linear_flops, linear_params
-from harness.hookspecs import hookimpl
-from harness.model import PositionEncoding, residual_out
-from harness.registry import Param
+from abl.cost import Cost, linear_flops, linear_params
+from abl.hookspecs import hookimpl
+from abl.model import PositionEncoding, residual_out
+from abl.registry import Param
 
 # ------------------------------------------------------------ the softmax core
 
@@ -51,7 +51,7 @@ def softmax_attention(q, k, v, position: PositionEncoding, q_start: int, k_start
     scaled scores.
     """
     hq, tq, tk = q.size(1), q.size(2), k.size(2)
-    from harness.kernels import use_triton
+    from abl.kernels import use_triton
 
     if use_triton():
         out = _flash(q, k, v, position, q_start, k_start, window, softcap, scale)
@@ -96,7 +96,7 @@ def _flash(q, k, v, position, q_start, k_start, window, softcap, scale):
         slopes = position.bias_slopes(q.size(1), q.device)
         if slopes is None:
             return None
-    from harness.kernels.flash_attention import flash_attention
+    from abl.kernels.flash_attention import flash_attention
 
     return flash_attention(q, k, v, causal=True, window=window or None, alibi_slopes=slopes, scale=scale)
 
@@ -392,8 +392,8 @@ def _gqa_check(cfg, params):
 
 def _position_overrides(position_name: str, hook: str) -> bool:
     """Does the named position component override ``PositionEncoding.<hook>``?"""
-    from harness.plugins import get_registry
-    from harness.registry import RegistryError
+    from abl.plugin_manager import get_registry
+    from abl.registry import RegistryError
 
     try:
         factory = get_registry().get("position", position_name).factory

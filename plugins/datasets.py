@@ -11,9 +11,9 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from harness.data import DataError, from_documents, from_text_file, from_token_bin
-from harness.hookspecs import hookimpl
-from harness.registry import Param
+from abl.data import DataError, from_documents, from_text_file, from_token_bin
+from abl.hookspecs import hookimpl
+from abl.registry import Param
 
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 

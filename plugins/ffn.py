@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness.hookspecs import hookimpl
-from harness.model import residual_out
-from harness.registry import Param
+from abl.hookspecs import hookimpl
+from abl.model import residual_out
+from abl.registry import Param
 
 DENSE_RATIO = 4.0
 GATED_RATIO = DENSE_RATIO * 2 / 3  # 8/3: three matrices instead of two
@@ -90,11 +90,11 @@ class GatedFFN(nn.Module):
         self.down = residual_out(nn.Linear(h, cfg.d_model, bias=bias))
 
     def forward(self, x, ctx=None):
-        from harness.kernels import use_triton
+        from abl.kernels import use_triton
 
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         if self.kernel is not None and use_triton():
-            from harness.kernels import swiglu as glu_kernels
+            from abl.kernels import swiglu as glu_kernels
 
             return self.down(getattr(glu_kernels, self.kernel)(gate, up))
         return self.down(self.act(gate) * up)
@@ -122,7 +122,7 @@ def ffn_cost(d_model: int, hidden: int, gated: bool, bias: bool, act_keeps: int 
     what the activation keeps (``act_keeps`` hidden-wide tensors, see
     ``ACT_KEEPS``) and, gated, the product that the down projection reads.
     """
-    from harness.cost import Cost, linear_flops, linear_params
+    from abl.cost import Cost, linear_flops, linear_params
 
     n_in = 2 * hidden if gated else hidden
     params = linear_params(d_model, n_in, bias) + linear_params(hidden, d_model, bias)

@@ -3,7 +3,7 @@
 Seeds 000 sec. 7.6 (router, top-k, renormalisation, dispatch, capacity,
 dropping, load-balancing loss), 003 part VII (token vs expert choice,
 dropless MoE, shared experts) and 004 (noisy gating). Each expert is any FFN
-of ``plugins.ffn`` (``expert`` names it).
+of ``abl.plugins.ffn`` (``expert`` names it).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import math
 import torch
 import torch.nn as nn
 
-from harness.hookspecs import hookimpl
-from harness.registry import Param
-from plugins.ffn import ACT_KEEPS, DENSE_RATIO, GATED_RATIO, VARIANTS, ffn_cost, hidden_size, make_ffn
+from abl.hookspecs import hookimpl
+from abl.registry import Param
+from abl.plugins.ffn import ACT_KEEPS, DENSE_RATIO, GATED_RATIO, VARIANTS, ffn_cost, hidden_size, make_ffn
 
 
 def expert_hidden(d_model: int, expert: str, expert_ratio: float, top_k: int, n_shared: int,
@@ -189,7 +189,7 @@ def _cost(cfg, routing="token_choice", n_experts=8, top_k=2, n_shared_experts=0,
     """Params: router + all routed and shared experts. FLOPs (as executed = useful): the router and
     the active experts only: top_k per token for token choice (an upper bound when a capacity
     drops tokens), c * top_k on average for expert choice (c = 1 when capacity_factor is 0)."""
-    from harness.cost import Cost, linear_flops, linear_params
+    from abl.cost import Cost, linear_flops, linear_params
 
     d = cfg.d_model
     hidden = expert_hidden(d, expert, expert_ratio, top_k, n_shared_experts, multiple_of)

@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness.hookspecs import hookimpl
-from harness.registry import Param
+from abl.hookspecs import hookimpl
+from abl.registry import Param
 
 
 class LayerNorm(nn.Module):
@@ -34,10 +34,10 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x):
-        from harness.kernels import use_triton
+        from abl.kernels import use_triton
 
         if use_triton():
-            from harness.kernels.layernorm import layernorm
+            from abl.kernels.layernorm import layernorm
 
             return layernorm(x, self.weight, self.bias, self.eps, self.eps_placement)
         if self.eps_placement == "inside":
@@ -67,10 +67,10 @@ class RMSNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x):
-        from harness.kernels import use_triton
+        from abl.kernels import use_triton
 
         if use_triton():
-            from harness.kernels.rmsnorm import rmsnorm
+            from abl.kernels.rmsnorm import rmsnorm
 
             return rmsnorm(x, self.weight, self.bias, self.eps)
         xf = x.float()
@@ -119,27 +119,27 @@ class NoNorm(nn.Identity):
 
 
 def _layernorm_cost(dim, gain=True, bias=True, **_):
-    from harness.cost import Cost
+    from abl.cost import Cost
 
     return Cost(params=dim * (int(gain) + int(bias)), activation_elements_per_token=dim + 2)  # mean, rstd
 
 
 def _rmsnorm_cost(dim, gain=True, bias=False, **_):
-    from harness.cost import Cost
+    from abl.cost import Cost
 
     # the reference keeps x, rstd and (with a gain) x * rstd for the gain's gradient
     return Cost(params=dim * (int(gain) + int(bias)), activation_elements_per_token=dim * (1 + int(gain)) + 1)
 
 
 def _scalenorm_cost(dim, gain=True, **_):
-    from harness.cost import Cost
+    from abl.cost import Cost
 
     # x, g * x and the norm ||x||
     return Cost(params=int(gain), activation_elements_per_token=2 * dim + 1)
 
 
 def _no_norm_cost(dim, **_):
-    from harness.cost import Cost
+    from abl.cost import Cost
 
     return Cost()
 

@@ -1,4 +1,4 @@
-"""Position encodings (axis ``position``), through ``harness.model.PositionEncoding``.
+"""Position encodings (axis ``position``), through ``abl.model.PositionEncoding``.
 
 Seeds 002 sec. 1.5 (sinusoidal, learned absolute, relative, RoPE derivation)
 and 004 (relative encodings, position interpolation, ALiBi). Every factory is
@@ -25,10 +25,10 @@ import math
 import torch
 import torch.nn as nn
 
-from harness.cost import Cost
-from harness.hookspecs import hookimpl
-from harness.model import PositionEncoding
-from harness.registry import Param
+from abl.cost import Cost
+from abl.hookspecs import hookimpl
+from abl.model import PositionEncoding
+from abl.registry import Param
 
 
 class LearnedPosition(PositionEncoding):
@@ -121,12 +121,12 @@ class RotaryPosition(PositionEncoding):
         return super()._apply(fn, *args, **kwargs)
 
     def _rotate(self, x, start):
-        from harness.kernels import use_triton
+        from abl.kernels import use_triton
 
         dim = x.size(-1)
         cos, sin = self.angles(start, x.size(-2), x.device, dim)
         if use_triton():
-            from harness.kernels.rope import rope
+            from abl.kernels.rope import rope
 
             return rope(x, cos, sin, self.layout)
         xf = x.float()

@@ -4,7 +4,7 @@ Seeds 000 sec. 6 ("Precisions"): FP32 master weights and optimizer state in
 every policy; TF32 as a matmul mode; FP16 with dynamic loss scaling; BF16
 without; FP8 with E4M3 for forward weights/activations, E5M2 for gradients and
 per-tensor or per-channel scaling. Every factory is ``factory(**params)`` and
-returns a ``harness.train.Precision``.
+returns a ``abl.train.Precision``.
 
 What ran is recorded, never what was asked for: ``tf32`` on a device without
 TF32 records ``effective_precision = "fp32"``; ``fp8`` off H100-class GPUs runs
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from harness.hookspecs import hookimpl
-from harness.registry import Param
-from harness.train import Precision
+from abl.hookspecs import hookimpl
+from abl.registry import Param
+from abl.train import Precision
 
 
 class FP32(Precision):

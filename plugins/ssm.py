@@ -21,10 +21,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness.hookspecs import hookimpl
-from harness.kernels.ssd_scan import ssd_chunked, ssd_chunked_flops, ssd_sequential, ssd_step
-from harness.model import residual_out
-from harness.registry import Param
+from abl.hookspecs import hookimpl
+from abl.kernels.ssd_scan import ssd_chunked, ssd_chunked_flops, ssd_sequential, ssd_step
+from abl.model import residual_out
+from abl.registry import Param
 
 # ---------------------------------------------------------------- shared parts
 
@@ -254,7 +254,7 @@ class Mamba2(nn.Module):
     One in_proj gives z, xBC and dt; a depthwise causal conv + SiLU acts on
     x, B and C together; the SSD scan has a scalar A per head and B, C shared
     by each of ``n_groups`` groups of heads; then y + D x, the gated RMSNorm
-    and out_proj. The scan is ``harness.kernels.ssd_scan.ssd_chunked`` (its
+    and out_proj. The scan is ``abl.kernels.ssd_scan.ssd_chunked`` (its
     Triton forward ``ssd_scan`` under ``train.kernels`` = triton).
     """
 
@@ -279,10 +279,10 @@ class Mamba2(nn.Module):
     def _scan(self):
         """The Triton SSD forward under ``train.kernels`` = triton when its tile fits (a power of
         two >= 16), else the torch reference; both are the same chunked algorithm."""
-        from harness.kernels import use_triton
+        from abl.kernels import use_triton
 
         if use_triton() and self.chunk_size >= 16 and not self.chunk_size & (self.chunk_size - 1):
-            from harness.kernels.ssd_scan import ssd_scan
+            from abl.kernels.ssd_scan import ssd_scan
 
             return ssd_scan
         return ssd_chunked
@@ -318,7 +318,7 @@ class Mamba2(nn.Module):
 def _mamba_cost(cfg, d_state=16, d_conv=4, expand=2, dt_rank=0, bias=False, conv_bias=True, **_):
     """Mamba-1 cost: the four projections are the counted FLOPs; the conv (K taps per channel),
     the discretisation, the scan and its C-contraction are elementwise (O(T E N) work)."""
-    from harness.cost import Cost, linear_flops, linear_params
+    from abl.cost import Cost, linear_flops, linear_params
 
     d = cfg.d_model
     e, n, r = expand * d, d_state, dt_rank or math.ceil(d / 16)
@@ -342,7 +342,7 @@ def _mamba_cost(cfg, d_state=16, d_conv=4, expand=2, dt_rank=0, bias=False, conv
 def _mamba2_cost(cfg, d_state=64, d_conv=4, expand=2, head_dim=32, n_groups=1, chunk_size=64,
                  bias=False, conv_bias=True, **_):
     """Mamba-2 cost: the two projections and the five contractions of the chunked SSD scan."""
-    from harness.cost import Cost, linear_flops, linear_params
+    from abl.cost import Cost, linear_flops, linear_params
 
     d = cfg.d_model
     e = expand * d

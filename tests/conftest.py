@@ -9,14 +9,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def registry():
-    from harness.plugins import get_registry
+    from abl.plugin_manager import get_registry
 
     return get_registry()
 
 
 @pytest.fixture
 def tiny_model_config():
-    from harness.config import ModelConfig
+    from abl.config import ModelConfig
 
     return ModelConfig(d_model=32, n_layers=2, n_heads=4, context=16, vocab_size=64)
 
@@ -26,5 +26,5 @@ def run_abl(args, cwd=None, env=None, timeout=600):
     import subprocess
 
     full_env = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd or ROOT,
+    return subprocess.run([sys.executable, "-m", "abl.cli", *args], cwd=cwd or ROOT,
                           capture_output=True, text=True, env=full_env, timeout=timeout)

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.config import ConfigError, ModelConfig, expand
-from harness.model import ForwardContext, PositionEncoding
-from plugins.attention import (LinearAttention, MultiHeadAttention, MultiHeadLatentAttention,
+from abl.config import ConfigError, ModelConfig, expand
+from abl.model import ForwardContext, PositionEncoding
+from abl.plugins.attention import (LinearAttention, MultiHeadAttention, MultiHeadLatentAttention,
                                grouped_query_attention, multi_query_attention, sliding_window_attention)
-from plugins.positions import ALiBiPosition, RotaryPosition, T5RelativeBias
+from abl.plugins.positions import ALiBiPosition, RotaryPosition, T5RelativeBias
 
 
 @pytest.fixture(autouse=True, scope="module")

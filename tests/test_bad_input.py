@@ -7,8 +7,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.cli import cli
-from harness.config import ConfigError, expand, parse_toml_text
+from abl.cli import cli
+from abl.config import ConfigError, expand, parse_toml_text
 
 GOOD = """[experiment]
 name = "bad"

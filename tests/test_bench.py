@@ -9,7 +9,7 @@ from conftest import run_abl
 
 def test_run_bench_rows_on_cpu(tmp_path):
     torch = pytest.importorskip("torch")
-    from harness.bench import BENCH_COLUMNS, run_bench, store_rows
+    from abl.bench import BENCH_COLUMNS, run_bench, store_rows
 
     rows = run_bench(torch.device("cpu"), ops=["rmsnorm", "flash_attention"], providers=["torch", "triton"],
                      passes=["fwd", "fwd+bwd"])
@@ -54,7 +54,7 @@ def test_bench_kernels_cli_json(tmp_path):
 
 def test_gpu_peak_table_matches_the_most_specific_name():
     pytest.importorskip("torch")
-    from harness.bench import gpu_peak
+    from abl.bench import gpu_peak
 
     cases = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H100 PCIe": "h100 pcie", "NVIDIA GH200 480GB": "gh200",
              "NVIDIA A100-SXM4-40GB": "a100", "NVIDIA A10G": "a10g", "NVIDIA L40S": "l40s", "NVIDIA L4": "l4",

@@ -3,8 +3,8 @@
 import torch
 import torch.nn as nn
 
-from harness.config import ModelConfig
-from plugins.blocks import PostBranchNorm, PostNorm, PreNorm, SandwichNorm
+from abl.config import ModelConfig
+from abl.plugins.blocks import PostBranchNorm, PostNorm, PreNorm, SandwichNorm
 
 
 class Affine(nn.Module):

@@ -31,7 +31,7 @@ max_bytes = 300000
 
 
 def test_help_is_fast_and_does_not_import_torch():
-    code = ("import sys\nfrom click.testing import CliRunner\nfrom harness.cli import cli\n"
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom abl.cli import cli\n"
             "r = CliRunner().invoke(cli, ['--help'])\nassert r.exit_code == 0, r.output\n"
             "assert 'run' in r.output\nprint('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

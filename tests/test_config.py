@@ -1,6 +1,6 @@
 import pytest
 
-from harness.config import ConfigError, expand, load_grid, parse_toml_text
+from abl.config import ConfigError, expand, load_grid, parse_toml_text
 
 BASE = """
 [experiment]
@@ -124,7 +124,7 @@ def test_layer_pattern_tiles_mixers_over_layers(registry):
 
 
 def test_scale_presets_and_token_budgets(registry):
-    from harness.config import SCALES
+    from abl.config import SCALES
 
     text = BASE.replace("d_model = 32", 'scale = "s"').replace("n_heads = 4", "") + ""
     text = text.replace("[grid]", "[train]\ntokens = 100000\nbatch_size = 8\n[grid]")
@@ -141,7 +141,7 @@ def test_scale_presets_and_token_budgets(registry):
 def test_match_resizes_cells_to_the_first_within_one_percent(registry, what):
     import dataclasses
 
-    from harness.costmodel import predict_model
+    from abl.costmodel import predict_model
 
     text = BASE.replace('"model.norm" = ["rmsnorm", "layernorm"]',
                         '"model.ffn" = ["gelu", "swiglu"]\n"ffn.gelu.ratio" = [4.0, 2.0]')

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from harness import costmodel
-from harness.config import expand
-from harness.cost import Cost
-from harness.model import DecoderLM, ForwardContext, PositionEncoding, residual_out
-from harness.registry import AXES, Registry
+from abl import costmodel
+from abl.config import expand
+from abl.cost import Cost
+from abl.model import DecoderLM, ForwardContext, PositionEncoding, residual_out
+from abl.registry import AXES, Registry
 
 MODEL_AXES = ("norm", "block", "position", "mixer", "ffn")
 BASE_MODEL = {"d_model": 32, "n_layers": 2, "n_heads": 4, "context": 16, "vocab_size": 64}
@@ -99,7 +99,7 @@ def _with_costs(reg):
 @pytest.fixture(scope="module")
 def reg():
     """The real registry plus stubs: a stub mixer always (for hybrids), others where no component has a cost."""
-    from harness.plugins import get_registry
+    from abl.plugin_manager import get_registry
 
     base = get_registry()
     r = Registry(components=dict(base.components))
@@ -137,7 +137,7 @@ def make_cell(reg, select=None, model=None, train=None, params=None):
 
 def cost_components():
     """(axis, name) of every registered model component that declares a cost (collection time)."""
-    from harness.plugins import get_registry
+    from abl.plugin_manager import get_registry
 
     reg = get_registry()
     return [(a, n) for a in MODEL_AXES for n in reg.names(a) if reg.get(a, n).cost is not None]
@@ -147,7 +147,7 @@ COMPONENTS = cost_components()
 
 
 def _cell_or_skip(reg, axis, name, **kw):
-    from harness.config import ConfigError
+    from abl.config import ConfigError
 
     try:
         return make_cell(reg, select={axis: name}, **kw)
@@ -188,8 +188,8 @@ def test_predicted_flops_per_step_within_5_percent_of_the_flop_counter(reg, axis
 
 def _measured_step_peak(reg, cell):
     """peak_tensor_bytes of one training step after a first one (the optimizer state exists), as train() does."""
-    from harness.memory import StepMemory
-    from harness.train import make_optimizer
+    from abl.memory import StepMemory
+    from abl.train import make_optimizer
 
     torch.manual_seed(0)
     model = DecoderLM(cell.model, cell.components, reg)
@@ -293,7 +293,7 @@ def test_memory_accounting_follows_the_seeds(reg):
 
 
 def test_activation_dtype_comes_from_the_precision_policy(reg):
-    from harness.train import Precision
+    from abl.train import Precision
 
     class Half(Precision):
         name = "test_half"
@@ -340,7 +340,7 @@ def test_a_cost_function_returning_the_wrong_type_is_named(reg):
 
 
 def test_cost_model_errors_are_user_errors():
-    from harness.registry import RegistryError
+    from abl.registry import RegistryError
 
     assert issubclass(costmodel.CostModelError, RegistryError)
 
@@ -376,7 +376,7 @@ def test_abl_cost_prints_the_predicted_table_without_training(tmp_path, monkeypa
 
     from click.testing import CliRunner
 
-    from harness.cli import cli
+    from abl.cli import cli
 
     monkeypatch.chdir(tmp_path)
     grid = tmp_path / "g.toml"
@@ -399,7 +399,7 @@ def test_abl_cost_names_a_component_without_cost_and_exits_2(tmp_path):
     plug.mkdir()
     (plug / "nocost.py").write_text(
         "import torch.nn as nn\n"
-        "from harness.hookspecs import hookimpl\n"
+        "from abl.hookspecs import hookimpl\n"
         "class M(nn.Module):\n"
         "    def __init__(self, cfg, position):\n"
         "        super().__init__()\n"

@@ -31,9 +31,9 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from dashboard import charts as dash_charts  # noqa: E402
-from dashboard import queries  # noqa: E402
-from harness import store as abl_store  # noqa: E402
+from abl.dashboard import charts as dash_charts  # noqa: E402
+from abl.dashboard import queries  # noqa: E402
+from abl import store as abl_store  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the fixture store trains a grid through the CLI
 
@@ -67,7 +67,7 @@ def fixture_store(tmp_path_factory) -> Fixture:
     db = tmp / "abl.duckdb"
     log = tmp / "abl_run.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(GRID), "--db", str(db),
+        proc = subprocess.Popen([sys.executable, "-m", "abl.cli", "run", str(GRID), "--db", str(db),
                                  "--workers", "2"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         reader = queries.Store(str(db), str(tmp / "runs"))
         seen: Counter = Counter()
@@ -561,7 +561,7 @@ def server(fixture_store, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("dash_server") / "server.log"
     out = open(log, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "dashboard", "--db", str(fixture_store.db),
+    proc = subprocess.Popen([sys.executable, "-m", "abl.cli", "dashboard", "--db", str(fixture_store.db),
                              "--port", str(port)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -31,7 +31,7 @@ def build_synthetic_store(db) -> int:
     """A store shaped like a real grid: runs with resolved configs, metrics every step."""
     import duckdb
 
-    from harness import store
+    from abl import store
 
     store.open_store(db).close()  # the real schema, through the migrations
     con = duckdb.connect(str(db))

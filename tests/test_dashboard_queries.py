@@ -15,9 +15,9 @@ pd = pytest.importorskip("pandas", reason="the dashboard extra is not installed:
 pytest.importorskip("scipy")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from dashboard import queries as q  # noqa: E402
-from dashboard import stats  # noqa: E402
-from harness import store as abl_store  # noqa: E402
+from abl.dashboard import queries as q  # noqa: E402
+from abl.dashboard import stats  # noqa: E402
+from abl import store as abl_store  # noqa: E402
 from scipy import stats as sps  # noqa: E402
 
 APP = ROOT / "dashboard" / "app.py"
@@ -234,7 +234,7 @@ def test_abl_dashboard_defaults_to_127_0_0_1(monkeypatch, tmp_path):
     pytest.importorskip("streamlit", reason="the dashboard extra is not installed")
     from click.testing import CliRunner
 
-    from harness import cli
+    from abl import cli
 
     calls = []
     monkeypatch.setattr(cli.os, "execve", lambda exe, argv, env: calls.append((argv, env)))

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from harness.data import Batches, DataError, from_documents, from_text_file, from_token_bin
-from plugins.datasets import python_stdlib
+from abl.data import Batches, DataError, from_documents, from_text_file, from_token_bin
+from abl.plugins.datasets import python_stdlib
 
 
 def test_stdlib_corpus_is_real_deterministic_text():

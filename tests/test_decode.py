@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.config import ConfigError, ModelConfig, expand
-from harness.decode import (analytic_state_bytes, cache_bytes, decode_metrics, extrapolation_metrics,
+from abl.config import ConfigError, ModelConfig, expand
+from abl.decode import (analytic_state_bytes, cache_bytes, decode_metrics, extrapolation_metrics,
                             greedy_generate, post_training_evaluations, recompute_generate)
-from harness.model import DecoderLM, ForwardContext
-from harness.registry import Registry
+from abl.model import DecoderLM, ForwardContext
+from abl.registry import Registry
 
 MIXERS = ["mha", "gqa", "mqa", "sliding_window", "linear", "mla"]
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "t5", "nope"]
@@ -201,8 +201,8 @@ def test_extrapolation_needs_enough_validation_tokens(registry):
 
 
 def test_post_training_evaluations_x1_is_the_regular_val_loss(registry):
-    from harness.data import Batches, TokenData
-    from harness.train import Precision, evaluate
+    from abl.data import Batches, TokenData
+    from abl.train import Precision, evaluate
 
     _, comps, model = build(registry, "gqa", "learned")
     data = TokenData(torch.randint(0, VOCAB, (5000,)).numpy(), torch.randint(0, VOCAB, (3000,)).numpy(),
@@ -221,7 +221,7 @@ def test_post_training_evaluations_x1_is_the_regular_val_loss(registry):
 
 
 def test_training_run_records_decode_and_extrapolation(registry):
-    from harness.train import train
+    from abl.train import train
 
     grid = {
         "experiment": {"name": "t", "seeds": [0]},
@@ -249,7 +249,7 @@ def test_training_run_records_decode_and_extrapolation(registry):
 
 
 def test_parallel_block_is_one_norm_feeding_both_branches(registry):
-    from plugins.blocks import ParallelBlock
+    from abl.plugins.blocks import ParallelBlock
 
     cfg = ModelConfig(d_model=4, n_heads=1)
     norm = lambda x: 2.0 * x + 0.1  # noqa: E731

@@ -1,7 +1,7 @@
 import inspect
 
 from conftest import ROOT
-from harness import hookspecs
+from abl import hookspecs
 
 
 def test_every_hook_is_documented_in_the_readme():
@@ -15,7 +15,7 @@ def test_every_hook_is_documented_in_the_readme():
 
 
 def test_every_axis_is_documented_in_the_readme():
-    from harness.registry import AXES
+    from abl.registry import AXES
 
     readme = (ROOT / "README.md").read_text()
     for axis in AXES:

@@ -44,7 +44,7 @@ def rows(db, sql, params=()):
 
 
 def start_abl(args):
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "abl.cli", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -72,8 +72,8 @@ def n_steps(run_dir):
 
 
 def cell_dirs(tmp_path, grid):
-    from harness.config import load_grid
-    from harness.plugins import get_registry
+    from abl.config import load_grid
+    from abl.plugin_manager import get_registry
 
     return [tmp_path / "runs" / c.run_id for c in load_grid(grid, get_registry()).cells]
 
@@ -173,8 +173,8 @@ def test_a_code_change_between_attempts_is_recorded_and_flagged(tmp_path):
     grid = tmp_path / "g.toml"
     grid.write_text(GRID.format(steps=5, ckpt=0).replace('["rmsnorm", "none"]', '["rmsnorm"]'))
     db = tmp_path / "x.duckdb"
-    from harness.config import load_grid
-    from harness.plugins import get_registry
+    from abl.config import load_grid
+    from abl.plugin_manager import get_registry
 
     (cell,) = load_grid(grid, get_registry()).cells
     run_dir = tmp_path / "runs" / cell.run_id
@@ -221,7 +221,7 @@ def test_remote_executors_run_a_two_cell_grid_into_the_store(tmp_path, executor)
 
 
 def test_worker_truncates_metrics_to_the_checkpoint(tmp_path):
-    from harness.worker import truncate_metrics
+    from abl.worker import truncate_metrics
 
     p = tmp_path / "metrics.jsonl"
     p.write_text("".join(json.dumps({"step": s, "train_loss": 1.0}) + "\n" for s in range(10)) + '{"step": 10, "tr')
@@ -232,8 +232,8 @@ def test_worker_truncates_metrics_to_the_checkpoint(tmp_path):
 
 
 def test_checkpoint_round_trip_continues_identically(registry, tmp_path):
-    from harness.config import expand
-    from harness.train import train
+    from abl.config import expand
+    from abl.train import train
 
     raw = {"experiment": {"name": "t", "seeds": [3]},
            "model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "context": 32},

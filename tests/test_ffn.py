@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.config import ModelConfig, load_grid
-from harness.model import DecoderLM
+from abl.config import ModelConfig, load_grid
+from abl.model import DecoderLM
 from tests.kernels.helpers import triton_device
 from conftest import ROOT
 
@@ -75,7 +75,7 @@ def test_ffn_matches_reference(registry, name, bias):
 @pytest.mark.parametrize("name", ["swiglu", "geglu"])
 def test_fused_glu_kernel_under_the_triton_backend(registry, name):
     """The wiring only (the kernel itself: tests/kernels/test_kernels_rope_glu.py)."""
-    from harness import kernels
+    from abl import kernels
 
     device = triton_device()
     if device is None:

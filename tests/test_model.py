@@ -3,10 +3,10 @@ import itertools
 import pytest
 import torch
 
-from harness.config import ModelConfig
-from harness.hookspecs import hookimpl
-from harness.model import DecoderLM, ForwardContext
-from harness.plugins import build_registry, pm
+from abl.config import ModelConfig
+from abl.hookspecs import hookimpl
+from abl.model import DecoderLM, ForwardContext
+from abl.plugin_manager import build_registry, pm
 
 
 def components(norm="rmsnorm", block="pre", position="rope", mixer="mha", ffn="gelu", registry=None):

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.config import ConfigError, ModelConfig, expand
-from harness.model import DecoderLM, ForwardContext, PositionEncoding
-from plugins.moe import MixtureOfExperts
+from abl.config import ConfigError, ModelConfig, expand
+from abl.model import DecoderLM, ForwardContext, PositionEncoding
+from abl.plugins.moe import MixtureOfExperts
 
 D = 16
 
@@ -203,7 +203,7 @@ def test_cost_matches_module_and_flop_counter(registry, routing, expert, shared)
 
 def test_moe_grid_matches_active_parameters(registry):
     from conftest import ROOT
-    from harness.config import load_grid
+    from abl.config import load_grid
 
     grid = load_grid(ROOT / "ablations" / "moe.toml", registry)
     ffn = {c.components["ffn"]["name"] for c in grid.cells}

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from plugins.norms import LayerNorm, NoNorm, RMSNorm, ScaleNorm
+from abl.plugins.norms import LayerNorm, NoNorm, RMSNorm, ScaleNorm
 
 
 def ref_layernorm(x, gamma, beta, eps, inside):

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from harness.config import ModelConfig
-from plugins.positions import (ALiBiPosition, LearnedPosition, NoPosition, RotaryPosition,
+from abl.config import ModelConfig
+from abl.plugins.positions import (ALiBiPosition, LearnedPosition, NoPosition, RotaryPosition,
                                SinusoidalPosition, T5RelativeBias, alibi_slopes, t5_bucket)
 
 

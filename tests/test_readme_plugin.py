@@ -38,7 +38,7 @@ def test_readme_plugin_installs_and_trains(tmp_path):
     env_clean = {k: v for k, v in os.environ.items() if k != "ABL_PLUGINS"}
     env_clean.update(env)
 
-    listed = subprocess.run([sys.executable, "-m", "harness.cli", "plugins", "--json"], cwd=ROOT,
+    listed = subprocess.run([sys.executable, "-m", "abl.cli", "plugins", "--json"], cwd=ROOT,
                             capture_output=True, text=True, env=env_clean)
     rows = {(r["axis"], r["name"]): r for r in json.loads(listed.stdout)}
     assert rows[("norm", "dyt")]["package"] == "abl-dyt"
@@ -66,7 +66,7 @@ eval_batches = 2
 max_bytes = 300000
 """)
     db = tmp_path / "x.duckdb"
-    r = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(grid), "--db", str(db)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "abl.cli", "run", str(grid), "--db", str(db)], cwd=ROOT,
                        capture_output=True, text=True, env=env_clean, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     con = duckdb.connect(str(db), read_only=True)

@@ -1,8 +1,8 @@
 import pytest
 
-from harness.hookspecs import hookimpl
-from harness.plugins import build_registry, pm
-from harness.registry import AXES, Param, Registry, RegistryError
+from abl.hookspecs import hookimpl
+from abl.plugin_manager import build_registry, pm
+from abl.registry import AXES, Param, Registry, RegistryError
 
 
 def test_every_required_axis_and_builtin(registry):

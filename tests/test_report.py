@@ -101,9 +101,9 @@ eval_every = 10
 
 def write_fake_runs(grid, runs_dir, loss_of) -> None:
     """Run folders as a worker leaves them, with metrics from ``loss_of(cell, model_params)``."""
-    from harness.config import load_grid
-    from harness.model import DecoderLM
-    from harness.plugins import get_registry
+    from abl.config import load_grid
+    from abl.model import DecoderLM
+    from abl.plugin_manager import get_registry
 
     reg = get_registry()
     g = load_grid(grid, reg)
@@ -141,7 +141,7 @@ def chinchilla_loss(cell, n_ne):
 
 @pytest.fixture
 def ladder_store(tmp_path):
-    from harness import store
+    from abl import store
 
     grid = tmp_path / "ladder.toml"
     grid.write_text(LADDER)
@@ -153,9 +153,9 @@ def ladder_store(tmp_path):
 
 
 def test_report_numbers_match_a_direct_computation_from_the_store(ladder_store, tmp_path):
-    from harness.config import load_grid
-    from harness.plugins import get_registry
-    from harness.report import build_report, load_runs, write_report
+    from abl.config import load_grid
+    from abl.plugin_manager import get_registry
+    from abl.report import build_report, load_runs, write_report
 
     grid, db = ladder_store
     reg = get_registry()
@@ -181,7 +181,7 @@ def test_report_numbers_match_a_direct_computation_from_the_store(ladder_store, 
     assert fit["n_sizes"] == 4 and "L(N)" in fit["form"]
     assert fit["alpha"] == pytest.approx(0.4, abs=0.15)
     # the API the run summary uses gives the same statistics
-    from harness.report import statistics_for_runs
+    from abl.report import statistics_for_runs
 
     again = statistics_for_runs(db, [c.run_id for c in g.cells], order=list(dict.fromkeys(c.cell_key for c in g.cells)))
     assert [(r["label"], r["verdict"], r["p_value"]) for r in again] == \
@@ -196,7 +196,7 @@ def abl(args, cwd, monkeypatch):
     """The CLI in-process (a subprocess per call is too slow on a shared 2-core machine)."""
     from click.testing import CliRunner
 
-    from harness.cli import cli
+    from abl.cli import cli
 
     monkeypatch.chdir(cwd)
     return CliRunner().invoke(cli, args)
@@ -231,7 +231,7 @@ def test_help_lists_cost_and_report_without_importing_torch():
     import subprocess
     import sys
 
-    code = ("import io, sys, contextlib\nfrom harness.cli import cli\nbuf = io.StringIO()\n"
+    code = ("import io, sys, contextlib\nfrom abl.cli import cli\nbuf = io.StringIO()\n"
             "with contextlib.redirect_stdout(buf):\n    try:\n        cli(['--help'])\n"
             "    except SystemExit:\n        pass\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.config import ConfigError, ModelConfig, expand
-from harness.kernels.ssd_scan import segsum, ssd_chunked, ssd_sequential, ssd_step
-from harness.model import DecoderLM, ForwardContext, PositionEncoding
-from plugins.ssm import LinearScan, Mamba, Mamba2, selective_scan, selective_scan_sequential
+from abl.config import ConfigError, ModelConfig, expand
+from abl.kernels.ssd_scan import segsum, ssd_chunked, ssd_sequential, ssd_step
+from abl.model import DecoderLM, ForwardContext, PositionEncoding
+from abl.plugins.ssm import LinearScan, Mamba, Mamba2, selective_scan, selective_scan_sequential
 from tests.kernels.helpers import triton_device
 
 f64 = torch.float64
@@ -288,7 +288,7 @@ def test_hybrid_layer_pattern_builds_and_trains(registry):
 def test_mamba2_uses_the_triton_ssd_scan_under_the_triton_backend():
     """The wiring only (the kernel itself: tests/kernels/test_kernels_ssd_scan.py). Runs where the
     kernels can: CUDA, or the interpreter (set up when tests/kernels is collected first)."""
-    from harness import kernels
+    from abl import kernels
 
     device = triton_device()
     if device is None:
@@ -315,7 +315,7 @@ def test_mamba2_head_dim_must_divide_the_inner_width(registry):
 
 def test_ssm_grid_compares_attention_mamba_mamba2_and_a_hybrid(registry):
     from conftest import ROOT
-    from harness.config import load_grid
+    from abl.config import load_grid
 
     grid = load_grid(ROOT / "ablations" / "ssm.toml", registry)
     layers = {tuple(s["name"] for s in c.components["layer_mixers"]) for c in grid.cells}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from harness import stats
+from abl import stats
 
 
 def test_summary_matches_a_t_interval():

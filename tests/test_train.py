@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from harness.config import expand
-from harness.train import Diverged, lr_at, train
+from abl.config import expand
+from abl.train import Diverged, lr_at, train
 
 GRID = {
     "experiment": {"name": "t", "seeds": [0]},

@@ -10,9 +10,9 @@ Holm-adjusted for the number of cells compared.
 import numpy as np
 import streamlit as st
 
-from dashboard import charts, common
-from dashboard import queries as q
-from dashboard import stats
+from abl.dashboard import charts, common
+from abl.dashboard import queries as q
+from abl.dashboard import stats
 
 NONE = "(none)"
 PREFERRED = ("val_loss", "train_loss", "tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token",

@@ -11,8 +11,8 @@ the selection spans enough model sizes.
 import pandas as pd
 import streamlit as st
 
-from dashboard import common
-from dashboard import queries as q
+from abl.dashboard import common
+from abl.dashboard import queries as q
 
 sel: q.Selection = st.session_state["selection"]
 st.title("Costs & scaling")
@@ -22,8 +22,8 @@ if common.no_runs(sel):
 
 @st.cache_data(max_entries=32, show_spinner="Predicting costs...")
 def _analyse(db: str, run_ids: tuple[str, ...], sig: tuple):
-    from harness import report
-    from harness.plugins import get_registry
+    from abl import report
+    from abl.plugin_manager import get_registry
 
     runs = report.load_runs(db, run_ids=list(run_ids))
     cells = report.group_cells(runs)
@@ -41,8 +41,8 @@ except Exception as exc:  # noqa: BLE001 - a busy or odd store is shown, not rai
     st.error(f"Could not read the runs for the cost check: {exc}")
     st.stop()
 
-from harness import report  # noqa: E402 - after the page's early exits
-from harness.costmodel import MEMORY_BAND  # noqa: E402
+from abl import report  # noqa: E402 - after the page's early exits
+from abl.costmodel import MEMORY_BAND  # noqa: E402
 
 table = pd.DataFrame(rows)
 if table.empty:
@@ -79,7 +79,7 @@ if len(sizes) < report.MIN_SIZES_FOR_FIT:
     st.info(f"The selection spans {len(sizes)} model size(s); a fit of L(N, D) = E + A/N^α + B/D^β needs "
             f"at least {report.MIN_SIZES_FOR_FIT} (e.g. a grid over `model.scale`).")
     st.stop()
-from harness.scaling import ScalingFitError, fit as fit_scaling  # noqa: E402
+from abl.scaling import ScalingFitError, fit as fit_scaling  # noqa: E402
 
 try:
     fit = fit_scaling(*zip(*points))

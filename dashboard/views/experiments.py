@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from dashboard import common
-from dashboard import queries as q
-from dashboard import stats
+from abl.dashboard import common
+from abl.dashboard import queries as q
+from abl.dashboard import stats
 
 SUMMARY = ("val_loss", "train_loss", "tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token",
            "decode_tokens_per_s", "n_params", "wall_s")

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common
-from dashboard import queries as q
+from abl.dashboard import charts, common
+from abl.dashboard import queries as q
 
 st.title("Kernels")
 cols = common.load(q.bench_columns)

@@ -6,9 +6,9 @@ import math
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common
-from dashboard import queries as q
-from dashboard import stats
+from abl.dashboard import charts, common
+from abl.dashboard import queries as q
+from abl.dashboard import stats
 
 sel: q.Selection = st.session_state["selection"]
 ctx = common.ctx()

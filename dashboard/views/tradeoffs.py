@@ -8,9 +8,9 @@ parameters; higher throughput).
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, common
-from dashboard import queries as q
-from dashboard import stats
+from abl.dashboard import charts, common
+from abl.dashboard import queries as q
+from abl.dashboard import stats
 
 COSTS = (  # metric, better, log x by default
     ("tokens_per_s", "higher", False),

@@ -6,7 +6,7 @@ Which path the plugins take is a process-wide choice made by the trainer from
 and import the op's public function lazily, e.g.
 
     if use_triton():
-        from harness.kernels.rmsnorm import rmsnorm
+        from abl.kernels.rmsnorm import rmsnorm
         return rmsnorm(x, self.weight, self.bias, self.eps)
 
 Modules (each: Triton kernels, launchers, autograd.Function, public function

@@ -22,7 +22,7 @@ def assert_close(name, ref, out, dtype=None):
 
 def triton_device():
     """Where the Triton kernels can run in this process: "cuda", "cpu" (interpreter) or None."""
-    from harness.kernels.utils import HAS_TRITON, interpreting
+    from abl.kernels.utils import HAS_TRITON, interpreting
 
     if not HAS_TRITON:
         return None

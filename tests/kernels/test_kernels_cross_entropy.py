@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from harness.kernels.cross_entropy import (cross_entropy, cross_entropy_reference, linear_cross_entropy,
+from abl.kernels.cross_entropy import (cross_entropy, cross_entropy_reference, linear_cross_entropy,
                                            linear_cross_entropy_reference)
 
 from .helpers import DTYPE_NAMES, assert_close

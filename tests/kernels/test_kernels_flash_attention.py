@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from harness.kernels.flash_attention import alibi_slopes, attention_reference, flash_attention
+from abl.kernels.flash_attention import alibi_slopes, attention_reference, flash_attention
 
 from .helpers import DTYPE_NAMES, assert_close
 

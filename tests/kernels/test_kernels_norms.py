@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from harness.kernels.layernorm import layernorm, layernorm_reference
-from harness.kernels.rmsnorm import rmsnorm, rmsnorm_reference
+from abl.kernels.layernorm import layernorm, layernorm_reference
+from abl.kernels.rmsnorm import rmsnorm, rmsnorm_reference
 
 from .helpers import DTYPE_NAMES, assert_close
 
@@ -68,8 +68,8 @@ def test_layernorm_constant_row_outside_eps(device):
 
 
 def test_norm_plugins_dispatch_to_the_kernels(device):
-    from harness.kernels import backend, set_backend
-    from plugins.norms import LayerNorm, RMSNorm
+    from abl.kernels import backend, set_backend
+    from abl.plugins.norms import LayerNorm, RMSNorm
 
     x = torch.randn(2, 5, 48, device=device)
     before = backend()
@@ -88,7 +88,7 @@ def test_norm_plugins_dispatch_to_the_kernels(device):
 
 
 def test_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
-    from harness.kernels.utils import KernelUnavailable
+    from abl.kernels.utils import KernelUnavailable
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(KernelUnavailable, match="CUDA"):

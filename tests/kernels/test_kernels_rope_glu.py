@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from harness.kernels.rope import rope, rope_reference
-from harness.kernels.swiglu import geglu, geglu_reference, swiglu, swiglu_reference
+from abl.kernels.rope import rope, rope_reference
+from abl.kernels.swiglu import geglu, geglu_reference, swiglu, swiglu_reference
 
 from .helpers import DTYPE_NAMES, assert_close
 
@@ -42,8 +42,8 @@ def test_rope(case, device):
 
 
 def test_rope_matches_the_position_plugin(device):
-    from harness.config import ModelConfig
-    from plugins.positions import RotaryPosition
+    from abl.config import ModelConfig
+    from abl.plugins.positions import RotaryPosition
 
     cfg = ModelConfig(d_model=64, n_layers=1, n_heads=2, context=32, vocab_size=16)
     for layout in ("interleaved", "half"):

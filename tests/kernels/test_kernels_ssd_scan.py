@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.kernels.ssd_scan import ssd_scan, ssd_sequential
+from abl.kernels.ssd_scan import ssd_scan, ssd_sequential
 
 from .helpers import DTYPE_NAMES, assert_close
 

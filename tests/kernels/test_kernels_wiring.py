@@ -15,9 +15,9 @@ import duckdb
 import pytest
 import torch
 
-from harness import kernels
-from harness.config import ModelConfig
-from harness.model import DecoderLM, ForwardContext
+from abl import kernels
+from abl.config import ModelConfig
+from abl.model import DecoderLM, ForwardContext
 from tests.conftest import run_abl
 from tests.kernels.helpers import assert_close
 
@@ -52,7 +52,7 @@ class Calls:
         self.counts = dict.fromkeys(names, 0)
         for name in names:
             module, fn = name.rsplit(".", 1)
-            mod = importlib.import_module(f"harness.kernels.{module}")
+            mod = importlib.import_module(f"abl.kernels.{module}")
             real = getattr(mod, fn)
 
             def counted(*args, __real=real, __name=name, **kwargs):
@@ -152,7 +152,7 @@ def test_cached_decoding_with_the_flash_kernel(registry, monkeypatch, device, mi
 def test_flop_count_is_taken_on_the_reference_path(registry, device):
     """torch's counter cannot see inside a Triton kernel: the harness counts on the torch path,
     so the measured FLOPs do not depend on train.kernels."""
-    from harness.flops import count_step_flops
+    from abl.flops import count_step_flops
 
     model = build(registry, device=device)
     x = torch.randint(0, 50, (2, 24), device=device)

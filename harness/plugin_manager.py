@@ -1,22 +1,25 @@
 """The plugin manager.
 
-Every component source is loaded through one path, in this order:
+Every component source is an ordinary plugin module registered with the same
+``pm.register``, in this order:
 
-1. entry points in group ``"abl"`` of every installed distribution. The
-   built-in variants in ``plugins/`` are declared in abl's own pyproject.toml
-   exactly like a third-party package would declare its own;
-2. loose ``*.py`` files in the folders named by ``ABL_PLUGINS_DIR``
+1. the built-in variants, ``DEFAULT_PLUGINS`` (modules of ``abl.plugins``),
+   loaded by import: a new built-in file needs one line here, no reinstall;
+2. entry points in group ``"abl"`` of every installed distribution (third-party
+   packages), loaded the same way right after them;
+3. loose ``*.py`` files in the folders named by ``ABL_PLUGINS_DIR``
    (``os.pathsep``-separated), or by ``abl --plugins-dir``;
-3. plugins registered in-process with ``pm.register`` (tests do this).
+4. plugins registered in-process with ``pm.register`` (tests do this).
 
 ``ABL_PLUGINS`` restricts which third-party entry points load: a
 comma-separated allowlist of entry-point names (empty = built-ins only). The
-built-ins (entry points of the ``abl`` distribution) always load.
+built-ins always load.
 ``ABL_TRACE_HOOKS=1`` prints every hook call, for debugging plugins.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as md
 import importlib.util
 import os
@@ -30,6 +33,19 @@ from .registry import Registry, RegistryError
 
 GROUP = "abl"
 SELF_DIST = "abl"
+
+# The built-in variants, one module per axis (llm's DEFAULT_PLUGINS habit).
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "abl.plugins.norms",
+    "abl.plugins.blocks",
+    "abl.plugins.positions",
+    "abl.plugins.attention",
+    "abl.plugins.ffn",
+    "abl.plugins.moe",
+    "abl.plugins.ssm",
+    "abl.plugins.precision",
+    "abl.plugins.datasets",
+)
 
 pm = pluggy.PluginManager("abl")
 pm.add_hookspecs(hookspecs)
@@ -50,14 +66,32 @@ def _dist_of(ep) -> tuple[str, str]:
     return (dist.metadata["Name"] or "?", dist.version or "?")
 
 
+def _self_version() -> str:
+    try:
+        return md.version(SELF_DIST)
+    except md.PackageNotFoundError:  # running from a source tree that is not installed
+        return "?"
+
+
+def _load_default_plugins() -> None:
+    version = _self_version()
+    for module_name in DEFAULT_PLUGINS:
+        name = module_name.rsplit(".", 1)[-1]
+        if pm.get_plugin(name) is not None:
+            continue
+        pm.register(importlib.import_module(module_name), name=name)
+        _provenance[name] = (SELF_DIST, version)
+
+
 def _load_entry_points() -> None:
     allow_env = os.environ.get("ABL_PLUGINS")
     allow = None if allow_env is None else {s.strip() for s in allow_env.split(",") if s.strip()}
     seen: set[str] = set()
     for ep in md.entry_points(group=GROUP):
         package, version = _dist_of(ep)
-        builtin = package == SELF_DIST
-        if not builtin and allow is not None and ep.name not in allow:
+        if package == SELF_DIST:  # the built-ins come from DEFAULT_PLUGINS
+            continue
+        if allow is not None and ep.name not in allow:
             continue
         # The same distribution can be visible twice (e.g. an editable install
         # plus a build folder); load each (package, entry point) once.
@@ -65,7 +99,7 @@ def _load_entry_points() -> None:
         if key in seen:
             continue
         seen.add(key)
-        name = ep.name if builtin else f"{package}:{ep.name}"
+        name = f"{package}:{ep.name}"
         if pm.get_plugin(name) is not None:
             continue
         try:
@@ -107,6 +141,7 @@ def load_plugins() -> pluggy.PluginManager:
     if os.environ.get("ABL_TRACE_HOOKS"):
         pm.trace.root.setwriter(lambda msg: sys.stderr.write(msg))
         pm.enable_tracing()
+    _load_default_plugins()
     _load_entry_points()
     _load_plugin_dirs()
     pm.check_pending()
