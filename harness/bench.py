@@ -30,11 +30,9 @@ matmul, one large copy). Times are milliseconds.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata as md
 import importlib.util
 import json
 import math
-import platform
 import statistics
 import time
 import uuid
@@ -45,90 +43,12 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from .provenance import device_peak, git_commit, package_versions
+
 PASSES = ("fwd", "bwd", "fwd+bwd")
 PROVIDERS = ("triton", "torch", "torch.compile", "liger", "flash-attn", "mamba-ssm")
 
-# name substring (lower case) -> (HBM GB/s, dense TFLOP/s by dtype). Vendor datasheet
-# figures (dense, no sparsity); fp32 is the non-tensor-core rate. First match wins,
-# so more specific names come first.
-GPU_PEAKS: list[tuple[str, float, dict[str, float]]] = [
-    ("gh200", 4000.0, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),
-    ("h200", 4800.0, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),
-    ("h100 pcie", 2000.0, {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0}),
-    ("h100 nvl", 3900.0, {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0}),
-    ("h100", 3350.0, {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),
-    ("b200", 8000.0, {"bf16": 2250.0, "fp16": 2250.0, "fp32": 80.0}),
-    ("a100-sxm4-80gb", 2039.0, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}),
-    ("a100 80gb pcie", 1935.0, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}),
-    ("a100", 1555.0, {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}),
-    ("a10g", 600.0, {"bf16": 70.0, "fp16": 70.0, "fp32": 31.2}),
-    ("a10", 600.0, {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2}),
-    ("l40s", 864.0, {"bf16": 362.0, "fp16": 362.0, "fp32": 91.6}),
-    ("l40", 864.0, {"bf16": 181.0, "fp16": 181.0, "fp32": 90.5}),
-    ("l4", 300.0, {"bf16": 121.0, "fp16": 121.0, "fp32": 30.3}),
-    ("rtx 4090", 1008.0, {"bf16": 165.0, "fp16": 165.0, "fp32": 82.6}),
-    ("rtx 3090", 936.0, {"bf16": 71.0, "fp16": 71.0, "fp32": 35.6}),
-    ("v100", 900.0, {"fp16": 125.0, "fp32": 15.7}),
-    ("t4", 320.0, {"fp16": 65.0, "fp32": 8.1}),
-]
-
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-# ---------------------------------------------------------------- device peak
-
-
-@dataclass
-class Peak:
-    device: str
-    gbps: float | None
-    tflops: dict[str, float]
-    basis: str
-
-
-def device_description(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-def measure_cpu_peak() -> tuple[float, float]:
-    """(GB/s of one large copy, TFLOP/s of one large fp32 matmul), best of a few tries."""
-    src = torch.randn(8 * 1024 * 1024)  # 32 MiB, larger than the caches of most CPUs
-    dst = torch.empty_like(src)
-    best_copy = math.inf
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best_copy = min(best_copy, time.perf_counter() - t0)
-    n = 1024
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    best_mm = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best_mm = min(best_mm, time.perf_counter() - t0)
-    return 2 * src.numel() * 4 / best_copy / 1e9, 2 * n ** 3 / best_mm / 1e12
-
-
-def gpu_peak(name: str) -> Peak:
-    """The table's peak for a GPU named as torch.cuda.get_device_name reports it."""
-    low = name.lower()
-    for key, gbps, tflops in GPU_PEAKS:
-        if key in low:
-            return Peak(name, gbps, tflops, f"datasheet ({key})")
-    return Peak(name, None, {}, "unknown GPU: no peak in the table")
-
-
-def device_peak(device: torch.device) -> Peak:
-    name = device_description(device)
-    if device.type == "cuda":  # pragma: no cover - needs a GPU
-        return gpu_peak(name)
-    gbps, tflops = measure_cpu_peak()
-    return Peak(name, gbps, {"fp32": tflops, "bf16": tflops, "fp16": tflops},
-                "measured at start-up: one 32 MiB copy (DRAM; inputs that fit in the caches can "
-                "exceed it), one 1024^3 fp32 matmul")
 
 
 # ---------------------------------------------------------------- timing
@@ -348,25 +268,6 @@ def _case(op, triton_fn, ref_fn, s, dt, dname, es) -> Case:  # noqa: C901 - one 
 # ---------------------------------------------------------------- runner
 
 
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version(), "torch": torch.__version__}
-    for dist in ("abl", "triton", "liger-kernel", "flash-attn", "mamba-ssm"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
-    return out
-
-
-def _git_commit() -> str:
-    try:
-        from .runner import git_commit
-
-        return git_commit()
-    except Exception:  # noqa: BLE001 - the commit is a label, never a reason to fail
-        return "unknown"
-
-
 def available_providers(device: torch.device) -> dict[str, str | None]:
     """provider -> None when it can run here, else why not."""
     from .kernels.utils import HAS_TRITON
@@ -455,9 +356,9 @@ def run_bench(device: torch.device | None = None, ops: list[str] | None = None,
         functorch_config.donated_buffer = False
 
     peak = device_peak(device)
-    versions = json.dumps(_versions(), sort_keys=True)
+    versions = json.dumps(package_versions(("abl", "torch", "triton", "liger-kernel", "flash-attn", "mamba-ssm"), missing=None), sort_keys=True)
     common = {"bench_id": uuid.uuid4().hex[:16], "created": datetime.now(timezone.utc).replace(tzinfo=None),
-              "device": peak.device, "versions": versions, "git_commit": _git_commit(),
+              "device": peak.device, "versions": versions, "git_commit": git_commit(),
               "timing": "triton.testing.do_bench (L2 flushed)" if device.type == "cuda"
               else "cpu rounds (pytest-benchmark style)"}
     rows: list[dict[str, Any]] = []

@@ -184,6 +184,14 @@ class Cell:
         cfg.pop("seed", None)
         return config_hash(cfg)
 
+    def resize(self, model: ModelConfig, components: dict[str, Any], matched: dict[str, Any]) -> None:
+        """Take a budget-matched model (``train.match``); the config and run id follow."""
+        self.model, self.components = model, components
+        self.config["model"] = dataclasses.asdict(model)
+        self.config["components"] = components
+        self.config["matched"] = matched
+        self.run_id = config_hash(self.config)
+
 
 @dataclass
 class Grid:

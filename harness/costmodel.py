@@ -262,26 +262,12 @@ def dataset_vocab_size(cell, registry: Registry) -> int:
 
 
 def activation_dtype_bytes(cell, registry: Registry) -> int:
-    """Bytes per activation element under the cell's precision policy.
-
-    A policy may say so with an ``activation_bytes`` attribute; otherwise its
-    autocast context is entered on the CPU and the autocast dtype read back
-    (no autocast: fp32).
-    """
+    """Bytes per activation element under the cell's precision policy (its ``compute_dtype``)."""
     spec = cell.components["precision"]
     key = _spec_key(spec)
     if key not in _dtype_cache:
         policy = registry.get("precision", spec["name"]).factory(**spec["params"])
-        explicit = getattr(policy, "activation_bytes", None)
-        if isinstance(explicit, (int, float)) and explicit > 0:
-            _dtype_cache[key] = int(explicit)
-        else:
-            import torch
-
-            with policy.autocast(torch.device("cpu")):
-                enabled = torch.is_autocast_enabled("cpu")
-                dtype = torch.get_autocast_dtype("cpu")
-            _dtype_cache[key] = dtype.itemsize if enabled else FP32_BYTES
+        _dtype_cache[key] = policy.compute_dtype.itemsize
     return _dtype_cache[key]
 
 

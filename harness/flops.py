@@ -1,4 +1,4 @@
-"""Measured FLOPs and device peaks, for checking the cost model and for MFU.
+"""Measured FLOPs of one training step, for checking the cost model and for MFU.
 
 ``count_step_flops`` runs one forward + backward under
 ``torch.utils.flop_counter.FlopCounterMode``. torch's counter has no formula
@@ -7,15 +7,10 @@ CPU, so it would count attention as zero there; we register torch's own SDPA
 formulas for that op (full T x T products, causal masking not subtracted,
 exactly as torch counts its CUDA attention ops).
 
-``cpu_peak_flops`` measures the CPU's fp32 matmul peak once per process (a
-large matmul, best of a few); on CUDA the peak comes from a table of known
-GPUs (see ``abl.bench`` when present) and is None for unknown devices.
+The device peak that MFU divides by is ``abl.provenance.peak_flops``.
 """
 
 from __future__ import annotations
-
-import time
-from functools import lru_cache
 
 import torch
 import torch.utils.flop_counter as fc
@@ -64,29 +59,3 @@ def count_step_flops(model, x, y, make_ctx, autocast) -> int:
     model.zero_grad(set_to_none=True)
     model.train(was_training)
     return int(counter.get_total_flops())
-
-
-@lru_cache(maxsize=1)
-def cpu_peak_flops(n: int = 1024, repeats: int = 5) -> float:
-    """Best observed fp32 matmul FLOP/s on this CPU with torch's current thread count."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best
-
-
-def device_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
-    """(peak FLOP/s, how it was obtained) for MFU."""
-    if device.type == "cpu":
-        return cpu_peak_flops(), "measured: fp32 1024^3 matmul at start-up"
-    try:
-        from .bench import gpu_peak  # the kernel benchmark's table of known GPUs
-    except ImportError:
-        return None, "unknown device"
-    name = torch.cuda.get_device_name(device)
-    peak = gpu_peak(name, dtype)
-    return (peak, f"table: {name}") if peak else (None, f"unknown device {name}")

@@ -44,7 +44,6 @@ def _measure(cell, registry: Registry, model, components, what: str, vocab: int)
 
 def match_cells(cells: list, registry: Registry) -> list[str]:
     """Resize ``cells`` in place (run ids recomputed). Returns error messages."""
-    from .config import config_hash
     from .costmodel import dataset_vocab_size
 
     first = cells[0]
@@ -59,20 +58,14 @@ def match_cells(cells: list, registry: Registry) -> list[str]:
     for cell in cells:
         key = cell.cell_key
         if key == first_key:
-            cell.config["matched"] = {"by": by, "what": what, "target": target, "achieved": target}
-            cell.run_id = config_hash(cell.config)
+            cell.resize(cell.model, cell.components, {"by": by, "what": what, "target": target, "achieved": target})
             continue
         if key not in done:
             done[key] = _solve(cell, registry, what, by, target, vocab, errs)
         model, components, achieved = done[key]
         if model is None:
             continue
-        cell.model = model
-        cell.components = components
-        cell.config["model"] = dataclasses.asdict(model)
-        cell.config["components"] = components
-        cell.config["matched"] = {"by": by, "what": what, "target": target, "achieved": achieved}
-        cell.run_id = config_hash(cell.config)
+        cell.resize(model, components, {"by": by, "what": what, "target": target, "achieved": achieved})
     return list(dict.fromkeys(errs))
 
 

@@ -270,16 +270,10 @@ def conditions_line(runs: list[Run]) -> str:
 
 def report_environment() -> dict[str, str]:
     """Where the report itself was made (predictions are computed here)."""
-    import importlib.metadata as md
+    from .provenance import git_commit, package_versions
 
-    from .runner import git_commit
-
-    out = {"python": platform.python_version(), "platform": platform.platform(), "abl commit": git_commit()}
-    for dist in ("abl", "torch", "numpy", "scipy", "duckdb", "matplotlib"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            out[dist] = "-"
+    out = {"platform": platform.platform(), "abl commit": git_commit(),
+           **package_versions(("abl", "torch", "numpy", "scipy", "duckdb", "matplotlib"))}
     return out
 
 

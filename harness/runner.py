@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.metadata as md
-import platform
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -18,47 +15,9 @@ from . import store
 from .config import Cell, Grid
 from .executors import Job, LocalExecutor
 from .plugin_manager import pm
+from .provenance import git_commit, versions
 from .registry import Registry
 from .worker import write_json_atomic
-
-SOURCE_DIR = Path(__file__).resolve().parent.parent
-
-
-def git_commit() -> str:
-    """The commit of the abl source tree, with "-dirty" if it has local changes."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=SOURCE_DIR, capture_output=True,
-                              text=True, timeout=5)
-        if head.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=SOURCE_DIR,
-                               capture_output=True, text=True, timeout=5)
-        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def _version(dist: str) -> str:
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return "-"
-
-
-def versions(cell: Cell, registry: Registry) -> dict[str, Any]:
-    out: dict[str, Any] = {"python": platform.python_version()}
-    for dist in ("abl", "torch", "numpy", "duckdb", "pluggy", "triton"):
-        out[dist] = _version(dist)
-    out["components"] = {
-        axis: f"{spec['name']} ({c.plugin}, {c.package} {c.version})"
-        for axis, spec in cell.components.items() if axis != "layer_mixers"
-        for c in [registry.get(axis, spec["name"])]
-    }
-    for spec in cell.components.get("layer_mixers", []):  # hybrids: every mixer the pattern names
-        c = registry.get("mixer", spec["name"])
-        out["components"][f"mixer:{spec['name']}"] = f"{spec['name']} ({c.plugin}, {c.package} {c.version})"
-    return out
-
 
 def prepare(cell: Cell, runs_dir: Path, meta: dict[str, Any]) -> Path:
     run_dir = runs_dir / cell.run_id

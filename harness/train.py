@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import platform
 import resource
 import sys
 import time
@@ -32,50 +31,13 @@ from .kernels import enable_interpreter as enable_triton_interpreter
 from .memory import step_memory
 from .kernels import set_backend as set_kernel_backend
 from .model import DecoderLM, ForwardContext
+from .precision import Precision
+from .provenance import device_name
 from .registry import Registry
 
 
 class Diverged(Exception):
     """The loss became non-finite or exceeded ``train.diverge_loss``."""
-
-
-class Precision:
-    """Base class of precision policies (the ``precision`` axis).
-
-    Subclasses override what differs: ``autocast`` for mixed precision,
-    ``backward``/``step`` for loss scaling, ``setup`` to swap modules (fp8).
-    ``emulated`` must be True when a feature runs as an emulation (e.g. fp8 on
-    a device without fp8 matmuls); ``info()`` is stored with the run.
-    """
-
-    name = "base"
-    emulated = False
-
-    def setup(self, model: torch.nn.Module, device: torch.device) -> None:
-        """Called once after the model is on its device, before the optimizer exists."""
-
-    def autocast(self, device: torch.device):
-        return contextlib.nullcontext()
-
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def step(self, optimizer, params, grad_clip: float) -> dict[str, Any]:
-        """Clip, step, and return step metrics (at least grad_norm)."""
-        max_norm = grad_clip if grad_clip > 0 else float("inf")
-        gn = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        optimizer.step()
-        return {"grad_norm": gn}
-
-    def info(self) -> dict[str, Any]:
-        return {"precision": self.name, "emulated": self.emulated}
-
-    def state_dict(self) -> dict[str, Any]:
-        """State to checkpoint (e.g. a loss scaler's)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 class MetricSink(Protocol):
@@ -89,12 +51,6 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"train.device={name!r} but no CUDA device is available")
     return dev
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def lr_at(step: int, cfg) -> float:
@@ -210,7 +166,8 @@ def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batc
                   device: torch.device, kernels: str, world: int) -> dict[str, float]:
     """FLOPs of one training step counted by torch (on a validation batch, so the
     training data order is untouched), and the device peak used for MFU."""
-    from .flops import count_step_flops, device_peak_flops
+    from .flops import count_step_flops
+    from .provenance import peak_flops
 
     x, y = next(iter(batches.val_batches(1)))
     x, y = x.to(device), y.to(device)
@@ -218,9 +175,7 @@ def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batc
                                                                       need_logits=False),
                                 lambda: precision.autocast(device))
     out: dict[str, float] = {"flops_per_step_measured": float(measured * world)}
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}.get(precision.name,
-                                                                                      torch.float32)
-    peak, _how = device_peak_flops(device, dtype)
+    peak = peak_flops(device, precision.peak_format())
     if peak:
         out["device_peak_flops"] = float(peak * world)
     from .costmodel import predict

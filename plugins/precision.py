@@ -4,7 +4,7 @@ Seeds 000 sec. 6 ("Precisions"): FP32 master weights and optimizer state in
 every policy; TF32 as a matmul mode; FP16 with dynamic loss scaling; BF16
 without; FP8 with E4M3 for forward weights/activations, E5M2 for gradients and
 per-tensor or per-channel scaling. Every factory is ``factory(**params)`` and
-returns a ``abl.train.Precision``.
+returns a ``abl.precision.Precision``.
 
 What ran is recorded, never what was asked for: ``tf32`` on a device without
 TF32 records ``effective_precision = "fp32"``; ``fp8`` off H100-class GPUs runs
@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from abl.hookspecs import hookimpl
 from abl.registry import Param
-from abl.train import Precision
+from abl.precision import Precision
 
 
 class FP32(Precision):
@@ -55,6 +55,9 @@ class TF32(Precision):
             self.active = False
             self.note = f"no TF32 on {where} (needs compute capability >= 8.0): identical to fp32"
 
+    def peak_format(self) -> str:
+        return "tf32" if self.active else "fp32"
+
     def info(self) -> dict[str, Any]:
         return {**super().info(), "tf32_active": self.active,
                 "effective_precision": "tf32" if self.active else "fp32", "precision_note": self.note}
@@ -67,9 +70,7 @@ class BF16(Precision):
     """
 
     name = "bf16"
-
-    def autocast(self, device):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    compute_dtype = torch.bfloat16
 
 
 class FP16(Precision):
@@ -87,6 +88,7 @@ class FP16(Precision):
     """
 
     name = "fp16"
+    compute_dtype = torch.float16
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000):
@@ -96,9 +98,6 @@ class FP16(Precision):
         self.growth_interval = int(growth_interval)
         self.good_steps = 0
         self.skipped_steps = 0
-
-    def autocast(self, device):
-        return torch.autocast(device_type=device.type, dtype=torch.float16)
 
     def backward(self, loss):
         (loss.float() * self.scale).backward()
@@ -304,11 +303,11 @@ class FP8(Precision):
         self.scaling, self.lm_head, self.mode, self.compute = scaling, lm_head, mode, compute
         self.n_layers = 0
         self.note = "not set up"
+        self.compute_dtype = torch.float32 if compute == "fp32" else torch.bfloat16
 
-    def autocast(self, device):
-        if self.compute == "fp32":
-            return torch.autocast(device_type=device.type, enabled=False)
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    def peak_format(self) -> str:
+        # real: the GEMMs run on fp8 tensor cores; emulated: they dequantize and run in fp32
+        return "fp32" if self.emulated else "fp8"
 
     def setup(self, model, device):
         real, why = real_fp8_available(device)

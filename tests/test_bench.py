@@ -54,7 +54,7 @@ def test_bench_kernels_cli_json(tmp_path):
 
 def test_gpu_peak_table_matches_the_most_specific_name():
     pytest.importorskip("torch")
-    from abl.bench import gpu_peak
+    from abl.provenance import gpu_peak
 
     cases = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H100 PCIe": "h100 pcie", "NVIDIA GH200 480GB": "gh200",
              "NVIDIA A100-SXM4-40GB": "a100", "NVIDIA A10G": "a10g", "NVIDIA L40S": "l40s", "NVIDIA L4": "l4",

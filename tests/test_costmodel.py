@@ -293,25 +293,22 @@ def test_memory_accounting_follows_the_seeds(reg):
 
 
 def test_activation_dtype_comes_from_the_precision_policy(reg):
-    from abl.train import Precision
+    """One answer: the policy's compute_dtype decides autocast, activation bytes and the peak format."""
+    from abl.precision import Precision
 
     class Half(Precision):
         name = "test_half"
-
-        def autocast(self, device):
-            return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-    class Declared(Precision):
-        name = "test_declared"
-        activation_bytes = 1
+        compute_dtype = torch.bfloat16
 
     r = Registry(components=dict(reg.components))
     r.register("precision", "test_half", Half, plugin="test")
-    r.register("precision", "test_declared", Declared, plugin="test")
     r.register("precision", "test_plain", Precision, plugin="test")
     got = {name: costmodel.activation_dtype_bytes(make_cell(r, train={"precision": name}), r)
-           for name in ("test_half", "test_declared", "test_plain")}
-    assert got == {"test_half": 2, "test_declared": 1, "test_plain": 4}
+           for name in ("test_half", "test_plain", "fp16", "fp8")}
+    assert got == {"test_half": 2, "test_plain": 4, "fp16": 2, "fp8": 2}
+    with Half().autocast(torch.device("cpu")):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert (Half().peak_format(), Precision().peak_format()) == ("bf16", "fp32")
 
 
 def test_vocab_size_zero_is_taken_from_the_dataset(reg, tmp_path):

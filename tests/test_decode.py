@@ -202,7 +202,8 @@ def test_extrapolation_needs_enough_validation_tokens(registry):
 
 def test_post_training_evaluations_x1_is_the_regular_val_loss(registry):
     from abl.data import Batches, TokenData
-    from abl.train import Precision, evaluate
+    from abl.precision import Precision
+    from abl.train import evaluate
 
     _, comps, model = build(registry, "gqa", "learned")
     data = TokenData(torch.randint(0, VOCAB, (5000,)).numpy(), torch.randint(0, VOCAB, (3000,)).numpy(),

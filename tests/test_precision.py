@@ -88,7 +88,9 @@ def test_tf32_off_ampere_is_recorded_as_fp32():
     info = policy.info()
     assert info["precision"] == "tf32" and info["tf32_active"] is False
     assert info["effective_precision"] == "fp32" and info["emulated"] is False
-    assert FP32().info() == {"precision": "fp32", "emulated": False}
+    assert info["peak_format"] == "fp32"
+    assert FP32().info() == {"precision": "fp32", "emulated": False, "compute_dtype": "float32",
+                             "peak_format": "fp32"}
 
 
 # ---------------------------------------------------------------- fp8 quantisation
