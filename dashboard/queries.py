@@ -15,7 +15,7 @@ the table's own column list first. JSON paths into ``runs.config`` are bound
 parameters too, and also validated against ``PATH_RE``.
 
 Metrics of cells still running are read from their growing
-``runs/<run_id>/metrics.jsonl`` (see harness/worker.py) and joined to the
+``runs/<run_id>/metrics.jsonl`` (see harness/rundir.py) and joined to the
 stored rows inside DuckDB, so every page shows in-progress runs.
 
 Nothing here imports Streamlit; the app caches these functions.
@@ -36,7 +36,9 @@ from typing import Any, Iterable, Iterator, Sequence
 import duckdb
 import pandas as pd
 
-from abl.store import read_json, read_metrics
+from abl import rundir
+from abl.rundir import COMPLETED, NOT_COMPLETED, RUNNING, STATUSES, TERMINAL
+from abl.store import FINAL_VALUE, LAST_STEP, final_values_sql
 
 DEFAULT_DB = "results/abl.duckdb"
 
@@ -45,8 +47,6 @@ PATH_RE = re.compile(r"^\$(\.[A-Za-z_][A-Za-z0-9_]*|\[[0-9]+\])+$")
 # bench columns are interpolated only after matching this and the table's column list
 IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-FAILED_STATUSES = ("diverged", "oom", "failed", "killed")
-
 # A page render shares one read-only connection, but holds it at most this long
 # before reopening, so a waiting writer (abl run retries for 5 s) gets its turn.
 MAX_HOLD_S = 1.0
@@ -54,7 +54,7 @@ _local = threading.local()
 
 # How one number per run is taken from a metric's rows. Throughput is noisy per
 # step, so its median; memory its peak; everything else the value at the last step.
-AGGREGATES = {"last": "arg_max(value, step)", "median": "median(value)", "max": "max(value)"}
+AGGREGATES = {"last": FINAL_VALUE, "median": "median(value)", "max": "max(value)"}
 
 
 @dataclass(frozen=True)
@@ -296,7 +296,7 @@ class Store:
 def running_ids(store: Store) -> list[str]:
     if "runs" not in store.tables():
         return []
-    return list(store.query("SELECT run_id FROM runs WHERE status = 'running' ORDER BY run_id")["run_id"])
+    return list(store.query("SELECT run_id FROM runs WHERE status = ? ORDER BY run_id", [RUNNING])["run_id"])
 
 
 def live_key(store: Store, run_ids: Sequence[str]) -> tuple:
@@ -304,7 +304,7 @@ def live_key(store: Store, run_ids: Sequence[str]) -> tuple:
     key = []
     for run_id in run_ids:
         try:
-            st = (store.run_dir(run_id) / "metrics.jsonl").stat()
+            st = (store.run_dir(run_id) / rundir.METRICS).stat()
             key.append((run_id, st.st_mtime_ns, st.st_size))
         except (FileNotFoundError, ValueError):
             key.append((run_id, None))
@@ -318,14 +318,14 @@ def live_snapshot(store: Store, run_ids: Sequence[str] | None = None) -> Live:
     now = time.time()
     for run_id in ids:
         d = store.run_dir(run_id)
-        path = d / "metrics.jsonl"
+        path = d / rundir.METRICS
         info: dict[str, Any] = {"step": None, "age_s": None, "folder_status": _folder_status(d)}
         progress[run_id] = info
         try:
             info["age_s"] = now - path.stat().st_mtime
         except FileNotFoundError:
             continue
-        rows = read_metrics(path)
+        rows = rundir.read_metrics(path)
         if not rows:
             continue
         df = pd.DataFrame(rows, columns=["step", "name", "value"])
@@ -345,26 +345,27 @@ def live_snapshot(store: Store, run_ids: Sequence[str] | None = None) -> Live:
 
 
 def _folder_status(run_dir: Path) -> str | None:
-    return (read_json(run_dir / "status.json", {}) or {}).get("status")
+    return (rundir.read_status(run_dir) or {}).get("status")
 
 
 # ---------------------------------------------------------------- overview
 
 
 def experiments(store: Store) -> pd.DataFrame:
-    return store.query(f"""
+    """One row per experiment: runs, cells, and how many completed, are under way or did not complete."""
+    return store.query("""
         SELECT experiment,
                count(*) AS runs,
                count(DISTINCT cell_key) AS cells,
-               count(*) FILTER (WHERE status = 'completed') AS completed,
-               count(*) FILTER (WHERE status IN ('running', 'queued')) AS running,
-               count(*) FILTER (WHERE status IN {FAILED_STATUSES}) AS not_completed,
+               count(*) FILTER (WHERE status = ?) AS completed,
+               count(*) FILTER (WHERE list_contains(?::VARCHAR[], status)) AS running,
+               count(*) FILTER (WHERE list_contains(?::VARCHAR[], status)) AS not_completed,
                min(started) AS first_started,
                max(coalesce(finished, started)) AS last_activity,
                string_agg(DISTINCT grid_file, ', ') AS grid_files
         FROM runs GROUP BY experiment
         ORDER BY last_activity DESC NULLS LAST, experiment
-    """)
+    """, [COMPLETED, [s for s in STATUSES if s not in TERMINAL], list(NOT_COMPLETED)])
 
 
 def status_values(store: Store) -> list[str]:
@@ -490,10 +491,12 @@ def finals(store: Store, sel: Selection, names: Sequence[str], live: Live | None
     # one grouped scan per metric, each filtered on its name: faster than one scan with
     # a FILTER clause per metric on large stores
     parts, args = [], []
-    for name, agg in [*((n, AGGREGATES[metric_info(n).agg]) for n in names), ("train_loss", "max(step)")]:
-        parts.append(f"SELECT run_id, ? AS metric, {agg} AS v FROM {{metrics}} "
-                     f"WHERE name = ? AND run_id IN (SELECT run_id FROM runs r WHERE {where}) GROUP BY run_id")
-        args += [name if agg != "max(step)" else "last_step", name, *params]
+    for column, name, agg in [*((n, n, AGGREGATES[metric_info(n).agg]) for n in names),
+                              ("last_step", "train_loss", LAST_STEP)]:
+        scan = final_values_sql(f"name = ? AND run_id IN (SELECT run_id FROM runs r WHERE {where})",
+                                metrics="{metrics}", agg=agg)
+        parts.append(f"SELECT run_id, ? AS metric, value AS v FROM ({scan})")
+        args += [column, name, *params]
     long = store.query(" UNION ALL ".join(parts), args, live=live)
     if long.empty:
         return pd.DataFrame({c: pd.Series(dtype=str if c == "run_id" else float)
@@ -510,19 +513,17 @@ def cell_values(store: Store, sel: Selection, metric: str, completed_only: bool 
                 live: Live | None = None) -> pd.DataFrame:
     """One number per run for ``metric`` with its cell: the input of the per-cell statistics."""
     where, params = sel.where()
-    agg = AGGREGATES[metric_info(metric).agg]
-    status_clause = "AND r.status = 'completed'" if completed_only else ""
+    scan = final_values_sql("name = ? AND run_id IN (SELECT run_id FROM sel)", metrics="{metrics}",
+                            agg=AGGREGATES[metric_info(metric).agg])
+    status_clause, status = ("AND r.status = ?", [COMPLETED]) if completed_only else ("", [])
     return store.query(f"""
         WITH sel AS (SELECT * FROM runs r WHERE {where} {status_clause}),
-        f AS (
-            SELECT run_id, {agg} AS value FROM {{metrics}}
-            WHERE name = ? AND run_id IN (SELECT run_id FROM sel) GROUP BY run_id
-        )
+        f AS ({scan})
         SELECT r.cell_key, r.run_id, r.seed, r.status, r.experiment, r.label, r.started, f.value
         FROM sel r JOIN f USING (run_id)
         WHERE f.value IS NOT NULL AND isfinite(f.value)
         ORDER BY r.cell_key, r.seed
-    """, [*params, metric], live=live)
+    """, [*params, *status, metric], live=live)
 
 
 def curves(store: Store, run_ids: Sequence[str], metric: str, with_elapsed: bool = False,
@@ -562,11 +563,11 @@ def cell_config(store: Store, cell_key: str) -> str | None:
 
 
 def run_metric_summary(store: Store, run_id: str, live: Live | None = None) -> pd.DataFrame:
-    return store.query("""
-        SELECT name, count(*) AS rows, min(step) AS first_step, max(step) AS last_step,
-               arg_min(value, step) AS first, arg_max(value, step) AS last,
+    return store.query(f"""
+        SELECT name, count(*) AS rows, min(step) AS first_step, {LAST_STEP} AS last_step,
+               arg_min(value, step) AS first, {FINAL_VALUE} AS last,
                min(value) AS min, max(value) AS max, avg(value) AS mean
-        FROM {metrics} WHERE run_id = ? GROUP BY name ORDER BY name
+        FROM {{metrics}} WHERE run_id = ? GROUP BY name ORDER BY name
     """, [run_id], live=live)
 
 

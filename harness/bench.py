@@ -99,7 +99,8 @@ class Case:
     op: str
     shape: str
     dtype: str
-    make: Callable[[torch.device], tuple[list[torch.Tensor], list[torch.Tensor]]]  # (args, grad leaves)
+    # (args, grad leaves); None when the op is unavailable (its notes say why)
+    make: Callable[[torch.device], tuple[list[torch.Tensor], list[torch.Tensor]]] | None
     providers: dict[str, Callable]
     bytes: Callable[[str], float | None] = lambda p: None
     flops: Callable[[str], float | None] = lambda p: None
@@ -146,6 +147,7 @@ def _rand(shape, dt, device, grad=True, scale=1.0):
 
 def _case(op, triton_fn, ref_fn, s, dt, dname, es) -> Case:  # noqa: C901 - one table of ops
     liger = _peer("liger_kernel.transformers.functional")
+    prov: dict[str, Callable[..., Any]]
     if op in ("rmsnorm", "layernorm"):
         m, n = s["rows"], s["dim"]
 

@@ -290,8 +290,8 @@ def cost(grid_file, overrides, as_json):
 
     table = Table(title=f"{grid.path}: predicted cost per cell (no training)", title_justify="left")
     table.add_column("#", justify="right")
-    for p in grid.grid_paths or ["cell"]:
-        table.add_column(p)
+    for path in grid.grid_paths or ["cell"]:
+        table.add_column(path)
     cols = ("params", "non-emb", "fwd FLOP/tok", "train FLOP/step", "useful", "6N·tok", "act./step",
             "params+grad+adam", "KV/tok", "est. peak")
     for col in cols:

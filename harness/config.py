@@ -3,9 +3,10 @@
 A grid file has the tables
 
 - ``[experiment]``: name, seeds, description;
-- ``[model]``, ``[train]``, ``[data]``: the flat fields of the dataclasses
-  below. The component on each axis is chosen by name (``model.norm``,
-  ``model.mixer``, ``train.precision``, ``data.dataset`` ...);
+- ``[model]``, ``[train]``, ``[data]``, ``[eval]``: the flat fields of the
+  dataclasses below. The component on each axis is chosen by name
+  (``model.norm``, ``model.mixer``, ``train.precision``, ``data.dataset`` ...);
+  ``[eval]`` switches the post-training evaluations (abl.evaluations) on or off;
 - one table per axis holding parameters per component name, e.g.
   ``[norm.rmsnorm] eps = 1e-6`` or ``[mixer.mha] n_kv_heads = 2``; they apply
   only when that component is selected;
@@ -136,11 +137,22 @@ class DataConfig:
     dataset: str = _f("pystdlib", "dataset component")
 
 
+@dataclass
+class EvalConfig:
+    """One switch per post-training evaluation (abl.evaluations); off records none of its metrics."""
+
+    decode: bool = _f(True, "after training: cached greedy decoding speed (prefill/decode tokens per second), "
+                      "KV-cache bytes per token and decode agreement")
+    extrapolation: bool = _f(True, "after training: val_loss_x1/x2/x4, on windows of 1, 2 and 4 times the "
+                             "training context")
+
+
 SECTIONS: dict[str, type] = {
     "experiment": ExperimentConfig,
     "model": ModelConfig,
     "train": TrainConfig,
     "data": DataConfig,
+    "eval": EvalConfig,
 }
 
 
@@ -148,7 +160,7 @@ def section_params(cls) -> dict[str, Param]:
     out = {}
     for f in dataclasses.fields(cls):
         md = f.metadata
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
         typ = {"int": int, "float": float, "str": str, "bool": bool, "list": list}.get(
             f.type if isinstance(f.type, str) else f.type.__name__, None
         )
@@ -172,6 +184,7 @@ class Cell:
     # layer when model.layer_pattern is set
     components: dict[str, Any]
     varied: dict[str, Any]  # grid path -> value for this cell
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     @property
     def label(self) -> str:
@@ -439,7 +452,7 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
     dev = sections["train"].device
     if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         errs.append(f"train.device must be auto, cpu, cuda or cuda:N, got {dev!r}")
-    components: dict[str, dict[str, Any]] = {}
+    components: dict[str, Any] = {}
     for axis in AXES:
         name = _selector(axis, sections)
         try:
@@ -488,6 +501,7 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
         "model": dataclasses.asdict(model),
         "train": dataclasses.asdict(sections["train"]),
         "data": dataclasses.asdict(sections["data"]),
+        "eval": dataclasses.asdict(sections["eval"]),
         "components": components,
     }
     return (
@@ -501,6 +515,7 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
             seed=seed,
             components=components,
             varied=varied,
+            eval=sections["eval"],
         ),
         [],
     )
@@ -513,6 +528,7 @@ def cell_from_config(config: dict, registry: Registry) -> Cell:
         "model": config["model"],
         "train": config["train"],
         "data": config["data"],
+        "eval": config.get("eval", {}),  # configs stored before [eval] existed: every evaluation on
     }
     for axis, spec in config["components"].items():
         if axis in AXES:

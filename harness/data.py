@@ -64,7 +64,8 @@ def from_documents(docs: list[tuple[str, bytes]], val_fraction: float, descripti
 
     Documents are separated by a NUL byte so no window silently joins two files.
     """
-    train_parts, val_parts = [], []
+    train_parts: list[bytes] = []
+    val_parts: list[bytes] = []
     for name, data in docs:
         (val_parts if in_val_split(name, val_fraction) else train_parts).append(data)
     if not val_parts and docs:  # tiny corpora: keep the split non-empty
@@ -103,7 +104,7 @@ def from_token_bin(path: str | Path, vocab_size: int, val_path: str = "", val_fr
         vp = Path(val_path)
         if not vp.is_file():
             raise DataError(f"token file {val_path!r} does not exist")
-        train, val = tokens, np.memmap(vp, dtype=np.uint16, mode="r")
+        train, val = np.asarray(tokens), np.asarray(np.memmap(vp, dtype=np.uint16, mode="r"))
     else:
         train, val = split_stream(tokens, val_fraction)
     if vocab_size <= 0:

@@ -1,9 +1,12 @@
-"""Post-training evaluations: cached greedy decoding and length extrapolation.
+"""Cached greedy decoding and length extrapolation: the measurements behind the
+``decode`` and ``extrapolation`` post-training evaluations (abl.evaluations).
 
 Nothing here names a variant. Decoding uses the ``ForwardContext`` cache
-contract (harness/model.py): the whole prompt at ``start=0`` with
-``cache={}`` (prefill), then one token at a time with ``start`` = tokens
-already seen; every tensor reachable from ``ctx.cache`` is cache memory.
+contract (harness/model.py, ``KVCache``): the whole prompt at
+``start=0`` with ``cache={}`` (prefill), then one token at a time with
+``start`` = tokens already seen; every tensor reachable from ``ctx.cache`` is
+cache memory. Forwards run under the run's precision policy; its
+``compute_dtype`` is the cache dtype.
 
 Metrics (logged once, at the last training step):
 
@@ -32,13 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from .model import DecoderLM, ForwardContext
+from .precision import Precision
 
 EXTRAPOLATION_SCALES = (1, 2, 4)
 
@@ -94,14 +97,6 @@ def analytic_state_bytes(model_config, components: dict, registry, length: int,
     return (None if missing else total), sorted(set(missing))
 
 
-def run_dtype(model: torch.nn.Module, device: torch.device, autocast: Callable) -> torch.dtype:
-    """The dtype activations (and so caches) have under the run's precision policy."""
-    with autocast():
-        if torch.is_autocast_enabled(device.type):
-            return torch.get_autocast_dtype(device.type)
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -117,29 +112,29 @@ class Generation:
 
 
 @torch.no_grad()
-def greedy_generate(model: DecoderLM, prompt: torch.Tensor, n_new: int, kernels: str = "torch",
-                    autocast: Callable = nullcontext) -> Generation:
+def greedy_generate(model: DecoderLM, prompt: torch.Tensor, n_new: int,
+                    precision: Precision | None = None) -> Generation:
     """Prefill ``prompt`` [B, P] into a fresh cache, then feed one greedy token per step.
 
     Produces ``n_new`` tokens after ``n_new - 1`` single-token steps, so the
-    cache ends up covering P + n_new - 1 tokens.
+    cache ends up covering P + n_new - 1 tokens. Forwards run in
+    ``precision``'s autocast (none: fp32).
     """
     device = prompt.device
+    precision = precision or Precision()
     cache: dict = {}
     _sync(device)
     t0 = time.perf_counter()
-    with autocast():
-        logits, _, _ = model(prompt, ctx=ForwardContext(position=model.position, start=0, cache=cache,
-                                                         kernels=kernels))
+    with precision.autocast(device):
+        logits, _, _ = model(prompt, ctx=ForwardContext(position=model.position, start=0, cache=cache))
     nxt = logits[:, -1].argmax(-1, keepdim=True)
     _sync(device)
     t1 = time.perf_counter()
     out = [nxt]
     seen = prompt.size(1)
     for _ in range(n_new - 1):
-        with autocast():
-            logits, _, _ = model(nxt, ctx=ForwardContext(position=model.position, start=seen, cache=cache,
-                                                          kernels=kernels))
+        with precision.autocast(device):
+            logits, _, _ = model(nxt, ctx=ForwardContext(position=model.position, start=seen, cache=cache))
         seen += 1
         nxt = logits[:, -1].argmax(-1, keepdim=True)
         out.append(nxt)
@@ -149,27 +144,28 @@ def greedy_generate(model: DecoderLM, prompt: torch.Tensor, n_new: int, kernels:
 
 
 @torch.no_grad()
-def recompute_generate(model: DecoderLM, prompt: torch.Tensor, n_new: int, kernels: str = "torch",
-                       autocast: Callable = nullcontext) -> torch.Tensor:
+def recompute_generate(model: DecoderLM, prompt: torch.Tensor, n_new: int,
+                       precision: Precision | None = None) -> torch.Tensor:
     """Greedy generation without a cache: the whole sequence is recomputed at every step."""
+    precision = precision or Precision()
     seq = prompt
     for _ in range(n_new):
-        with autocast():
-            logits, _, _ = model(seq, ctx=ForwardContext(position=model.position, kernels=kernels))
+        with precision.autocast(prompt.device):
+            logits, _, _ = model(seq, ctx=ForwardContext(position=model.position))
         seq = torch.cat((seq, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
     return seq[:, prompt.size(1):]
 
 
 @torch.no_grad()
 def decode_metrics(model: DecoderLM, model_config, components: dict, registry, val: torch.Tensor,
-                   device: torch.device, kernels: str, autocast: Callable) -> tuple[dict, list[str]]:
+                   device: torch.device, precision: Precision) -> tuple[dict, list[str]]:
     """Speed and cache size of cached greedy decoding at the trained context length."""
     context = model_config.context
     p = max(1, context // 2)
     prompt = val[:p].view(1, p).to(device)
     n_new = context - p + 1  # the last fed token makes the sequence `context` long
-    greedy_generate(model, prompt, min(4, n_new), kernels, autocast)  # warm-up (allocator, caches)
-    gen = greedy_generate(model, prompt, n_new, kernels, autocast)
+    greedy_generate(model, prompt, min(4, n_new), precision)  # warm-up (allocator, caches)
+    gen = greedy_generate(model, prompt, n_new, precision)
     if not gen.cache:
         return {}, ["decode metrics not recorded: the mixers kept no state in ctx.cache "
                     "(no cached decoding to measure)"]
@@ -182,8 +178,8 @@ def decode_metrics(model: DecoderLM, model_config, components: dict, registry, v
         "kv_bytes_per_token_measured": measured / length,
     }
     notes = []
-    dtype = run_dtype(model, device, autocast)
-    analytic, missing = analytic_state_bytes(model_config, components, registry, length, dtype)
+    analytic, missing = analytic_state_bytes(model_config, components, registry, length,
+                                             precision.compute_dtype)
     if analytic is None:
         notes.append(f"kv_bytes_per_token (analytic) not recorded: mixer(s) {', '.join(missing)} "
                      "registered no cost function")
@@ -191,8 +187,8 @@ def decode_metrics(model: DecoderLM, model_config, components: dict, registry, v
         metrics["kv_bytes_per_token"] = analytic / length
     # one full forward over the generated sequence must pick the same tokens
     seq = torch.cat((prompt, gen.tokens[:, :-1]), dim=1)
-    with autocast():
-        logits, _, _ = model(seq, ctx=ForwardContext(position=model.position, kernels=kernels))
+    with precision.autocast(device):
+        logits, _, _ = model(seq, ctx=ForwardContext(position=model.position))
     agree = (logits[:, p - 1:].argmax(-1) == gen.tokens).float().mean().item()
     metrics["decode_agreement"] = agree
     if agree < 1.0:
@@ -202,7 +198,7 @@ def decode_metrics(model: DecoderLM, model_config, components: dict, registry, v
 
 @torch.no_grad()
 def extrapolation_metrics(model: DecoderLM, val: torch.Tensor, context: int, n_sequences: int,
-                          batch_size: int, device: torch.device, kernels: str, autocast: Callable,
+                          batch_size: int, device: torch.device, precision: Precision,
                           scales=EXTRAPOLATION_SCALES) -> tuple[dict, list[str]]:
     """val_loss_x{k}: mean cross-entropy on evenly spaced validation windows of k * context tokens.
 
@@ -232,9 +228,8 @@ def extrapolation_metrics(model: DecoderLM, val: torch.Tensor, context: int, n_s
         try:
             for i in range(0, n, bs):
                 w = val[idx[i:i + bs]].to(device)
-                with autocast():
-                    logits, _, _ = model(w[:, :-1], ctx=ForwardContext(position=model.position,
-                                                                       kernels=kernels))
+                with precision.autocast(device):
+                    logits, _, _ = model(w[:, :-1], ctx=ForwardContext(position=model.position))
                 ce = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1))
                 total += float(ce) * w.size(0)
                 count += w.size(0)
@@ -243,36 +238,4 @@ def extrapolation_metrics(model: DecoderLM, val: torch.Tensor, context: int, n_s
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
             continue
         metrics[name] = total / count
-    return metrics, notes
-
-
-def post_training_evaluations(model: DecoderLM, cell, registry, batches, precision,
-                              device: torch.device, kernels: str) -> tuple[dict, list[str]]:
-    """Decode and length-extrapolation metrics for a trained model; never raises for them.
-
-    ``batches`` is the run's ``abl.data.Batches``: its validation stream
-    and batch size (the x1 windows are then those of the regular val_loss).
-    """
-    val = batches.val
-    def autocast():
-        return precision.autocast(device)
-
-    metrics: dict[str, float] = {}
-    notes: list[str] = []
-    was_training = model.training
-    model.eval()
-    try:
-        try:
-            m, n = decode_metrics(model, cell.model, cell.components, registry, val, device, kernels, autocast)
-            metrics.update(m)
-            notes += n
-        except Exception as exc:  # noqa: BLE001 - an evaluation must not fail the trained run
-            notes.append(f"decode metrics not recorded: {type(exc).__name__}: {exc}")
-        bs = batches.batch_size
-        m, n = extrapolation_metrics(model, val, cell.model.context, cell.train.eval_batches * bs, bs,
-                                     device, kernels, autocast)
-        metrics.update(m)
-        notes += n
-    finally:
-        model.train(was_training)
     return metrics, notes

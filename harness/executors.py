@@ -1,7 +1,7 @@
 """Executors: where cells run. Every cell is its own worker process.
 
 All executors share one shape: the parent launches a worker per cell
-(``python -m harness.worker RUN_DIR``, or torchrun around it for a multi-device
+(``python -m abl.worker RUN_DIR``, or torchrun around it for a multi-device
 cell), watches the run folder's ``metrics.jsonl`` for progress, and calls
 ``on_done`` when the worker ends; the parent then ingests the folder (it is
 the only database writer). Scale-out goes to existing engines:
@@ -19,7 +19,6 @@ Run folders must be on a file system the workers and the parent share.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import rundir
 from .config import Cell
 
 
@@ -50,26 +50,9 @@ class Job:
 
 def tail(job: Job) -> bool:
     """Read new complete lines of the job's metrics file; True if the progress changed."""
-    path = job.run_dir / "metrics.jsonl"
-    try:
-        size = path.stat().st_size
-        if size < job.offset:  # the worker truncated it (resume): read again
-            job.offset = 0
-        with open(path, "rb") as f:
-            f.seek(job.offset)
-            chunk = f.read()
-    except FileNotFoundError:
-        return False
-    end = chunk.rfind(b"\n")
-    if end < 0:
-        return False
-    job.offset += end + 1
+    job.offset, objs = rundir.tail_metrics(job.run_dir / rundir.METRICS, job.offset)
     changed = False
-    for line in chunk[: end + 1].splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
+    for obj in objs:
         if "train_loss" in obj:
             job.step, job.train_loss, changed = int(obj["step"]), obj["train_loss"], True
         if "val_loss" in obj:
@@ -92,7 +75,7 @@ def run_worker_process(run_dir: str, devices: int = 1, env: dict[str, str] | Non
     keeps a crashing cell from taking the engine's own worker down.
     """
     path = Path(run_dir)
-    with open(path / "worker.log", "ab") as log:
+    with open(path / rundir.LOG, "ab") as log:
         proc = subprocess.Popen(worker_command(path, devices), stdout=log, stderr=log,
                                 stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
         try:
@@ -183,7 +166,7 @@ class LocalExecutor(Executor):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
         elif self.slots > 1 and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
-        log = open(job.run_dir / "worker.log", "ab")
+        log = open(job.run_dir / rundir.LOG, "ab")
         job.handle = subprocess.Popen(
             worker_command(job.run_dir, job.cell.train.devices), stdout=log, stderr=log,
             stdin=subprocess.DEVNULL, env=env,
@@ -304,7 +287,7 @@ class RayExecutor(Executor):
         self.slots = max_tasks
 
     def launch(self, job: Job) -> None:
-        job.handle = self.remote.remote(str(job.run_dir), job.cell.train.devices)
+        job.handle = self.remote.remote(str(job.run_dir), job.cell.train.devices)  # type: ignore[call-arg]
 
     def poll(self, job: Job) -> int | None:
         ready, _ = self.ray.wait([job.handle], timeout=0)

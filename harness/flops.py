@@ -12,6 +12,8 @@ The device peak that MFU divides by is ``abl.provenance.peak_flops``.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 import torch.utils.flop_counter as fc
 
@@ -27,7 +29,7 @@ def _cpu_sdpa_backward(grad_out, query, key, value, *args, out_shape=None, **kwa
 
 
 def _extra_formulas() -> dict:
-    extra = {}
+    extra: dict[Any, Callable[..., int]] = {}
     fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
     if fwd is not None:
@@ -44,15 +46,16 @@ def flop_counter() -> fc.FlopCounterMode:
 def count_step_flops(model, x, y, make_ctx, autocast) -> int:
     """FLOPs of one training step's forward + backward (gradients are discarded).
 
-    Counted on the torch reference path: torch's counter sees only torch ops, so
-    a Triton kernel's matmuls (flash attention, the fused LM-head loss) would
-    count as zero. The arithmetic the kernels do is the references' arithmetic.
+    ``model`` is a ``DecoderLM``. Counted on the torch reference path whatever
+    its kernel backend: torch's counter sees only torch ops, so a Triton
+    kernel's matmuls (flash attention, the fused LM-head loss) would count as
+    zero. The arithmetic the kernels do is the references' arithmetic.
     """
-    from .kernels import using
+    from .kernels import TORCH
 
     was_training = model.training
     model.train()
-    with using("torch"), flop_counter() as counter:
+    with model.using_kernels(TORCH), flop_counter() as counter:
         with autocast():
             _, loss, _ = model(x, y, make_ctx())
         loss.backward()

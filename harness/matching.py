@@ -69,18 +69,19 @@ def match_cells(cells: list, registry: Registry) -> list[str]:
     return list(dict.fromkeys(errs))
 
 
-def _solve(cell, registry, what, by, target, vocab, errs):
+def _solve(cell, registry, what, by, target, vocab, errs) -> tuple[Any, Any, float]:
     label = cell.label
     components = copy.deepcopy(cell.components)
     model = dataclasses.replace(cell.model)
     if by == "n_layers":
-        best = None
+        best: tuple[Any, dict, float] | None = None
         for n in range(1, 4 * cell.model.n_layers + 9):
             trial = dataclasses.replace(model, n_layers=n)
             comps = _tile_layers(components, trial)
             value = _measure(cell, registry, trial, comps, what, vocab)
             if best is None or abs(value - target) < abs(best[2] - target):
                 best = (trial, comps, value)
+        assert best is not None
         model, components, value = best
     else:
         ffn = components["ffn"]
@@ -92,18 +93,19 @@ def _solve(cell, registry, what, by, target, vocab, errs):
         if "multiple_of" in ffn["params"]:
             ffn["params"]["multiple_of"] = 1
         lo, hi = 1e-3, 256.0
-        best = None
+        closest: tuple[float, float] | None = None
         for _ in range(60):  # the cost grows with the width: bisect, keep the closest
             mid = (lo + hi) / 2
             ffn["params"][knob] = mid
             value = _measure(cell, registry, model, components, what, vocab)
-            if best is None or abs(value - target) < abs(best[1] - target):
-                best = (mid, value)
+            if closest is None or abs(value - target) < abs(closest[1] - target):
+                closest = (mid, value)
             if value < target:
                 lo = mid
             else:
                 hi = mid
-        ffn["params"][knob] = round(best[0], 6)
+        assert closest is not None
+        ffn["params"][knob] = round(closest[0], 6)
         value = _measure(cell, registry, model, components, what, vocab)
     if abs(value - target) > TOLERANCE * target:
         errs.append(f"cell [{label}]: train.match = {what!r} by {by!r} gets within "

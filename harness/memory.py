@@ -30,7 +30,7 @@ class StepMemory:
         self.peak: int | None = None
         self.breakdown: dict[str, int] = {}
         self.why: str | None = None
-        self._tracker = None
+        self._tracker: Any = None  # torch's MemTracker once entered (an optional import)
 
     def __enter__(self):
         try:
@@ -48,7 +48,8 @@ class StepMemory:
             return False
         self._tracker.__exit__(*exc)
         snapshot = self._tracker.get_tracker_snapshot("peak")
-        total, parts = 0, {}
+        total = 0
+        parts: dict[str, int] = {}
         for per_device in snapshot.values():
             for key, value in per_device.items():
                 name = getattr(key, "value", key)

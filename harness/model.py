@@ -9,16 +9,17 @@ mixers only through ``PositionEncoding``. Nothing here names a variant.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
-from .kernels import use_triton
+from .kernels import TORCH, KernelBackend, use_triton
 from .registry import Registry
 
 
@@ -59,9 +60,29 @@ class PositionEncoding(nn.Module):
     def overrides(cls, hook: str) -> bool:
         """Does this position class override ``hook`` ("embed", "rotate", "score_bias", ...)?
 
-        Mixers ask it of an instance's class, cost functions of the registered factory.
+        Mixers ask it of ``type(ctx.position)``; cost and check functions, which
+        get the model config rather than a built position, of ``PositionEncoding.for_config(config)``.
         """
         return getattr(cls, hook) is not getattr(PositionEncoding, hook)
+
+    @staticmethod
+    def for_config(config: ModelConfig) -> type[PositionEncoding] | None:
+        """The registered class of the position component ``config.position`` names.
+
+        For a component's cost and check functions, which are handed the model
+        config, not the built position (a mixer's forward uses ``ctx.position``).
+        None when the component is not registered with this process's plugins
+        or its factory is not a ``PositionEncoding`` subclass; callers then
+        assume no hook is overridden (the forward's own checks still apply).
+        """
+        from .plugin_manager import get_registry
+        from .registry import RegistryError
+
+        try:
+            factory = get_registry().get("position", config.position).factory
+        except RegistryError:
+            return None
+        return factory if isinstance(factory, type) and issubclass(factory, PositionEncoding) else None
 
 
 @dataclass
@@ -76,8 +97,9 @@ class ForwardContext:
       ``cache`` is None in training. For cached decoding the caller passes
       ``cache={}`` with the whole prompt at ``start=0`` (prefill), then one
       token at a time with ``start`` = tokens already seen. A mixer keeps its
-      state (KV tensors, a recurrent state...) in ``cache[ctx.layer]``; every
-      tensor reachable from it counts as cache memory;
+      state (KV tensors, a recurrent state...) in ``cache[ctx.layer]``
+      through ``KVCache(ctx)``; every tensor reachable from it counts as
+      cache memory;
     - ``aux_losses``: components add differentiable auxiliary losses here
       (already weighted); the model adds them to the training loss;
     - ``metrics``: components add scalar diagnostics recorded every step;
@@ -90,7 +112,6 @@ class ForwardContext:
     start: int = 0
     layer: int = 0
     cache: dict | None = None
-    kernels: str = "torch"
     need_logits: bool = True
     aux_losses: dict[str, torch.Tensor] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -103,24 +124,110 @@ class ForwardContext:
         self.metrics[name] = value.detach() if isinstance(value, torch.Tensor) else float(value)
 
 
+class KVCache:
+    """One layer's slot of the decoding cache, ``ctx.cache[ctx.layer]``: what a mixer keeps between calls.
+
+    ``KVCache(ctx)`` is a view for the layer ``ctx`` is at. In training
+    (``ctx.cache`` None) every method passes through and keeps nothing, so a
+    mixer calls them unconditionally. Keep only what the next call needs:
+    every tensor reachable from the cache counts as cache memory.
+
+    - Per-token tensors that grow with the sequence (attention's K and V, a
+      compressed latent): ``append`` returns every token's tensors so far::
+
+          kv, k_start = KVCache(ctx).append(k=k, v=v, window=self.window)
+          y = attend(q, kv["k"], kv["v"], q_start=ctx.start, k_start=k_start)
+
+    - A fixed-size recurrent state (linear attention, SSMs): ``state()`` is
+      what the previous call kept, ``set_state(...)`` keeps the new one.
+    """
+
+    _START = "start"  # append keeps the absolute position of its first kept token under this key
+
+    def __init__(self, ctx: ForwardContext):
+        self.ctx = ctx
+
+    @property
+    def enabled(self) -> bool:
+        """True while decoding with a cache (``ctx.cache`` is a dict)."""
+        return self.ctx.cache is not None
+
+    def append(self, *, window: int = 0, **new: torch.Tensor) -> tuple[dict[str, torch.Tensor], int]:
+        """Append this call's per-token tensors to the layer's cache; return the whole sequence.
+
+        ``new``: named tensors with time on dim -2 (e.g. ``k=[B, H, T, E]``),
+        the same names on every call of a decode. Returns (the cached tokens'
+        tensors followed by the new ones, the absolute position of their first
+        token). The cache keeps the last ``window`` tokens (0 = all): a rolling
+        buffer for sliding-window attention; what is returned is never cut,
+        since this call's queries may read keys the buffer drops. The prefill
+        (``ctx.start == 0``) starts a new sequence, and keeps its tensors as
+        given: views of a larger tensor keep all of it alive as cache memory.
+        Without a cache the new tensors come back unchanged, from ``ctx.start``.
+        """
+        if not new:
+            raise ValueError("KVCache.append needs at least one tensor")
+        if self._START in new:
+            raise ValueError(f"{self._START!r} is reserved in a layer's cache; name the tensor otherwise")
+        ctx = self.ctx
+        if ctx.cache is None:
+            return new, ctx.start
+        old = ctx.cache.get(ctx.layer) if ctx.start else None
+        if old:
+            tensors = {name: torch.cat((old[name], t), dim=-2) for name, t in new.items()}
+            start = int(old[self._START])
+        else:
+            tensors, start = new, ctx.start
+        kept, kept_start = tensors, start
+        n = next(iter(tensors.values())).size(-2)
+        if window and n > window:
+            # a copy (clone: a trailing slice can already be contiguous): a view would keep
+            # the whole concatenation alive
+            kept = {name: t[..., -window:, :].clone(memory_format=torch.contiguous_format)
+                    for name, t in tensors.items()}
+            kept_start += n - window
+        ctx.cache[ctx.layer] = {**kept, self._START: kept_start}
+        return tensors, start
+
+    def state(self) -> Any | None:
+        """What ``set_state`` kept on the previous call of this decode; None in training and
+        on the prefill (``ctx.start == 0``): start from zeros."""
+        if self.ctx.cache is None or self.ctx.start == 0:
+            return None
+        return self.ctx.cache.get(self.ctx.layer)
+
+    def set_state(self, **state: torch.Tensor) -> None:
+        """Keep ``state`` (named tensors) for the next call; nothing in training.
+
+        Kept as given: clone a view of a larger tensor first, or all of that
+        tensor stays alive and counts as cache memory.
+        """
+        if self.ctx.cache is not None:
+            self.ctx.cache[self.ctx.layer] = dict(state)
+
+
 def residual_out(linear: nn.Linear) -> nn.Linear:
     """Mark a projection that writes into the residual stream.
 
     Its init std is scaled by 1/sqrt(2 n_layers) (GPT-2), so the residual
     stream's variance does not grow with depth.
     """
-    linear.abl_residual_out = True  # type: ignore[attr-defined]
+    setattr(linear, "abl_residual_out", True)  # a marker attribute nn.Linear does not declare
     return linear
 
 
 class DecoderLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, components: dict[str, dict[str, Any]], registry: Registry,
-                 kernels: str = "torch"):
+    """The model. ``kernel_backend`` (``abl.kernels.resolve`` of ``train.kernels``)
+    is the path its ops take: it is active for the duration of each forward
+    and only then, so two models in one process can run different backends."""
+
+    def __init__(self, cfg: ModelConfig, components: dict[str, Any], registry: Registry,
+                 kernel_backend: KernelBackend = TORCH):
         super().__init__()
         if cfg.vocab_size <= 0:
             raise ValueError("ModelConfig.vocab_size must be set before building the model")
         self.cfg = cfg
-        self.kernels = kernels
+        self.kernel_backend = kernel_backend
 
         def part(axis):
             spec = components[axis]
@@ -189,6 +296,15 @@ class DecoderLM(nn.Module):
             total += p.numel()
         return total
 
+    @contextlib.contextmanager
+    def using_kernels(self, backend: KernelBackend) -> Iterator[DecoderLM]:
+        """Forwards inside the block take ``backend``; the model's own one after it."""
+        own, self.kernel_backend = self.kernel_backend, backend
+        try:
+            yield self
+        finally:
+            self.kernel_backend = own
+
     @staticmethod
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy in fp32: the chunked Triton kernel under
@@ -209,8 +325,12 @@ class DecoderLM(nn.Module):
         ``loss`` is cross-entropy plus the auxiliary losses components reported;
         the cross-entropy alone is ``ctx.metrics["ce_loss"]``.
         """
+        with self.kernel_backend.activate():
+            return self._forward(idx, targets, ctx)
+
+    def _forward(self, idx: torch.Tensor, targets: torch.Tensor | None, ctx: ForwardContext | None):
         if ctx is None:
-            ctx = ForwardContext(position=self.position, kernels=self.kernels)
+            ctx = ForwardContext(position=self.position)
         x = self.embed(idx)
         x = self.position.embed(x, ctx.start)
         for i, block in enumerate(self.blocks):
@@ -237,6 +357,6 @@ class DecoderLM(nn.Module):
         return logits, loss, ctx
 
 
-def build_model(cfg: ModelConfig, components: dict[str, dict[str, Any]], registry: Registry,
-                kernels: str = "torch") -> DecoderLM:
-    return DecoderLM(cfg, components, registry, kernels=kernels)
+def build_model(cfg: ModelConfig, components: dict[str, Any], registry: Registry,
+                kernel_backend: KernelBackend = TORCH) -> DecoderLM:
+    return DecoderLM(cfg, components, registry, kernel_backend=kernel_backend)

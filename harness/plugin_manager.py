@@ -123,9 +123,11 @@ def _load_plugin_dirs() -> None:
             if pm.get_plugin(name) is not None:
                 continue
             spec = importlib.util.spec_from_file_location(f"abl_plugin_{path.stem}", path)
+            if spec is None or spec.loader is None:
+                raise PluginLoadError(f"plugin file {path.name} cannot be loaded as a module")
             module = importlib.util.module_from_spec(spec)
             try:
-                spec.loader.exec_module(module)  # type: ignore[union-attr]
+                spec.loader.exec_module(module)
             except Exception as exc:
                 raise PluginLoadError(f"plugin file {path.name} failed to import: {exc!r}") from exc
             pm.register(module, name=name)

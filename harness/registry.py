@@ -7,6 +7,8 @@ Nothing here knows any specific variant; plugins fill the registry.
 
 from __future__ import annotations
 
+import builtins
+
 import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -55,7 +57,7 @@ class Param:
     min: float | None = None
     max: float | None = None
 
-    def resolved_type(self) -> type:
+    def resolved_type(self) -> builtins.type:
         if self.type is not None:
             return self.type
         if self.default is None:

@@ -35,6 +35,8 @@ from typing import Any
 
 from . import stats
 from .costmodel import CHECKS, MEMORY_BAND, agreement
+from .rundir import COMPLETED
+from .tables import flatten
 
 MIN_SIZES_FOR_FIT = 4
 FINAL_NAMES = ("n_params", "n_params_non_embedding", "peak_mem_bytes", "peak_tensor_bytes",
@@ -88,7 +90,7 @@ class Cell:
 
     @property
     def completed(self) -> list[Run]:
-        return [r for r in self.runs if r.status == "completed"]
+        return [r for r in self.runs if r.status == COMPLETED]
 
     @property
     def config(self) -> dict:
@@ -133,8 +135,8 @@ def load_runs(db_path: str | Path, *, run_ids: list[str] | None = None, experime
         by_id = {r.run_id: r for r in runs}
         if ids:
             for rid, name, value in con.execute(
-                    "SELECT run_id, name, arg_max(value, step) FROM metrics WHERE list_contains(?, run_id) "
-                    "AND list_contains(?, name) GROUP BY run_id, name", [ids, list(FINAL_NAMES)]).fetchall():
+                    store.final_values_sql("list_contains(?, run_id) AND list_contains(?, name)"),
+                    [ids, list(FINAL_NAMES)]).fetchall():
                 by_id[rid].final[name] = value
             for rid, value in con.execute(
                     "SELECT run_id, median(value) FROM metrics WHERE list_contains(?, run_id) "
@@ -280,19 +282,8 @@ def report_environment() -> dict[str, str]:
 # ---------------------------------------------------------------- grid description
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(obj, list) and obj and all(isinstance(x, dict) for x in obj):
-        return {prefix[:-1]: json.dumps(obj, sort_keys=True)}
-    return {prefix[:-1]: obj}
-
-
 def _settings(config: dict) -> dict[str, Any]:
-    flat = _flatten({k: config.get(k) for k in ("model", "train", "data")})
+    flat = flatten({k: config.get(k) for k in ("model", "train", "data")})
     for axis, spec in (config.get("components") or {}).items():
         if isinstance(spec, dict) and spec.get("params"):
             for k, v in spec["params"].items():
@@ -331,9 +322,9 @@ def attach_predictions(cells: list[Cell], registry) -> None:
             c.predict_error = f"{type(exc).__name__}: {exc}"
 
 
-def _mean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return sum(xs) / len(xs) if xs else None
+def _mean(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None and math.isfinite(x)]
+    return sum(vals) / len(vals) if vals else None
 
 
 def measured(cell: Cell, name: str) -> float | None:
@@ -837,10 +828,10 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
         fit_note = f"{n_sizes} distinct model size(s); a scaling fit needs at least {MIN_SIZES_FOR_FIT}"
 
     run_notes = [(r, r.notes) for r in runs if r.notes]
-    if run_notes or any(r.status != "completed" for r in runs):
+    if run_notes or any(r.status != COMPLETED for r in runs):
         doc.h(2, "Run notes")
         doc.table(["cell", "seed", "status", "notes"],
-                  [[r.label, r.seed, r.status, r.notes] for r in runs if r.notes or r.status != "completed"])
+                  [[r.label, r.seed, r.status, r.notes] for r in runs if r.notes or r.status != COMPLETED])
     return Report(title, source, db_path, cells, base, stat_rows, rows, fit, pts, fit_note, doc)
 
 

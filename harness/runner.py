@@ -11,23 +11,20 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from . import store
+from . import rundir, store
 from .config import Cell, Grid
 from .executors import Job, LocalExecutor
 from .plugin_manager import pm
 from .provenance import git_commit, versions
 from .registry import Registry
-from .worker import write_json_atomic
+from .rundir import COMPLETED, FAILED, KILLED, RETRY_FAILED, RUNNING, TERMINAL
+
+# not a stored status: a live worker of another abl run holds the folder
+BUSY = "busy"
+
 
 def prepare(cell: Cell, runs_dir: Path, meta: dict[str, Any]) -> Path:
-    run_dir = runs_dir / cell.run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", cell.config)
-    write_json_atomic(run_dir / "meta.json", meta)
-    # a fresh attempt: the previous attempt's status goes; its metrics up to the last
-    # checkpoint stay (the worker decides, see harness/worker.py)
-    (run_dir / "status.json").unlink(missing_ok=True)
-    return run_dir
+    return rundir.prepare(runs_dir / cell.run_id, cell.config, meta)
 
 
 def _raise_interrupt(signum, frame):
@@ -110,10 +107,6 @@ def grid_statistics(db_path: Path, grid: Grid) -> dict[str, dict[str, Any]]:
     return {r["cell_key"]: r for r in rows}
 
 
-TERMINAL = ("completed", "diverged", "failed", "oom", "killed")
-FAILED = ("diverged", "failed", "oom")
-
-
 def _pid_alive(pid: Any) -> bool:
     import os
 
@@ -140,17 +133,17 @@ def reconcile(cells: list[Cell], runs_dir: Path, db_path: Path) -> dict[str, str
     stale: list[tuple[Path, str | None]] = []
     for cell in cells:
         run_dir = runs_dir / cell.run_id
-        st = store.read_json(run_dir / "status.json")
-        if st is None or not (run_dir / "config.json").exists():
+        st = rundir.read_status(run_dir)
+        if st is None or not (run_dir / rundir.CONFIG).exists():
             continue
         state = st.get("status")
-        if state == "running" and _pid_alive(st.get("pid")):
-            known[cell.run_id] = "busy"  # a worker of another abl run is on it
+        if state == RUNNING and _pid_alive(st.get("pid")):
+            known[cell.run_id] = BUSY
             continue
-        if state == "running":
-            st.update(status="killed", error=st.get("error") or "the worker is gone (abl run was killed?)")
-            write_json_atomic(run_dir / "status.json", st)
-            state = "killed"
+        if state == RUNNING:
+            st.update(status=KILLED, error=st.get("error") or "the worker is gone (abl run was killed?)")
+            rundir.write_status(run_dir, st)
+            state = KILLED
         if state in TERMINAL and known.get(cell.run_id) != state:
             stale.append((run_dir, None))
             known[cell.run_id] = state
@@ -165,6 +158,21 @@ def reconcile(cells: list[Cell], runs_dir: Path, db_path: Path) -> dict[str, str
         finally:
             con.close()
     return known
+
+
+def plan(cells: list[Cell], known: dict[str, str], retry_failed: bool = False
+         ) -> tuple[list[Cell], list[Cell], list[Cell], list[Cell]]:
+    """(completed, failed and skipped, busy, to run) from each cell's last status (``reconcile``).
+
+    Which statuses run again is ``rundir.runs_again``: killed and running ones
+    restart, failed ones only with ``retry_failed``.
+    """
+    completed = [c for c in cells if known.get(c.run_id) == COMPLETED]
+    failed = [c for c in cells if known.get(c.run_id) in RETRY_FAILED and not retry_failed]
+    busy = [c for c in cells if known.get(c.run_id) == BUSY]
+    todo = [c for c in cells
+            if known.get(c.run_id) != BUSY and rundir.runs_again(known.get(c.run_id), retry_failed)]
+    return completed, failed, busy, todo
 
 
 def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, executor=None,
@@ -182,12 +190,8 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     con = store.open_store(db_path)  # migrate early so a schema problem stops us before training
     con.close()
     known = reconcile(cells, runs_dir, db_path)
-    completed = [c for c in cells if known.get(c.run_id) == "completed"]
-    failed = [c for c in cells if known.get(c.run_id) in FAILED]
-    busy = [c for c in cells if known.get(c.run_id) == "busy"]
-    todo = [c for c in cells if known.get(c.run_id) not in ("completed", "busy")
-            and (retry_failed or known.get(c.run_id) not in FAILED)]
-    resuming = sum((runs_dir / c.run_id / "checkpoint.pt").exists() for c in todo)
+    completed, failed, busy, todo = plan(cells, known, retry_failed)
+    resuming = sum((runs_dir / c.run_id / rundir.CHECKPOINT).exists() for c in todo)
     msg = (f"[bold]{grid.cells[0].experiment.name}[/]: {len(cells)} runs "
            f"({len({c.cell_key for c in cells})} cells x seeds); "
            f"{len(completed)} already completed, skipped; {len(todo)} to run")
@@ -202,7 +206,7 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
 
     jobs = []
     for i, cell in enumerate(todo):
-        old = store.read_json(runs_dir / cell.run_id / "meta.json", {})
+        old = rundir.read_json(runs_dir / cell.run_id / rundir.META, {})
         first = old.get("first_commit") or old.get("git_commit") or commit
         meta = {"cell_key": cell.cell_key, "label": f"{cell.label}", "git_commit": commit,
                 "first_commit": first, "attempts": int(old.get("attempts", 0)) + 1,
@@ -227,7 +231,7 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
             desc = f"  [{job.index + 1}/{len(jobs)}] {job.cell.label} seed={job.cell.seed}"
             if tid is None:
                 tid = tasks[job.cell.run_id] = progress.add_task(desc, total=job.cell.train.steps, info="")
-                _ingest(db_path, job.run_dir, "running")  # visible as in progress
+                _ingest(db_path, job.run_dir, RUNNING)  # visible as in progress
             info = "" if job.train_loss is None else f"step {job.step} loss {job.train_loss:.3f}"
             if job.val_loss is not None:
                 info += f" val {job.val_loss:.3f}"
@@ -235,18 +239,18 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
 
         def on_done(job: Job) -> None:
             nonlocal failures
-            status_override = "killed" if job.killed else None
-            st = store.read_json(job.run_dir / "status.json", {})
-            if not job.killed and st.get("status") in (None, "running"):
+            status_override = KILLED if job.killed else None
+            st = rundir.read_status(job.run_dir) or {}
+            if not job.killed and st.get("status") in (None, RUNNING):
                 # the worker died without writing its final status (signal, segfault, OOM-kill)
-                status_override = "killed" if (job.returncode or 0) < 0 else "failed"
+                status_override = KILLED if (job.returncode or 0) < 0 else FAILED
                 st.update(status=status_override, finished=time.time(),
-                          error=st.get("error") or _log_tail(job.run_dir))
-                write_json_atomic(job.run_dir / "status.json", st)
+                          error=st.get("error") or rundir.log_tail(job.run_dir))
+                rundir.write_status(job.run_dir, st)
             status = _ingest(db_path, job.run_dir, status_override)
-            if status != "completed":
+            if status != COMPLETED:
                 failures += 1
-                err = store.read_json(job.run_dir / "status.json", {}).get("error") or ""
+                err = (rundir.read_status(job.run_dir) or {}).get("error") or ""
                 progress.console.print(f"[red]{status}[/]: {job.cell.label} seed={job.cell.seed}: "
                                        f"{err.splitlines()[-1] if err else ''}")
             tid = tasks.pop(job.cell.run_id, None)
@@ -254,7 +258,7 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
                 progress.remove_task(tid)
             progress.advance(overall)
             progress.update(overall, description=f"cells {int(progress.tasks[0].completed)}/{len(jobs)}")
-            summary = {r[1]: r[2] for r in store.read_metrics(job.run_dir / "metrics.jsonl")
+            summary = {r[1]: r[2] for r in rundir.read_metrics(job.run_dir / rundir.METRICS)
                        if r[1] in ("n_params", "peak_mem_bytes", "wall_s")}
             pm.hook.run_finished(run_id=job.cell.run_id, status=status, config=job.cell.config,
                                  summary=summary)
@@ -286,13 +290,3 @@ def _ingest(db_path: Path, run_dir: Path, status_override: str | None) -> str:
         return store.ingest_run(con, run_dir, status_override)
     finally:
         con.close()
-
-
-def _log_tail(run_dir: Path, n: int = 12) -> str:
-    try:
-        lines = (run_dir / "worker.log").read_text(errors="replace").strip().splitlines()
-    except FileNotFoundError:
-        return "worker exited without a status"
-    return "\n".join(lines[-n:]) or "worker exited without a status"
-
-

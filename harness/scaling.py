@@ -67,8 +67,9 @@ class ScalingFit:
         """Compute-optimal (N, D) for a budget C = 6 N D (Hoffmann et al. eq. 4); None without both terms."""
         if None in (self.A, self.B, self.alpha, self.beta) or not (self.alpha and self.beta):
             return None
-        a, b = self.alpha, self.beta
-        g = (a * self.A / (b * self.B)) ** (1 / (a + b))
+        a, b, big_a, big_b = self.alpha, self.beta, self.A, self.B
+        assert big_a is not None and big_b is not None
+        g = (a * big_a / (b * big_b)) ** (1 / (a + b))
         n = g * (flops / 6) ** (b / (a + b))
         return n, flops / (6 * n)
 

@@ -1,7 +1,9 @@
 """Multi-seed statistics: is a cell's difference from the baseline real?
 
+One implementation for the CLI, the report and the dashboard.
+
 For each cell: the mean, the sample standard deviation and the 95% confidence
-interval (Student t, n - 1 degrees of freedom) of its final val_loss over
+interval (Student t, n - 1 degrees of freedom) of its final value over
 seeds. For each cell against a baseline cell: the difference of means, its 95%
 CI and a two-sided p-value,
 
@@ -13,11 +15,17 @@ CI and a two-sided p-value,
 - otherwise Welch's unequal-variance t-test (Welch-Satterthwaite degrees of
   freedom).
 
-The verdict is "better" / "worse" (lower loss is better) only when p < alpha;
-otherwise "not distinguishable from baseline". With fewer than 2 values on a
-side there is no test and the verdict says so.
+``compare`` / ``compare_cells`` (CLI summary, report) pick paired or Welch and
+give a verdict: "better" / "worse" (lower loss is better) only when p < alpha;
+otherwise "not distinguishable from baseline"; no multiple-comparison
+correction. With fewer than 2 values on a side there is no test and the
+verdict says so. The dashboard's Compare page calls ``welch`` (vectorised over
+cells, from per-cell summaries) or ``paired`` and adjusts with ``holm``; its
+pages also use ``summarize_groups``, ``t_halfwidth``, ``ema``, ``pareto_mask``
+and ``downsample``.
 
-Pure numpy + scipy.stats (for the t distribution); nothing here knows torch.
+numpy + scipy.stats; the frame helpers take pandas objects but do not import
+pandas; nothing here knows torch.
 """
 
 from __future__ import annotations
@@ -34,16 +42,100 @@ CONFIDENCE = 0.95
 BETTER, WORSE, SAME, BASELINE = "better", "worse", "not distinguishable from baseline", "baseline"
 
 
-def _t_quantile(q: float, df: float) -> float:
-    from scipy import stats
-
-    return float(stats.t.ppf(q, df))
+# ---------------------------------------------------------------- the t machinery (arrays broadcast)
 
 
-def _t_two_sided_p(t: float, df: float) -> float:
-    from scipy import stats
+def t_halfwidth(std: Any, n: Any, confidence: float = CONFIDENCE) -> np.ndarray:
+    """Half-width of the ``confidence`` t-interval of a mean from its sample std and count (NaN if n < 2)."""
+    from scipy import stats as sps
 
-    return float(2 * stats.t.sf(abs(t), df))
+    std = np.asarray(std, dtype=float)
+    n = np.asarray(n, dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = sps.t.ppf(0.5 + confidence / 2, np.where(n >= 2, n - 1, np.nan))
+        return np.where(n >= 2, q * std / np.sqrt(n), np.nan)
+
+
+def _t_test(diff: Any, se: Any, df: Any, confidence: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(t, two-sided p, CI half-width) of ``diff`` with standard error ``se``; NaN where se or df is not > 0."""
+    from scipy import stats as sps
+
+    diff, se, df = (np.asarray(a, dtype=float) for a in (diff, se, df))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ok = (se > 0) & (df > 0)
+        t = np.where(ok, diff / se, np.nan)
+        p = np.where(ok, 2 * sps.t.sf(np.abs(t), df), np.nan)
+        hw = np.where(ok, sps.t.ppf(0.5 + confidence / 2, df) * se, np.nan)
+    return t, p, hw
+
+
+def welch(m1: Any, s1: Any, n1: Any, m2: Any, s2: Any, n2: Any,
+          confidence: float = CONFIDENCE) -> dict[str, np.ndarray]:
+    """Welch's t-test of mean1 - mean2 from summary statistics (means, sample stds, counts; arrays broadcast).
+
+    Returns the difference, its CI, t, the Welch-Satterthwaite degrees of
+    freedom, the two-sided p-value and the standard error; NaN where either
+    side has n < 2 or both have zero spread.
+    """
+    m1, s1, n1, m2, s2, n2 = (np.asarray(a, dtype=float) for a in (m1, s1, n1, m2, s2, n2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        v1, v2 = s1 ** 2 / n1, s2 ** 2 / n2
+        se = np.sqrt(v1 + v2)
+        dof = (v1 + v2) ** 2 / (v1 ** 2 / (n1 - 1) + v2 ** 2 / (n2 - 1))
+        ok = (n1 >= 2) & (n2 >= 2) & (se > 0)
+        dof = np.where(ok, dof, np.nan)
+    diff = m1 - m2
+    t, p, hw = _t_test(diff, se, dof, confidence)
+    return {"diff": diff, "diff_lo": diff - hw, "diff_hi": diff + hw, "t": t, "dof": dof, "p": p, "se": se}
+
+
+def paired(a: Mapping[Any, float], b: Mapping[Any, float],
+           confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """Paired t-test of a - b over the keys (seeds) both have: difference, its CI, t, p, pairs, se.
+
+    In abl two cells run with the same seed see the same training batches in
+    the same order, so their per-seed differences cancel the variance the
+    seed causes in both. NaN with fewer than 2 pairs or no spread.
+    """
+    keys = sorted(set(a) & set(b), key=str)
+    d = np.array([a[k] - b[k] for k in keys], dtype=float)
+    n = len(d)
+    diff = float(d.mean()) if n else math.nan
+    se = float(d.std(ddof=1) / math.sqrt(n)) if n >= 2 else math.nan
+    t, p, hw = _t_test(diff, se, n - 1, confidence)
+    return {"diff": diff, "diff_lo": float(diff - hw), "diff_hi": float(diff + hw), "t": float(t),
+            "p": float(p), "pairs": n, "se": se}
+
+
+def holm(p: Any) -> np.ndarray:
+    """Holm-Bonferroni adjusted p-values (NaN entries are left out and stay NaN)."""
+    p = np.asarray(p, dtype=float)
+    out = np.full_like(p, np.nan)
+    idx = np.where(~np.isnan(p))[0]
+    if len(idx) == 0:
+        return out
+    order = idx[np.argsort(p[idx])]
+    m = len(order)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def stars(p: float | None) -> str:
+    if p is None or not np.isfinite(p):
+        return "n/a"
+    if p < 0.001:
+        return "***"
+    if p < 0.01:
+        return "**"
+    if p < 0.05:
+        return "*"
+    return "n.s."
+
+
+# ---------------------------------------------------------------- one cell against a baseline (CLI, report)
 
 
 @dataclass
@@ -62,7 +154,7 @@ class Summary:
         return None if self.ci_high is None or self.mean is None else self.ci_high - self.mean
 
 
-def summarize(values: Mapping[Hashable, float] | Sequence[float], confidence: float = CONFIDENCE) -> Summary:
+def summarize(values: Mapping[Any, float] | Sequence[float], confidence: float = CONFIDENCE) -> Summary:
     """Mean, sample std and t-based CI of the mean. ``values``: seed -> value, or a list.
 
     Non-finite values (a diverged run that still logged a loss) are dropped.
@@ -77,7 +169,7 @@ def summarize(values: Mapping[Hashable, float] | Sequence[float], confidence: fl
     if n < 2:
         return Summary(1, mean, None, None, None, vals)
     std = float(x.std(ddof=1))
-    half = _t_quantile(0.5 + confidence / 2, n - 1) * std / math.sqrt(n)
+    half = float(t_halfwidth(std, n, confidence))
     return Summary(n, mean, std, mean - half, mean + half, vals)
 
 
@@ -105,39 +197,33 @@ def _verdict(delta: float, p: float, alpha: float, lower_is_better: bool) -> str
     return BETTER if improves else WORSE
 
 
-def paired_test(cell: Mapping[Hashable, float], base: Mapping[Hashable, float],
+def _exact(diff: float) -> tuple[float, float, float, float]:
+    """Zero spread: the t statistic is infinite (or 0/0); the difference is exact: (diff, lo, hi, p)."""
+    return diff, diff, diff, (1.0 if diff == 0.0 else 0.0)
+
+
+def paired_test(cell: Mapping[Any, float], base: Mapping[Any, float],
                 confidence: float = CONFIDENCE) -> tuple[float, float, float, float, int]:
     """(mean diff, ci_low, ci_high, p, n) of the per-seed differences cell - base over common seeds."""
-    seeds = sorted(set(cell) & set(base), key=str)
-    d = np.array([cell[s] - base[s] for s in seeds], dtype=float)
-    n = len(d)
-    mean = float(d.mean())
-    sd = float(d.std(ddof=1))
-    if sd == 0.0:  # identical differences: the t statistic is infinite (or 0/0)
-        p = 1.0 if mean == 0.0 else 0.0
-        return mean, mean, mean, p, n
-    se = sd / math.sqrt(n)
-    half = _t_quantile(0.5 + confidence / 2, n - 1) * se
-    return mean, mean - half, mean + half, _t_two_sided_p(mean / se, n - 1), n
+    r = paired(cell, base, confidence)
+    if r["se"] == 0.0:
+        return (*_exact(r["diff"]), r["pairs"])
+    return r["diff"], r["diff_lo"], r["diff_hi"], r["p"], r["pairs"]
 
 
 def welch_test(a: Sequence[float], b: Sequence[float],
                confidence: float = CONFIDENCE) -> tuple[float, float, float, float, float]:
     """(mean(a) - mean(b), ci_low, ci_high, p, df): Welch's t-test with Welch-Satterthwaite df."""
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    diff = float(x.mean() - y.mean())
-    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    se2 = vx + vy
-    if se2 == 0.0:
-        p = 1.0 if diff == 0.0 else 0.0
-        return diff, diff, diff, p, float(len(x) + len(y) - 2)
-    df = float(se2 ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1)))
-    se = math.sqrt(se2)
-    half = _t_quantile(0.5 + confidence / 2, df) * se
-    return diff, diff - half, diff + half, _t_two_sided_p(diff / se, df), df
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sx, sy = x.std(ddof=1), y.std(ddof=1)
+    w = welch(x.mean(), sx, len(x), y.mean(), sy, len(y), confidence)
+    if float(w["se"]) == 0.0:
+        return (*_exact(float(w["diff"])), float(len(x) + len(y) - 2))
+    return (float(w["diff"]), float(w["diff_lo"]), float(w["diff_hi"]), float(w["p"]), float(w["dof"]))
 
 
-def compare(cell: Mapping[Hashable, float], base: Mapping[Hashable, float], *, paired: bool | None = None,
+def compare(cell: Mapping[Any, float], base: Mapping[Any, float], *, paired: bool | None = None,
             alpha: float = ALPHA, lower_is_better: bool = True, confidence: float = CONFIDENCE) -> Comparison:
     """Compare a cell's per-seed values with the baseline's (both: seed -> value).
 
@@ -175,8 +261,8 @@ class CellResult:
     comparison: Comparison
 
 
-def compare_cells(values: Mapping[Hashable, Mapping[Hashable, float]], baseline: Hashable, *,
-                  data_keys: Mapping[Hashable, Hashable] | None = None, alpha: float = ALPHA,
+def compare_cells(values: Mapping[Any, Mapping[Any, float]], baseline: Hashable, *,
+                  data_keys: Mapping[Any, Hashable] | None = None, alpha: float = ALPHA,
                   lower_is_better: bool = True) -> list[CellResult]:
     """Summaries and comparisons for every cell, in the given order.
 
@@ -225,3 +311,76 @@ def seeds_of(rows: Iterable[tuple[Hashable, Hashable, float]]) -> dict[Hashable,
         if value is not None:
             out[key][seed] = value
     return out
+
+
+# ---------------------------------------------------------------- frames and curves (dashboard)
+
+
+def summarize_groups(df: Any, by: str | list[str], value: str = "value",
+                     confidence: float = CONFIDENCE) -> Any:
+    """Per group of a DataFrame: n, mean, std, min, max and the t-interval of the mean (ci_lo, ci_hi)."""
+    g = df.groupby(by, sort=False, dropna=False)[value]
+    out = g.agg(n="count", mean="mean", std="std", min="min", max="max").reset_index()
+    hw = t_halfwidth(out["std"], out["n"], confidence)
+    out["ci_lo"] = out["mean"] - hw
+    out["ci_hi"] = out["mean"] + hw
+    return out
+
+
+def ema(values: Any, weight: float) -> np.ndarray:
+    """Debiased exponential moving average (TensorBoard's smoothing), weight in [0, 1)."""
+    y = np.asarray(values, dtype=float)
+    if weight <= 0 or len(y) == 0:
+        return y
+    from scipy.signal import lfilter
+
+    finite = np.isfinite(y)
+    filled = np.where(finite, y, 0.0)
+    num = lfilter([1 - weight], [1, -weight], filled)
+    den = lfilter([1 - weight], [1, -weight], finite.astype(float))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / den, np.nan)
+
+
+def ema_by_group(df: Any, group: str, col: str, weight: float) -> np.ndarray:
+    """EMA of ``col`` within each group; ``df`` must be sorted by group then step."""
+    if weight <= 0:
+        return df[col].to_numpy(dtype=float)
+    out = np.empty(len(df))
+    values = df[col].to_numpy(dtype=float)
+    keys = df[group].to_numpy()
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    ends = np.r_[starts[1:], len(df)]
+    for a, b in zip(starts, ends):
+        out[a:b] = ema(values[a:b], weight)
+    return out
+
+
+def pareto_mask(x: Any, y: Any, x_better: str = "lower") -> np.ndarray:
+    """True for points not dominated by another: y lower is better, x per ``x_better``."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    sx = -x if x_better == "higher" else x
+    ok = np.isfinite(sx) & np.isfinite(y)
+    mask = np.zeros(len(x), dtype=bool)
+    idx = np.where(ok)[0]
+    # sweep by cost ascending (ties: better y first); a point is on the front if it beats
+    # every cheaper point's y
+    order = idx[np.lexsort((y[idx], sx[idx]))]
+    best = math.inf
+    for i in order:
+        if y[i] < best:
+            mask[i] = True
+            best = y[i]
+    return mask
+
+
+def downsample(df: Any, group: str, max_points: int) -> Any:
+    """Keep at most ``max_points`` evenly spaced rows per group (always the first and last)."""
+    if df.empty:
+        return df
+    pos = df.groupby(group, sort=False).cumcount().to_numpy()
+    size = df.groupby(group, sort=False)[group].transform("size").to_numpy()
+    stride = np.maximum(1, np.ceil(size / max_points)).astype(int)
+    keep = (pos % stride == 0) | (pos == size - 1)
+    return df[keep]

@@ -1,7 +1,7 @@
 """The DuckDB store: schema, numbered migrations, ingest of run folders, queries.
 
 Only one process writes the database: the ``abl run`` parent (or ``abl
-ingest``). Workers write run folders (see harness/worker.py); the folders are
+ingest``). Workers write run folders (see harness/rundir.py); the folders are
 the source of truth and the database can be rebuilt from them with
 ``abl ingest``. Connections are opened briefly so readers are not blocked for
 long.
@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import duckdb
+
+from . import rundir
 
 # Each migration runs once, in order, inside a transaction; never edit one
 # that has shipped: append a new one.
@@ -79,9 +81,6 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     """),
 ]
 
-STATUSES = ("queued", "running", "completed", "diverged", "oom", "failed", "killed")
-
-
 class StoreError(Exception):
     """The database cannot be opened or migrated (reported to the user)."""
 
@@ -137,50 +136,21 @@ def open_store(path: str | Path) -> duckdb.DuckDBPyConnection:
 # ---------------------------------------------------------------- run folders
 
 
-def read_json(path: Path, default: Any = None) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return default
-
-
-def read_metrics(path: Path) -> list[tuple[int, str, float | None]]:
-    """Long rows from a metrics.jsonl; a torn last line (a killed writer) is skipped."""
-    rows: list[tuple[int, str, float | None]] = []
-    try:
-        f = open(path)
-    except FileNotFoundError:
-        return rows
-    with f:
-        for line in f:
-            if not line.endswith("\n"):
-                break  # partially written line
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            step = int(obj.pop("step", 0))
-            for name, value in obj.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    rows.append((step, name, float(value)))
-    return rows
-
-
 def _ts(t: float | None) -> datetime | None:
     return None if t is None else datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None)
 
 
 def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     """Copy one run folder into the store (idempotent). Returns the run's status."""
-    config = read_json(run_dir / "config.json")
+    config = rundir.read_json(run_dir / rundir.CONFIG)
     if not isinstance(config, dict) or not {"experiment", "seed"} <= set(config):
         raise StoreError(f"{run_dir}: no readable config.json; not a run folder")
-    meta = read_json(run_dir / "meta.json", {})
-    status = read_json(run_dir / "status.json", {"status": "queued"})
-    info = read_json(run_dir / "info.json", {})
-    state = status_override or status.get("status", "queued")
+    meta = rundir.read_json(run_dir / rundir.META, {})
+    status = rundir.read_status(run_dir) or {"status": rundir.QUEUED}
+    info = rundir.read_json(run_dir / rundir.INFO, {})
+    state = status_override or status.get("status", rundir.QUEUED)
     run_id = run_dir.name
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = rundir.read_metrics(run_dir / rundir.METRICS)
     notes = "; ".join(n for n in (meta.get("notes"), status.get("notes")) if n) or None
     con.execute("BEGIN TRANSACTION")
     try:
@@ -238,10 +208,26 @@ def statuses(db_path: str | Path, run_ids: list[str]) -> dict[str, str]:
         con.close()
 
 
-SUMMARY_SQL = """
+# A run's final value of a metric: the value logged at its highest step (a resumed run
+# stores each step once, so the highest step is the last one written).
+FINAL_VALUE = "arg_max(value, step)"
+# the highest step a metric was logged at
+LAST_STEP = "max(step)"
+
+
+def final_values_sql(where: str = "TRUE", *, metrics: str = "metrics", agg: str = FINAL_VALUE) -> str:
+    """A query of ``(run_id, name, value)``: one row per run and metric among the rows matching ``where``.
+
+    ``value`` is the run's final value of the metric, or ``agg`` of its rows
+    (e.g. ``median(value)``, ``LAST_STEP``). ``metrics``: the table or
+    subquery to read (the dashboard passes one that adds running cells' rows).
+    """
+    return f"SELECT run_id, name, {agg} AS value FROM {metrics} WHERE {where} GROUP BY run_id, name"
+
+
+SUMMARY_SQL = f"""
 WITH final_val AS (
-    SELECT run_id, arg_max(value, step) AS val_loss FROM metrics
-    WHERE name = 'val_loss' GROUP BY run_id
+    SELECT run_id, value AS val_loss FROM ({final_values_sql("name = 'val_loss'")})
 ), speed AS (
     SELECT run_id, median(value) AS tokens_per_s FROM metrics
     WHERE name = 'tokens_per_s' GROUP BY run_id
@@ -256,7 +242,8 @@ WITH final_val AS (
 )
 SELECT r.cell_key, any_value(r.label) AS label,
        count(*) AS runs,
-       count(*) FILTER (WHERE r.status = 'completed') AS completed,
+       count(*) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS completed,
+       count(*) FILTER (WHERE list_contains($not_completed, r.status)) AS not_completed,
        string_agg(DISTINCT r.status, ',') AS statuses,
        avg(v.val_loss) AS val_loss_mean,
        stddev_samp(v.val_loss) AS val_loss_std,
@@ -269,7 +256,7 @@ LEFT JOIN final_val v USING (run_id)
 LEFT JOIN speed s USING (run_id)
 LEFT JOIN mem m USING (run_id)
 LEFT JOIN decode d USING (run_id)
-WHERE list_contains(?, r.run_id)
+WHERE list_contains($run_ids, r.run_id)
 GROUP BY r.cell_key
 ORDER BY val_loss_mean ASC NULLS LAST
 """
@@ -278,7 +265,7 @@ ORDER BY val_loss_mean ASC NULLS LAST
 def cell_summary(db_path: str | Path, run_ids: list[str]) -> list[dict[str, Any]]:
     con = connect(db_path, read_only=True)
     try:
-        cur = con.execute(SUMMARY_SQL, [run_ids])
+        cur = con.execute(SUMMARY_SQL, {"run_ids": run_ids, "not_completed": list(rundir.NOT_COMPLETED)})
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, row)) for row in cur.fetchall()]
     finally:

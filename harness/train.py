@@ -1,5 +1,12 @@
 """One training run: data, model, AdamW, warm-up + cosine schedule, precision, eval, metrics.
 
+``train`` reads as its parts: ``prepare`` the run (device, kernel backend,
+data, precision, model, optimizer), ``begin`` it (resume from a checkpoint,
+or measure and record its costs at step 0), ``train_loop`` (one
+``train_step`` per step, with memory tracking, evaluation and checkpoints),
+then the post-training evaluations (abl.evaluations, each switchable under
+``[eval]``) and the summary (peak memory, ``mfu``).
+
 Metrics go to a ``MetricSink`` (in the worker: an append-only JSONL file that
 is flushed as each line is written); the trainer never touches the database.
 
@@ -9,17 +16,19 @@ Recorded names:
   tracker (harness/memory.py) and records peak_tensor_bytes and its parts
   instead of tokens_per_s;
 - every evaluation: val_loss;
-- once: n_params, n_params_non_embedding, peak_mem_bytes, wall_s.
+- once: n_params, n_params_non_embedding and the measured/predicted costs
+  (step 0); the post-training evaluations' metrics, peak_mem_bytes,
+  baseline_rss_bytes, wall_s and mfu (last step).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import resource
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -27,9 +36,9 @@ import torch
 
 from .config import Cell
 from .data import Batches, TokenData
-from .kernels import enable_interpreter as enable_triton_interpreter
-from .memory import step_memory
-from .kernels import set_backend as set_kernel_backend
+from .evaluations import TrainedRun, run_evaluations
+from .kernels import KernelBackend, resolve as resolve_kernels
+from .memory import StepMemory, step_memory
 from .model import DecoderLM, ForwardContext
 from .precision import Precision
 from .provenance import device_name
@@ -65,7 +74,9 @@ def lr_at(step: int, cfg) -> float:
 
 def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     """AdamW; weight decay on matrices only (not norms, biases, gains, scalars)."""
-    decay, no_decay, seen = [], [], set()
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    seen: set[int] = set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue
@@ -94,13 +105,14 @@ def seed_everything(seed: int) -> None:
 
 @torch.no_grad()
 def evaluate(model: DecoderLM, batches: Batches, n_batches: int, precision: Precision,
-             device: torch.device, kernels: str) -> float:
+             device: torch.device) -> float:
+    """Mean cross-entropy over the first ``n_batches`` validation batches (the same for every cell)."""
     model.eval()
     total = 0.0
     for x, y in batches.val_batches(n_batches):
         x, y = x.to(device), y.to(device)
         with precision.autocast(device):
-            ctx = ForwardContext(position=model.position, kernels=kernels)
+            ctx = ForwardContext(position=model.position)
             model(x, y, ctx)
         total += float(ctx.metrics["ce_loss"])
     model.train()
@@ -163,16 +175,16 @@ def checkpoint_step(path: Path) -> int | None:
 
 
 def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batches, precision: Precision,
-                  device: torch.device, kernels: str, world: int) -> dict[str, float]:
+                  device: torch.device, world: int) -> dict[str, float]:
     """FLOPs of one training step counted by torch (on a validation batch, so the
-    training data order is untouched), and the device peak used for MFU."""
+    training data order is untouched), the device peak used for MFU, and the
+    cost model's predictions. A ``_note`` entry says why predictions are missing."""
     from .flops import count_step_flops
     from .provenance import peak_flops
 
     x, y = next(iter(batches.val_batches(1)))
     x, y = x.to(device), y.to(device)
-    measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, kernels=kernels,
-                                                                      need_logits=False),
+    measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, need_logits=False),
                                 lambda: precision.autocast(device))
     out: dict[str, float] = {"flops_per_step_measured": float(measured * world)}
     peak = peak_flops(device, precision.peak_format())
@@ -255,6 +267,249 @@ class Distributed:
             dist.destroy_process_group()
 
 
+
+# ---------------------------------------------------------------- one run, in parts
+
+
+@dataclass
+class TrainingRun:
+    """Everything one training run holds, built by ``prepare``."""
+
+    cell: Cell
+    registry: Registry
+    dist: Distributed
+    device: torch.device
+    kernels: KernelBackend
+    data: TokenData
+    precision: Precision
+    core: DecoderLM  # the model itself
+    model: torch.nn.Module  # what a training step calls: ``core``, or ``core`` wrapped for DDP
+    optimizer: torch.optim.Optimizer
+    batches: Batches
+    baseline_rss_bytes: int
+    notes: list[str] = field(default_factory=list)
+    params: list[torch.nn.Parameter] = field(init=False)  # what the optimizer steps and grad clipping sees
+
+    def __post_init__(self) -> None:
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.batches.next_train()
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def synchronize(self) -> None:
+        """Wait for the device, so a step's wall time is the step's."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def load_data(cell: Cell, registry: Registry) -> TokenData:
+    """The cell's dataset, checked against the context; fills ``model.vocab_size`` when it is 0."""
+    mc = cell.model
+    ds = cell.components["dataset"]
+    data: TokenData = registry.get("dataset", ds["name"]).factory(**ds["params"])
+    data.check(mc.context)
+    if mc.vocab_size == 0:
+        mc.vocab_size = data.vocab_size
+    elif mc.vocab_size < data.vocab_size:
+        raise ValueError(f"model.vocab_size={mc.vocab_size} < the dataset's {data.vocab_size}")
+    return data
+
+
+def prepare(cell: Cell, registry: Registry) -> TrainingRun:
+    """Device, kernel backend, seeds, data, precision, model, optimizer, batches: ready for step 1."""
+    tc, mc = cell.train, cell.model
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    dist = Distributed()
+    device = dist.setup(resolve_device(tc.device))
+    # before anything imports triton: on CPU it may switch the interpreter on
+    kernels = resolve_kernels(tc.kernels, device)
+    seed_everything(cell.seed)
+    torch.use_deterministic_algorithms(tc.deterministic, warn_only=False)
+    data = load_data(cell, registry)
+    pc = cell.components["precision"]
+    precision: Precision = registry.get("precision", pc["name"]).factory(**pc["params"])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    baseline_rss = cpu_peak_rss_bytes()
+    core = DecoderLM(mc, cell.components, registry, kernel_backend=kernels).to(device)
+    precision.setup(core, device)
+    optimizer = make_optimizer(core, tc)
+    run = TrainingRun(cell=cell, registry=registry, dist=dist, device=device, kernels=kernels, data=data,
+                      precision=precision, core=core, model=dist.wrap(core, device), optimizer=optimizer,
+                      batches=Batches(data, mc.context, tc.batch_size // dist.world, cell.seed, stream=dist.rank),
+                      baseline_rss_bytes=baseline_rss)
+    if kernels.interpreted:
+        run.notes.append("Triton kernels ran in the Triton interpreter on CPU (a correctness path: its "
+                         "timings say nothing about the kernels' speed)")
+    return run
+
+
+def run_info(run: TrainingRun) -> dict[str, Any]:
+    """The environment stored with the run (info.json)."""
+    device, mc = run.device, run.cell.model
+    return {
+        "device": device_name(device),
+        "device_type": device.type,
+        "kernels": run.kernels.name,
+        "data_fingerprint": run.data.fingerprint,
+        "data_description": run.data.description,
+        "tokenizer": run.data.tokenizer,
+        "vocab_size": mc.vocab_size,
+        "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss",
+        "device_count": torch.cuda.device_count() if device.type == "cuda" else 1,
+        "processes": run.dist.world,
+        "seed": run.cell.seed,
+        "determinism": {
+            "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "data_order": "depends only on the seed (and train.devices)",
+        },
+        **run.precision.info(),
+    }
+
+
+def begin(run: TrainingRun, sink: MetricSink, checkpoint_path: Path | None) -> tuple[int, dict[str, float]]:
+    """Resume from the checkpoint at ``checkpoint_path`` if there is one; else measure the
+    run's costs and record them with the parameter counts at step 0.
+
+    Returns (the first step to run, the costs; empty when resumed: they were recorded then).
+    """
+    if checkpoint_path is not None and checkpoint_path.exists():
+        step = load_checkpoint(checkpoint_path, run.core, run.optimizer, run.precision, run.batches, run.dist.rank)
+        return step + 1, {}
+    costs = measure_costs(run.core, run.cell, run.registry, run.batches, run.precision, run.device, run.dist.world)
+    if "_note" in costs:
+        run.notes.append(str(costs.pop("_note")))
+    sink.log(0, {"n_params": run.core.n_params(), "n_params_non_embedding": run.core.n_params(non_embedding=True),
+                 **costs})
+    return 1, costs
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    return lr
+
+
+def train_step(run: TrainingRun, x: torch.Tensor, y: torch.Tensor, step: int, lr: float,
+               sink: MetricSink) -> tuple[float, dict[str, Any], ForwardContext]:
+    """Forward, divergence check, backward, optimizer step.
+
+    Returns (the training loss averaged over ranks, the precision policy's step
+    metrics, the forward's context). Raises Diverged after recording the loss.
+    """
+    tc = run.cell.train
+    ctx = ForwardContext(position=run.core.position, need_logits=False)
+    with run.precision.autocast(run.device):
+        _, loss, ctx = run.model(x, y, ctx)
+    train_loss = run.dist.mean(_to_float(ctx.metrics["ce_loss"]), run.device)
+    if not math.isfinite(train_loss) or train_loss > tc.diverge_loss:
+        sink.log(step, {"train_loss": train_loss, "lr": lr})
+        raise Diverged(f"diverged at step {step}: train_loss={train_loss}")
+    run.optimizer.zero_grad(set_to_none=True)
+    run.precision.backward(loss)
+    return train_loss, run.precision.step(run.optimizer, run.params, tc.grad_clip), ctx
+
+
+def memory_tracked(run: TrainingRun, step: int) -> bool:
+    """Is ``step`` the one run under the tensor-memory tracker? The second (the optimizer
+    state exists by then), in single-process cells only."""
+    return run.dist.world == 1 and step == min(2, run.cell.train.steps)
+
+
+def memory_metrics(mem: StepMemory | None, notes: list[str]) -> dict[str, float]:
+    """peak_tensor_bytes and its non-zero parts; a note when the tracker could not run."""
+    if mem is None:
+        return {}
+    if mem.peak is None:
+        if mem.why:
+            notes.append(mem.why)
+        return {}
+    return {"peak_tensor_bytes": mem.peak,
+            **{f"peak_tensor_{k}_bytes": v for k, v in mem.breakdown.items() if v}}
+
+
+def reported_metrics(step_metrics: dict[str, Any], ctx: ForwardContext) -> dict[str, float]:
+    """What the precision policy and the components reported for a step (aux losses summed)."""
+    row = {k: _to_float(v) for k, v in step_metrics.items()}
+    row.update({k: _to_float(v) for k, v in ctx.metrics.items() if k != "ce_loss"})
+    if len(ctx.aux_losses):
+        row["aux_loss"] = sum(_to_float(v) for v in ctx.aux_losses.values())
+    return row
+
+
+def maybe_checkpoint(run: TrainingRun, checkpoint_path: Path | None, step: int) -> None:
+    """Every ``train.checkpoint_every`` steps but the last (the finished run needs none)."""
+    every, last = run.cell.train.checkpoint_every, run.cell.train.steps
+    if checkpoint_path is None or not every or step % every or step >= last:
+        return
+    data_states = run.dist.gather(run.batches.gen.get_state())  # every rank takes part
+    if run.dist.is_main:
+        save_checkpoint(checkpoint_path, step, run.core, run.optimizer, run.precision, data_states)
+
+
+def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: float,
+               checkpoint_path: Path | None) -> list[float]:
+    """Steps ``start_step`` .. ``train.steps``; returns the wall times of the steps timed for throughput."""
+    tc = run.cell.train
+    tokens_per_step = tc.batch_size * run.cell.model.context
+    step_times: list[float] = []
+    run.model.train()
+    for step in range(start_step, tc.steps + 1):
+        t0 = time.perf_counter()
+        lr = set_lr(run.optimizer, lr_at(step - 1, tc))
+        x, y = run.next_batch()
+        tracked = memory_tracked(run, step)
+        with step_memory(tracked, run.core, run.optimizer, x, y) as mem:
+            train_loss, step_metrics, ctx = train_step(run, x, y, step, lr, sink)
+        run.synchronize()
+        dt = time.perf_counter() - t0
+        row = {"train_loss": train_loss, "lr": lr, "elapsed_s": time.perf_counter() - t_start}
+        if tracked:  # the tracker slows the step: it gives no throughput figure
+            row.update(memory_metrics(mem, run.notes))
+        else:
+            step_times.append(dt)
+            row["tokens_per_s"] = tokens_per_step / dt
+        row.update(reported_metrics(step_metrics, ctx))
+        if run.dist.is_main and (step % tc.eval_every == 0 or step == tc.steps):
+            row["val_loss"] = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device)
+        sink.log(step, row)
+        maybe_checkpoint(run, checkpoint_path, step)
+    return step_times
+
+
+def post_training(run: TrainingRun, sink: MetricSink) -> None:
+    """The switched-on post-training evaluations (rank 0), logged at the last step."""
+    if not run.dist.is_main:
+        return
+    trained = TrainedRun(model=run.core, cell=run.cell, registry=run.registry, batches=run.batches,
+                         precision=run.precision, device=run.device)
+    metrics, notes = run_evaluations(trained, run.cell.eval)
+    if metrics:
+        sink.log(run.cell.train.steps, metrics)
+    run.notes += notes
+
+
+def peak_mem_bytes(device: torch.device) -> int:
+    """CUDA's peak allocated bytes, or on CPU the process's peak resident set (README: What is recorded)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return cpu_peak_rss_bytes()
+
+
+def mfu(costs: dict[str, float], step_times: list[float]) -> float | None:
+    """Model FLOPs utilisation: variant-aware useful FLOPs per step over the median step
+    time, over the device peak. None without a prediction, a device peak or a timed step."""
+    useful, peak = costs.get("useful_flops_per_step"), costs.get("device_peak_flops")
+    if not (useful and peak and step_times):
+        return None
+    median_dt = sorted(step_times)[len(step_times) // 2]
+    return useful / median_dt / peak
+
+
 def train(cell: Cell, registry: Registry, sink: MetricSink,
           on_info: Callable[[dict], None] | None = None,
           checkpoint_path: Path | None = None) -> dict[str, Any]:
@@ -269,153 +524,25 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
     exists when ``train`` starts.
     """
     t_start = time.perf_counter()
-    tc, mc = cell.train, cell.model
-    if tc.threads:
-        torch.set_num_threads(tc.threads)
-    dist = Distributed()
-    device = dist.setup(resolve_device(tc.device))
-    kernels = tc.kernels if tc.kernels != "auto" else ("triton" if device.type == "cuda" else "torch")
-    set_kernel_backend(kernels)
-    if kernels == "triton" and device.type == "cpu" and not enable_triton_interpreter():
-        raise ValueError("train.kernels = \"triton\" on CPU needs the Triton interpreter, but triton was "
-                         "imported in this process before it could be switched on; set TRITON_INTERPRET=1 "
-                         "in the environment, or use train.kernels = \"torch\"")
-    seed_everything(cell.seed)
-    torch.use_deterministic_algorithms(tc.deterministic, warn_only=False)
-
-    ds = cell.components["dataset"]
-    data: TokenData = registry.get("dataset", ds["name"]).factory(**ds["params"])
-    data.check(mc.context)
-    if mc.vocab_size == 0:
-        mc.vocab_size = data.vocab_size
-    elif mc.vocab_size < data.vocab_size:
-        raise ValueError(f"model.vocab_size={mc.vocab_size} < the dataset's {data.vocab_size}")
-
-    pc = cell.components["precision"]
-    precision: Precision = registry.get("precision", pc["name"]).factory(**pc["params"])
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    baseline_rss = cpu_peak_rss_bytes()
-    core = DecoderLM(mc, cell.components, registry, kernels=kernels).to(device)
-    precision.setup(core, device)
-    optimizer = make_optimizer(core, tc)
-    model = dist.wrap(core, device)
-    batches = Batches(data, mc.context, tc.batch_size // dist.world, cell.seed, stream=dist.rank)
-
-    n_params = core.n_params()
-    info = {
-        "device": device_name(device),
-        "device_type": device.type,
-        "kernels": kernels,
-        "data_fingerprint": data.fingerprint,
-        "data_description": data.description,
-        "tokenizer": data.tokenizer,
-        "vocab_size": mc.vocab_size,
-        "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss",
-        "device_count": torch.cuda.device_count() if device.type == "cuda" else 1,
-        "processes": dist.world,
-        "seed": cell.seed,
-        "determinism": {
-            "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "cudnn_deterministic": torch.backends.cudnn.deterministic,
-            "cudnn_benchmark": torch.backends.cudnn.benchmark,
-            "data_order": "depends only on the seed (and train.devices)",
-        },
-        **precision.info(),
-    }
-    if on_info and dist.is_main:
-        on_info(info)
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    tokens_per_step = tc.batch_size * mc.context
-    start_step = 1
-    notes: list[str] = []
-    if kernels == "triton" and device.type == "cpu":
-        notes.append("Triton kernels ran in the Triton interpreter on CPU (a correctness path: its "
-                     "timings say nothing about the kernels' speed)")
-    costs: dict[str, float] = {}
-    step_times: list[float] = []
-    if checkpoint_path is not None and checkpoint_path.exists():
-        start_step = load_checkpoint(checkpoint_path, core, optimizer, precision, batches, dist.rank) + 1
-    else:
-        costs = measure_costs(core, cell, registry, batches, precision, device, kernels, dist.world)
-        if "_note" in costs:
-            notes.append(str(costs.pop("_note")))
-        sink.log(0, {"n_params": n_params, "n_params_non_embedding": core.n_params(non_embedding=True), **costs})
-    model.train()
-    for step in range(start_step, tc.steps + 1):
-        t0 = time.perf_counter()
-        lr = lr_at(step - 1, tc)
-        for g in optimizer.param_groups:
-            g["lr"] = lr
-        x, y = batches.next_train()
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        # one step (the second: the optimizer state exists by then) is run under the
-        # tensor-memory tracker; it is slower, so it gives no throughput figure
-        tracked = dist.world == 1 and step == min(2, tc.steps)
-        with step_memory(tracked, core, optimizer, x, y) as mem:
-            ctx = ForwardContext(position=core.position, kernels=kernels, need_logits=False)
-            with precision.autocast(device):
-                _, loss, ctx = model(x, y, ctx)
-            train_loss = dist.mean(_to_float(ctx.metrics["ce_loss"]), device)
-            if not math.isfinite(train_loss) or train_loss > tc.diverge_loss:
-                sink.log(step, {"train_loss": train_loss, "lr": lr})
-                raise Diverged(f"diverged at step {step}: train_loss={train_loss}")
-            optimizer.zero_grad(set_to_none=True)
-            precision.backward(loss)
-            step_metrics = precision.step(optimizer, params, tc.grad_clip)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dt = time.perf_counter() - t0
-        row = {"train_loss": train_loss, "lr": lr, "elapsed_s": time.perf_counter() - t_start}
-        if tracked:
-            if mem.peak is not None:
-                row["peak_tensor_bytes"] = mem.peak
-                row.update({f"peak_tensor_{k}_bytes": v for k, v in mem.breakdown.items() if v})
-            elif mem.why:
-                notes.append(mem.why)
-        else:
-            step_times.append(dt)
-            row["tokens_per_s"] = tokens_per_step / dt
-        row.update({k: _to_float(v) for k, v in step_metrics.items()})
-        row.update({k: _to_float(v) for k, v in ctx.metrics.items() if k != "ce_loss"})
-        if len(ctx.aux_losses):
-            row["aux_loss"] = sum(_to_float(v) for v in ctx.aux_losses.values())
-        if dist.is_main and (step % tc.eval_every == 0 or step == tc.steps):
-            row["val_loss"] = evaluate(core, batches, tc.eval_batches, precision, device, kernels)
-        sink.log(step, row)
-        if checkpoint_path is not None and tc.checkpoint_every and step % tc.checkpoint_every == 0 \
-                and step < tc.steps:
-            data_states = dist.gather(batches.gen.get_state())
-            if dist.is_main:
-                save_checkpoint(checkpoint_path, step, core, optimizer, precision, data_states)
-
-    # ---- post-training evaluations (decode speed, length extrapolation, ...) go here;
-    # each logs its metrics to ``sink`` at step tc.steps and appends to ``notes``.
-    if dist.is_main:
-        from .decode import post_training_evaluations
-
-        post, post_notes = post_training_evaluations(core, cell, registry, batches, precision, device, kernels)
-        sink.log(tc.steps, post)
-        notes += post_notes
-
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-    else:
-        peak = cpu_peak_rss_bytes()
-    summary = {
-        "n_params": n_params,
-        "peak_mem_bytes": peak,
-        "baseline_rss_bytes": baseline_rss,
-        "wall_s": time.perf_counter() - t_start,
-    }
-    if costs.get("useful_flops_per_step") and costs.get("device_peak_flops") and step_times:
-        # model FLOPs utilisation: variant-aware useful FLOPs over the median step time
-        median_dt = sorted(step_times)[len(step_times) // 2]
-        summary["mfu"] = costs["useful_flops_per_step"] / median_dt / costs["device_peak_flops"]
-    # n_params was recorded at step 0; the summary row carries only what is new
-    sink.log(tc.steps, {k: v for k, v in summary.items() if k != "n_params"})
-    summary["notes"] = notes
-    dist.close()
-    return summary
+    run = prepare(cell, registry)
+    try:
+        if on_info and run.dist.is_main:
+            on_info(run_info(run))
+        start_step, costs = begin(run, sink, checkpoint_path)
+        step_times = train_loop(run, sink, start_step, t_start, checkpoint_path)
+        post_training(run, sink)
+        summary: dict[str, Any] = {
+            "n_params": run.core.n_params(),
+            "peak_mem_bytes": peak_mem_bytes(run.device),
+            "baseline_rss_bytes": run.baseline_rss_bytes,
+            "wall_s": time.perf_counter() - t_start,
+        }
+        utilisation = mfu(costs, step_times)
+        if utilisation is not None:
+            summary["mfu"] = utilisation
+        # n_params was recorded at step 0; the summary row carries only what is new
+        sink.log(cell.train.steps, {k: v for k, v in summary.items() if k != "n_params"})
+        summary["notes"] = run.notes
+        return summary
+    finally:
+        run.dist.close()

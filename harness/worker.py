@@ -1,15 +1,16 @@
-"""The per-cell worker process: ``python -m harness.worker RUN_DIR``.
+"""The per-cell worker process: ``python -m abl.worker RUN_DIR``.
 
 Reads ``RUN_DIR/config.json`` (a resolved cell config), trains, and writes
-only files in RUN_DIR; it never opens the database:
+only files in RUN_DIR (the protocol is harness/rundir.py); it never opens the
+database:
 
-- ``metrics.jsonl``: one JSON object per line, ``{"step": N, name: value, ...}``,
-  flushed as each line is written (append-only, safe to read while growing);
+- ``metrics.jsonl``: appended and flushed per line;
 - ``info.json``: the environment and data facts of the run;
-- ``status.json``: written atomically; ``status`` is running, completed,
-  diverged, oom or failed, with ``error`` for the last case.
+- ``status.json``: running, then completed, diverged, oom, failed or killed,
+  with ``error`` for the last four.
 
-Exit status: 0 completed, 3 diverged, 4 oom, 5 killed, 1 failed.
+Exit status: ``rundir.EXIT_CODES`` (0 completed, 1 failed, 3 diverged, 4 oom,
+5 killed).
 
 A cell with ``train.checkpoint_every`` keeps ``checkpoint.pt`` until it
 completes; a restarted worker resumes from it, keeping the metric rows up to
@@ -25,34 +26,18 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
-EXIT = {"completed": 0, "failed": 1, "diverged": 3, "oom": 4, "killed": 5}
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class JsonlSink:
-    def __init__(self, path: Path):
-        self.f = open(path, "a", buffering=1)
-
-    def log(self, step: int, metrics: dict) -> None:
-        self.f.write(json.dumps({"step": step, **metrics}) + "\n")
-        self.f.flush()
-
-    def close(self) -> None:
-        os.fsync(self.f.fileno())
-        self.f.close()
+from . import rundir
+from .rundir import COMPLETED, DIVERGED, EXIT_CODES, FAILED, KILLED, OOM, RUNNING
 
 
 class Killed(BaseException):
     """SIGTERM / SIGINT reached the worker (or its parent died)."""
+
+
+class _NotImported(Exception):
+    """Never raised: stands for train.Diverged until train imports, so a failing import is recorded."""
 
 
 def _on_signal(signum, frame):
@@ -78,38 +63,6 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def truncate_metrics(path: Path, last_step: int | None) -> None:
-    """Keep rows up to ``last_step`` (all of them dropped if None): the rows a resumed run will write again."""
-    if not path.exists():
-        return
-    if last_step is None:
-        path.unlink()
-        return
-    kept = []
-    with open(path) as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break
-            try:
-                if json.loads(line).get("step", 0) <= last_step:
-                    kept.append(line)
-            except json.JSONDecodeError:
-                continue
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
-
-
-class NullSink:
-    """Ranks other than 0 of a multi-process cell record nothing."""
-
-    def log(self, step: int, metrics: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def prepare_kernels(run_dir: Path) -> None:
     """Switch the Triton interpreter on for a CPU cell with ``train.kernels = "triton"``.
 
@@ -117,7 +70,7 @@ def prepare_kernels(run_dir: Path) -> None:
     imports it, so this runs first, from the cell's config.json.
     """
     try:
-        tc = json.loads((run_dir / "config.json").read_text()).get("train", {})
+        tc = json.loads((run_dir / rundir.CONFIG).read_text()).get("train", {})
     except (OSError, ValueError):
         return  # train() reports a broken config
     if tc.get("kernels") != "triton":
@@ -140,9 +93,9 @@ def run_rank(run_dir: Path) -> int:
     from .train import train
 
     registry = get_registry()
-    cell = cell_from_config(json.loads((run_dir / "config.json").read_text()), registry)
-    checkpoint = run_dir / "checkpoint.pt"
-    train(cell, registry, NullSink(), checkpoint_path=checkpoint if cell.train.checkpoint_every else None)
+    cell = cell_from_config(json.loads((run_dir / rundir.CONFIG).read_text()), registry)
+    checkpoint = run_dir / rundir.CHECKPOINT
+    train(cell, registry, rundir.NullSink(), checkpoint_path=checkpoint if cell.train.checkpoint_every else None)
     return 0
 
 
@@ -153,17 +106,19 @@ def run(run_dir: Path) -> int:
         return run_rank(run_dir)
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    status_path = run_dir / "status.json"
     started = time.time()
-    status = {"status": "running", "pid": os.getpid(), "started": started}
-    write_json_atomic(status_path, status)
-    metrics_path = run_dir / "metrics.jsonl"
-    checkpoint = run_dir / "checkpoint.pt"
+    status: dict[str, Any] = {"status": RUNNING, "pid": os.getpid(), "started": started}
+    rundir.write_status(run_dir, status)
+    metrics_path = run_dir / rundir.METRICS
+    checkpoint = run_dir / rundir.CHECKPOINT
     sink = None
+    diverged: type[Exception] = _NotImported
     try:
         from .config import cell_from_config
         from .plugin_manager import get_registry
         from .train import Diverged, checkpoint_step, train
+
+        diverged = Diverged
 
         # a restarted cell keeps the rows up to its checkpoint and writes the rest again
         resume_step = checkpoint_step(checkpoint)
@@ -171,42 +126,42 @@ def run(run_dir: Path) -> int:
             checkpoint.unlink(missing_ok=True)
         else:
             status["resumed_from_step"] = resume_step
-            write_json_atomic(status_path, status)
-        truncate_metrics(metrics_path, resume_step)
-        sink = JsonlSink(metrics_path)
+            rundir.write_status(run_dir, status)
+        rundir.truncate_metrics(metrics_path, resume_step)
+        sink = rundir.JsonlSink(metrics_path)
         registry = get_registry()
-        config = json.loads((run_dir / "config.json").read_text())
+        config = json.loads((run_dir / rundir.CONFIG).read_text())
         cell = cell_from_config(config, registry)
         summary = train(cell, registry, sink,
-                        on_info=lambda info: write_json_atomic(run_dir / "info.json", info),
+                        on_info=lambda info: rundir.write_json(run_dir / rundir.INFO, info),
                         checkpoint_path=checkpoint if cell.train.checkpoint_every else None)
-        status.update(status="completed")
+        status.update(status=COMPLETED)
         checkpoint.unlink(missing_ok=True)
         if summary.get("notes"):
             status["notes"] = "; ".join(summary["notes"])
     except Killed as exc:
-        status.update(status="killed", error=str(exc))
-    except Diverged as exc:
-        status.update(status="diverged", error=str(exc))
+        status.update(status=KILLED, error=str(exc))
+    except diverged as exc:
+        status.update(status=DIVERGED, error=str(exc))
     except MemoryError as exc:
-        status.update(status="oom", error=f"MemoryError: {exc}")
+        status.update(status=OOM, error=f"MemoryError: {exc}")
     except Exception as exc:  # noqa: BLE001 - any failure is recorded, never lost
         import torch
 
-        kind = "oom" if isinstance(exc, torch.OutOfMemoryError) else "failed"
+        kind = OOM if isinstance(exc, torch.OutOfMemoryError) else FAILED
         tail = traceback.format_exc().strip().splitlines()[-12:]
         status.update(status=kind, error="\n".join(tail))
     finally:
         if sink is not None:
             sink.close()
     status["finished"] = time.time()
-    write_json_atomic(status_path, status)
-    return EXIT[status["status"]]
+    rundir.write_status(run_dir, status)
+    return EXIT_CODES[status["status"]]
 
 
 def main() -> None:
     if len(sys.argv) != 2:
-        print("usage: python -m harness.worker RUN_DIR", file=sys.stderr)
+        print("usage: python -m abl.worker RUN_DIR", file=sys.stderr)
         sys.exit(2)
     sys.exit(run(Path(sys.argv[1])))
 

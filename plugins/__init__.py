@@ -1,2 +1,3 @@
-"""Built-in variants. Each module is an ordinary abl plugin, declared as an
-entry point in group "abl" in pyproject.toml exactly like a third-party one."""
+"""Built-in variants, installed as ``abl.plugins``. Each module is an ordinary abl
+plugin that imports only from ``abl``; ``abl.plugin_manager.DEFAULT_PLUGINS``
+lists them and registers them exactly like a third-party entry point."""

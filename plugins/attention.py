@@ -6,9 +6,10 @@ window). Every factory is ``factory(config, position, **params)`` and returns
 a module with ``forward(x, ctx)``; positions act only through ``ctx.position``
 (``rotate`` on q/k, ``score_bias`` on the scores; ``embed`` happened before).
 
-Decoding follows the ForwardContext contract: with ``ctx.cache`` a dict, a
-mixer keeps its state in ``ctx.cache[ctx.layer]`` and ``ctx.start`` is the
-absolute position of the first of the ``x`` tokens.
+Decoding follows the ForwardContext contract through ``abl.model.KVCache``:
+the softmax mixers append K/V (MLA: its latent) with ``KVCache(ctx).append``,
+linear attention keeps its recurrent state with ``state`` / ``set_state``;
+``ctx.start`` is the absolute position of the first of the ``x`` tokens.
 """
 
 from __future__ import annotations
@@ -19,10 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from abl.cost import Cost, linear_flops, linear_params
-from abl.hookspecs import hookimpl
-from abl.model import PositionEncoding, residual_out
-from abl.registry import Param
+from abl import Cost, KVCache, Param, PositionEncoding, hookimpl, linear_flops, linear_params, residual_out
 
 # ------------------------------------------------------------ the softmax core
 
@@ -51,7 +49,7 @@ def softmax_attention(q, k, v, position: PositionEncoding, q_start: int, k_start
     scaled scores.
     """
     hq, tq, tk = q.size(1), q.size(2), k.size(2)
-    from abl.kernels import use_triton
+    from abl import use_triton
 
     if use_triton():
         out = _flash(q, k, v, position, q_start, k_start, window, softcap, scale)
@@ -126,31 +124,6 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
-def _cached(ctx, **new: torch.Tensor) -> tuple[dict[str, torch.Tensor], int]:
-    """Append the new per-token tensors (time on dim -2) to this layer's cache.
-
-    Returns the full tensors and the absolute position of their first token.
-    Without a cache (training) the new tensors are returned as they are.
-    """
-    if ctx.cache is None:
-        return new, ctx.start
-    old = ctx.cache.get(ctx.layer)
-    if not old:
-        return new, ctx.start
-    return {n: torch.cat((old[n], t), dim=-2) for n, t in new.items()}, old["start"]
-
-
-def _store(ctx, tensors: dict[str, torch.Tensor], start: int, keep: int = 0) -> None:
-    """Keep the last ``keep`` tokens (0 = all) as this layer's cache."""
-    if ctx.cache is None:
-        return
-    n = next(iter(tensors.values())).size(-2)
-    if keep and n > keep:
-        tensors = {name: t[..., -keep:, :].contiguous() for name, t in tensors.items()}
-        start += n - keep
-    ctx.cache[ctx.layer] = {**tensors, "start": start}
-
-
 # ------------------------------------------------------------ MHA / GQA / MQA / sliding window
 
 
@@ -190,13 +163,13 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k, v = self.kv_proj(x).view(b, t, 2, self.n_kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if self.q_norm is not None:  # in fp32, back to the run dtype so the cache stays in it
+        if self.q_norm is not None and self.k_norm is not None:
+            # in fp32, back to the run dtype so the cache stays in it
             q, k = self.q_norm(_wide(q)).to(v.dtype), self.k_norm(_wide(k)).to(v.dtype)
         q, k = ctx.position.rotate(q, k, ctx.start, ctx.start)
-        kv, k_start = _cached(ctx, k=k, v=v)
+        kv, k_start = KVCache(ctx).append(k=k, v=v, window=self.window)
         y = softmax_attention(q, kv["k"], kv["v"], ctx.position, ctx.start, k_start,
                               window=self.window, softcap=self.softcap)
-        _store(ctx, kv, k_start, keep=self.window)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -253,7 +226,7 @@ class LinearAttention(nn.Module):
         q, k, v = self.qkv_proj(x).view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         fq, fk = F.elu(q) + 1, F.elu(k) + 1
         rq, rk = ctx.position.rotate(fq, fk, ctx.start, ctx.start)
-        state = ctx.cache.get(ctx.layer) if ctx.cache is not None else None
+        state = KVCache(ctx).state()
         if state is None:
             state = {"S": v.new_zeros(b, self.n_heads, self.head_dim, self.head_dim),
                      "z": v.new_zeros(b, self.n_heads, self.head_dim)}
@@ -261,8 +234,7 @@ class LinearAttention(nn.Module):
             y, s, z = self.recurrent_step(rq, rk, fq, fk, v, state["S"], state["z"])
         else:
             y, s, z = self.chunked(rq, rk, fq, fk, v, state["S"], state["z"])
-        if ctx.cache is not None:
-            ctx.cache[ctx.layer] = {"S": s, "z": z}
+        KVCache(ctx).set_state(S=s, z=z)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, -1))
 
     def recurrent_step(self, rq, rk, fq, fk, v, s, z):
@@ -326,6 +298,8 @@ class MultiHeadLatentAttention(nn.Module):
         self.rope_dim = rope_dim or mla_default_rope_dim(dh)
         self.scale = 1.0 / math.sqrt(dh + self.rope_dim)
         qk = self.nope_dim + self.rope_dim
+        self.q_down: nn.Module
+        self.q_norm: nn.Module
         if q_rank:
             self.q_down = nn.Linear(d, q_rank, bias=False)
             self.q_norm = nn.RMSNorm(q_rank, eps=1e-6) if latent_norm else nn.Identity()
@@ -347,8 +321,7 @@ class MultiHeadLatentAttention(nn.Module):
         # norm in fp32, then back to the run dtype: the latent is the cache
         c_kv = self.kv_norm(_wide(c_kv)).to(k_r.dtype).unsqueeze(1)  # [B, 1, T, kv_rank]
         q_r, k_r = ctx.position.rotate(q_r, k_r.unsqueeze(1), ctx.start, ctx.start)
-        lat, k_start = _cached(ctx, c_kv=c_kv, k_r=k_r)
-        _store(ctx, lat, k_start)
+        lat, k_start = KVCache(ctx).append(c_kv=c_kv, k_r=k_r)
         if ctx.cache is not None and t == 1:
             y = self._absorbed(q_c, q_r, lat["c_kv"], lat["k_r"], ctx, k_start)
         else:
@@ -390,28 +363,22 @@ def _gqa_check(cfg, params):
     return errs
 
 
-def _position_overrides(position_name: str, hook: str) -> bool:
-    """Does the named position component override ``PositionEncoding.<hook>``?"""
-    from abl.plugin_manager import get_registry
-    from abl.registry import RegistryError
-
-    try:
-        factory = get_registry().get("position", position_name).factory
-    except RegistryError:  # not in the process-wide registry: the forward's own check still applies
-        return False
-    return isinstance(factory, type) and issubclass(factory, PositionEncoding) and factory.overrides(hook)
+def _position_overrides(cfg, hook: str) -> bool:
+    """Does the configured position component override ``PositionEncoding.<hook>``?"""
+    cls = PositionEncoding.for_config(cfg)
+    return cls is not None and cls.overrides(hook)
 
 
-def _rotates(position_name: str) -> bool:
-    return _position_overrides(position_name, "rotate")
+def _rotates(cfg) -> bool:
+    return _position_overrides(cfg, "rotate")
 
 
-def _adds_score_bias(position_name: str) -> bool:
-    return _position_overrides(position_name, "score_bias")
+def _adds_score_bias(cfg) -> bool:
+    return _position_overrides(cfg, "score_bias")
 
 
 def _linear_check(cfg, params):
-    if _adds_score_bias(cfg.position):
+    if _adds_score_bias(cfg):
         return [f"position {cfg.position!r} adds a bias to attention scores, which linear attention "
                 "does not form; use rope, learned, sinusoidal or nope"]
     return []
@@ -451,9 +418,9 @@ def _softmax_cost(cfg, hq, hk, qk_dim, v_dim, proj_params, proj_flops, window=0,
     act = cfg.d_model + hq * qk_dim + hk * (qk_dim + v_dim) + hq * v_dim + hq + extra_act
     if rotated_dim is None:
         rotated_dim = qk_dim
-    if _rotates(cfg.position):
+    if _rotates(cfg):
         act += (hq + hk) * rotated_dim
-    if materialised or _adds_score_bias(cfg.position):
+    if materialised or _adds_score_bias(cfg):
         act += hq * t  # the probabilities of each query row
     return Cost(params=proj_params, flops_per_token=proj_flops + attn,
                 useful_flops_per_token=proj_flops + useful, activation_elements_per_token=act,
@@ -501,7 +468,7 @@ def linear_cost(cfg, chunk_size=64, bias=False, eps=1e-6):
     # running z and the output; the denominator; the chunk-entry states (d x d per chunk);
     # a rotating position adds the rotated features
     act = (d + 3 * h * dh + 3 * h * dh + h * c + 3 * h * dh + h + h * dh * dh / c
-           + (2 * h * dh if _rotates(cfg.position) else 0))
+           + (2 * h * dh if _rotates(cfg) else 0))
     return Cost(params=params, flops_per_token=proj + mixing, useful_flops_per_token=proj + useful,
                 activation_elements_per_token=act, state_elements_per_sequence=h * (dh * dh + dh))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from abl.hookspecs import hookimpl
+from abl import hookimpl
 
 
 class _Block(nn.Module):
@@ -85,7 +85,7 @@ def _cost(norms):
     """
 
     def cost(config, **_):
-        from abl.cost import Cost
+        from abl import Cost
 
         masks = 2 * config.d_model if config.dropout > 0 else 0
         return Cost(norms=norms, activation_elements_per_token=masks)

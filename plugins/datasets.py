@@ -11,9 +11,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from abl.data import DataError, from_documents, from_text_file, from_token_bin
-from abl.hookspecs import hookimpl
-from abl.registry import Param
+from abl import DataError, Param, from_documents, from_text_file, from_token_bin, hookimpl
 
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 

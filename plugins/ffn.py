@@ -17,9 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from abl.hookspecs import hookimpl
-from abl.model import residual_out
-from abl.registry import Param
+from abl import Param, hookimpl, residual_out
 
 DENSE_RATIO = 4.0
 GATED_RATIO = DENSE_RATIO * 2 / 3  # 8/3: three matrices instead of two
@@ -90,7 +88,7 @@ class GatedFFN(nn.Module):
         self.down = residual_out(nn.Linear(h, cfg.d_model, bias=bias))
 
     def forward(self, x, ctx=None):
-        from abl.kernels import use_triton
+        from abl import use_triton
 
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         if self.kernel is not None and use_triton():
@@ -122,7 +120,7 @@ def ffn_cost(d_model: int, hidden: int, gated: bool, bias: bool, act_keeps: int 
     what the activation keeps (``act_keeps`` hidden-wide tensors, see
     ``ACT_KEEPS``) and, gated, the product that the down projection reads.
     """
-    from abl.cost import Cost, linear_flops, linear_params
+    from abl import Cost, linear_flops, linear_params
 
     n_in = 2 * hidden if gated else hidden
     params = linear_params(d_model, n_in, bias) + linear_params(hidden, d_model, bias)

@@ -13,8 +13,7 @@ import math
 import torch
 import torch.nn as nn
 
-from abl.hookspecs import hookimpl
-from abl.registry import Param
+from abl import Param, hookimpl
 from abl.plugins.ffn import ACT_KEEPS, DENSE_RATIO, GATED_RATIO, VARIANTS, ffn_cost, hidden_size, make_ffn
 
 
@@ -141,6 +140,7 @@ class MixtureOfExperts(nn.Module):
 
     def _expert_choice(self, route):
         cap = self.capacity(route.size(0))
+        assert cap is not None  # expert choice always has one: capacity_factor or 1.0
         gate, token = route.t().topk(cap, dim=-1)  # [E, C]: each expert's top tokens
         kept = torch.full((self.n_experts,), cap, device=route.device)
         return token.reshape(-1), gate.reshape(-1), kept
@@ -189,7 +189,7 @@ def _cost(cfg, routing="token_choice", n_experts=8, top_k=2, n_shared_experts=0,
     """Params: router + all routed and shared experts. FLOPs (as executed = useful): the router and
     the active experts only: top_k per token for token choice (an upper bound when a capacity
     drops tokens), c * top_k on average for expert choice (c = 1 when capacity_factor is 0)."""
-    from abl.cost import Cost, linear_flops, linear_params
+    from abl import Cost, linear_flops, linear_params
 
     d = cfg.d_model
     hidden = expert_hidden(d, expert, expert_ratio, top_k, n_shared_experts, multiple_of)

@@ -13,8 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from abl.hookspecs import hookimpl
-from abl.registry import Param
+from abl import Param, hookimpl
 
 
 class LayerNorm(nn.Module):
@@ -34,7 +33,7 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x):
-        from abl.kernels import use_triton
+        from abl import use_triton
 
         if use_triton():
             from abl.kernels.layernorm import layernorm
@@ -67,7 +66,7 @@ class RMSNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x):
-        from abl.kernels import use_triton
+        from abl import use_triton
 
         if use_triton():
             from abl.kernels.rmsnorm import rmsnorm
@@ -119,27 +118,27 @@ class NoNorm(nn.Identity):
 
 
 def _layernorm_cost(dim, gain=True, bias=True, **_):
-    from abl.cost import Cost
+    from abl import Cost
 
     return Cost(params=dim * (int(gain) + int(bias)), activation_elements_per_token=dim + 2)  # mean, rstd
 
 
 def _rmsnorm_cost(dim, gain=True, bias=False, **_):
-    from abl.cost import Cost
+    from abl import Cost
 
     # the reference keeps x, rstd and (with a gain) x * rstd for the gain's gradient
     return Cost(params=dim * (int(gain) + int(bias)), activation_elements_per_token=dim * (1 + int(gain)) + 1)
 
 
 def _scalenorm_cost(dim, gain=True, **_):
-    from abl.cost import Cost
+    from abl import Cost
 
     # x, g * x and the norm ||x||
     return Cost(params=int(gain), activation_elements_per_token=2 * dim + 1)
 
 
 def _no_norm_cost(dim, **_):
-    from abl.cost import Cost
+    from abl import Cost
 
     return Cost()
 

@@ -25,10 +25,7 @@ import math
 import torch
 import torch.nn as nn
 
-from abl.cost import Cost
-from abl.hookspecs import hookimpl
-from abl.model import PositionEncoding
-from abl.registry import Param
+from abl import Cost, Param, PositionEncoding, hookimpl
 
 
 class LearnedPosition(PositionEncoding):
@@ -61,6 +58,8 @@ class SinusoidalPosition(PositionEncoding):
     embeddings are initialised at std ``init_std``, not 1/sqrt(d).
     """
 
+    inv_freq: torch.Tensor  # a buffer
+
     def __init__(self, cfg, base: float = 10000.0, embed_scale: bool = False):
         super().__init__()
         self.d_model = cfg.d_model
@@ -89,6 +88,8 @@ class RotaryPosition(PositionEncoding):
     paper and the seeds, or "half" (k, k + d/2) as in GPT-NeoX / LLaMA code.
     The rotation is computed in fp32.
     """
+
+    inv_freq: torch.Tensor  # a buffer
 
     def __init__(self, cfg, theta: float = 10000.0, interpolation_factor: float = 1.0,
                  layout: str = "interleaved"):
@@ -121,7 +122,7 @@ class RotaryPosition(PositionEncoding):
         return super()._apply(fn, *args, **kwargs)
 
     def _rotate(self, x, start):
-        from abl.kernels import use_triton
+        from abl import use_triton
 
         dim = x.size(-1)
         cos, sin = self.angles(start, x.size(-2), x.device, dim)
@@ -169,6 +170,8 @@ class ALiBiPosition(PositionEncoding):
     the already scaled scores q.k / sqrt(d), as in the paper's code (the
     slides write it inside the 1/sqrt(d)); the slopes are ``alibi_slopes``.
     """
+
+    slopes: torch.Tensor  # a buffer
 
     def __init__(self, cfg):
         super().__init__()

@@ -18,9 +18,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from abl.hookspecs import hookimpl
-from abl.registry import Param
-from abl.precision import Precision
+from abl import Param, Precision, hookimpl
 
 
 class FP32(Precision):

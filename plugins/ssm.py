@@ -21,10 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from abl.hookspecs import hookimpl
+from abl import Param, hookimpl, residual_out
 from abl.kernels.ssd_scan import ssd_chunked, ssd_chunked_flops, ssd_sequential, ssd_step
-from abl.model import residual_out
-from abl.registry import Param
 
 # ---------------------------------------------------------------- shared parts
 
@@ -201,7 +199,7 @@ class Mamba(nn.Module):
         self.x_proj = nn.Linear(e, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, e, bias=True)
         # dt init of mamba_simple.py: the skeleton's normal init must not overwrite it
-        self.dt_proj.abl_custom_init = True
+        setattr(self.dt_proj, "abl_custom_init", True)
         with torch.no_grad():
             nn.init.uniform_(self.dt_proj.weight, -self.dt_rank ** -0.5, self.dt_rank ** -0.5)
             self.dt_proj.bias.copy_(_dt_bias_init(e, dt_min, dt_max))
@@ -279,7 +277,7 @@ class Mamba2(nn.Module):
     def _scan(self):
         """The Triton SSD forward under ``train.kernels`` = triton when its tile fits (a power of
         two >= 16), else the torch reference; both are the same chunked algorithm."""
-        from abl.kernels import use_triton
+        from abl import use_triton
 
         if use_triton() and self.chunk_size >= 16 and not self.chunk_size & (self.chunk_size - 1):
             from abl.kernels.ssd_scan import ssd_scan
@@ -318,7 +316,7 @@ class Mamba2(nn.Module):
 def _mamba_cost(cfg, d_state=16, d_conv=4, expand=2, dt_rank=0, bias=False, conv_bias=True, **_):
     """Mamba-1 cost: the four projections are the counted FLOPs; the conv (K taps per channel),
     the discretisation, the scan and its C-contraction are elementwise (O(T E N) work)."""
-    from abl.cost import Cost, linear_flops, linear_params
+    from abl import Cost, linear_flops, linear_params
 
     d = cfg.d_model
     e, n, r = expand * d, d_state, dt_rank or math.ceil(d / 16)
@@ -342,7 +340,7 @@ def _mamba_cost(cfg, d_state=16, d_conv=4, expand=2, dt_rank=0, bias=False, conv
 def _mamba2_cost(cfg, d_state=64, d_conv=4, expand=2, head_dim=32, n_groups=1, chunk_size=64,
                  bias=False, conv_bias=True, **_):
     """Mamba-2 cost: the two projections and the five contractions of the chunked SSD scan."""
-    from abl.cost import Cost, linear_flops, linear_params
+    from abl import Cost, linear_flops, linear_params
 
     d = cfg.d_model
     e = expand * d

@@ -377,3 +377,14 @@ def test_kv_state_elements_follow_the_heads(registry):
     sw = registry.get("mixer", "sliding_window").cost(cfg, window=5, n_kv_heads=0, bias=False,
                                                       qk_norm=False, softcap=0.0)
     assert sw.state_elements_per_token == 0 and sw.state_elements_per_sequence == 2 * 4 * 8 * 5
+
+
+# ------------------------------------------------------------ what the plugin reaches for
+
+
+def test_cost_and_check_functions_learn_the_position_from_the_config():
+    """What the attention plugin once asked the plugin manager for: the configured position's class."""
+    assert PositionEncoding.for_config(ModelConfig(position="alibi")) is ALiBiPosition
+    assert PositionEncoding.for_config(ModelConfig(position="rope")).overrides("rotate")
+    assert not PositionEncoding.for_config(ModelConfig(position="rope")).overrides("score_bias")
+    assert PositionEncoding.for_config(ModelConfig(position="no-such-position")) is None

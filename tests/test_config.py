@@ -160,3 +160,40 @@ def test_match_resizes_cells_to_the_first_within_one_percent(registry, what):
     # depth moves in whole layers: here it cannot land within 1%, and the grid is refused
     with pytest.raises(ConfigError, match="more than 1%"):
         grid_of(text.replace(f'match = "{what}"', f'match = "{what}"\nmatch_by = "n_layers"'), registry)
+
+
+def test_eval_switches_are_a_typed_section_of_the_resolved_config(registry, tmp_path):
+    from abl.config import EvalConfig, cell_from_config
+
+    base = grid_of(BASE, registry).cells[0]
+    assert base.eval == EvalConfig(decode=True, extrapolation=True)
+    assert base.config["eval"] == {"decode": True, "extrapolation": True}
+    p = tmp_path / "g.toml"
+    p.write_text(BASE)
+    off = load_grid(p, registry, ["eval.extrapolation=false"]).cells[0]
+    assert off.eval == EvalConfig(decode=True, extrapolation=False)
+    assert off.config["eval"]["extrapolation"] is False
+    assert off.run_id != base.run_id  # a switched-off evaluation is another run
+    again = cell_from_config(off.config, registry)
+    assert again.eval == off.eval and again.run_id == off.run_id
+    # a config stored before [eval] existed rebuilds with every evaluation on
+    old = {k: v for k, v in base.config.items() if k != "eval"}
+    assert cell_from_config(old, registry).eval == EvalConfig()
+
+
+def test_a_grid_can_sweep_an_eval_switch(registry):
+    cells = grid_of(BASE + '"eval.decode" = [true, false]\n', registry).cells
+    assert sorted((c.model.norm, c.seed, c.eval.decode) for c in cells) == sorted(
+        (n, s, d) for n in ("rmsnorm", "layernorm") for s in (0, 1) for d in (True, False))
+    assert len({c.run_id for c in cells}) == 8
+
+
+@pytest.mark.parametrize("text,needle", [
+    (BASE.replace("[grid]", "[eval]\ndecod = false\n[grid]"), "did you mean 'decode'"),
+    (BASE.replace("[grid]", '[eval]\ndecode = "no"\n[grid]'), "eval.decode must be bool"),
+    (BASE + '"eval.extrapolate" = [false]\n', "did you mean 'extrapolation'"),
+])
+def test_unknown_or_mistyped_eval_keys_are_errors(registry, text, needle):
+    with pytest.raises(ConfigError) as err:
+        grid_of(text, registry)
+    assert needle in str(err.value)

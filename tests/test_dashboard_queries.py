@@ -16,7 +16,8 @@ pytest.importorskip("scipy")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from abl.dashboard import queries as q  # noqa: E402
-from abl.dashboard import stats  # noqa: E402
+from abl import stats  # noqa: E402
+from abl.tables import config_diff  # noqa: E402
 from abl import store as abl_store  # noqa: E402
 from scipy import stats as sps  # noqa: E402
 
@@ -193,7 +194,7 @@ def test_bench_columns_are_checked_before_use(small_store):
 def test_t_interval_matches_scipy():
     x = np.array([3.1, 3.3, 2.9, 3.0])
     lo, hi = sps.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=sps.sem(x))
-    s = stats.summarize(pd.DataFrame({"g": ["a"] * 4, "value": x}), "g")
+    s = stats.summarize_groups(pd.DataFrame({"g": ["a"] * 4, "value": x}), "g")
     assert s["ci_lo"].iloc[0] == pytest.approx(lo) and s["ci_hi"].iloc[0] == pytest.approx(hi)
     assert np.isnan(stats.t_halfwidth(1.0, 1))  # one seed: no interval
 
@@ -223,7 +224,7 @@ def test_holm_stars_pareto_ema_downsample_diff():
     ds = stats.downsample(df, "g", 100)
     assert len(ds[ds["g"] == "a"]) <= 101 and ds["v"].iloc[0] == 0 and 999 in set(ds["v"])
     assert len(ds[ds["g"] == "b"]) == 3
-    d = stats.config_diff(_config("rmsnorm", 0, 1e-6), _config("layernorm", 1))
+    d = config_diff(_config("rmsnorm", 0, 1e-6), _config("layernorm", 1))
     assert set(d["path"]) == {"model.norm", "components.norm.name", "components.norm.params.eps"}
 
 

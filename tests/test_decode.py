@@ -7,11 +7,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from abl.config import ConfigError, ModelConfig, expand
+from abl.config import ConfigError, EvalConfig, ModelConfig, expand
 from abl.decode import (analytic_state_bytes, cache_bytes, decode_metrics, extrapolation_metrics,
-                            greedy_generate, post_training_evaluations, recompute_generate)
+                        greedy_generate, recompute_generate)
+from abl.evaluations import TrainedRun, run_evaluations
 from abl.model import DecoderLM, ForwardContext
+from abl.precision import Precision
 from abl.registry import Registry
+
+CPU = torch.device("cpu")
+FP32 = Precision()
 
 MIXERS = ["mha", "gqa", "mqa", "sliding_window", "linear", "mla"]
 POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "t5", "nope"]
@@ -101,7 +106,7 @@ def test_mqa_kv_bytes_are_one_over_n_heads_of_mha(registry):
     got = {}
     for mixer in ("mha", "mqa", "gqa"):
         cfg, comps, model = build(registry, mixer, "rope")
-        got[mixer], _ = decode_metrics(model, cfg, comps, registry, val, torch.device("cpu"), "torch", _null)
+        got[mixer], _ = decode_metrics(model, cfg, comps, registry, val, CPU, FP32)
     for kind in ("kv_bytes_per_token", "kv_bytes_per_token_measured"):
         assert got["mha"][kind] == 2 * 2 * 4 * 8 * 4  # K and V, 2 layers, 4 heads x 8 dims, fp32
         assert got["mqa"][kind] == got["mha"][kind] / 4
@@ -110,17 +115,11 @@ def test_mqa_kv_bytes_are_one_over_n_heads_of_mha(registry):
         assert m["decode_agreement"] == 1.0 and m["decode_tokens_per_s"] > 0 and m["prefill_tokens_per_s"] > 0
 
 
-def _null():
-    from contextlib import nullcontext
-
-    return nullcontext()
-
-
 @pytest.mark.parametrize("mixer", ["sliding_window", "linear", "mla"])
 def test_state_bytes_of_bounded_and_latent_caches(registry, mixer):
     val = torch.randint(0, VOCAB, (4000,))
     cfg, comps, model = build(registry, mixer, "rope")
-    m, notes = decode_metrics(model, cfg, comps, registry, val, torch.device("cpu"), "torch", _null)
+    m, notes = decode_metrics(model, cfg, comps, registry, val, CPU, FP32)
     assert not notes
     assert m["kv_bytes_per_token"] == m["kv_bytes_per_token_measured"]
     per_layer = {"sliding_window": 2 * 4 * 8 * 5,  # a rolling buffer of W = 5 tokens
@@ -130,13 +129,12 @@ def test_state_bytes_of_bounded_and_latent_caches(registry, mixer):
 
 
 def test_bf16_cache_is_counted_at_the_run_dtype(registry):
+    """The analytic bytes use the policy's compute_dtype; the measured ones what its autocast produced."""
     val = torch.randint(0, VOCAB, (4000,))
     cfg, comps, model = build(registry, "mla", "rope")
-
-    def bf16():
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-
-    m, _ = decode_metrics(model, cfg, comps, registry, val, torch.device("cpu"), "torch", bf16)
+    bf16 = registry.get("precision", "bf16").factory()
+    assert bf16.compute_dtype == torch.bfloat16
+    m, _ = decode_metrics(model, cfg, comps, registry, val, CPU, bf16)
     assert m["kv_bytes_per_token"] == m["kv_bytes_per_token_measured"] == 2 * (4 * 8 + 4) * 2
 
 
@@ -158,8 +156,7 @@ def test_a_mixer_without_cache_support_is_noted_not_crashed(registry):
     reg = Registry(components=dict(registry.components))
     reg.register("mixer", "stateless", Stateless)
     cfg, comps, model = build(reg, "stateless", "rope")
-    m, notes = decode_metrics(model, cfg, comps, reg, torch.randint(0, VOCAB, (500,)),
-                              torch.device("cpu"), "torch", _null)
+    m, notes = decode_metrics(model, cfg, comps, reg, torch.randint(0, VOCAB, (500,)), CPU, FP32)
     assert m == {} and "no state in ctx.cache" in notes[0]
 
 
@@ -169,12 +166,12 @@ def test_a_mixer_without_cache_support_is_noted_not_crashed(registry):
 def test_extrapolation_skips_positions_that_cannot_go_longer(registry):
     val = torch.randint(0, VOCAB, (3000,))
     _, _, learned = build(registry, "mha", "learned")
-    m, notes = extrapolation_metrics(learned, val, 16, 8, 4, torch.device("cpu"), "torch", _null)
+    m, notes = extrapolation_metrics(learned, val, 16, 8, 4, CPU, FP32)
     assert set(m) == {"val_loss_x1"}
     assert len(notes) == 2 and all("max_positions" in n for n in notes)
     for position in ("rope", "alibi", "nope"):
         _, _, model = build(registry, "mha", position)
-        m, notes = extrapolation_metrics(model, val, 16, 8, 4, torch.device("cpu"), "torch", _null)
+        m, notes = extrapolation_metrics(model, val, 16, 8, 4, CPU, FP32)
         assert set(m) == {"val_loss_x1", "val_loss_x2", "val_loss_x4"} and not notes
 
 
@@ -188,21 +185,18 @@ def test_extrapolation_notes_a_failing_length_and_carries_on(registry):
         return real(idx, *a, **k)
 
     model.forward = refuse_long
-    m, notes = extrapolation_metrics(model, torch.randint(0, VOCAB, (3000,)), 16, 8, 4,
-                                     torch.device("cpu"), "torch", _null)
+    m, notes = extrapolation_metrics(model, torch.randint(0, VOCAB, (3000,)), 16, 8, 4, CPU, FP32)
     assert set(m) == {"val_loss_x1"} and "RuntimeError: too long for this model" in notes[0]
 
 
 def test_extrapolation_needs_enough_validation_tokens(registry):
     _, _, model = build(registry, "mha", "rope")
-    m, notes = extrapolation_metrics(model, torch.randint(0, VOCAB, (40,)), 16, 8, 4,
-                                     torch.device("cpu"), "torch", _null)
+    m, notes = extrapolation_metrics(model, torch.randint(0, VOCAB, (40,)), 16, 8, 4, CPU, FP32)
     assert set(m) == {"val_loss_x1", "val_loss_x2"} and "fewer than 65" in notes[0]
 
 
 def test_post_training_evaluations_x1_is_the_regular_val_loss(registry):
     from abl.data import Batches, TokenData
-    from abl.precision import Precision
     from abl.train import evaluate
 
     _, comps, model = build(registry, "gqa", "learned")
@@ -210,11 +204,11 @@ def test_post_training_evaluations_x1_is_the_regular_val_loss(registry):
                      VOCAB, "x", "random", "bytes")
     batches = Batches(data, 16, 4, 0)
     cell = SimpleNamespace(model=model.cfg, components=comps, train=SimpleNamespace(eval_batches=3))
-    m, notes = post_training_evaluations(model.train(), cell, registry, batches, Precision(),
-                                         torch.device("cpu"), "torch")
+    run = TrainedRun(model=model.train(), cell=cell, registry=registry, batches=batches, precision=FP32,
+                     device=CPU)
+    m, notes = run_evaluations(run, EvalConfig())
     assert model.training  # left as it was
-    assert m["val_loss_x1"] == pytest.approx(evaluate(model, batches, 3, Precision(), torch.device("cpu"),
-                                                      "torch"), rel=1e-6)
+    assert m["val_loss_x1"] == pytest.approx(evaluate(model, batches, 3, FP32, CPU), rel=1e-6)
     assert "val_loss_x2" not in m and "val_loss_x4" not in m
     assert any("val_loss_x2 not recorded" in n for n in notes)
     assert {"kv_bytes_per_token", "kv_bytes_per_token_measured", "decode_tokens_per_s",

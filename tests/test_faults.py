@@ -221,7 +221,7 @@ def test_remote_executors_run_a_two_cell_grid_into_the_store(tmp_path, executor)
 
 
 def test_worker_truncates_metrics_to_the_checkpoint(tmp_path):
-    from abl.worker import truncate_metrics
+    from abl.rundir import truncate_metrics
 
     p = tmp_path / "metrics.jsonl"
     p.write_text("".join(json.dumps({"step": s, "train_loss": 1.0}) + "\n" for s in range(10)) + '{"step": 10, "tr')

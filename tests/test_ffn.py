@@ -85,12 +85,9 @@ def test_fused_glu_kernel_under_the_triton_backend(registry, name):
     x = torch.randn(2, 5, 16, device=device, requires_grad=True)
     outs = []
     for backend in ("torch", "triton"):
-        kernels.set_backend(backend)
-        try:
+        with kernels.KernelBackend(backend).activate():
             y = ffn(x)
-            outs.append((y, *torch.autograd.grad(y.square().sum(), x)))
-        finally:
-            kernels.set_backend("torch")
+        outs.append((y, *torch.autograd.grad(y.square().sum(), x)))
     for ref, got in zip(*outs):
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
 

@@ -95,3 +95,86 @@ def test_residual_projections_get_scaled_init(registry):
     q_std = m.blocks[0].mixer.q_proj.weight.std().item()
     assert out_std == pytest.approx(0.02 / 4, rel=0.15)
     assert q_std == pytest.approx(0.02, rel=0.15)
+
+
+# ------------------------------------------------------------ KVCache: the decode-cache helper for any mixer
+
+
+def test_kv_cache_passes_through_in_training():
+    from abl.model import KVCache
+
+    ctx = ForwardContext(position=None, start=0)
+    k = torch.randn(1, 2, 5, 4)
+    cache = KVCache(ctx)
+    assert not cache.enabled
+    tensors, start = cache.append(k=k, window=2)
+    assert tensors["k"] is k and start == 0
+    assert cache.state() is None
+    cache.set_state(s=k)  # nothing to keep it in
+    assert ctx.cache is None
+
+
+def test_kv_cache_appends_keeps_a_window_and_restarts_on_a_prefill():
+    from abl.model import KVCache
+
+    cache: dict = {}
+    seq = torch.arange(8.0).view(1, 1, 8, 1)
+    kv, start = KVCache(ForwardContext(position=None, cache=cache, layer=3)).append(k=seq[:, :, :5], window=3)
+    assert start == 0 and kv["k"].flatten().tolist() == [0, 1, 2, 3, 4]  # all of the prefill comes back
+    assert cache[3]["k"].flatten().tolist() == [2, 3, 4] and cache[3]["start"] == 2  # the last 3 are kept
+    for t in range(5, 8):
+        kv, start = KVCache(ForwardContext(position=None, cache=cache, layer=3, start=t)).append(
+            k=seq[:, :, t:t + 1], window=3)
+        assert start == t - 3 and kv["k"].flatten().tolist() == list(range(t - 3, t + 1))
+    assert cache[3]["k"].flatten().tolist() == [5, 6, 7] and cache[3]["k"].is_contiguous()
+    # start = 0 is a new sequence, whatever the dict held
+    kv, start = KVCache(ForwardContext(position=None, cache=cache, layer=3)).append(k=seq[:, :, :2])
+    assert start == 0 and cache[3]["k"].flatten().tolist() == [0, 1]
+    with pytest.raises(ValueError, match="reserved"):
+        KVCache(ForwardContext(position=None, cache=cache)).append(start=seq)
+
+
+def test_kv_cache_recurrent_state():
+    from abl.model import KVCache
+
+    cache: dict = {}
+    s = torch.ones(2, 2)
+    assert KVCache(ForwardContext(position=None, cache=cache)).state() is None
+    KVCache(ForwardContext(position=None, cache=cache, layer=1)).set_state(S=s)
+    assert KVCache(ForwardContext(position=None, cache=cache, layer=1, start=4)).state() == {"S": s}
+    assert KVCache(ForwardContext(position=None, cache=cache, layer=1, start=0)).state() is None  # a prefill
+
+
+class WindowAttention(torch.nn.Module):
+    """A third-party mixer: one-head sliding-window attention, decoding through KVCache only."""
+
+    def __init__(self, cfg, position, window: int = 3):
+        super().__init__()
+        self.window = window
+        self.qkv = torch.nn.Linear(cfg.d_model, 3 * cfg.d_model)
+
+    def forward(self, x, ctx):
+        from abl.model import KVCache
+
+        q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
+        kv, k_start = KVCache(ctx).append(k=k, v=v, window=self.window)
+        qpos = torch.arange(ctx.start, ctx.start + x.size(1))[:, None]
+        kpos = torch.arange(k_start, k_start + kv["k"].size(-2))[None, :]
+        mask = (kpos <= qpos) & (kpos > qpos - self.window)
+        y = torch.nn.functional.scaled_dot_product_attention(q, kv["k"], kv["v"], attn_mask=mask)
+        return y.squeeze(1)
+
+
+def test_a_third_party_mixer_decodes_with_kv_cache_like_it_recomputes(registry, tiny_model_config):
+    from abl.decode import cache_bytes, greedy_generate, recompute_generate
+    from abl.registry import Registry
+
+    reg = Registry(components=dict(registry.components))
+    reg.register("mixer", "window3", WindowAttention)
+    torch.manual_seed(0)
+    model = DecoderLM(tiny_model_config, components(mixer="window3", registry=reg), reg).eval()
+    prompt = torch.randint(0, 64, (1, 4))
+    gen = greedy_generate(model, prompt, 8)
+    assert torch.equal(gen.tokens, recompute_generate(model, prompt, 8))
+    # K and V of the last 3 tokens per layer: 2 layers x 2 x 3 x d_model fp32
+    assert cache_bytes(gen.cache) == 2 * 2 * 3 * tiny_model_config.d_model * 4

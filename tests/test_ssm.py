@@ -298,12 +298,9 @@ def test_mamba2_uses_the_triton_ssd_scan_under_the_triton_backend():
     x = torch.randn(2, 37, 16, device=device, requires_grad=True)
     outs = []
     for name in ("torch", "triton"):
-        kernels.set_backend(name)
-        try:
+        with kernels.KernelBackend(name).activate():
             y = m(x, ForwardContext(position=PositionEncoding()))
-            outs.append((y, *torch.autograd.grad(y.square().sum(), x)))
-        finally:
-            kernels.set_backend("torch")
+        outs.append((y, *torch.autograd.grad(y.square().sum(), x)))
     for ref, got in zip(*outs):
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
 

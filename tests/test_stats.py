@@ -105,3 +105,39 @@ def test_compare_cells_pairs_only_cells_on_the_same_data():
 def test_formatting():
     assert stats.fmt(1.23456) == "1.2346" and stats.fmt(None) == "-" and stats.fmt(float("nan")) == "-"
     assert stats.fmt_p(0.00001) == "<0.0001" and stats.fmt_p(0.5) == "0.5000"
+
+
+def test_one_welch_and_one_paired_implementation_serve_cli_and_dashboard():
+    # the dashboard's vectorised Welch (from per-cell summaries) is the CLI's Welch
+    a, b = [3.20, 3.31, 3.26, 3.18], [3.00, 3.10, 2.95]
+    diff, lo, hi, p, df = stats.welch_test(a, b)
+    w = stats.welch(np.mean(a), np.std(a, ddof=1), len(a), np.mean(b), np.std(b, ddof=1), len(b))
+    assert (float(w["diff"]), float(w["diff_lo"]), float(w["diff_hi"]), float(w["p"]), float(w["dof"])) == \
+        pytest.approx((diff, lo, hi, p, df))
+    vec = stats.welch(np.array([np.mean(a), np.mean(b)]), np.array([np.std(a, ddof=1), np.std(b, ddof=1)]),
+                      np.array([len(a), len(b)]), np.mean(b), np.std(b, ddof=1), len(b))
+    assert vec["p"][0] == pytest.approx(p) and vec["diff"][1] == 0.0
+    cell, base = {0: 2.96, 1: 3.07, 2: 2.93}, {0: 3.00, 1: 3.10, 2: 2.95, 7: 9.0}
+    r = stats.paired(cell, base)
+    assert (r["diff"], r["diff_lo"], r["diff_hi"], r["p"], r["pairs"]) == \
+        pytest.approx(stats.paired_test(cell, base))
+
+
+def test_zero_spread_is_exact_for_the_cli_and_untested_for_the_dashboard():
+    # the callers keep their behaviour: the CLI calls a shift with no spread certain, the dashboard n/a
+    base = {0: 3.0, 1: 3.1, 2: 3.2}
+    shifted = {k: v - 0.1 for k, v in base.items()}
+    assert stats.paired_test(shifted, base)[3] == 0.0 and math.isnan(stats.paired(shifted, base)["p"])
+    assert stats.welch_test([1.0, 1.0], [1.0, 1.0]) == (0.0, 0.0, 0.0, 1.0, 2.0)
+    assert stats.welch_test([2.0, 2.0], [1.0, 1.0])[3] == 0.0
+    assert np.isnan(stats.welch(2.0, 0.0, 2, 1.0, 0.0, 2)["p"])
+    assert stats.stars(float(stats.welch(2.0, 0.0, 2, 1.0, 0.0, 2)["p"])) == "n/a"
+
+
+def test_summaries_of_dicts_and_of_frames_give_the_same_interval():
+    pd = pytest.importorskip("pandas")
+    vals = {0: 3.10, 1: 3.25, 2: 3.17}
+    s = stats.summarize(vals)
+    g = stats.summarize_groups(pd.DataFrame({"cell": ["a"] * 3, "value": list(vals.values())}), "cell").iloc[0]
+    assert (g["n"], g["mean"], g["std"], g["ci_lo"], g["ci_hi"]) == \
+        pytest.approx((s.n, s.mean, s.std, s.ci_low, s.ci_high))

@@ -72,3 +72,60 @@ def test_divergence_stops_the_run(registry):
         train(cell, registry, sink)
     last = sink.series("train_loss")[-1][1]
     assert not math.isfinite(last) or last > 20.0
+
+
+TINY = {
+    "experiment": {"name": "t", "seeds": [0]},
+    "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context": 16, "position": "rope", "mixer": "gqa"},
+    "train": {"steps": 2, "batch_size": 4, "eval_every": 2, "eval_batches": 1, "threads": 1},
+    "dataset": {"pystdlib": {"max_bytes": 200_000}},
+}
+
+
+@pytest.mark.parametrize("off", ["decode", "extrapolation"])
+def test_a_switched_off_evaluation_records_none_of_its_metrics(registry, off):
+    from abl.evaluations import EVALUATIONS
+
+    cell = expand({**TINY, "eval": {off: False}}, registry).cells[0]
+    sink = ListSink()
+    summary = train(cell, registry, sink)
+    recorded = {name for _, row in sink.rows for name in row}
+    assert not recorded & set(EVALUATIONS[off].metrics)
+    assert not any(off in note for note in summary["notes"])
+    (on,) = set(EVALUATIONS) - {off}
+    assert set(EVALUATIONS[on].metrics) <= recorded  # rope and gqa: every metric of the other one
+    # the regular evaluation and the summary do not depend on the switches
+    assert [s for s, _ in sink.series("val_loss")] == [2]
+    assert {"peak_mem_bytes", "wall_s"} <= recorded
+
+
+def test_with_every_evaluation_off_training_still_records_its_own_metrics(registry):
+    from abl.evaluations import EVALUATIONS
+
+    cell = expand({**TINY, "eval": {name: False for name in EVALUATIONS}}, registry).cells[0]
+    sink = ListSink()
+    train(cell, registry, sink)
+    recorded = {name for _, row in sink.rows for name in row}
+    assert not recorded & {m for e in EVALUATIONS.values() for m in e.metrics}
+    assert {"train_loss", "lr", "grad_norm", "val_loss", "n_params", "flops_per_step_measured",
+            "peak_mem_bytes", "wall_s"} <= recorded
+    assert all(row for _, row in sink.rows)  # no empty row where the evaluations were
+
+
+def test_the_trainer_builds_the_model_on_the_resolved_kernel_backend(registry, monkeypatch):
+    import abl.train as trainer
+    from abl.kernels import TORCH
+
+    built = []
+    real = trainer.DecoderLM
+
+    def spy(*args, **kwargs):
+        model = real(*args, **kwargs)
+        built.append(model.kernel_backend)
+        return model
+
+    monkeypatch.setattr(trainer, "DecoderLM", spy)
+    infos = []
+    cell = expand({**TINY, "eval": {"decode": False, "extrapolation": False}}, registry).cells[0]
+    train(cell, registry, ListSink(), on_info=infos.append)
+    assert built == [TORCH] and infos[0]["kernels"] == "torch"  # train.kernels = auto on CPU

@@ -10,9 +10,9 @@ Holm-adjusted for the number of cells compared.
 import numpy as np
 import streamlit as st
 
+from abl import stats
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
-from abl.dashboard import stats
 
 NONE = "(none)"
 PREFERRED = ("val_loss", "train_loss", "tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token",
@@ -52,7 +52,7 @@ vals = common.load(q.cell_values, sel, metric, not include_all)
 if vals.empty:
     st.info(f"No {'' if include_all else 'completed '}run of the selection has {metric} yet.")
     st.stop()
-summ = stats.summarize(vals, "cell_key", "value")
+summ = stats.summarize_groups(vals, "cell_key", "value")
 summ = summ.merge(cells, on="cell_key", how="left")
 lower_better = info.better != "higher"
 summ = summ.sort_values("mean", ascending=lower_better, kind="stable").reset_index(drop=True)

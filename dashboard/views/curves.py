@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from abl import stats
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
-from abl.dashboard import stats
 
 MAX_POINTS = 400  # per line, after smoothing
 DEFAULT_CELLS = 12

@@ -2,9 +2,10 @@
 
 import streamlit as st
 
+from abl import stats
 from abl.dashboard import common
 from abl.dashboard import queries as q
-from abl.dashboard import stats
+from abl.rundir import COMPLETED, NOT_COMPLETED, RUNNING
 
 SUMMARY = ("val_loss", "train_loss", "tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token",
            "decode_tokens_per_s", "n_params", "wall_s")
@@ -22,7 +23,7 @@ if not exps.empty:
     cols[2].metric("completed", int(totals["completed"]))
     cols[3].metric("running", int(totals["running"]))
     cols[4].metric("did not complete", int(totals["not_completed"]),
-                   help="diverged, out of memory, failed or killed")
+                   help="status " + ", ".join(NOT_COMPLETED))
     with st.expander("All experiments", expanded=False):
         st.dataframe(exps, hide_index=True, width="stretch", column_config={
             "not_completed": st.column_config.NumberColumn("did not complete"),
@@ -46,12 +47,12 @@ df = runs.merge(fin, on="run_id", how="left")
 progress = ctx.live.progress
 df["last_step"] = df["last_step"].astype("Float64")
 df["progress"] = (df["last_step"] / df["steps"]).clip(0, 1).astype(float)
-df.loc[df["status"] == "completed", "progress"] = 1.0
+df.loc[df["status"] == COMPLETED, "progress"] = 1.0
 
 
 def _activity(row) -> str:
     p = progress.get(row["run_id"])
-    if row["status"] != "running" or p is None:
+    if row["status"] != RUNNING or p is None:
         return ""
     parts = []
     if p.get("age_s") is not None:
@@ -59,13 +60,13 @@ def _activity(row) -> str:
     else:
         parts.append("no metrics yet")
     fs = p.get("folder_status")
-    if fs and fs != "running":
+    if fs and fs != RUNNING:
         parts.append(f"run folder says {fs}: run `abl ingest` if abl run is no longer running")
     return "; ".join(parts)
 
 
 df["activity"] = df.apply(_activity, axis=1) if len(df) else ""
-n_running = int((df["status"] == "running").sum())
+n_running = int((df["status"] == RUNNING).sum())
 if n_running:
     st.info(f"{n_running} run(s) in progress: their curves and numbers so far come from their run folders. "
             "Press Refresh in the sidebar (or switch on Live) to follow them.", icon=":material/sync:")
@@ -101,7 +102,7 @@ if view == "one per cell (seeds aggregated)":
                        progress=("progress", "mean"), started=("started", "min"),
                        **{n: (n, "mean") for n in metric_cols}).reset_index()
     if "val_loss" in df:
-        summ = stats.summarize(df.dropna(subset=["val_loss"]), "cell_key", "val_loss")
+        summ = stats.summarize_groups(df.dropna(subset=["val_loss"]), "cell_key", "val_loss")
         summ["val_loss ±95% CI"] = (summ["ci_hi"] - summ["mean"]).round(4)
         table = table.merge(summ[["cell_key", "val_loss ±95% CI"]], on="cell_key", how="left")
     if "val_loss" in table:
@@ -144,7 +145,7 @@ st.caption(f"{len(runs)} runs in {runs['cell_key'].nunique()} cells. Columns: th
            "the selected runs, then each run's final numbers (val_loss and train_loss at the last step, "
            "tokens/s the median over steps, memory the peak). Select rows to compare their cells.")
 
-problems = df[df["status"].isin(q.FAILED_STATUSES)]
+problems = df[df["status"].isin(NOT_COMPLETED)]
 if len(problems):
     st.subheader(f"Runs that did not complete ({len(problems)})")
     for _, r in problems.iterrows():

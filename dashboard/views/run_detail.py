@@ -8,7 +8,7 @@ import streamlit as st
 
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
-from abl.dashboard import stats
+from abl.tables import config_diff
 
 sel: q.Selection = st.session_state["selection"]
 ctx = common.ctx()
@@ -125,7 +125,7 @@ with tab_diff:
         if other is None:
             st.info("That cell is no longer in the store.")
         else:
-            diff = stats.config_diff(config, other)
+            diff = config_diff(config, other)
             if chosen == row["cell_key"]:
                 st.success("This run belongs to the baseline cell: the configs differ only in the seed.")
             elif diff.empty:

@@ -8,9 +8,9 @@ parameters; higher throughput).
 import pandas as pd
 import streamlit as st
 
+from abl import stats
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
-from abl.dashboard import stats
 
 COSTS = (  # metric, better, log x by default
     ("tokens_per_s", "higher", False),
@@ -59,7 +59,7 @@ def points(cost: str) -> pd.DataFrame:
         df = df.merge(cells[["cell_key", "cell", *axes]], on="cell_key", how="left", suffixes=("_run", ""))
         df["cell"] = df["cell"] + " · seed " + df["seed"].astype(str)
         return df
-    s = stats.summarize(df, "cell_key", "value").rename(columns={"mean": "y", "ci_lo": "y_lo", "ci_hi": "y_hi"})
+    s = stats.summarize_groups(df, "cell_key", "value").rename(columns={"mean": "y", "ci_lo": "y_lo", "ci_hi": "y_hi"})
     s["x"] = df.groupby("cell_key", sort=False)["x"].mean().reindex(s["cell_key"]).to_numpy()
     s["y_lo"] = s["y_lo"].fillna(s["y"])
     s["y_hi"] = s["y_hi"].fillna(s["y"])

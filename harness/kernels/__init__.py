@@ -1,17 +1,20 @@
 """The Triton kernel set: one module per op, its torch reference beside it.
 
-Which path the plugins take is a process-wide choice made by the trainer from
-``train.kernels``: "triton" (the kernels), "torch" (the references), "auto"
-(triton on CUDA, torch elsewhere). Plugins ask ``backend()`` / ``use_triton()``
-and import the op's public function lazily, e.g.
+Which path the ops take is a ``KernelBackend``: "triton" (the kernels) or
+"torch" (the references). A run resolves one from ``train.kernels`` and its
+device with ``resolve`` ("auto": triton on CUDA, torch elsewhere); the model
+owns it (``DecoderLM.kernel_backend``) and activates it for the duration of
+each forward. Ops and plugins ask ``use_triton()`` (the active backend) and
+import the op's public function lazily, e.g.
 
     if use_triton():
         from abl.kernels.rmsnorm import rmsnorm
         return rmsnorm(x, self.weight, self.bias, self.eps)
 
-Modules (each: Triton kernels, launchers, autograd.Function, public function
-with a shape docstring, torch reference): rmsnorm, layernorm, rope, swiglu
-(swiglu, geglu), cross_entropy (cross_entropy, linear_cross_entropy),
+Outside any activation (a module called on its own, a test) the torch path
+runs. Modules (each: Triton kernels, launchers, autograd.Function, public
+function with a shape docstring, torch reference): rmsnorm, layernorm, rope,
+swiglu (swiglu, geglu), cross_entropy (cross_entropy, linear_cross_entropy),
 flash_attention, ssd_scan; utils holds the optional triton import. On CPU the
 kernels run only in the Triton interpreter (TRITON_INTERPRET=1 set before
 triton is imported), which is how the tests exercise them.
@@ -19,39 +22,81 @@ triton is imported), which is how the tests exercise them.
 
 from __future__ import annotations
 
-_BACKEND = "torch"
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+BACKENDS = ("triton", "torch")
 
 
-def set_backend(name: str) -> None:
-    if name not in ("triton", "torch"):
-        raise ValueError(f"kernel backend must be 'triton' or 'torch', got {name!r}")
-    global _BACKEND
-    _BACKEND = name
+@dataclass(frozen=True)
+class KernelBackend:
+    """Which implementation the ops take: ``name`` "triton" or "torch".
+
+    ``interpreted`` is True when the Triton kernels run in the Triton
+    interpreter on CPU tensors (a correctness path, not a fast one).
+    """
+
+    name: str
+    interpreted: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in BACKENDS:
+            raise ValueError(f"kernel backend must be 'triton' or 'torch', got {self.name!r}")
+        if self.interpreted and self.name != "triton":
+            raise ValueError("only the triton backend can be interpreted")
+
+    @property
+    def triton(self) -> bool:
+        return self.name == "triton"
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[KernelBackend]:
+        """This backend inside the block (what ``use_triton()`` answers), the previous one after it."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
 
 
-def backend() -> str:
-    return _BACKEND
+TORCH = KernelBackend("torch")
+
+# a context variable, not a module global: each thread (nn.DataParallel replicas)
+# and each activation sees its own model's backend
+_ACTIVE: contextvars.ContextVar[KernelBackend] = contextvars.ContextVar("abl_kernel_backend", default=TORCH)
 
 
-class using:
-    """Context manager: the given backend inside the block, the previous one after it."""
-
-    def __init__(self, name: str):
-        self.name, self.previous = name, None
-
-    def __enter__(self):
-        self.previous = _BACKEND
-        set_backend(self.name)
-        return self
-
-    def __exit__(self, *exc):
-        set_backend(self.previous)
-        return False
+def active() -> KernelBackend:
+    """The backend of the forward running now (``TORCH`` outside any model's forward)."""
+    return _ACTIVE.get()
 
 
 def use_triton() -> bool:
-    """True when the plugins should call the Triton kernels (``train.kernels`` resolved to triton)."""
-    return _BACKEND == "triton"
+    """True when the ops should call the Triton kernels: the active backend is triton."""
+    return _ACTIVE.get().name == "triton"
+
+
+def resolve(kernels: str, device: Any) -> KernelBackend:
+    """The backend for ``train.kernels`` ("auto", "triton", "torch") on ``device``.
+
+    "auto" is triton on CUDA only. Triton on CPU switches the Triton
+    interpreter on, and is an error when that is no longer possible (triton
+    was imported without it). ``device``: a ``torch.device`` or its type name.
+    """
+    if kernels not in ("auto", *BACKENDS):
+        raise ValueError(f"train.kernels must be 'auto', 'triton' or 'torch', got {kernels!r}")
+    kind = getattr(device, "type", None) or str(device).partition(":")[0]
+    name = kernels if kernels != "auto" else ("triton" if kind == "cuda" else "torch")
+    if name == "torch":
+        return TORCH
+    interpreted = kind == "cpu"
+    if interpreted and not enable_interpreter():
+        raise ValueError("train.kernels = \"triton\" on CPU needs the Triton interpreter, but triton was "
+                         "imported in this process before it could be switched on; set TRITON_INTERPRET=1 "
+                         "in the environment, or use train.kernels = \"torch\"")
+    return KernelBackend("triton", interpreted=interpreted)
 
 
 def enable_interpreter() -> bool:

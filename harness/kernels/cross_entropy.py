@@ -227,7 +227,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
             if need_h or need_w or need_b:
                 dlogits = ce_bwd(logits, tc, lse, scale.expand(logits.shape[0]), ignore_index,
                                  label_smoothing, z_loss, out=logits)
-                if need_h:
+                if grad_h is not None:
                     grad_h[s:s + chunk] = (dlogits @ weight.to(dlogits.dtype)).to(hidden2.dtype)
                 if need_w:
                     grad_w += (dlogits.t() @ hc.to(dlogits.dtype)).float()

@@ -323,7 +323,7 @@ def _launch(kind, q, launch):
     key = (kind, q.device.index, q.dtype, next_pow2(q.shape[-1]))
     if key in _chosen:
         return launch(*_chosen[key])
-    last = None
+    last: Exception | None = None
     for cfg in _candidates(kind, q):
         try:
             out = launch(*cfg)
@@ -334,7 +334,7 @@ def _launch(kind, q, launch):
             continue
         _chosen[key] = cfg
         return out
-    raise last  # pragma: no cover
+    raise last or RuntimeError(f"no tile configuration to try for {kind}")  # pragma: no cover
 
 
 def _dot_precision(dtype) -> str | None:

@@ -143,7 +143,7 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.
             layout: str = "interleaved") -> tuple[torch.Tensor, torch.Tensor]:
     """``rope`` on queries ``[B, Hq, Tq, D]`` and keys ``[B, Hk, Tk, D]`` (keys reuse q's angles
     when cos_k/sin_k are None)."""
-    if cos_k is None:
+    if cos_k is None or sin_k is None:
         cos_k, sin_k = cos_q, sin_q
     return rope(q, cos_q, sin_q, layout), rope(k, cos_k, sin_k, layout)
 

@@ -28,6 +28,8 @@ Everything is computed in the dtype of the inputs; callers pass fp32.
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 
 import torch
@@ -337,17 +339,18 @@ class SSDScanFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dfinal):
         x, dt, A, Bm, Cm, initial_state = ctx.saved_tensors
-        inputs = [t.detach().float().requires_grad_(t.requires_grad) if t is not None else None
-                  for t in (x, dt, A, Bm, Cm, initial_state)]
+        inputs: list[Any] = [t.detach().float().requires_grad_(t.requires_grad) if t is not None else None
+                             for t in (x, dt, A, Bm, Cm, initial_state)]
         with torch.enable_grad():
-            y, final = ssd_chunked(*inputs[:5], ctx.chunk_size, initial_state=inputs[5])
+            x_, dt_, a_, b_, c_, s_ = inputs
+            y, final = ssd_chunked(x_, dt_, a_, b_, c_, ctx.chunk_size, initial_state=s_)
             outs, grads_out = [y], [dy.float()]
             if dfinal is not None:
                 outs.append(final)
                 grads_out.append(dfinal.float())
             wanted = [i for i, t in enumerate(inputs) if t is not None and t.requires_grad]
             got = torch.autograd.grad(outs, [inputs[i] for i in wanted], grads_out, allow_unused=True)
-        grads = [None] * 6
+        grads: list[torch.Tensor | None] = [None] * 6
         for i, gr in zip(wanted, got):
             src = (x, dt, A, Bm, Cm, initial_state)[i]
             grads[i] = gr.to(src.dtype) if gr is not None else None

@@ -22,14 +22,8 @@ from tests.conftest import run_abl
 from tests.kernels.helpers import assert_close
 
 
-@pytest.fixture(autouse=True)
-def torch_backend_after():
-    yield
-    kernels.set_backend("torch")
-
-
 def build(registry, mixer="mha", position="rope", mixer_params=None, position_params=None, ffn="swiglu",
-          norm="rmsnorm", device="cpu"):
+          norm="rmsnorm", device="cpu", backend="torch"):
     cfg = ModelConfig(d_model=64, n_layers=2, n_heads=2, context=24, vocab_size=50)
     comps = {}
     for axis, name, given in (("norm", norm, None), ("block", "pre", None),
@@ -40,7 +34,7 @@ def build(registry, mixer="mha", position="rope", mixer_params=None, position_pa
         params.update(given or {})
         comps[axis] = {"name": name, "params": params}
     torch.manual_seed(0)
-    return DecoderLM(cfg, comps, registry).to(device)
+    return DecoderLM(cfg, comps, registry, kernel_backend=kernels.KernelBackend(backend)).to(device)
 
 
 class Calls:
@@ -63,13 +57,13 @@ class Calls:
 
 
 def loss_and_grads(model, idx, targets, backend, need_logits=True):
-    kernels.set_backend(backend)
     model.zero_grad(set_to_none=True)
     ctx = ForwardContext(position=model.position, need_logits=need_logits)
-    logits, loss, ctx = model(idx, targets, ctx)
+    with model.using_kernels(kernels.KernelBackend(backend)):
+        logits, loss, ctx = model(idx, targets, ctx)
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    kernels.set_backend("torch")
+    assert kernels.active() == kernels.TORCH  # the model's backend is active only inside its forward
     return logits, loss.detach(), grads
 
 
@@ -132,13 +126,12 @@ def test_cached_decoding_with_the_flash_kernel(registry, monkeypatch, device, mi
     seq = torch.randint(0, 50, (2, 12), device=device)
 
     def decode(backend):
-        kernels.set_backend(backend)
         cache: dict = {}
-        out = [model(seq[:, :8], ctx=ForwardContext(position=model.position, start=0, cache=cache))[0][:, -1]]
-        for t in range(8, 12):
-            ctx = ForwardContext(position=model.position, start=t, cache=cache)
-            out.append(model(seq[:, t:t + 1], ctx=ctx)[0][:, -1])
-        kernels.set_backend("torch")
+        with model.using_kernels(kernels.KernelBackend(backend)):
+            out = [model(seq[:, :8], ctx=ForwardContext(position=model.position, start=0, cache=cache))[0][:, -1]]
+            for t in range(8, 12):
+                ctx = ForwardContext(position=model.position, start=t, cache=cache)
+                out.append(model(seq[:, t:t + 1], ctx=ctx)[0][:, -1])
         return torch.stack(out, 1)
 
     with torch.no_grad():
@@ -154,16 +147,14 @@ def test_flop_count_is_taken_on_the_reference_path(registry, device):
     so the measured FLOPs do not depend on train.kernels."""
     from abl.flops import count_step_flops
 
-    model = build(registry, device=device)
     x = torch.randint(0, 50, (2, 24), device=device)
     counts = []
     for backend in ("torch", "triton"):
-        kernels.set_backend(backend)
+        model = build(registry, device=device, backend=backend)
         counts.append(count_step_flops(model, x, x, lambda: ForwardContext(position=model.position,
                                                                             need_logits=False),
                                        contextlib.nullcontext))
-        assert kernels.backend() == backend  # restored after counting
-    kernels.set_backend("torch")
+        assert model.kernel_backend == kernels.KernelBackend(backend)  # the model's own, after counting
     assert counts[0] == counts[1] > 0
 
 

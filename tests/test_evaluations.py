@@ -1,0 +1,67 @@
+"""The post-training evaluation registry (abl.evaluations) and its [eval] switches."""
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from abl import evaluations
+from abl.config import EvalConfig
+from abl.evaluations import EVALUATIONS, TrainedRun, register_evaluation, run_evaluations, switched_on
+
+
+def test_every_built_in_evaluation_has_a_switch_and_every_switch_an_evaluation():
+    assert list(EVALUATIONS) == ["decode", "extrapolation"]
+    assert [f.name for f in dataclasses.fields(EvalConfig)] == list(EVALUATIONS)
+    for f in dataclasses.fields(EvalConfig):
+        assert f.default is True and f.metadata["doc"]  # on unless a grid says otherwise
+    assert EVALUATIONS["extrapolation"].metrics == ("val_loss_x1", "val_loss_x2", "val_loss_x4")
+    assert "decode_agreement" in EVALUATIONS["decode"].metrics
+
+
+def test_switched_on_follows_the_switches_in_registration_order():
+    assert [e.name for e in switched_on(EvalConfig())] == ["decode", "extrapolation"]
+    assert [e.name for e in switched_on(EvalConfig(decode=False))] == ["extrapolation"]
+    assert switched_on(EvalConfig(decode=False, extrapolation=False)) == []
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """Registrations made in a test go to a copy of the registry."""
+    monkeypatch.setattr(evaluations, "EVALUATIONS", dict(EVALUATIONS))
+    return evaluations.EVALUATIONS
+
+
+def fake_run():
+    model = torch.nn.Linear(2, 2).train()
+    return TrainedRun(model=model, cell=SimpleNamespace(), registry=None, batches=None,  # type: ignore[arg-type]
+                      precision=None, device=torch.device("cpu"))  # type: ignore[arg-type]
+
+
+def test_an_evaluation_that_raises_is_a_note_and_the_others_still_run(scratch_registry):
+    ran = []
+
+    @register_evaluation("broken", metrics=("x",))
+    def broken(run):
+        ran.append("broken")
+        assert not run.model.training  # evaluations see the model in eval mode
+        raise RuntimeError("no luck")
+
+    @register_evaluation("fine", metrics=("y",))
+    def fine(run):
+        ran.append("fine")
+        return {"y": 1.0}, ["a remark"]
+
+    run = fake_run()
+    switches = EvalConfig(decode=False, extrapolation=False)
+    metrics, notes = run_evaluations(run, switches)
+    assert ran == ["broken", "fine"]  # no switch of their own: they always run
+    assert metrics == {"y": 1.0}
+    assert notes == ["broken metrics not recorded: RuntimeError: no luck", "a remark"]
+    assert run.model.training  # left as it was
+
+
+def test_a_name_is_registered_once(scratch_registry):
+    with pytest.raises(ValueError, match="registered twice"):
+        register_evaluation("decode", metrics=())(lambda run: ({}, []))

@@ -1,0 +1,206 @@
+"""The run-folder protocol (harness/rundir.py) and the one status vocabulary, as runner, store and dashboard use it."""
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from abl import rundir, runner, store
+from abl.rundir import STATUSES
+
+
+# ---------------------------------------------------------------- the vocabulary
+
+
+def test_which_statuses_run_again_follow_the_readme():
+    # README "When things go wrong": completed cells are skipped; running or killed ones
+    # restart; failed, diverged (and oom) ones re-run only with --retry failed
+    plain = {s for s in [*STATUSES, None] if rundir.runs_again(s)}
+    retry = {s for s in [*STATUSES, None] if rundir.runs_again(s, retry_failed=True)}
+    assert plain == {None, "queued", "running", "killed"}
+    assert retry == {None, "queued", "running", "killed", "failed", "diverged", "oom"}
+    assert set(rundir.RETRY_FAILED) == {"failed", "diverged", "oom"}
+
+
+def test_killed_did_not_complete_but_is_not_a_failure_to_retry():
+    assert "killed" in rundir.TERMINAL and "killed" in rundir.NOT_COMPLETED
+    assert "killed" not in rundir.RETRY_FAILED
+    assert set(rundir.NOT_COMPLETED) == set(rundir.TERMINAL) - {"completed"}
+    assert set(rundir.TERMINAL) == set(STATUSES) - {"queued", "running"}
+    # every final status has its own worker exit code, 0 only for completed
+    assert set(rundir.EXIT_CODES) == set(rundir.TERMINAL)
+    assert len(set(rundir.EXIT_CODES.values())) == len(rundir.EXIT_CODES)
+    assert [s for s, c in rundir.EXIT_CODES.items() if c == 0] == ["completed"]
+
+
+def _folder(runs_dir, run_id, status, **status_fields):
+    d = runs_dir / run_id
+    d.mkdir(parents=True)
+    rundir.write_json(d / rundir.CONFIG, {"experiment": "e", "seed": 0})
+    rundir.write_json(d / rundir.META, {"cell_key": f"cell_{run_id}", "label": run_id})
+    if status != "queued":  # a folder without status.json is queued
+        rundir.write_status(d, {"status": status, **status_fields})
+    (d / rundir.METRICS).write_text(json.dumps({"step": 1, "val_loss": 3.0}) + "\n")
+    return d
+
+
+def test_runner_store_and_dashboard_agree_on_every_status(tmp_path):
+    runs_dir, db = tmp_path / "runs", tmp_path / "abl.duckdb"
+    ids = list(STATUSES)
+    dirs = [_folder(runs_dir, s, s) for s in STATUSES]
+    assert store.ingest_dirs(db, dirs) == {s: s for s in STATUSES}
+
+    # store: the summary counts completed and did-not-complete runs per cell
+    by_cell = {r["cell_key"]: r for r in store.cell_summary(db, ids)}
+    for s in STATUSES:
+        assert by_cell[f"cell_{s}"]["completed"] == (s == "completed"), s
+        assert by_cell[f"cell_{s}"]["not_completed"] == (s in rundir.NOT_COMPLETED), s
+
+    # runner: which cells a plain re-run and a --retry failed run start
+    cells = [SimpleNamespace(run_id=s) for s in ids]
+    known = store.statuses(db, ids)
+    done, skipped, busy, todo = runner.plan(cells, known)
+    assert [c.run_id for c in done] == ["completed"] and busy == []
+    assert {c.run_id for c in skipped} == {"failed", "diverged", "oom"}
+    assert {c.run_id for c in todo} == {"queued", "running", "killed"}
+    _, skipped, _, todo = runner.plan(cells, known, retry_failed=True)
+    assert skipped == [] and {c.run_id for c in todo} == set(ids) - {"completed"}
+
+    # dashboard: the experiments overview and the "did not complete" list
+    pytest.importorskip("pandas", reason="the dashboard extra is not installed")
+    from abl.dashboard import queries as q
+
+    exp = q.experiments(q.Store(str(db), str(runs_dir))).iloc[0]
+    assert (exp["runs"], exp["completed"], exp["running"], exp["not_completed"]) == (7, 1, 2, 4)
+
+
+def test_reconcile_marks_a_dead_worker_killed_and_a_plain_rerun_restarts_it(tmp_path):
+    runs_dir, db = tmp_path / "runs", tmp_path / "abl.duckdb"
+    _folder(runs_dir, "gone", "running")  # no pid: the worker is gone
+    _folder(runs_dir, "bad", "diverged")
+    cells = [SimpleNamespace(run_id="gone"), SimpleNamespace(run_id="bad")]
+    known = runner.reconcile(cells, runs_dir, db)
+    assert known == {"gone": "killed", "bad": "diverged"}
+    assert rundir.read_status(runs_dir / "gone")["status"] == "killed"
+    assert store.statuses(db, ["gone", "bad"]) == known
+    assert [c.run_id for c in runner.plan(cells, known)[3]] == ["gone"]
+
+
+def test_worker_exit_status_matches_the_status_it_writes(tmp_path):
+    d = tmp_path / "r"
+    d.mkdir()
+    rundir.write_json(d / rundir.CONFIG, {"experiment": "e", "seed": 0, "model": {"d_model": "wide"}})
+    r = subprocess.run([sys.executable, "-m", "abl.worker", str(d)], capture_output=True, text=True, timeout=300)
+    st = rundir.read_status(d)
+    assert st["status"] == "failed" and st["error"] and st["finished"] >= st["started"]
+    assert r.returncode == rundir.EXIT_CODES["failed"] == 1, r.stderr
+    assert not list(d.glob("*.tmp"))
+
+
+def test_runner_does_not_import_the_worker():
+    from test_architecture import import_graph
+
+    assert "abl.worker" not in import_graph()["abl.runner"]
+
+
+# ---------------------------------------------------------------- JSON files
+
+
+def test_json_files_are_written_whole_and_damaged_ones_read_as_missing(tmp_path):
+    p = tmp_path / "status.json"
+    rundir.write_json(p, {"status": "running", "pid": 1})
+    assert rundir.read_json(p) == {"status": "running", "pid": 1}
+    assert not list(tmp_path.glob("*.tmp"))
+    p.write_text('{"status": "runn')  # not possible through write_json, but a hand edit
+    assert rundir.read_json(p, {}) == {} and rundir.read_status(tmp_path) is None
+    p.write_text("[1, 2]")
+    assert rundir.read_status(tmp_path) is None
+    assert rundir.read_status(tmp_path / "nowhere") is None
+
+
+def test_prepare_writes_config_and_meta_and_drops_the_old_status_but_not_metrics(tmp_path):
+    d = _folder(tmp_path, "r", "failed")
+    rundir.prepare(d, {"experiment": "e", "seed": 1}, {"attempts": 2})
+    assert rundir.read_json(d / rundir.CONFIG)["seed"] == 1 and rundir.read_json(d / rundir.META) == {"attempts": 2}
+    assert rundir.read_status(d) is None and (d / rundir.METRICS).exists()
+
+
+def test_log_tail(tmp_path):
+    assert rundir.log_tail(tmp_path) == "worker exited without a status"
+    (tmp_path / rundir.LOG).write_text("".join(f"line {i}\n" for i in range(20)))
+    assert rundir.log_tail(tmp_path, 3) == "line 17\nline 18\nline 19"
+
+
+# ---------------------------------------------------------------- metrics.jsonl
+
+DAMAGED = "".join([
+    '{"step": 0, "n_params": 10}\n',
+    "not json\n",
+    "[1, 2]\n",  # JSON, but not a metrics object
+    '{"step": "x", "train_loss": 9.0}\n',  # a step that is not a number
+    '{"train_loss": 5.0}\n',  # no step: step 0
+    '{"step": 1, "train_loss": 2.5, "flag": true, "note": "text", "lr": 0.001}\n',
+    '{"step": 2, "train_loss": 2.0}\n',
+    '{"step": 3, "train_lo',  # torn: the writer was killed mid-line
+])
+
+
+def test_read_metrics_skips_damaged_lines_and_a_torn_tail(tmp_path):
+    p = tmp_path / rundir.METRICS
+    p.write_text(DAMAGED)
+    assert rundir.read_metrics(p) == [(0, "n_params", 10.0), (0, "train_loss", 5.0), (1, "train_loss", 2.5),
+                                      (1, "lr", 0.001), (2, "train_loss", 2.0)]
+    assert rundir.read_metrics(tmp_path / "missing.jsonl") == []
+
+
+def test_truncate_keeps_the_intact_rows_up_to_the_step_verbatim(tmp_path):
+    p = tmp_path / rundir.METRICS
+    p.write_text(DAMAGED)
+    rundir.truncate_metrics(p, 1)
+    lines = DAMAGED.splitlines(keepends=True)
+    assert p.read_text() == lines[0] + lines[4] + lines[5]
+    assert not list(tmp_path.glob("*.tmp"))
+    rundir.truncate_metrics(p, None)
+    assert not p.exists()
+    rundir.truncate_metrics(p, 3)  # nothing to truncate
+    assert not p.exists()
+
+
+def test_tail_reads_complete_lines_as_they_arrive_and_restarts_after_a_truncation(tmp_path):
+    p = tmp_path / rundir.METRICS
+    assert rundir.tail_metrics(p, 0) == (0, [])
+    p.write_text('{"step": 1, "train_loss": 3.0}\n{"step": 2, "tra')
+    off, objs = rundir.tail_metrics(p, 0)
+    assert objs == [{"step": 1, "train_loss": 3.0}] and off == len('{"step": 1, "train_loss": 3.0}\n')
+    assert rundir.tail_metrics(p, off) == (off, [])  # only the torn line: nothing new
+    with open(p, "a") as f:
+        f.write('in_loss": 2.0}\nnot json\n')
+    off2, objs = rundir.tail_metrics(p, off)
+    assert objs == [{"step": 2, "train_loss": 2.0}] and off2 == p.stat().st_size
+    p.write_text('{"step": 1, "val_loss": 4.0}\n')  # a resumed worker truncated the file
+    assert rundir.tail_metrics(p, off2) == (p.stat().st_size, [{"step": 1, "val_loss": 4.0}])
+
+
+def test_the_executor_follows_progress_through_the_tail(tmp_path):
+    from abl.executors import Job, tail
+
+    job = Job(cell=None, run_dir=tmp_path, index=0)
+    (tmp_path / rundir.METRICS).write_text(DAMAGED)
+    assert tail(job) is True
+    assert (job.step, job.train_loss, job.val_loss) == (2, 2.0, None)
+    assert tail(job) is False
+
+
+def test_the_sink_appends_whole_lines_that_readers_see_at_once(tmp_path):
+    p = tmp_path / rundir.METRICS
+    sink = rundir.JsonlSink(p)
+    sink.log(1, {"train_loss": 3.0})
+    assert rundir.read_metrics(p) == [(1, "train_loss", 3.0)]  # flushed before close
+    sink.log(2, {"train_loss": 2.0, "val_loss": 2.5})
+    sink.close()
+    again = rundir.JsonlSink(p)  # a resumed worker appends
+    again.log(3, {"train_loss": 1.0})
+    again.close()
+    assert [s for s, n, _ in rundir.read_metrics(p) if n == "train_loss"] == [1, 2, 3]
