@@ -174,22 +174,30 @@ def checkpoint_step(path: Path) -> int | None:
         return None
 
 
+def mfu_peak(device: torch.device, precision: Precision, world: int) -> float | None:
+    """The peak FLOP/s MFU divides by: the device's, in the format the policy's matmuls
+    run in (after ``precision.setup``), times the processes of the cell; None if unknown."""
+    from .provenance import peak_flops
+
+    peak = peak_flops(device, precision.peak_format())
+    return float(peak * world) if peak else None
+
+
 def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batches, precision: Precision,
                   device: torch.device, world: int) -> dict[str, float]:
     """FLOPs of one training step counted by torch (on a validation batch, so the
     training data order is untouched), the device peak used for MFU, and the
     cost model's predictions. A ``_note`` entry says why predictions are missing."""
     from .flops import count_step_flops
-    from .provenance import peak_flops
 
     x, y = next(iter(batches.val_batches(1)))
     x, y = x.to(device), y.to(device)
     measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, need_logits=False),
                                 lambda: precision.autocast(device))
     out: dict[str, float] = {"flops_per_step_measured": float(measured * world)}
-    peak = peak_flops(device, precision.peak_format())
-    if peak:
-        out["device_peak_flops"] = float(peak * world)
+    peak = mfu_peak(device, precision, world)
+    if peak is not None:
+        out["device_peak_flops"] = peak
     from .costmodel import predict
     from .registry import RegistryError
 

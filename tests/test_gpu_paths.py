@@ -192,3 +192,25 @@ def test_local_executor_gives_a_multi_gpu_cell_that_many_devices(tmp_path, monke
     ex.launch(job)
     assert _FakePopen.launched[-1]["CUDA_VISIBLE_DEVICES"] == "0,1,2"
     assert ex.free_gpus == [3]
+
+
+# ---------------------------------------------------------------- MFU
+
+
+def test_mfu_on_a_gpu_divides_by_the_policy_formats_datasheet_peak(fake_gpu, monkeypatch):
+    from abl.plugins import precision as prec
+    from abl.train import mfu, mfu_peak
+
+    bf16 = prec.BF16()
+    bf16.setup(nn.Linear(2, 2), CUDA)
+    peak = mfu_peak(CUDA, bf16, world=2)
+    assert peak == pytest.approx(2 * 989e12)  # two processes, two GPUs' worth of peak
+    costs = {"useful_flops_per_step": 1e12, "device_peak_flops": peak}
+    assert mfu(costs, [0.02, 0.01, 0.5]) == pytest.approx(1e12 / 0.02 / peak)  # the median step
+    monkeypatch.setattr(prec, "_probe_real", lambda device, per_channel: (True, ""))
+    fp8 = prec.FP8()
+    fp8.setup(nn.Sequential(nn.Linear(4, 4)), CUDA)
+    assert mfu_peak(CUDA, fp8, world=1) == pytest.approx(1979e12)
+    fake_gpu.name = "Unknown Accelerator 9000"
+    assert mfu_peak(CUDA, bf16, world=1) is None
+    assert mfu({"useful_flops_per_step": 1e12}, [0.01]) is None  # no peak: no MFU, never a guess
