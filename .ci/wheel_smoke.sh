@@ -23,7 +23,7 @@ PY
     --set 'grid.model.norm=["rmsnorm", "layernorm"]' --set 'grid.model.block=["pre"]' \
     --set 'experiment.seeds=[0]' --set train.steps=8 --set train.eval_every=4 --set train.eval_batches=2 \
     --set train.batch_size=4 --set model.context=32
-n=$("$out/venv/bin/python" -c "import duckdb; print(duckdb.connect('$work/abl.duckdb', read_only=True).sql(\"SELECT count(*) FROM runs WHERE status = 'completed'\").fetchone()[0])")
+n=$("$out/venv/bin/python" -c "import duckdb; print(duckdb.connect('$work/abl.duckdb', read_only=True).execute(\"SELECT count(*) FROM runs WHERE status = 'completed'\").fetchone()[0])")
 [ "$n" = 2 ] || { echo "wheel smoke: expected 2 completed runs, found $n" >&2; exit 1; }
 "$abl" report norms --db "$work/abl.duckdb" --out "$work/report"
 ls "$work"/report/* >/dev/null
@@ -56,6 +56,9 @@ import abl.dashboard
 app = Path(abl.dashboard.__file__).parent / "app.py"
 at = AppTest.from_file(str(app), default_timeout=120).run()
 assert not at.exception, [e.message for e in at.exception]
-print("installed app rendered:", app.name, "with", len(at.markdown), "markdown blocks")
+assert not at.error, [e.value for e in at.error]
+experiments = at.dataframe[0].value
+assert list(experiments["experiment"]) == ["norms"], experiments
+print("installed app rendered: the Experiments page lists", list(experiments["experiment"]))
 PY
 echo "wheel smoke: ok"
