@@ -75,15 +75,13 @@ def prepare_kernels(run_dir: Path) -> None:
         return  # train() reports a broken config
     if tc.get("kernels") != "triton":
         return
-    from .kernels import enable_interpreter
+    from .kernels import resolve
     from .train import resolve_device
 
-    try:
-        device = resolve_device(str(tc.get("device", "auto")))
+    try:  # resolving triton on a CPU switches the interpreter on
+        resolve("triton", resolve_device(str(tc.get("device", "auto"))))
     except (RuntimeError, ValueError):
-        return  # train() reports an unusable device
-    if device.type == "cpu":
-        enable_interpreter()
+        return  # train() reports an unusable device or a too-late interpreter
 
 
 def run_rank(run_dir: Path) -> int:
