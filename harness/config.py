@@ -490,7 +490,7 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
     for axis, spec in checked:
         comp = registry.get(axis, spec["name"])
         if comp.check is not None:
-            for msg in comp.check(model, spec["params"]) or []:
+            for msg in registry.call_with_position(comp.check, model, spec["params"]) or []:
                 errs.append(f"{axis} {spec['name']!r}: {msg}")
     if errs:
         return None, errs

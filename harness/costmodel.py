@@ -91,7 +91,7 @@ def component_cost(registry: Registry, axis: str, spec: dict[str, Any], *args) -
             f"cost function, so its cost cannot be predicted; pass cost=... to register() "
             f"(see harness/cost.py for the signature and conventions)")
     try:
-        out = comp.cost(*args, **dict(spec.get("params") or {}))
+        out = registry.call_with_position(comp.cost, *args, **dict(spec.get("params") or {}))
     except Exception as exc:  # noqa: BLE001 - name the component whatever went wrong
         raise CostModelError(f"the cost function of {axis} {spec['name']!r} (plugin {comp.plugin!r}) "
                              f"failed: {exc!r}") from exc

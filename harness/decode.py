@@ -92,7 +92,7 @@ def analytic_state_bytes(model_config, components: dict, registry, length: int,
         if comp.cost is None:
             missing.append(spec["name"])
             continue
-        c = comp.cost(cfg, **spec["params"])
+        c = registry.call_with_position(comp.cost, cfg, **spec["params"])
         total += (c.state_elements_per_token * length + c.state_elements_per_sequence) * elem
     return (None if missing else total), sorted(set(missing))
 

@@ -37,6 +37,9 @@ def register_components(register):
     - ``reference``: optional plain reference implementation used by tests;
     - ``check``: optional ``check(model_config, params) -> list[str]`` that
       returns cross-axis incompatibilities (e.g. head dims) as messages.
+
+    A ``cost`` or ``check`` function that names a ``position`` parameter is
+    handed the configured position's class (``Registry.call_with_position``).
     """
 
 

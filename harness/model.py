@@ -61,28 +61,11 @@ class PositionEncoding(nn.Module):
         """Does this position class override ``hook`` ("embed", "rotate", "score_bias", ...)?
 
         Mixers ask it of ``type(ctx.position)``; cost and check functions, which
-        get the model config rather than a built position, of ``PositionEncoding.for_config(config)``.
+        get the model config rather than a built position, of the class the host
+        hands them as ``position=`` when they name that parameter
+        (``Registry.call_with_position``).
         """
         return getattr(cls, hook) is not getattr(PositionEncoding, hook)
-
-    @staticmethod
-    def for_config(config: ModelConfig) -> type[PositionEncoding] | None:
-        """The registered class of the position component ``config.position`` names.
-
-        For a component's cost and check functions, which are handed the model
-        config, not the built position (a mixer's forward uses ``ctx.position``).
-        None when the component is not registered with this process's plugins
-        or its factory is not a ``PositionEncoding`` subclass; callers then
-        assume no hook is overridden (the forward's own checks still apply).
-        """
-        from .plugin_manager import get_registry
-        from .registry import RegistryError
-
-        try:
-            factory = get_registry().get("position", config.position).factory
-        except RegistryError:
-            return None
-        return factory if isinstance(factory, type) and issubclass(factory, PositionEncoding) else None
 
 
 @dataclass

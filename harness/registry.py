@@ -208,9 +208,39 @@ class Registry:
             raise RegistryError(unknown_name_message(axis, name, self.names(axis)))
         return comp
 
+    def position_class(self, config: Any) -> type | None:
+        """The registered factory of the position ``config.position`` names, when it is a class.
+
+        Cost and check functions get the model config, not a built position;
+        ``call_with_position`` hands them this class so they can ask it, e.g.
+        ``position.overrides("rotate")``. None for an unknown name or a factory
+        that is not a class.
+        """
+        try:
+            factory = self.get("position", getattr(config, "position", None)).factory
+        except RegistryError:
+            return None
+        return factory if isinstance(factory, type) else None
+
+    def call_with_position(self, fn: Callable, config: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(config, *args, **kwargs)``, plus ``position=`` the configured position's class when
+        ``fn`` names a ``position`` parameter (cost and check functions opt in by naming it)."""
+        if "position" in _parameter_names(fn):
+            kwargs["position"] = self.position_class(config)
+        return fn(config, *args, **kwargs)
+
     def all(self) -> list[Component]:
         order = {a: i for i, a in enumerate(AXES)}
         return sorted(self.components.values(), key=lambda c: (order[c.axis], c.name))
+
+
+def _parameter_names(fn: Callable) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # builtins without a signature
+        return set()
 
 
 def unknown_name_message(axis: str, name: Any, valid: list[str]) -> str:

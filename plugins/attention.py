@@ -363,22 +363,17 @@ def _gqa_check(cfg, params):
     return errs
 
 
-def _position_overrides(cfg, hook: str) -> bool:
-    """Does the configured position component override ``PositionEncoding.<hook>``?"""
-    cls = PositionEncoding.for_config(cfg)
-    return cls is not None and cls.overrides(hook)
+# Cost and check functions name a ``position`` parameter, so the host hands them the
+# configured position's class (``Registry.call_with_position``); None: unknown.
 
 
-def _rotates(cfg) -> bool:
-    return _position_overrides(cfg, "rotate")
+def _overrides(position, hook: str) -> bool:
+    """Does the position class override ``PositionEncoding.<hook>``?"""
+    return isinstance(position, type) and issubclass(position, PositionEncoding) and position.overrides(hook)
 
 
-def _adds_score_bias(cfg) -> bool:
-    return _position_overrides(cfg, "score_bias")
-
-
-def _linear_check(cfg, params):
-    if _adds_score_bias(cfg):
+def _linear_check(cfg, params, position=None):
+    if _overrides(position, "score_bias"):
         return [f"position {cfg.position!r} adds a bias to attention scores, which linear attention "
                 "does not form; use rope, learned, sinusoidal or nope"]
     return []
@@ -399,7 +394,7 @@ def _avg_keys(t: int, window: int = 0) -> float:
 
 
 def _softmax_cost(cfg, hq, hk, qk_dim, v_dim, proj_params, proj_flops, window=0, state_tok=0.0,
-                  state_seq=0.0, extra_act=0.0, rotated_dim=None, materialised=False):
+                  state_seq=0.0, extra_act=0.0, rotated_dim=None, materialised=False, position=None):
     """Cost of a causal softmax-attention layer with the given head shapes.
 
     Activations follow the torch reference path (the one ``train.kernels = "torch"``
@@ -418,16 +413,16 @@ def _softmax_cost(cfg, hq, hk, qk_dim, v_dim, proj_params, proj_flops, window=0,
     act = cfg.d_model + hq * qk_dim + hk * (qk_dim + v_dim) + hq * v_dim + hq + extra_act
     if rotated_dim is None:
         rotated_dim = qk_dim
-    if _rotates(cfg):
+    if _overrides(position, "rotate"):
         act += (hq + hk) * rotated_dim
-    if materialised or _adds_score_bias(cfg):
+    if materialised or _overrides(position, "score_bias"):
         act += hq * t  # the probabilities of each query row
     return Cost(params=proj_params, flops_per_token=proj_flops + attn,
                 useful_flops_per_token=proj_flops + useful, activation_elements_per_token=act,
                 state_elements_per_token=state_tok, state_elements_per_sequence=state_seq)
 
 
-def mha_cost(cfg, n_kv_heads=0, bias=False, qk_norm=False, softcap=0.0, window=0):
+def mha_cost(cfg, n_kv_heads=0, bias=False, qk_norm=False, softcap=0.0, window=0, position=None):
     d, h, dh = cfg.d_model, cfg.n_heads, cfg.head_dim
     hk = n_kv_heads or h
     params = (linear_params(d, h * dh, bias) + linear_params(d, 2 * hk * dh, bias)
@@ -438,22 +433,22 @@ def mha_cost(cfg, n_kv_heads=0, bias=False, qk_norm=False, softcap=0.0, window=0
     bounded = bool(window) and window < cfg.context
     return _softmax_cost(cfg, h, hk, dh, dh, params, flops, window,
                          state_tok=0.0 if bounded else kv, state_seq=kv * window if bounded else 0.0,
-                         materialised=bool(softcap))
+                         materialised=bool(softcap), position=position)
 
 
-def mqa_cost(cfg, **params):
-    return mha_cost(cfg, n_kv_heads=1, **params)
+def mqa_cost(cfg, position=None, **params):
+    return mha_cost(cfg, n_kv_heads=1, position=position, **params)
 
 
-def gqa_cost(cfg, n_kv_heads=2, **params):
-    return mha_cost(cfg, n_kv_heads=n_kv_heads, **params)
+def gqa_cost(cfg, n_kv_heads=2, position=None, **params):
+    return mha_cost(cfg, n_kv_heads=n_kv_heads, position=position, **params)
 
 
-def sliding_window_cost(cfg, window=64, **params):
-    return mha_cost(cfg, window=window, **params)
+def sliding_window_cost(cfg, window=64, position=None, **params):
+    return mha_cost(cfg, window=window, position=position, **params)
 
 
-def linear_cost(cfg, chunk_size=64, bias=False, eps=1e-6):
+def linear_cost(cfg, chunk_size=64, bias=False, eps=1e-6, position=None):
     d, h, dh, t = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.context
     c = min(chunk_size, t)
     padded = -(-t // c) * c / t
@@ -468,12 +463,12 @@ def linear_cost(cfg, chunk_size=64, bias=False, eps=1e-6):
     # running z and the output; the denominator; the chunk-entry states (d x d per chunk);
     # a rotating position adds the rotated features
     act = (d + 3 * h * dh + 3 * h * dh + h * c + 3 * h * dh + h + h * dh * dh / c
-           + (2 * h * dh if _rotates(cfg) else 0))
+           + (2 * h * dh if _overrides(position, "rotate") else 0))
     return Cost(params=params, flops_per_token=proj + mixing, useful_flops_per_token=proj + useful,
                 activation_elements_per_token=act, state_elements_per_sequence=h * (dh * dh + dh))
 
 
-def mla_cost(cfg, kv_rank=0, q_rank=0, rope_dim=0, latent_norm=True):
+def mla_cost(cfg, kv_rank=0, q_rank=0, rope_dim=0, latent_norm=True, position=None):
     d, h, dh = cfg.d_model, cfg.n_heads, cfg.head_dim
     r, dr = kv_rank or 4 * dh, rope_dim or mla_default_rope_dim(dh)
     qk = dh + dr
@@ -486,7 +481,7 @@ def mla_cost(cfg, kv_rank=0, q_rank=0, rope_dim=0, latent_norm=True):
     flops = q_flops + linear_flops(d, r + dr) + linear_flops(r, h * 2 * dh) + linear_flops(h * dh, d)
     # the value heads (d_h) are narrower than q/k (d_h + d_R): the probabilities are kept
     return _softmax_cost(cfg, h, h, qk, dh, params, flops, extra_act=r + dr,
-                         state_tok=r + dr, rotated_dim=dr, materialised=True)
+                         state_tok=r + dr, rotated_dim=dr, materialised=True, position=position)
 
 
 @hookimpl

@@ -382,9 +382,29 @@ def test_kv_state_elements_follow_the_heads(registry):
 # ------------------------------------------------------------ what the plugin reaches for
 
 
-def test_cost_and_check_functions_learn_the_position_from_the_config():
-    """What the attention plugin once asked the plugin manager for: the configured position's class."""
-    assert PositionEncoding.for_config(ModelConfig(position="alibi")) is ALiBiPosition
-    assert PositionEncoding.for_config(ModelConfig(position="rope")).overrides("rotate")
-    assert not PositionEncoding.for_config(ModelConfig(position="rope")).overrides("score_bias")
-    assert PositionEncoding.for_config(ModelConfig(position="no-such-position")) is None
+def test_the_host_hands_cost_and_check_functions_the_configured_position(registry):
+    """The attention plugin once asked the plugin manager for the position; now the host hands it in."""
+    assert registry.position_class(ModelConfig(position="alibi")) is ALiBiPosition
+    assert registry.position_class(ModelConfig(position="no-such-position")) is None
+    seen = []
+
+    def cost(cfg, position=None):
+        seen.append(position)
+
+    def no_position(cfg, **params):  # a function that does not name it gets no stray keyword
+        seen.append(params)
+
+    registry.call_with_position(cost, ModelConfig(position="rope"))
+    registry.call_with_position(no_position, ModelConfig(position="rope"), a=1)
+    assert seen == [RotaryPosition, {"a": 1}]
+    mha = registry.get("mixer", "mha")
+    params = mha.resolve_params({}, "mha")[0]
+    rope, nope = (registry.call_with_position(mha.cost, ModelConfig(position=p), **params)
+                  for p in ("rope", "nope"))
+    assert rope.activation_elements_per_token > nope.activation_elements_per_token  # rotated q and k kept
+    alibi = registry.call_with_position(mha.cost, ModelConfig(position="alibi"), **params)
+    assert alibi.activation_elements_per_token > nope.activation_elements_per_token  # probabilities kept
+    linear = registry.get("mixer", "linear")
+    lp = linear.resolve_params({}, "linear")[0]
+    assert registry.call_with_position(linear.check, ModelConfig(position="alibi"), lp)
+    assert not registry.call_with_position(linear.check, ModelConfig(position="rope"), lp)

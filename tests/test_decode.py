@@ -58,7 +58,7 @@ def build(registry, mixer, position, context=16, n_heads=4, block="pre", mixer_p
 def rejected(registry, mixer, position):
     comp = registry.get("mixer", mixer)
     cfg = ModelConfig(mixer=mixer, position=position)
-    return bool(comp.check and comp.check(cfg, comp.resolve_params({}, mixer)[0]))
+    return bool(comp.check and registry.call_with_position(comp.check, cfg, comp.resolve_params({}, mixer)[0]))
 
 
 COMBOS = list(itertools.product(MIXERS, POSITIONS))
