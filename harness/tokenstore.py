@@ -352,11 +352,14 @@ def commit(prepared: Prepared, root: Path) -> Path:
     if prepared.definition is not None:
         (tmpdir / "tokenizer.json").write_text(prepared.definition)
     (tmpdir / "meta.json").write_text(json.dumps(prepared.meta, indent=1, sort_keys=True, default=str))
-    if _entry_ok(folder) is not None:  # another abl process wrote it meanwhile: same content
-        shutil.rmtree(tmpdir, ignore_errors=True)
-    else:
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmpdir, folder)
+    if _entry_ok(folder) is None:
+        shutil.rmtree(folder, ignore_errors=True)  # a torn entry (a killed writer)
+        try:
+            os.replace(tmpdir, folder)
+        except OSError:  # another abl process wrote it meanwhile
+            if _entry_ok(folder) is None:
+                raise
+    shutil.rmtree(tmpdir, ignore_errors=True)  # left only when another process's entry won: same content
     prepared.arrays = None
     return folder
 

@@ -429,3 +429,22 @@ vocab_size = 300
     assert r2.returncode == 0, r2.stdout + r2.stderr
     assert "tokenizer trained" not in r2.stdout
     assert "tokenizer reused from tokenizers/bpe-" in r2.stdout and r2.stdout.count("tokens reused") == 2
+
+
+def test_cells_with_different_tokenizers_are_compared_in_bits_per_byte():
+    from abl.report import Cell, Run, cell_statistics, comparison_metric
+
+    def run(key, seed, tok, loss, bpb):
+        cfg = {"components": {"dataset": {"name": "pystdlib", "params": {}}, "tokenizer": {"name": tok, "params": {}}},
+               "model": {"context": 32}, "train": {"batch_size": 4}}
+        return Run(f"{key}{seed}", "e", key, key, seed, "completed", cfg, "c", {}, "cpu", {}, f"fp-{tok}", "", "",
+                   final={"val_loss": loss, "val_bpb": bpb})
+
+    byte = Cell("byte", "byte", [run("byte", s, "byte", 1.0 + s / 100, 1.44 + s / 100) for s in range(3)])
+    bpe = Cell("bpe", "bpe", [run("bpe", s, "bpe", 3.0 + s / 100, 1.20 + s / 100) for s in range(3)])
+    assert comparison_metric([byte, bpe]) == "val_bpb"
+    rows = cell_statistics([byte, bpe], byte, metric="val_bpb")
+    assert rows[1]["delta"] == pytest.approx(-0.24)  # bpe is better per byte though worse per token
+    assert comparison_metric([byte]) == "val_loss"  # one tokenizer: tokens are the same unit
+    same = Cell("byte2", "byte2", [run("byte2", s, "byte", 1.1, 1.5) for s in range(3)])
+    assert comparison_metric([byte, same]) == "val_loss"
