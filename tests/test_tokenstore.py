@@ -264,6 +264,9 @@ def hf_dir(tmp_path_factory):
         for t in texts:
             f.write(json.dumps({"content": t}) + "\n")
     ds.to_parquet(str(root / "rows.parquet"))
+    (root / "arrow").mkdir()  # a bare arrow file (no save_to_disk metadata beside it)
+    shard, = (root / "single").glob("*.arrow")
+    (root / "arrow" / "rows.arrow").write_bytes(shard.read_bytes())
     datasets.Dataset.from_dict({"text": ["", ""]}).save_to_disk(str(root / "empty"))
     return root, texts
 
@@ -274,7 +277,7 @@ def test_hf_dataset_from_disk_jsonl_and_parquet(hf_dir, registry):
     root, texts = hf_dir
     all_bytes = sorted(t.encode() for t in texts)
     for c in (hf_dataset(str(root / "single")), hf_dataset(str(root / "rows.jsonl"), column="content"),
-              hf_dataset(str(root / "rows.parquet"))):
+              hf_dataset(str(root / "rows.parquet")), hf_dataset(str(root / "arrow"))):
         assert sorted(c.train_docs + c.val_docs) == all_bytes
         assert c.val_docs and c.train_docs
     d = hf_dataset(str(root / "dict"), val_split="validation")
@@ -301,6 +304,19 @@ def test_hf_dataset_errors_are_clear(hf_dir, params, message):
 
 
 # ---------------------------------------------------------------- checks in the parent (issue 13, point 4)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"column": "body"}, "dataset 'hf': hf dataset .* has no column 'body'"),
+    ({"column": "text", "path": "{root}/empty"}, "dataset 'hf': hf dataset .* is empty"),
+])
+def test_hf_problems_are_found_before_anything_is_written(tmp_path, registry, hf_dir, params, message):
+    root, _ = hf_dir
+    params = {"path": str(root / "single"), **{k: v.format(root=root) for k, v in params.items()}}
+    g = expand(grid(tmp_path, "bpe", dataset=("hf", params)), registry)
+    with pytest.raises(DataError, match=message):
+        tokenstore.prepare_store(g.cells, registry, tmp_path / "store" / "tokens")
+    assert not (tmp_path / "store").exists()
 
 
 def _problems(tmp_path):
