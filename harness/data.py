@@ -67,7 +67,7 @@ class TextCorpus:
     same byte string under every tokenizer.
 
     ``train``, ``val``, ``vocab_size`` and ``tokenizer`` give the byte-level
-    view (what the ``byte`` tokenizer makes of it), as ``from_documents``
+    view (one token per byte, vocabulary 256), as ``from_documents``
     returned before tokenizers were an axis.
     """
 

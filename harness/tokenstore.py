@@ -7,7 +7,7 @@ tokens. The ``abl run`` parent does this once for every distinct pair in the
 grid (``prepare_store``) and writes the result beside the database::
 
     tokens/
-      tokenizers/<training key>.json    trained tokenizers (e.g. a BPE), keyed by
+      tokenizers/<training key>.json    tokenizers trained on the data, keyed by
                                         corpus fingerprint + the tokenizer's parameters
       <store key>/meta.json             what the arrays hold (vocabulary, sizes, fingerprints)
       <store key>/train.bin, val.bin    flat little-endian uint16 (vocabulary <= 65,536) or uint32 ids
@@ -195,7 +195,7 @@ def _join(pieces: list[tuple[np.ndarray, np.ndarray]], sep: tuple[np.ndarray, np
 
 
 def token_dtype(vocab: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab <= 2**16 else np.dtype(np.uint32)
+    return np.dtype("<u2") if vocab <= 2**16 else np.dtype("<u4")  # little-endian on every machine
 
 
 def _entry_ok(folder: Path) -> dict[str, Any] | None:
@@ -290,10 +290,10 @@ def prepare_tokens(dataset: dict[str, Any], tokenizer: dict[str, Any], registry,
     train, val = train.astype(dtype), val.astype(dtype)
     arrays = {"train.bin": train, "val.bin": val}
     if val_bytes is not None:
-        arrays["val_bytes.bin"] = val_bytes.astype(np.uint32)
+        arrays["val_bytes.bin"] = val_bytes.astype("<u4")
     build_s = time.perf_counter() - t0
     meta = {
-        "format": FORMAT, "key": key, "dtype": dtype.name, "vocab_size": vocab,
+        "format": FORMAT, "key": key, "dtype": dtype.str, "vocab_size": vocab,
         "n_train": int(len(train)), "n_val": int(len(val)), "max_token_id": hi,
         "has_val_bytes": val_bytes is not None,
         "val_text_bytes": None if val_bytes is None else int(val_bytes.sum()),
@@ -320,7 +320,7 @@ def open_tokens(folder: Path) -> TokenData:
         raise DataError(f"token store entry {folder} is missing or incomplete; run abl run again to rebuild it")
     arrays: dict[str, np.ndarray] = {}
     for name, dtype, n in (("train.bin", meta["dtype"], meta["n_train"]), ("val.bin", meta["dtype"], meta["n_val"]),
-                           ("val_bytes.bin", "uint32", meta["n_val"] if meta["has_val_bytes"] else -1)):
+                           ("val_bytes.bin", "<u4", meta["n_val"] if meta["has_val_bytes"] else -1)):
         if n < 0:
             continue
         arrays[name] = np.memmap(folder / name, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
@@ -420,7 +420,7 @@ def prepare_store(cells: list, registry, root: Path, log: Callable[[str], None] 
             m = p.meta
             log(f"token store {root.name}/{p.key}: {m['description']}, tokenizer {m['tokenizer']} "
                 f"(vocabulary {m['vocab_size']:,}): {m['n_train']:,} training + {m['n_val']:,} validation "
-                f"tokens, {m['dtype']}, {entry_bytes(folder) / 2**20:.1f} MiB; {'; '.join(p.notes)}")
+                f"tokens, {np.dtype(m['dtype']).name}, {entry_bytes(folder) / 2**20:.1f} MiB; {'; '.join(p.notes)}")
     for run_id, pair in pairs.items():
         out[run_id] = root / prepared[pair].key
     return out

@@ -128,7 +128,7 @@ def test_a_second_grid_reuses_the_trained_tokenizer_and_the_tokens(tmp_path, reg
     assert "tokenizer trained in" in lines[0] and "tokens built in" in lines[0] and "MiB" in lines[0]
     entry = entries[g.cells[0].run_id]
     meta = json.loads((entry / "meta.json").read_text())
-    assert meta["vocab_size"] == 400 and meta["tokenizer"] == "bpe" and meta["dtype"] == "uint16"
+    assert meta["vocab_size"] == 400 and meta["tokenizer"] == "bpe" and meta["dtype"] == "<u2"
     trained = list((root / "tokenizers").glob("bpe-*.json"))
     assert len(trained) == 1
     restored = ByteLevelBPE(400)
