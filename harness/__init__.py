@@ -20,8 +20,10 @@ Costs
 Precision policies
     ``Precision`` (base class; ``compute_dtype`` is the policy's one dtype answer).
 Data
-    ``TokenData``, ``DataError``, ``from_documents``, ``from_text_file``,
-    ``from_token_bin``, ``byte_tokens``.
+    ``TextCorpus`` (text documents, what a text dataset returns), ``TokenData``
+    (token ids), ``DataError``, ``from_documents``, ``from_text_file``,
+    ``from_token_bin``, ``byte_tokens``; ``Tokenizer`` (base class of the
+    ``tokenizer`` axis).
 Post-training evaluations
     ``register_evaluation`` (add a named step run after training; a grid can
     switch it off under ``[eval]``).
@@ -52,6 +54,8 @@ _PUBLIC: dict[str, str] = {
     "linear_params": "abl.cost",
     "Precision": "abl.precision",
     "TokenData": "abl.data",
+    "TextCorpus": "abl.data",
+    "Tokenizer": "abl.tokenstore",
     "DataError": "abl.data",
     "from_documents": "abl.data",
     "from_text_file": "abl.data",
@@ -79,10 +83,11 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and editors
     from .config import ModelConfig
     from .cost import Cost, linear_flops, linear_params
-    from .data import DataError, TokenData, byte_tokens, from_documents, from_text_file, from_token_bin
+    from .data import DataError, TextCorpus, TokenData, byte_tokens, from_documents, from_text_file, from_token_bin
     from .evaluations import register_evaluation
     from .hookspecs import hookimpl, hookspec
     from .kernels import use_triton
     from .model import ForwardContext, KVCache, PositionEncoding, residual_out
     from .precision import Precision
     from .registry import AXES, Param, RegistryError
+    from .tokenstore import Tokenizer

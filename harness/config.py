@@ -135,6 +135,8 @@ SCALES: dict[str, tuple[int, int, int]] = {
 @dataclass
 class DataConfig:
     dataset: str = _f("pystdlib", "dataset component")
+    tokenizer: str = _f("byte", "tokenizer component (turns the dataset's text into tokens; "
+                        "the model's vocabulary follows it)")
 
 
 @dataclass

@@ -245,20 +245,17 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
     }
 
 
-_vocab_cache: dict[str, int] = {}
 _dtype_cache: dict[str, int] = {}
 
 
 def dataset_vocab_size(cell, registry: Registry) -> int:
-    """The cell's vocab size: ``model.vocab_size`` or, when 0, the dataset's (loaded once per spec)."""
+    """The cell's vocab size: ``model.vocab_size`` or, when 0, its tokenizer's (or a pre-tokenised
+    dataset's; the dataset is loaded once per process, nothing is trained)."""
     if cell.model.vocab_size > 0:
         return cell.model.vocab_size
-    spec = cell.components["dataset"]
-    key = _spec_key(spec)
-    if key not in _vocab_cache:
-        data = registry.get("dataset", spec["name"]).factory(**spec["params"])
-        _vocab_cache[key] = int(data.vocab_size)
-    return _vocab_cache[key]
+    from .tokenstore import vocab_size
+
+    return vocab_size(cell, registry)
 
 
 def activation_dtype_bytes(cell, registry: Registry) -> int:

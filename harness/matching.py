@@ -60,8 +60,8 @@ def match_cells(cells: list, registry: Registry) -> list[str]:
         if key == first_key:
             cell.resize(cell.model, cell.components, {"by": by, "what": what, "target": target, "achieved": target})
             continue
-        if key not in done:
-            done[key] = _solve(cell, registry, what, by, target, vocab, errs)
+        if key not in done:  # each cell at its own vocabulary (its tokenizer's): the LM head's FLOPs follow it
+            done[key] = _solve(cell, registry, what, by, target, dataset_vocab_size(cell, registry), errs)
         model, components, achieved = done[key]
         if model is None:
             continue

@@ -41,7 +41,7 @@ from .tables import flatten
 MIN_SIZES_FOR_FIT = 4
 FINAL_NAMES = ("n_params", "n_params_non_embedding", "peak_mem_bytes", "peak_tensor_bytes",
                "baseline_rss_bytes", "wall_s",
-               "flops_per_step_measured", "device_peak_flops", "mfu", "hfu", "val_loss")
+               "flops_per_step_measured", "device_peak_flops", "mfu", "hfu", "val_loss", "val_bpb")
 
 
 class ReportError(Exception):
@@ -194,13 +194,25 @@ def pick_baseline(cells: list[Cell], baseline: str | None) -> Cell:
     return hits[0]
 
 
-def final_val_losses(cell: Cell) -> dict[int, float]:
-    return {r.seed: r.final["val_loss"] for r in cell.completed if r.final.get("val_loss") is not None}
+def final_val_losses(cell: Cell, metric: str = "val_loss") -> dict[int, float]:
+    return {r.seed: r.final[metric] for r in cell.completed if r.final.get(metric) is not None}
 
 
-def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPHA) -> list[dict[str, Any]]:
-    """One dict per cell: final val_loss over seeds, and the comparison with ``baseline``."""
-    values = {c.key: final_val_losses(c) for c in cells}
+def comparison_metric(cells: list[Cell]) -> str:
+    """What cells are compared on: ``val_loss`` (nats per token), or ``val_bpb`` (bits per byte) when
+    their data or tokenizer differ, so a token means different things, and every completed run has it."""
+    runs = [r for c in cells for r in c.completed]
+    data = {json.dumps([(r.config.get("components") or {}).get(a) for a in ("dataset", "tokenizer")],
+                       sort_keys=True, default=str) for r in runs}
+    if len(data) > 1 and runs and all(r.final.get("val_bpb") is not None for r in runs):
+        return "val_bpb"
+    return "val_loss"
+
+
+def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPHA,
+                    metric: str = "val_loss") -> list[dict[str, Any]]:
+    """One dict per cell: the final ``metric`` over seeds, and the comparison with ``baseline``."""
+    values = {c.key: final_val_losses(c, metric) for c in cells}
     data_keys = {c.key: (c.completed[0].data_key if c.completed else None) for c in cells}
     results = stats.compare_cells(values, baseline.key, data_keys=data_keys, alpha=alpha)
     out = []
@@ -218,7 +230,8 @@ def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPH
 
 def statistics_for_runs(db_path: str | Path, run_ids: list[str], order: list[str] | None = None,
                         baseline: str | None = None) -> list[dict[str, Any]]:
-    """``cell_statistics`` straight from the store (for the ``abl run`` summary).
+    """``cell_statistics`` straight from the store (for the ``abl run`` summary), on
+    ``comparison_metric``, which each row names under ``metric``.
 
     ``order``: cell keys in grid order (the first is the baseline unless
     ``baseline`` names another by label, key prefix or 1-based index).
@@ -226,7 +239,9 @@ def statistics_for_runs(db_path: str | Path, run_ids: list[str], order: list[str
     cells = group_cells(load_runs(db_path, run_ids=run_ids, curve_names=()), order)
     if not cells:
         return []
-    return cell_statistics(cells, pick_baseline(cells, baseline))
+    metric = comparison_metric(cells)
+    return [{**row, "metric": metric} for row in cell_statistics(cells, pick_baseline(cells, baseline),
+                                                                 metric=metric)]
 
 
 # ---------------------------------------------------------------- conditions
@@ -696,7 +711,8 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
     base = pick_baseline(cells, baseline)
     if registry is not None:
         attach_predictions(cells, registry)
-    stat_rows = cell_statistics(cells, base)
+    metric = comparison_metric(cells)
+    stat_rows = cell_statistics(cells, base, metric=metric)
     rows = cost_rows(cells)
     cond = conditions_line(runs)
     experiment = runs[0].experiment
@@ -737,7 +753,7 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
                                      for k, v in shown.items()], "settings shared by every cell")
 
     # 3. comparison
-    doc.h(2, "Comparison: final val_loss")
+    doc.h(2, f"Comparison: final {metric}")
     table_rows = []
     for i, s in enumerate(stat_rows, 1):
         table_rows.append([i, s["label"], f"{s['n']}/{s['runs']}", stats.fmt(s["mean"]), stats.fmt(s["std"]),
@@ -747,8 +763,11 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
                            s["verdict"]])
     doc.table(["#", "cell", "n", "mean", "std", "95% CI", "Δ vs baseline", "Δ 95% CI", "p", "test", "verdict"],
               table_rows,
-              f"val_loss: mean cross-entropy (nats) on the fixed validation batches at the last step, "
-              f"completed runs only. CI: Student t, 95%. Δ = cell - baseline ({base.label}); lower is better; "
+              (f"val_bpb: bits per byte, the validation loss over the bytes of text its tokens cover "
+               f"(the cells' data or tokenizers differ, so a token is not the same unit), "
+               if metric == "val_bpb" else
+               f"val_loss: mean cross-entropy (nats) on the fixed validation batches at the last step, ")
+              + f"completed runs only. CI: Student t, 95%. Δ = cell - baseline ({base.label}); lower is better; "
               f"verdicts at α = {stats.ALPHA}; paired by seed when both cells ran the same seeds on the same "
               f"data order, else Welch. {cond}")
     notes = [f"{s['label']}: {s['note']}" for s in stat_rows if s["note"]]

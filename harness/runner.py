@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from . import rundir, store
+from . import rundir, store, tokenstore
 from .config import Cell, Grid
 from .executors import Job, LocalExecutor
 from .plugin_manager import pm
@@ -55,11 +55,13 @@ def summary_table(rows: list[dict[str, Any]], title: str, grid: Grid | None = No
     paths = grid.grid_paths if grid and grid.grid_paths else []
     stats_by_cell = stats_by_cell or {}
     show_decode = any(r.get("decode_tokens_per_s") is not None for r in rows)
+    show_bpb = any(r.get("val_bpb_mean") is not None for r in rows)
     table = Table(title=title, title_justify="left")
     table.add_column("#", justify="right")
     for p in paths or ["cell"]:
         table.add_column(p)
-    cols = [("seeds", "right"), ("val_loss ± std", "right"), ("95% CI", "right"),
+    cols = [("seeds", "right"), ("val_loss ± std", "right")] + ([("val bpb ± std", "right")] if show_bpb else [])
+    cols += [("95% CI", "right"),
             ("Δ vs base (p)", "right"), ("verdict", "left"), ("tokens/s", "right"), ("peak mem", "right")]
     if show_decode:
         cols += [("KV B/token", "right"), ("decode tok/s", "right")]
@@ -84,7 +86,9 @@ def summary_table(rows: list[dict[str, Any]], title: str, grid: Grid | None = No
             verdict = st.get("verdict") or ""
         tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
         names = [str(varied.get(r["cell_key"], {}).get(p, "?")) for p in paths] or [r["label"] or "-"]
-        cells = [str(i), *names, f"{r['completed']}/{r['runs']}", vl, ci, delta, verdict, tps,
+        bpb = [] if not show_bpb else ["-" if r.get("val_bpb_mean") is None else f"{r['val_bpb_mean']:.4f}" + (
+            "" if r.get("val_bpb_std") is None else f" ± {r['val_bpb_std']:.4f}")]
+        cells = [str(i), *names, f"{r['completed']}/{r['runs']}", vl, *bpb, ci, delta, verdict, tps,
                  fmt_bytes(r["peak_mem_bytes"])]
         if show_decode:
             kv = r.get("kv_bytes_per_token")
@@ -187,6 +191,9 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
             console = Console(width=max(console.width, 200))
     executor = executor or LocalExecutor()
     cells = grid.cells
+    # the data of every cell checked, and tokenised once into the store, before the store is touched
+    token_entries = tokenstore.prepare_store(cells, registry, db_path.parent / tokenstore.TOKENS_DIR,
+                                             log=lambda line: console.print(line, soft_wrap=True, markup=False))
     con = store.open_store(db_path)  # migrate early so a schema problem stops us before training
     con.close()
     known = reconcile(cells, runs_dir, db_path)
@@ -215,7 +222,9 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
         if meta["code_changed"]:
             meta["notes"] = f"code changed between attempts: first {first}, now {commit}"
             console.print(f"[yellow]warning[/]: {cell.label} seed={cell.seed}: {meta['notes']}")
-        jobs.append(Job(cell=cell, run_dir=prepare(cell, runs_dir, meta), index=i))
+        job = Job(cell=cell, run_dir=prepare(cell, runs_dir, meta), index=i)
+        tokenstore.link_run(job.run_dir, token_entries[cell.run_id])
+        jobs.append(job)
     failures = 0
 
     progress = Progress(
@@ -276,10 +285,16 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
             signal.signal(signal.SIGTERM, previous)
 
     rows = store.cell_summary(db_path, [c.run_id for c in cells])
-    console.print(summary_table(rows, f"{cells[0].experiment.name}: final val_loss by cell, best first "
+    stats_by_cell = grid_statistics(db_path, grid)
+    metric = next((s["metric"] for s in stats_by_cell.values() if s.get("metric")), "val_loss")
+    if metric == "val_bpb":  # tokens differ between cells: compare in bits per byte
+        rows.sort(key=lambda r: (r.get("val_bpb_mean") is None, r.get("val_bpb_mean") or 0.0))
+    what = ("val bpb (bits per byte: the cells' data or tokenizers differ; 95% CI and Δ are in bits per byte)"
+            if metric == "val_bpb" else "val_loss")
+    console.print(summary_table(rows, f"{cells[0].experiment.name}: final {what} by cell, best first "
                                       "(baseline: the grid's first cell; paired t-test by seed when the "
                                       "cells share seeds and data, else Welch)",
-                                grid, grid_statistics(db_path, grid)))
+                                grid, stats_by_cell))
     console.print(f"database: {db_path}   run folders: {runs_dir}")
     return failures
 

@@ -228,6 +228,8 @@ def final_values_sql(where: str = "TRUE", *, metrics: str = "metrics", agg: str 
 SUMMARY_SQL = f"""
 WITH final_val AS (
     SELECT run_id, value AS val_loss FROM ({final_values_sql("name = 'val_loss'")})
+), final_bpb AS (
+    SELECT run_id, value AS val_bpb FROM ({final_values_sql("name = 'val_bpb'")})
 ), speed AS (
     SELECT run_id, median(value) AS tokens_per_s FROM metrics
     WHERE name = 'tokens_per_s' GROUP BY run_id
@@ -247,12 +249,15 @@ SELECT r.cell_key, any_value(r.label) AS label,
        string_agg(DISTINCT r.status, ',') AS statuses,
        avg(v.val_loss) AS val_loss_mean,
        stddev_samp(v.val_loss) AS val_loss_std,
+       avg(b.val_bpb) AS val_bpb_mean,
+       stddev_samp(b.val_bpb) AS val_bpb_std,
        avg(s.tokens_per_s) AS tokens_per_s,
        max(m.peak_mem_bytes) AS peak_mem_bytes,
        avg(d.kv_bytes_per_token) AS kv_bytes_per_token,
        avg(d.decode_tokens_per_s) AS decode_tokens_per_s
 FROM runs r
 LEFT JOIN final_val v USING (run_id)
+LEFT JOIN final_bpb b USING (run_id)
 LEFT JOIN speed s USING (run_id)
 LEFT JOIN mem m USING (run_id)
 LEFT JOIN decode d USING (run_id)

@@ -15,7 +15,8 @@ Recorded names:
   component or the precision policy adds); step 2 runs under the tensor
   tracker (harness/memory.py) and records peak_tensor_bytes and its parts
   instead of tokens_per_s;
-- every evaluation: val_loss;
+- every evaluation: val_loss, and val_bpb (bits per byte) when the data says which bytes
+  its tokens cover;
 - once: n_params, n_params_non_embedding and the measured/predicted costs
   (step 0); the post-training evaluations' metrics, peak_mem_bytes,
   baseline_rss_bytes, wall_s and mfu (last step).
@@ -35,7 +36,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from .config import Cell
-from .data import Batches, TokenData
+from .data import Batches, TokenData, bits_per_byte
 from .evaluations import TrainedRun, run_evaluations
 from .kernels import KernelBackend, resolve as resolve_kernels
 from .memory import StepMemory, step_memory
@@ -312,10 +313,11 @@ class TrainingRun:
 
 
 def load_data(cell: Cell, registry: Registry) -> TokenData:
-    """The cell's dataset, checked against the context; fills ``model.vocab_size`` when it is 0."""
+    """The cell's tokens, checked against the context; fills ``model.vocab_size`` when it is 0."""
+    from .tokenstore import cell_tokens
+
     mc = cell.model
-    ds = cell.components["dataset"]
-    data: TokenData = registry.get("dataset", ds["name"]).factory(**ds["params"])
+    data = cell_tokens(cell, registry)  # mapped from the token store the parent prepared
     data.check(mc.context)
     if mc.vocab_size == 0:
         mc.vocab_size = data.vocab_size
@@ -364,6 +366,7 @@ def run_info(run: TrainingRun) -> dict[str, Any]:
         "data_fingerprint": run.data.fingerprint,
         "data_description": run.data.description,
         "tokenizer": run.data.tokenizer,
+        **run.data.meta,  # tokenizer params and fingerprint, corpus fingerprint, token store entry
         "vocab_size": mc.vocab_size,
         "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss",
         "device_count": torch.cuda.device_count() if device.type == "cuda" else 1,
@@ -484,6 +487,9 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
         row.update(reported_metrics(step_metrics, ctx))
         if run.dist.is_main and (step % tc.eval_every == 0 or step == tc.steps):
             row["val_loss"] = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device)
+            bpb = bits_per_byte(row["val_loss"], run.batches.val_target_counts(tc.eval_batches))
+            if bpb is not None:
+                row["val_bpb"] = bpb
         sink.log(step, row)
         maybe_checkpoint(run, checkpoint_path, step)
     return step_times

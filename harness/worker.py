@@ -100,6 +100,9 @@ def run_rank(run_dir: Path) -> int:
 def run(run_dir: Path) -> int:
     die_with_parent()
     prepare_kernels(run_dir)
+    from .tokenstore import bind
+
+    bind(run_dir)  # the token store entry the parent prepared for this cell
     if int(os.environ.get("RANK", "0")) != 0:
         return run_rank(run_dir)
     signal.signal(signal.SIGTERM, _on_signal)

@@ -1,23 +1,36 @@
-"""Datasets (axis ``dataset``). Every factory is ``factory(**params)`` -> TokenData.
+"""Datasets (axis ``dataset``). Every factory is ``factory(**params)`` -> TextCorpus or TokenData.
+
+The text datasets (``pystdlib``, ``text_file``, ``hf``) return a
+``TextCorpus``, which the cell's tokenizer (``data.tokenizer``) turns into
+tokens once per store; ``token_bin`` holds token ids already.
 
 ``pystdlib`` is the embedded default: real text that needs no download, the
 Python source of the standard library of the interpreter running abl. Its
 fingerprint (stored with every run) changes with the Python version.
+
+``hf`` reads a local Hugging Face dataset through ``datasets``: a folder
+written by ``save_to_disk``, or parquet / jsonl / json / arrow / csv files.
+Nothing is downloaded (``HF_DATASETS_OFFLINE``), and ``datasets`` is imported
+only when an ``hf`` dataset is loaded.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
+from typing import Any
 
-from abl import DataError, Param, from_documents, from_text_file, from_token_bin, hookimpl
+from abl import DataError, Param, TextCorpus, from_documents, from_text_file, from_token_bin, hookimpl
 
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
 def python_stdlib(max_bytes: int = 8_000_000, val_fraction: float = 0.1):
-    """Byte-level Python standard-library source; whole files split train/val by name hash."""
+    """Python standard-library source; whole files split train/val by name hash."""
     root = Path(sysconfig.get_paths()["stdlib"])
     docs, total = [], 0
     for path in sorted(root.rglob("*.py")):
@@ -41,10 +54,105 @@ def python_stdlib(max_bytes: int = 8_000_000, val_fraction: float = 0.1):
 
 
 def text_file(path: str = "", val_fraction: float = 0.1):
-    """Any local text file, byte-level; the last val_fraction of it is validation."""
+    """Any local text file as one document; the last val_fraction of it is validation."""
     if not path:
         raise DataError("dataset text_file needs a path: [dataset.text_file] path = \"corpus.txt\"")
     return from_text_file(path, val_fraction)
+
+
+# file suffix -> the ``datasets`` builder that reads it
+HF_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow", ".csv": "csv"}
+
+
+def _import_datasets() -> Any:
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # a local dataset: never reach for the Hub
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("dataset hf needs the datasets package: pip install datasets") from None
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    return datasets
+
+
+def _hf_load(path: str) -> Any:
+    """A Dataset or DatasetDict from a save_to_disk folder, or from data files through their builder."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"hf dataset path {path!r} does not exist")
+    datasets = _import_datasets()
+    if p.is_dir() and ((p / "dataset_dict.json").is_file() or (p / "state.json").is_file()):
+        return datasets.load_from_disk(str(p))
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    kinds = {HF_FILE_BUILDERS[f.suffix.lower()] for f in files if f.suffix.lower() in HF_FILE_BUILDERS}
+    if not kinds:
+        raise DataError(f"hf dataset path {path!r} holds no dataset: expected a folder written by "
+                        f"save_to_disk, or {', '.join(HF_FILE_BUILDERS)} files")
+    if len(kinds) > 1:
+        raise DataError(f"hf dataset path {path!r} mixes file kinds ({', '.join(sorted(kinds))}); "
+                        "point path at one kind")
+    builder = kinds.pop()
+    data_files = [str(f) for f in files if HF_FILE_BUILDERS.get(f.suffix.lower()) == builder]
+    cache = tempfile.mkdtemp(prefix="abl-hf-")  # the builder's arrow cache: kept out of ~/.cache, removed
+    try:
+        return datasets.load_dataset(builder, data_files=data_files, cache_dir=cache, keep_in_memory=True)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _hf_split(data: Any, split: str, path: str) -> Any:
+    if hasattr(data, "column_names") and not isinstance(data.column_names, dict):
+        return data  # a single Dataset: the split name does not apply
+    if split not in data:
+        raise DataError(f"hf dataset {path!r} has no split {split!r} (splits: {', '.join(data) or 'none'})")
+    return data[split]
+
+
+def _hf_texts(ds: Any, column: str, path: str, split: str, max_rows: int) -> list[bytes]:
+    if column not in ds.column_names:
+        raise DataError(f"hf dataset {path!r} (split {split!r}) has no column {column!r} "
+                        f"(columns: {', '.join(ds.column_names) or 'none'}); set [dataset.hf] column")
+    if max_rows:
+        ds = ds.select(range(min(max_rows, len(ds))))
+    values = ds[column]
+    docs = []
+    for i, v in enumerate(values):
+        if v is None:
+            continue
+        if not isinstance(v, str):
+            raise DataError(f"hf dataset {path!r} column {column!r} holds {type(v).__name__} values "
+                            f"(row {i}), not text")
+        if v:
+            docs.append(v.encode("utf-8"))
+    if not docs:
+        raise DataError(f"hf dataset {path!r} (split {split!r}) is empty: no text in column {column!r} "
+                        f"({len(values)} rows)")
+    return docs
+
+
+def hf_dataset(path: str = "", column: str = "text", split: str = "train", val_split: str = "",
+               val_fraction: float = 0.1, max_rows: int = 0) -> TextCorpus:
+    """A local Hugging Face dataset's text column: save_to_disk folder, or parquet/jsonl/json/arrow/csv files.
+
+    Validation is ``val_split`` when given, else a ``val_fraction`` of the rows
+    chosen by a hash of the row number (whole documents, as ``pystdlib``).
+    """
+    if not path:
+        raise DataError('dataset hf needs a path: [dataset.hf] path = "my_dataset"')
+    data = _hf_load(path)
+    if val_split and hasattr(data, "column_names") and not isinstance(data.column_names, dict):
+        raise DataError(f"hf dataset {path!r} is a single split; val_split = {val_split!r} does not apply "
+                        "(leave it empty to hold out val_fraction of the rows)")
+    train_docs = _hf_texts(_hf_split(data, split, path), column, path, split, max_rows)
+    name = Path(path).name
+    if val_split:
+        val_docs = _hf_texts(_hf_split(data, val_split, path), column, path, val_split, max_rows)
+        return TextCorpus(train_docs, val_docs,
+                          f"hf dataset {name} ({split}: {len(train_docs)} rows, {val_split}: {len(val_docs)} rows)")
+    corpus = from_documents([(str(i), d) for i, d in enumerate(train_docs)], val_fraction, "")
+    corpus.description = (f"hf dataset {name} ({split}, column {column}: {len(train_docs)} rows, "
+                          f"{sum(map(len, train_docs))} bytes)")
+    return corpus
 
 
 def token_bin(path: str = "", val_path: str = "", vocab_size: int = 0, val_fraction: float = 0.1):
@@ -64,6 +172,14 @@ def register_components(register):
     register("dataset", "text_file", text_file, params={
         "path": Param("", doc="path of a UTF-8 (or any byte) text file"),
         "val_fraction": frac,
+    })
+    register("dataset", "hf", hf_dataset, params={
+        "path": Param("", doc="a save_to_disk folder, or a parquet / jsonl / json / arrow / csv file or folder of them"),
+        "column": Param("text", doc="the column holding the text"),
+        "split": Param("train", doc="the split to train on (a DatasetDict or data files)"),
+        "val_split": Param("", doc="the split to validate on; empty = hold out val_fraction of the rows"),
+        "val_fraction": frac,
+        "max_rows": Param(0, doc="use only the first N rows of each split (0 = all)", min=0),
     })
     register("dataset", "token_bin", token_bin, params={
         "path": Param("", doc="flat uint16 token file (train, or all if val_path is empty)"),
