@@ -94,8 +94,11 @@ def cli(plugins_dir):
 @click.option("--gpus-per-cell", default=0, show_default=True, type=click.IntRange(0),
               help="slurm/ray: GPUs reserved per cell.")
 @click.option("--ray-address", default=None, help="ray: address of an existing cluster (default: start a local one).")
+@click.option("--detect", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EFFECT",
+              help="Also print how many seeds per cell the grid needs to detect this difference of the "
+                   "first summary metric at the observed variance (with --dry-run: from the runs stored so far).")
 def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
-        slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address):
+        slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect):
     """Expand GRID_FILE into cells, validate them all, then train those not yet completed.
 
     Running the same command again resumes the grid: completed cells are
@@ -112,6 +115,10 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         fail(str(exc))
     if dry_run:
         _print_cells(grid)
+        if detect is not None:
+            from .summary import print_detect
+
+            print_detect(grid, Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB), detect)
         return
     from .runner import run_grid
 
@@ -123,7 +130,14 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     except ImportError as exc:
         fail(f"--executor {executor} needs an extra package ({exc.name}): pip install -e '.[distributed]'")
     try:
-        failures = run_grid(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed")
+        if grid.cells[0].train.lr_sweep:
+            from .lr_sweep import run_sweep
+
+            failures = run_sweep(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed",
+                                 detect=detect)
+        else:
+            failures = run_grid(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed",
+                                detect=detect)
     except _user_errors() as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -450,6 +464,15 @@ def bench_kernels(ops, providers, dtypes, passes, size, device, as_json, db_path
         click.echo(f"peak: {rows[0]['peak_basis']}")
     if not no_store:
         click.echo(f"stored {len(rows)} rows in {db_path} (table bench)")
+
+
+def _add_compare() -> None:
+    from .summary import compare  # abl compare: any comparison of stored runs, no training
+
+    cli.add_command(compare)
+
+
+_add_compare()
 
 
 def main() -> None:

@@ -109,7 +109,8 @@ def _json(text: Any, default: Any) -> Any:
 
 
 def load_runs(db_path: str | Path, *, run_ids: list[str] | None = None, experiment: str | None = None,
-              curve_names: tuple[str, ...] = ("val_loss", "train_loss", "elapsed_s")) -> list[Run]:
+              curve_names: tuple[str, ...] = ("val_loss", "train_loss", "elapsed_s"),
+              final_names: tuple[str, ...] = FINAL_NAMES) -> list[Run]:
     """Runs (with their final metrics and curves) by run id or experiment name, read-only."""
     from . import store
 
@@ -136,7 +137,7 @@ def load_runs(db_path: str | Path, *, run_ids: list[str] | None = None, experime
         if ids:
             for rid, name, value in con.execute(
                     store.final_values_sql("list_contains(?, run_id) AND list_contains(?, name)"),
-                    [ids, list(FINAL_NAMES)]).fetchall():
+                    [ids, list(final_names)]).fetchall():
                 by_id[rid].final[name] = value
             for rid, value in con.execute(
                     "SELECT run_id, median(value) FROM metrics WHERE list_contains(?, run_id) "

@@ -37,6 +37,7 @@ import torch
 from .config import Cell
 from .data import Batches, TokenData
 from .evaluations import TrainedRun, run_evaluations
+from .health import unigram_floor
 from .kernels import KernelBackend, resolve as resolve_kernels
 from .memory import StepMemory, step_memory
 from .model import DecoderLM, ForwardContext
@@ -365,6 +366,7 @@ def run_info(run: TrainingRun) -> dict[str, Any]:
         "data_description": run.data.description,
         "tokenizer": run.data.tokenizer,
         "vocab_size": mc.vocab_size,
+        "unigram_floor": unigram_floor(run.data.train, run.data.val, mc.vocab_size),  # abl.health
         "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss",
         "device_count": torch.cuda.device_count() if device.type == "cuda" else 1,
         "processes": run.dist.world,
