@@ -15,14 +15,15 @@ CI and a two-sided p-value,
 - otherwise Welch's unequal-variance t-test (Welch-Satterthwaite degrees of
   freedom).
 
-``compare`` / ``compare_cells`` (CLI summary, report) pick paired or Welch and
-give a verdict: "better" / "worse" (lower loss is better) only when p < alpha;
-otherwise "not distinguishable from baseline"; no multiple-comparison
-correction. With fewer than 2 values on a side there is no test and the
-verdict says so. The dashboard's Compare page calls ``welch`` (vectorised over
-cells, from per-cell summaries) or ``paired`` and adjusts with ``holm``; its
-pages also use ``summarize_groups``, ``t_halfwidth``, ``ema``, ``pareto_mask``
-and ``downsample``.
+``analyse`` (at the end of this module) is the one verdict engine: the
+``abl run`` summary, ``abl compare``, ``abl report`` and the dashboard's
+Compare page all call it (through abl.verdicts), with the same defaults:
+paired by seed when the cells share seeds and data order, else Welch; Holm
+over the comparisons shown; "too few seeds to decide" below MIN_SEEDS seeds,
+with the minimum detectable difference; cells that did not learn are not
+ranked. ``compare`` and ``compare_cells`` are thin wrappers over it. The
+dashboard's other pages use ``summarize_groups``, ``t_halfwidth``, ``ema``,
+``pareto_mask`` and ``downsample``.
 
 numpy + scipy.stats; the frame helpers take pandas objects but do not import
 pandas; nothing here knows torch.
@@ -225,33 +226,15 @@ def welch_test(a: Sequence[float], b: Sequence[float],
 
 def compare(cell: Mapping[Any, float], base: Mapping[Any, float], *, paired: bool | None = None,
             alpha: float = ALPHA, lower_is_better: bool = True, confidence: float = CONFIDENCE) -> Comparison:
-    """Compare a cell's per-seed values with the baseline's (both: seed -> value).
+    """One cell's per-seed values against the baseline's (both: seed -> value), through ``analyse``.
 
-    ``paired=None`` pairs when both ran exactly the same seeds (the caller
-    passes ``paired=False`` when the cells do not share data order).
+    ``paired=None`` pairs when both ran exactly the same seeds; ``paired=False``
+    when the cells do not share data order. One comparison: no correction.
     """
-    c = summarize(cell).values
-    b = summarize(base).values
-    if not c or not b:
-        return Comparison(None, None, None, None, "none", f"{SAME} (no finished runs)",
-                          note="no finished runs on one side")
-    delta = float(np.mean(list(c.values())) - np.mean(list(b.values())))
-    if paired is None:
-        paired = set(c) == set(b)
-    if paired and len(set(c) & set(b)) >= 2:
-        d, lo, hi, p, n = paired_test(c, b, confidence)
-        test, df, note = f"paired t (n={n})", float(n - 1), ""
-        if set(c) != set(b):
-            note = f"paired over the {n} common seeds"
-    elif len(c) >= 2 and len(b) >= 2:
-        _, lo, hi, p, df = welch_test(list(c.values()), list(b.values()), confidence)
-        test, note = "Welch t", ""
-    else:
-        n_min = min(len(c), len(b))
-        return Comparison(delta, None, None, None, "none", f"{SAME} (n={n_min}: no test)",
-                          note=f"n<2 on one side (cell n={len(c)}, baseline n={len(b)}): "
-                               "run more seeds for a test")
-    return Comparison(delta, lo, hi, p, test, _verdict(delta, p, alpha, lower_is_better), note, df)
+    cells = [CellInput("cell", "cell", dict(cell), 0), CellInput("base", "base", dict(base), 0 if paired is not False else 1)]
+    r = analyse(cells, [("cell", "base")], alpha=alpha, correction=NO_CORRECTION,
+                lower_is_better=lower_is_better, confidence=confidence).comparisons[0]
+    return Comparison(r.delta, r.ci_low, r.ci_high, r.p_value, r.test, r.verdict, r.note, r.df)
 
 
 @dataclass
@@ -264,7 +247,8 @@ class CellResult:
 def compare_cells(values: Mapping[Any, Mapping[Any, float]], baseline: Hashable, *,
                   data_keys: Mapping[Any, Hashable] | None = None, alpha: float = ALPHA,
                   lower_is_better: bool = True) -> list[CellResult]:
-    """Summaries and comparisons for every cell, in the given order.
+    """Summaries and comparisons with ``baseline`` for every cell, in the given order (``analyse`` with
+    Holm over the comparisons).
 
     ``values``: cell key -> {seed: final value}. ``data_keys``: cell key ->
     anything identifying its data order apart from the seed (dataset
@@ -273,19 +257,15 @@ def compare_cells(values: Mapping[Any, Mapping[Any, float]], baseline: Hashable,
     """
     if baseline not in values:
         raise KeyError(f"baseline cell {baseline!r} is not among the cells")
+    cells = [CellInput(k, str(k), dict(v), (data_keys or {}).get(k)) for k, v in values.items()]
+    an = analyse(cells, against_baseline(list(values), baseline), alpha=alpha, lower_is_better=lower_is_better)
+    by_a = {r.a: r for r in an.comparisons}
     out = []
-    base = values[baseline]
     for key, vals in values.items():
         s = summarize(vals)
-        if key == baseline:
-            out.append(CellResult(key, s, Comparison(0.0 if s.n else None, None, None, None, BASELINE,
-                                                     BASELINE)))
-            continue
-        same_data = data_keys is None or data_keys.get(key) == data_keys.get(baseline)
-        comp = compare(vals, base, paired=None if same_data else False, alpha=alpha,
-                       lower_is_better=lower_is_better)
-        if not same_data:
-            comp.note = (comp.note + "; " if comp.note else "") + "different data order: not paired"
+        r = by_a.get(key)
+        comp = (Comparison(0.0 if s.n else None, None, None, None, BASELINE, BASELINE) if r is None else
+                Comparison(r.delta, r.ci_low, r.ci_high, r.p_adjusted, r.test, r.verdict, r.note, r.df))
         out.append(CellResult(key, s, comp))
     return out
 
@@ -557,6 +537,7 @@ class ComparisonRow:
     verdict: str
     mdd: float | None = None  # minimum detectable |difference| at the observed variance (power POWER)
     note: str = ""
+    df: float | None = None  # degrees of freedom of the t-test
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -626,6 +607,7 @@ def _one_comparison(a: CellInput, b: CellInput, *, bootstrap: bool, confidence: 
         row.ci_low, row.ci_high, row.p_value = bs["diff_lo"], bs["diff_hi"], bs["p"]
         row.test = f"bootstrap ({'paired' if is_paired else 'unpaired'}, n={min(len(ca), len(cb))})"
     row.mdd = min_detectable(se, df)
+    row.df = df
     return row
 
 
@@ -700,7 +682,9 @@ def by_axis(cells: Sequence[CellInput], axis: str) -> list[tuple[Hashable, Hasha
         for b in cells[i + 1:]:
             if axis not in a.settings or a.settings.get(axis) == b.settings.get(axis):
                 continue
-            others = set(a.settings) | set(b.settings)
-            if all(a.settings.get(k) == b.settings.get(k) for k in others if k != axis):
+            # a setting only one side has (a parameter of a component only it selects) follows from
+            # the selectors, which are compared
+            shared = set(a.settings) & set(b.settings)
+            if all(a.settings[k] == b.settings[k] for k in shared if k != axis):
                 out.append((a.key, b.key))
     return out

@@ -283,7 +283,7 @@ def test_curves_page_mean_band_seeds_axes_and_smoothing(fixture_store):
         assert np.allclose(mean["x"], mean["step"] * mean["cell"].map(per_step))
 
 
-def test_compare_page_cis_welch_and_facets(fixture_store):
+def test_compare_page_cis_tests_and_facets(fixture_store):
     at = app("compare")
     assert [t.value for t in at.title] == ["Compare"]
     assert find(at.selectbox, "Metric").value == "val_loss"
@@ -296,39 +296,45 @@ def test_compare_page_cis_welch_and_facets(fixture_store):
     # the numbers, recomputed from the store with scipy
     from scipy import stats as sps
 
-    vals: dict[str, list[float]] = {}
-    for label, v in fixture_store.sql("""
-            SELECT r.label, arg_max(m.value, m.step) FROM metrics m JOIN runs r USING (run_id)
+    vals: dict[str, dict[int, float]] = {}
+    for label, seed, v in fixture_store.sql("""
+            SELECT r.label, r.seed, arg_max(m.value, m.step) FROM metrics m JOIN runs r USING (run_id)
             WHERE m.name = 'val_loss' AND r.status = 'completed' GROUP BY r.run_id, r.label, r.seed
-            ORDER BY r.seed"""):
-        vals.setdefault(label, []).append(v)
-    base_label = table.loc[table["marker"] == "baseline", "cell"].iloc[0]
+            ORDER BY r.seed""").fetchall():
+        vals.setdefault(label, {})[seed] = v
+    base_label = table.loc[table["verdict"] == "baseline", "cell"].iloc[0]
+    base = vals[base_label]
     for _, row in table.iterrows():
-        x = np.array(vals[row["cell"]])
+        x = np.array(list(vals[row["cell"]].values()))
         lo, hi = sps.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=sps.sem(x))
         assert row["mean"] == pytest.approx(x.mean()) and row["ci_lo"] == pytest.approx(lo)
         assert row["ci_hi"] == pytest.approx(hi)
         if row["cell"] != base_label:
-            p = sps.ttest_ind(x, vals[base_label], equal_var=False).pvalue
+            cell = vals[row["cell"]]
+            if set(cell) == set(base):  # same seeds, same data: paired by seed
+                p = sps.ttest_rel([cell[s] for s in sorted(base)], [base[s] for s in sorted(base)]).pvalue
+            else:
+                p = sps.ttest_ind(list(cell.values()), list(base.values()), equal_var=False).pvalue
             assert row["p"] == pytest.approx(p)
-            assert row["delta"] == pytest.approx(x.mean() - np.mean(vals[base_label]))
-    assert "Welch" in text_of(at)
+            assert row["delta"] == pytest.approx(x.mean() - np.mean(list(base.values())))
+            assert row["verdict"].startswith("too few seeds to decide")  # 2 seeds
+    assert "Welch" in text_of(at) and "no multiple-comparison correction" in text_of(at)
     specs = vega(at)
-    assert len(specs) == 2  # per-cell CIs, differences to the baseline
+    assert len(specs) == 2  # per-cell CIs, differences
     assert {"CSV", "PNG"} <= set(downloads(at))
 
-    # another baseline, and the paired test
-    other = [k for (k,) in fixture_store.sql("SELECT DISTINCT cell_key FROM runs WHERE status = 'completed'")
+    # another baseline, Holm back on
+    other = [k for (k,) in fixture_store.sql("SELECT DISTINCT cell_key FROM runs WHERE status = 'completed'").fetchall()
              if k != baseline.value][0]
     ok(baseline.set_value(other))
     assert at.session_state["baseline"] == other
-    ok(find(at.radio, "Test").set_value("paired"))
-    table = at.dataframe[-1].value
-    base_label = table.loc[table["marker"] == "baseline", "cell"].iloc[0]
-    row = table[table["marker"] != "baseline"].iloc[0]
-    a, b = np.array(vals[row["cell"]]), np.array(vals[base_label])  # seeds 0, 1 in both, in order
-    assert row["p"] == pytest.approx(sps.ttest_rel(a, b).pvalue)
-    assert "paired t-test" in text_of(at)
+    ok(find(at.toggle, "Holm correction").set_value(True))
+    assert "Holm correction over the 2 comparisons" in text_of(at)
+
+    # chosen pairs and one axis: the same engine
+    ok(find(at.radio, "Comparisons").set_value("by"))
+    assert "every pair of cells that differ in" in text_of(at)
+    ok(find(at.radio, "Comparisons").set_value("baseline"))
 
     # group by one axis, facet by another
     ok(find(at.selectbox, "Group by").set_value("model.norm"))
