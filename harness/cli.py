@@ -466,13 +466,44 @@ def bench_kernels(ops, providers, dtypes, passes, size, device, as_json, db_path
         click.echo(f"stored {len(rows)} rows in {db_path} (table bench)")
 
 
-def _add_compare() -> None:
-    from .summary import compare  # abl compare: any comparison of stored runs, no training
+@cli.command()
+@click.argument("source", metavar="EXPERIMENT_OR_GRID")
+@click.option("--db", "db_path", default=None,
+              help=f"DuckDB file to read (default: experiment.db of the grid, else {DEFAULT_DB}).")
+@click.option("--metric", "metrics", multiple=True,
+              help="Metric(s) to compare (repeatable; default: the grid's experiment.summary, else val_loss).")
+@click.option("--baseline", default=None, help="Compare every cell with this one (label, 1-based index or "
+                                              "cell-key prefix; default: experiment.baseline or the first cell).")
+@click.option("--pairs", "pairs", multiple=True, metavar="A,B",
+              help="Compare these two cells, first minus second (repeatable), e.g. --pairs 3,4.")
+@click.option("--by", "by", default=None, metavar="PATH",
+              help="Compare every pair of cells that differ in this setting only, e.g. --by model.ffn.")
+@click.option("--bootstrap", is_flag=True, help="Percentile-bootstrap CIs and p-values (non-normal cells).")
+@click.option("--correction", type=click.Choice(["holm", "none"]), default="holm", show_default=True,
+              help="Multiple-comparison correction over the comparisons shown.")
+@click.option("--detect", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EFFECT",
+              help="Also print how many seeds per cell would detect this difference at the observed variance.")
+@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Overrides used when the grid was run (so the same cells are found).")
+def compare(source, db_path, metrics, baseline, pairs, by, bootstrap, correction, detect, as_json, overrides):
+    """Compare the stored runs of an experiment (or grid file) any way you like; nothing is trained.
 
-    cli.add_command(compare)
+    Same tests as the run summary, the report and the dashboard: paired by
+    seed when the cells share seeds and data order, else Welch; Holm over the
+    comparisons shown; fewer than 3 seeds: too few to decide, with the minimum
+    detectable difference; cells that did not learn are not ranked.
+    """
+    from .report import ReportError
+    from .summary import run_compare
+    from .verdicts import VerdictError
 
-
-_add_compare()
+    try:
+        run_compare(source, db_path=db_path, default_db=DEFAULT_DB, registry=_registry, metrics=metrics,
+                    baseline=baseline, pairs=pairs, by=by, bootstrap=bootstrap, correction=correction,
+                    detect=detect, as_json=as_json, overrides=overrides)
+    except _user_errors() + (ReportError, VerdictError) as exc:
+        fail(str(exc))
 
 
 def main() -> None:

@@ -616,6 +616,22 @@ def load_grid(
     return expand(raw, registry, source=str(path), max_cells=max_cells)
 
 
+def check_lr_sweep(values: Any, seeds: list, grid_paths: list[str]) -> list[str]:
+    """Problems with ``train.lr_sweep`` in a grid (abl.lr_sweep runs it)."""
+    errs = []
+    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               and 0 < v < float("inf") for v in values):
+        errs.append(f"train.lr_sweep must be a list of positive learning rates, got {values!r}")
+    elif len(set(values)) != len(values):
+        errs.append(f"train.lr_sweep has duplicates: {values!r}")
+    if len(seeds) < 2:
+        errs.append(f"train.lr_sweep needs at least 2 seeds (the first tunes, the others compare); "
+                    f"experiment.seeds = {seeds!r}")
+    if "train.lr" in grid_paths:
+        errs.append("train.lr is both a grid axis and swept by train.lr_sweep; use one of them")
+    return errs
+
+
 def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int | None = None) -> Grid:
     errs = _check_structure(raw, registry)
     axes, excludes, gerrs = _parse_grid(raw, registry)
@@ -650,9 +666,7 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
             seen.add(cell.run_id)
             cells.append(cell)
     if not errs and cells and cells[0].train.lr_sweep:
-        from .lr_sweep import check_sweep
-
-        errs += [f"{source}: {m}" for m in check_sweep(cells[0].train.lr_sweep, exp.seeds, paths)]
+        errs += [f"{source}: {m}" for m in check_lr_sweep(cells[0].train.lr_sweep, exp.seeds, paths)]
     if not errs and cells and cells[0].train.match != "none":
         from .matching import match_cells
 

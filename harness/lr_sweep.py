@@ -32,22 +32,6 @@ from .config import Cell, ConfigError, Grid, config_hash, expand
 TUNING_SUFFIX = ".lr_tuning"
 
 
-def check_sweep(values: Any, seeds: list, grid_paths: list[str]) -> list[str]:
-    """Problems with ``train.lr_sweep`` in a grid (reported before any training)."""
-    errs = []
-    if not isinstance(values, list) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v) for v in values):
-        errs.append(f"train.lr_sweep must be a list of positive learning rates, got {values!r}")
-    elif len(set(values)) != len(values):
-        errs.append(f"train.lr_sweep has duplicates: {values!r}")
-    if len(seeds) < 2:
-        errs.append(f"train.lr_sweep needs at least 2 seeds (the first tunes, the others compare); "
-                    f"experiment.seeds = {seeds!r}")
-    if "train.lr" in grid_paths:
-        errs.append("train.lr is both a grid axis and swept by train.lr_sweep; use one of them")
-    return errs
-
-
 def _raw(grid: Grid) -> dict:
     raw = copy.deepcopy(grid.raw)
     raw.setdefault("train", {})["lr_sweep"] = []

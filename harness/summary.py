@@ -102,82 +102,55 @@ def print_detect(grid, db_path: Path, detect: float) -> None:
     Console().print(verdicts.seeds_for_effect(cells, detect, max(1, len(order) - 1)), soft_wrap=True)
 
 
-@click.command()
-@click.argument("source", metavar="EXPERIMENT_OR_GRID")
-@click.option("--db", "db_path", default=None, help="DuckDB file to read (default: experiment.db of the grid, "
-                                                    "else results/abl.duckdb).")
-@click.option("--metric", "metrics", multiple=True,
-              help="Metric(s) to compare (repeatable; default: the grid's experiment.summary, else val_loss).")
-@click.option("--baseline", default=None, help="Compare every cell with this one (label, 1-based index or "
-                                              "cell-key prefix; default: experiment.baseline or the first cell).")
-@click.option("--pairs", "pairs", multiple=True, metavar="A,B",
-              help="Compare these two cells (repeatable), e.g. --pairs swiglu,geglu or --pairs 3,4.")
-@click.option("--by", "by", default=None, metavar="PATH",
-              help="Compare every pair of cells that differ in this setting only, e.g. --by model.ffn.")
-@click.option("--bootstrap", is_flag=True, help="Percentile-bootstrap CIs and p-values (non-normal cells).")
-@click.option("--correction", type=click.Choice([stats.HOLM, stats.NO_CORRECTION]), default=stats.HOLM,
-              show_default=True, help="Multiple-comparison correction over the comparisons shown.")
-@click.option("--detect", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Also print how many seeds per cell would detect this difference at the observed variance.")
-@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Overrides used when the grid was run (so the same cells are found).")
-def compare(source, db_path, metrics, baseline, pairs, by, bootstrap, correction, detect, as_json, overrides):
-    """Compare the stored runs of an experiment (or grid file) any way you like; nothing is trained.
-
-    Same tests everywhere: paired by seed when the cells share seeds and data
-    order, else Welch; Holm over the comparisons shown; fewer than 3 seeds:
-    too few to decide, with the minimum detectable difference.
-    """
+def run_compare(source: str, *, db_path: str | None, default_db: str, registry, metrics: Sequence[str] = (),
+                baseline: str | None = None, pairs: Sequence[str] = (), by: str | None = None,
+                bootstrap: bool = False, correction: str = stats.HOLM, detect: float | None = None,
+                as_json: bool = False, overrides: Sequence[str] = ()) -> None:
+    """``abl compare``: raises a user error (ConfigError, ReportError, VerdictError, ...) for bad input."""
     from rich.console import Console
 
-    from .cli import DEFAULT_DB, _registry, _user_errors, fail
-    from .report import ReportError
+    from .config import load_grid, resolve_grid_path
+    from .report import ReportError, experiments
 
-    errors = _user_errors() + (ReportError, verdicts.VerdictError)
-    try:
-        order, exp_baseline = None, None
-        from .config import load_grid, resolve_grid_path
-
-        if Path(source).is_file() or (source.endswith(".toml") and resolve_grid_path(source).is_file()):
-            grid = load_grid(source, _registry(), list(overrides))
-            exp = grid.cells[0].experiment
-            db = Path(db_path or exp.db or DEFAULT_DB)
-            metrics = list(metrics) or list(exp.summary)
-            runs = load(db, run_ids=[c.run_id for c in grid.cells], metrics=metrics)
-            order = list(dict.fromkeys(c.cell_key for c in grid.cells))
-            exp_baseline, name = exp.baseline or None, exp.name
-            if not runs and not grid.cells[0].train.lr_sweep:
-                fail(f"no run of {source} as it resolves now is in {db}: abl run {source} first")
-            if grid.cells[0].train.lr_sweep:  # the phase-2 runs are found by experiment
-                runs = load(db, experiment=name, metrics=metrics)
+    order, exp_baseline = None, None
+    if Path(source).is_file() or (source.endswith(".toml") and resolve_grid_path(source).is_file()):
+        grid = load_grid(source, registry(), list(overrides))
+        exp = grid.cells[0].experiment
+        db = Path(db_path or exp.db or default_db)
+        metrics = list(metrics) or list(exp.summary)
+        order = list(dict.fromkeys(c.cell_key for c in grid.cells))
+        exp_baseline, name = exp.baseline or None, exp.name
+        if grid.cells[0].train.lr_sweep:  # the phase-2 runs (abl.lr_sweep) are found by experiment
+            runs = load(db, experiment=name, metrics=metrics)
         else:
-            db = Path(db_path or DEFAULT_DB)
-            metrics = list(metrics) or ["val_loss"]
-            runs = load(db, experiment=source, metrics=metrics)
-            name = source
+            runs = load(db, run_ids=[c.run_id for c in grid.cells], metrics=metrics)
         if not runs:
-            from .report import experiments
-
-            fail(f"no runs of {source!r} in {db}; experiments there: {', '.join(experiments(db)) or 'none'}")
-        if as_json:
-            out: list[dict[str, Any]] = []
-            for m in metrics:
-                cells, an, what = verdicts.analyse_runs(runs, metric=m, order=order,
-                                                        baseline=baseline or exp_baseline, pairs=pairs, by=by,
-                                                        bootstrap=bootstrap, correction=correction)
-                out.append({"metric": m, "comparisons_of": what, "method": an.method,
-                            "cells": [{**r.__dict__, "health": r.health.__dict__} for r in an.cells],
-                            "comparisons": [c.as_dict() for c in an.comparisons]})
-            click.echo(json.dumps(out, indent=1, default=str))
-            return
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=max(console.width, 200))
-        render(console, runs, metrics=metrics, title=name, order=order, baseline=baseline or exp_baseline,
-               pairs=pairs, by=by, bootstrap=bootstrap, correction=correction)
-        if detect is not None:
-            cells = verdicts.cell_inputs(runs, metrics[0], order)
-            console.print(verdicts.seeds_for_effect(cells, detect, max(1, len(cells) - 1)), soft_wrap=True)
-    except errors as exc:
-        fail(str(exc))
+            raise ReportError(f"no run of {source} as it resolves now is in {db}: abl run {source} first")
+    else:
+        if source.endswith(".toml"):
+            raise ReportError(f"{source}: no such grid file")
+        db = Path(db_path or default_db)
+        metrics = list(metrics) or ["val_loss"]
+        runs = load(db, experiment=source, metrics=metrics)
+        name = source
+        if not runs:
+            raise ReportError(f"no runs of experiment {source!r} in {db}; experiments there: "
+                              f"{', '.join(experiments(db)) or 'none'}")
+    if as_json:
+        out: list[dict[str, Any]] = []
+        for m in metrics:
+            _, an, what = verdicts.analyse_runs(runs, metric=m, order=order, baseline=baseline or exp_baseline,
+                                                pairs=pairs, by=by, bootstrap=bootstrap, correction=correction)
+            out.append({"metric": m, "comparisons_of": what, "method": an.method,
+                        "cells": [{**r.__dict__, "health": r.health.__dict__} for r in an.cells],
+                        "comparisons": [c.as_dict() for c in an.comparisons]})
+        click.echo(json.dumps(out, indent=1, default=str))
+        return
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 200))
+    render(console, runs, metrics=metrics, title=name, order=order, baseline=baseline or exp_baseline,
+           pairs=pairs, by=by, bootstrap=bootstrap, correction=correction)
+    if detect is not None:
+        cells = verdicts.cell_inputs(runs, metrics[0], order)
+        console.print(verdicts.seeds_for_effect(cells, detect, max(1, len(cells) - 1)), soft_wrap=True)
