@@ -2,6 +2,7 @@
 layer give the same p-values and verdicts as a direct computation from the store."""
 
 import json
+import math
 import time
 import zlib
 
@@ -309,3 +310,86 @@ def test_two_seeds_are_too_few_to_decide_and_detect_says_how_many(tmp_path, monk
     assert "seeds per cell needed to detect |Δ| = 0.005" in r.output and "paired" in r.output
     n = int(r.output.split("--detect 0.005: ")[1].split()[0])
     assert n >= 3
+
+
+POST_LN = """
+# Post-LN at lr 1e-2 without warm-up: it sits at the unigram loss (3.26 nats on pystdlib) while the same
+# stack with pre-LN learns (issue 14). Seed 0; 100 steps are enough to tell them apart.
+[experiment]
+name = "post-ln-health"
+seeds = [0]
+[model]
+d_model = 64
+n_layers = 4
+n_heads = 4
+context = 128
+norm = "layernorm"
+ffn = "gelu"
+[train]
+steps = 100
+batch_size = 16
+lr = 1e-2
+warmup_steps = 0
+eval_every = 100
+eval_batches = 2
+threads = 1
+[eval]
+decode = false
+extrapolation = false
+[grid]
+"model.block" = ["post", "pre"]
+"""
+
+
+@pytest.mark.slow
+def test_post_ln_at_a_high_lr_without_warmup_did_not_learn_and_is_not_ranked(tmp_path):
+    import duckdb
+
+    from conftest import run_abl
+
+    (tmp_path / "grid.toml").write_text(POST_LN)
+    db = tmp_path / "abl.duckdb"
+    r = run_abl(["run", "grid.toml", "--db", str(db), "--workers", "2"], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    con = duckdb.connect(str(db), read_only=True)
+    got = dict(((label, name), v) for label, name, v in con.execute("""
+        SELECT r.label, m.name, arg_max(m.value, m.step) FROM runs r JOIN metrics m USING (run_id)
+        WHERE m.name IN ('val_loss', 'unigram_floor', 'did_not_learn') GROUP BY r.label, m.name""").fetchall())
+    con.close()
+    floor = got[("block=post", "unigram_floor")]
+    assert 3.0 < floor < 3.6  # byte-level Python source
+    assert got[("block=post", "did_not_learn")] == 1 and got[("block=post", "val_loss")] > floor - 0.1
+    assert got[("block=pre", "did_not_learn")] == 0 and got[("block=pre", "val_loss")] < floor - 0.3
+    # the run summary says so and ranks only the cell that learned
+    assert "did not learn" in r.stdout
+    out = json.loads(run_abl(["compare", "grid.toml", "--db", str(db), "--json"], cwd=tmp_path).stdout)[0]
+    cells = {c["label"]: c for c in out["cells"]}
+    assert cells["block=post"]["rank"] is None and cells["block=post"]["status"].startswith("did not learn")
+    assert cells["block=pre"]["rank"] == 1
+    assert [c["verdict"] for c in out["comparisons"]] == ["did not learn (block=post)"]
+
+
+def test_the_summary_shows_the_grids_metrics_and_tests_each_loss():
+    from rich.console import Console
+
+    from abl.summary import render
+    from abl.verdicts import RunRecord
+
+    runs = []
+    for pos, x2 in (("rope", 2.6), ("alibi", 2.1), ("learned", None)):
+        for seed in range(3):
+            final = {"val_loss": 2.0 + 0.01 * seed + (0.05 if pos == "learned" else 0), "kv_bytes_per_token": 512.0}
+            if x2 is not None:
+                final["val_loss_x2"] = x2 + 0.02 * math.sin(seed + len(pos))
+            runs.append(RunRecord(pos, f"position={pos}", seed, "completed", {"model": {"position": pos}},
+                                  "f", final))
+    console = Console(record=True, width=300)
+    analyses = render(console, runs, metrics=["val_loss", "val_loss_x2", "kv_bytes_per_token"], title="position")
+    text = console.export_text()
+    assert len(analyses) == 2  # val_loss and val_loss_x2 get verdicts; KV bytes is a column
+    assert "position: val_loss_x2, each cell minus the baseline position=rope" in text
+    assert "val_loss_x2" in text.splitlines()[1] or any("val_loss_x2" in ln and "kv_bytes" in ln
+                                                         for ln in text.splitlines())
+    x2 = {c.a_label: c for c in analyses[1].comparisons}
+    assert x2["position=alibi"].verdict == "better"
+    assert x2["position=learned"].verdict == "no finished runs"
