@@ -368,6 +368,7 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
                         else f": abl run {source} first")
                 fail(f"no run of {source} as it resolves now is in {db}{hint}")
             order = list(dict.fromkeys(c.cell_key for c in grid.cells))
+            baseline = baseline or grid.cells[0].experiment.baseline or None  # a display choice (abl.verdicts)
             missing = len(set(run_ids) - {r.run_id for r in runs})
             name, raw = grid.cells[0].experiment.name, grid.raw
         else:

@@ -502,6 +502,7 @@ class CellInput:
     data_key: Hashable = None
     health: Health = field(default_factory=Health)
     settings: dict = field(default_factory=dict)  # flattened config (for --by); optional
+    statuses: dict = field(default_factory=dict)  # run status -> count (every run of the cell)
 
 
 @dataclass

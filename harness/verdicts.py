@@ -110,7 +110,14 @@ def cell_inputs(runs: Sequence[RunLike], metric: str = "val_loss",
             key=k, label=rs[0].label or k[:8], values=values,
             data_key=data_key(done[0]) if done else None,
             health=_health(done) if metric_is_loss(metric) else stats.Health(),
-            settings=settings(rs[0].config)))
+            settings=settings(rs[0].config), statuses=_count(r.status for r in rs)))
+    return out
+
+
+def _count(items) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
     return out
 
 
@@ -230,8 +237,8 @@ def seeds_for_effect(cells: Sequence[stats.CellInput], effect: float, comparison
     """A sentence: how many seeds per cell the grid needs to detect ``effect`` (abl run --detect)."""
     sd, is_paired, n = observed_sd(cells)
     if sd is None:
-        return (f"--detect {effect:g}: no cell has 2 completed seeds yet, so there is no observed variance; "
-                "run the grid with at least 2 seeds first")
+        return (f"--detect {effect:g}: no cell that learned has 2 completed seeds yet, so there is no observed "
+                "variance; run the grid with at least 2 seeds first")
     need = stats.seeds_needed(sd, effect, paired=is_paired, comparisons=comparisons)
     kind = "per-seed differences between cells (paired by seed)" if is_paired else "seeds within a cell (Welch)"
     where = (f"at the observed sd {sd:.4g} of {kind}, over {n} cells; two-sided, alpha {stats.ALPHA}"
@@ -282,13 +289,17 @@ def cells_table(cells: Sequence[stats.CellInput], analysis: stats.Analysis, titl
     for col in ("rank", "cell", "seeds", "mean ± std", "95% CI", *extra, *(["lr"] if lr else []), "health"):
         table.add_column(col, no_wrap=col not in ("cell", "health"))
     rows = sorted(analysis.cells, key=lambda r: (r.rank is None, r.rank or 0))
+    by_key = {c.key: c for c in cells}
     for r in rows:
+        statuses = by_key[r.key].statuses if r.key in by_key else {}
+        runs = sum(statuses.values()) or r.n
+        others = ", ".join(f"{n} {st}" for st, n in statuses.items() if st != COMPLETED)
         ms = _f(r.mean) + ("" if r.std is None else f" ± {_f(r.std)}")
         ci = "-" if r.ci_low is None else f"[{_f(r.ci_low)}, {_f(r.ci_high)}]"
-        table.add_row("-" if r.rank is None else str(r.rank), r.label, str(r.n), ms, ci,
+        table.add_row("-" if r.rank is None else str(r.rank), r.label, f"{r.n}/{runs}", ms, ci,
                       *[_value(m, extra[m].get(r.key)) for m in extra],
                       *([f"{lr[r.key]:g}" if lr.get(r.key) is not None else "-"] if lr else []),
-                      r.status or health_text(r.health))
+                      "; ".join(x for x in (r.status or health_text(r.health), others) if x and x != "-") or "-")
     return table
 
 

@@ -294,6 +294,7 @@ def test_compare_page_cis_tests_and_facets(fixture_store):
     assert len(table) == 3  # the diverged cell has no completed run
     assert list(table["mean"]) == sorted(table["mean"])  # best first
     # the numbers, recomputed from the store with scipy
+    import pandas as pd
     from scipy import stats as sps
 
     vals: dict[str, dict[int, float]] = {}
@@ -313,9 +314,9 @@ def test_compare_page_cis_tests_and_facets(fixture_store):
         assert row["mean"] == pytest.approx(x.mean()) and row["ci_lo"] == pytest.approx(lo)
         assert row["ci_hi"] == pytest.approx(hi)
         if row["cell"] in stuck:  # at the unigram floor after 16 steps: not ranked, not tested
-            assert row["health"].startswith("did not learn") and np.isnan(row["rank"])
+            assert row["health"].startswith("did not learn") and pd.isna(row["rank"])
         if row["cell"] != base_label and (row["cell"] in stuck or base_label in stuck):
-            assert row["verdict"].startswith("did not learn") and np.isnan(row["p"])
+            assert row["verdict"].startswith("did not learn") and pd.isna(row["p"])
         elif row["cell"] != base_label:
             cell = vals[row["cell"]]
             if set(cell) == set(base):  # same seeds, same data: paired by seed

@@ -135,6 +135,8 @@ summ["marker"] = ["baseline" if k == baseline else
                   ("not ranked" if by_a.get(k) and by_a[k].verdict.startswith(stats.DID_NOT_LEARN) else
                    stats.stars(by_a[k].p_adjusted if by_a[k].p_adjusted is not None else np.nan)
                    if k in by_a else "") for k in summ["cell_key"]]
+for col in ("rank", "delta", "p", "p_holm"):
+    summ[col] = pd.to_numeric(summ[col], errors="coerce")
 base_mean = float(summ.loc[summ["cell_key"] == baseline, "mean"].iloc[0]) if baseline in set(summ["cell_key"]) \
     else None
 summ["baseline"] = base_mean
