@@ -576,7 +576,7 @@ def _one_comparison(a: CellInput, b: CellInput, *, bootstrap: bool, confidence: 
     row = ComparisonRow(a.key, b.key, a.label, b.label, len(ca), len(cb), None, None, None, None, None,
                         "none", "")
     if not ca or not cb:
-        row.verdict, row.note = "no finished runs", "no completed run on one side"
+        row.verdict, row.note = "no value to compare", "no completed run with a finite value of this metric on one side"
         return row
     row.delta = float(np.mean(list(ca.values())) - np.mean(list(cb.values())))
     same_data = a.data_key == b.data_key

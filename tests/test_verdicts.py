@@ -392,4 +392,4 @@ def test_the_summary_shows_the_grids_metrics_and_tests_each_loss():
                                                          for ln in text.splitlines())
     x2 = {c.a_label: c for c in analyses[1].comparisons}
     assert x2["position=alibi"].verdict == "better"
-    assert x2["position=learned"].verdict == "no finished runs"
+    assert x2["position=learned"].verdict == "no value to compare"
