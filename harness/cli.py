@@ -114,7 +114,15 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     except _user_errors() as exc:
         fail(str(exc))
     if dry_run:
-        _print_cells(grid)
+        if grid.cells[0].train.lr_sweep:  # abl.lr_sweep: phase 2's cells depend on phase 1's results
+            from .lr_sweep import tuning_grid
+
+            seeds = grid.cells[0].experiment.seeds
+            click.echo(f"lr sweep: phase 1 (below) trains every cell at each lr of train.lr_sweep on seed "
+                       f"{seeds[0]}; phase 2 then trains each variant at its own best lr on seeds {seeds[1:]}")
+            _print_cells(tuning_grid(grid, registry))
+        else:
+            _print_cells(grid)
         if detect is not None:
             from .summary import print_detect
 

@@ -129,3 +129,16 @@ def test_shipped_grids_name_their_summary_metrics():
     assert load_grid("ablations/position.toml", reg).cells[0].experiment.summary == \
         ["val_loss", "val_loss_x2", "val_loss_x4"]
     assert "kv_bytes_per_token" in load_grid("ablations/attention.toml", reg).cells[0].experiment.summary
+
+
+def test_dry_run_shows_the_tuning_phase(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from abl.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.toml").write_text(GRID)
+    r = CliRunner().invoke(cli, ["run", "g.toml", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "phase 1" in r.output and "6 runs" in r.output and "train.lr" in r.output
+    assert not (tmp_path / "results").exists()
