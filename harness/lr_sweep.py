@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .config import Cell, ConfigError, Grid, config_hash, expand
+from .config import Cell, Grid, config_hash, expand
 
 TUNING_SUFFIX = ".lr_tuning"
 
@@ -104,13 +104,17 @@ def best_lrs(results: dict[str, dict[float, tuple[float | None, str]]]) -> tuple
 
 def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None, retry_failed: bool = False,
               console=None, detect: float | None = None) -> int:
-    """Both phases; returns the runs that did not complete. Prints which LR each variant got."""
+    """Both phases; returns the runs that did not complete plus the variants left without a usable learning
+    rate (so ``abl run`` exits 1 for either). Prints which LR each variant got."""
     from rich.console import Console
     from rich.table import Table
 
     from .runner import run_grid
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=max(console.width, 200))
     tuning = tuning_grid(grid, registry)
     console.print(f"[bold]lr sweep[/]: phase 1 tunes every cell at lr in {grid.cells[0].train.lr_sweep} on seed "
                   f"{grid.cells[0].experiment.seeds[0]} (experiment {tuning.cells[0].experiment.name})")
@@ -134,11 +138,13 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
         table.add_row(label, *cells)
     console.print(table)
     if missing:
-        console.print(f"[red]{len(missing)} variant(s) have no usable tuning run and are left out of phase 2[/]")
+        console.print(f"[red]{len(missing)} variant(s) have no usable tuning run (none completed and learned) "
+                      "and are left out of phase 2[/]")
     if not best:
-        raise ConfigError("lr sweep: no variant has a usable tuning run; nothing to compare")
+        console.print("[red]lr sweep: no variant has a usable tuning run; phase 2 not started[/]")
+        return failures + len(missing)
     final = final_grid(grid, registry, best)
     console.print(f"[bold]lr sweep[/]: phase 2 trains each variant at its own best lr on seeds "
                   f"{grid.cells[0].experiment.seeds[1:]}")
-    return failures + run_grid(final, registry, db_path, runs_dir, executor=executor, retry_failed=retry_failed,
-                               console=console, detect=detect)
+    return failures + len(missing) + run_grid(final, registry, db_path, runs_dir, executor=executor,
+                                              retry_failed=retry_failed, console=console, detect=detect)

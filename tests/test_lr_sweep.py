@@ -34,15 +34,16 @@ class FakeExecutor:
 
     name = "fake"
 
-    def __init__(self):
+    def __init__(self, loss=None):
         self.running = []
         self.trained = []
+        self.loss = loss or LOSS
 
     def run(self, jobs, on_progress, on_done):
         for job in jobs:
             c = job.cell
             self.trained.append((c.experiment.name, c.model.ffn, c.train.lr, c.seed))
-            final = LOSS[(c.model.ffn, round(c.train.lr, 6))] + 0.01 * math.sin(3 * c.seed) + 0.001 * c.seed
+            final = self.loss[(c.model.ffn, round(c.train.lr, 6))] + 0.01 * math.sin(3 * c.seed) + 0.001 * c.seed
             lines = [{"step": s, "train_loss": final + 1 / s} for s in range(1, 11)] + \
                     [{"step": 10, "val_loss": final}]
             (job.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
@@ -142,3 +143,26 @@ def test_dry_run_shows_the_tuning_phase(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert "phase 1" in r.output and "6 runs" in r.output and "train.lr" in r.output
     assert not (tmp_path / "results").exists()
+
+
+def test_no_variant_that_learned_means_no_phase_2(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from abl.config import load_grid
+    from abl.lr_sweep import run_sweep
+    from abl.plugin_manager import get_registry
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.toml").write_text(GRID)
+    reg = get_registry()
+    grid = load_grid(tmp_path / "g.toml", reg)
+    stuck = {k: 3.3 for k in LOSS}  # every tuning run at the unigram floor (3.26): none learned
+    stuck[("gelu", 3e-3)] = 2.5  # except gelu at 3e-3
+    ex = FakeExecutor(stuck)
+    console = Console(record=True, width=250)
+    failures = run_sweep(grid, reg, tmp_path / "r" / "abl.duckdb", tmp_path / "r" / "runs", executor=ex,
+                         console=console)
+    assert failures == 1  # swiglu has no usable learning rate
+    assert sorted(t[1:] for t in ex.trained if t[0] == "sweep") == [("gelu", 3e-3, s) for s in (1, 2, 3)]
+    text = console.export_text()
+    assert "did not learn" in text and "left out of phase 2" in text
