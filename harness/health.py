@@ -16,8 +16,10 @@ Three figures per run, beside its losses in the store:
   rank it as a normal result (abl.stats.analyse).
 - ``loss_spikes`` and ``max_loss_spike``: a spike is a training step whose
   ``train_loss`` exceeds the median of the previous ``SPIKE_WINDOW`` steps by
-  more than ``max(SPIKE_MIN_NATS, SPIKE_REL * that median)``; consecutive
-  spiking steps are one spike. ``max_loss_spike`` is the largest such excess
+  more than ``max(SPIKE_MIN_NATS, SPIKE_REL * that median, SPIKE_SIGMAS *
+  their robust standard deviation)`` (the last term keeps the batch-to-batch
+  noise of small batches from counting); consecutive spiking steps are one
+  spike. ``max_loss_spike`` is the largest such excess
   over the whole run (0 when the loss never rose above its recent median).
 
 All four become metric rows when the run's folder is ingested
@@ -35,6 +37,7 @@ DID_NOT_LEARN_MARGIN = 0.1  # nats
 SPIKE_WINDOW = 10
 SPIKE_MIN_NATS = 0.1
 SPIKE_REL = 0.1
+SPIKE_SIGMAS = 6.0  # robust standard deviations of the window (1.4826 x median absolute deviation)
 
 HEALTH_METRICS = ("unigram_floor", "did_not_learn", "loss_spikes", "max_loss_spike")
 
@@ -53,15 +56,17 @@ def did_not_learn(final_val_loss: float, floor: float, margin: float = DID_NOT_L
 
 
 def loss_spikes(losses: Iterable[float], window: int = SPIKE_WINDOW, min_nats: float = SPIKE_MIN_NATS,
-                rel: float = SPIKE_REL) -> tuple[int, float]:
+                rel: float = SPIKE_REL, sigmas: float = SPIKE_SIGMAS) -> tuple[int, float]:
     """(number of spikes, largest excess over the running median) of a training-loss series in step order."""
     x = np.asarray([v for v in losses if v is not None and math.isfinite(v)], dtype=float)
     count, biggest, inside = 0, 0.0, False
     for t in range(1, len(x)):
-        ref = float(np.median(x[max(0, t - window):t]))
+        w = x[max(0, t - window):t]
+        ref = float(np.median(w))
+        noise = 1.4826 * float(np.median(np.abs(w - ref)))
         excess = x[t] - ref
         biggest = max(biggest, excess)
-        spiking = excess > max(min_nats, rel * abs(ref))
+        spiking = excess > max(min_nats, rel * abs(ref), sigmas * noise)
         if spiking and not inside:
             count += 1
         inside = spiking
