@@ -23,6 +23,7 @@ Nothing here imports Streamlit; the app caches these functions.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -37,6 +38,9 @@ import duckdb
 import pandas as pd
 
 from abl import rundir
+from abl.health import HEALTH_METRICS
+from abl.stats import HOLM, Analysis, CellInput
+from abl.verdicts import RunRecord, analyse_runs
 from abl.rundir import COMPLETED, NOT_COMPLETED, RUNNING, STATUSES, TERMINAL
 from abl.store import FINAL_VALUE, LAST_STEP, final_values_sql
 
@@ -524,6 +528,48 @@ def cell_values(store: Store, sel: Selection, metric: str, completed_only: bool 
         WHERE f.value IS NOT NULL AND isfinite(f.value)
         ORDER BY r.cell_key, r.seed
     """, [*params, *status, metric], live=live)
+
+
+def verdict_runs(store: Store, sel: Selection, metric: str) -> list[RunRecord]:
+    """The selected runs as abl.verdicts records: each with its final ``metric`` and health figures."""
+    where, params = sel.where()
+    runs_df = store.query(f"""
+        SELECT r.run_id, r.cell_key, r.label, r.seed, r.status, r.config, r.data_fingerprint
+        FROM runs r WHERE {where} ORDER BY r.started NULLS LAST, r.run_id
+    """, params)
+    if runs_df.empty:
+        return []
+    finals = store.query(f"""
+        SELECT run_id, name, value FROM ({final_values_sql(
+            "name = ? AND run_id IN (SELECT run_id FROM runs r WHERE " + where + ")",
+            agg=AGGREGATES[metric_info(metric).agg])})
+        UNION ALL
+        SELECT run_id, name, value FROM ({final_values_sql(
+            "list_contains(?, name) AND run_id IN (SELECT run_id FROM runs r WHERE " + where + ")")})
+    """, [metric, *params, list(HEALTH_METRICS), *params])
+    by_run: dict[str, dict[str, float]] = {}
+    for rid, name, value in finals.itertuples(index=False):
+        if value is not None and not pd.isna(value):
+            by_run.setdefault(rid, {})[name] = float(value)
+    out = []
+    for r in runs_df.itertuples(index=False):
+        config = r.config if isinstance(r.config, dict) else json.loads(r.config or "{}")
+        out.append(RunRecord(cell_key=r.cell_key or r.run_id, label=r.label or "", seed=int(r.seed),
+                             status=r.status, config=config, data_fingerprint=r.data_fingerprint or "unknown",
+                             final=by_run.get(r.run_id, {})))
+    return out
+
+
+def verdicts(store: Store, sel: Selection, metric: str = "val_loss", *, baseline: str | None = None,
+             pairs: Sequence[str] = (), by: str | None = None, bootstrap: bool = False,
+             correction: str = HOLM) -> tuple[list[CellInput], Analysis, str]:
+    """The verdict table of the selected runs: abl.verdicts.analyse_runs, as the CLI and the report do.
+
+    Cells in the order their first run started (the grid's order when one
+    grid ran them); the baseline, pairs or axis as in ``abl compare``.
+    """
+    return analyse_runs(verdict_runs(store, sel, metric), metric=metric, baseline=baseline, pairs=pairs, by=by,
+                        bootstrap=bootstrap, correction=correction)
 
 
 def curves(store: Store, run_ids: Sequence[str], metric: str, with_elapsed: bool = False,

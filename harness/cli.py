@@ -94,8 +94,11 @@ def cli(plugins_dir):
 @click.option("--gpus-per-cell", default=0, show_default=True, type=click.IntRange(0),
               help="slurm/ray: GPUs reserved per cell.")
 @click.option("--ray-address", default=None, help="ray: address of an existing cluster (default: start a local one).")
+@click.option("--detect", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EFFECT",
+              help="Also print how many seeds per cell the grid needs to detect this difference of the "
+                   "first summary metric at the observed variance (with --dry-run: from the runs stored so far).")
 def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
-        slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address):
+        slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect):
     """Expand GRID_FILE into cells, validate them all, then train those not yet completed.
 
     Running the same command again resumes the grid: completed cells are
@@ -111,7 +114,19 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     except _user_errors() as exc:
         fail(str(exc))
     if dry_run:
-        _print_cells(grid)
+        if grid.cells[0].train.lr_sweep:  # abl.lr_sweep: phase 2's cells depend on phase 1's results
+            from .lr_sweep import tuning_grid
+
+            seeds = grid.cells[0].experiment.seeds
+            click.echo(f"lr sweep: phase 1 (below) trains every cell at each lr of train.lr_sweep on seed "
+                       f"{seeds[0]}; phase 2 then trains each variant at its own best lr on seeds {seeds[1:]}")
+            _print_cells(tuning_grid(grid, registry))
+        else:
+            _print_cells(grid)
+        if detect is not None:
+            from .summary import print_detect
+
+            print_detect(grid, Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB), detect)
         return
     from .runner import run_grid
 
@@ -123,7 +138,14 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     except ImportError as exc:
         fail(f"--executor {executor} needs an extra package ({exc.name}): pip install -e '.[distributed]'")
     try:
-        failures = run_grid(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed")
+        if grid.cells[0].train.lr_sweep:
+            from .lr_sweep import run_sweep
+
+            failures = run_sweep(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed",
+                                 detect=detect)
+        else:
+            failures = run_grid(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed",
+                                detect=detect)
     except _user_errors() as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -354,6 +376,7 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
                         else f": abl run {source} first")
                 fail(f"no run of {source} as it resolves now is in {db}{hint}")
             order = list(dict.fromkeys(c.cell_key for c in grid.cells))
+            baseline = baseline or grid.cells[0].experiment.baseline or None  # a display choice (abl.verdicts)
             missing = len(set(run_ids) - {r.run_id for r in runs})
             name, raw = grid.cells[0].experiment.name, grid.raw
         else:
@@ -450,6 +473,46 @@ def bench_kernels(ops, providers, dtypes, passes, size, device, as_json, db_path
         click.echo(f"peak: {rows[0]['peak_basis']}")
     if not no_store:
         click.echo(f"stored {len(rows)} rows in {db_path} (table bench)")
+
+
+@cli.command()
+@click.argument("source", metavar="EXPERIMENT_OR_GRID")
+@click.option("--db", "db_path", default=None,
+              help=f"DuckDB file to read (default: experiment.db of the grid, else {DEFAULT_DB}).")
+@click.option("--metric", "metrics", multiple=True,
+              help="Metric(s) to compare (repeatable; default: the grid's experiment.summary, else val_loss).")
+@click.option("--baseline", default=None, help="Compare every cell with this one (label, 1-based index or "
+                                              "cell-key prefix; default: experiment.baseline or the first cell).")
+@click.option("--pairs", "pairs", multiple=True, metavar="A,B",
+              help="Compare these two cells, first minus second (repeatable), e.g. --pairs 3,4.")
+@click.option("--by", "by", default=None, metavar="PATH",
+              help="Compare every pair of cells that differ in this setting only, e.g. --by model.ffn.")
+@click.option("--bootstrap", is_flag=True, help="Percentile-bootstrap CIs and p-values (non-normal cells).")
+@click.option("--correction", type=click.Choice(["holm", "none"]), default="holm", show_default=True,
+              help="Multiple-comparison correction over the comparisons shown.")
+@click.option("--detect", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EFFECT",
+              help="Also print how many seeds per cell would detect this difference at the observed variance.")
+@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Overrides used when the grid was run (so the same cells are found).")
+def compare(source, db_path, metrics, baseline, pairs, by, bootstrap, correction, detect, as_json, overrides):
+    """Compare the stored runs of an experiment (or grid file) any way you like; nothing is trained.
+
+    Same tests as the run summary, the report and the dashboard: paired by
+    seed when the cells share seeds and data order, else Welch; Holm over the
+    comparisons shown; fewer than 3 seeds: too few to decide, with the minimum
+    detectable difference; cells that did not learn are not ranked.
+    """
+    from .report import ReportError
+    from .summary import run_compare
+    from .verdicts import VerdictError
+
+    try:
+        run_compare(source, db_path=db_path, default_db=DEFAULT_DB, registry=_registry, metrics=metrics,
+                    baseline=baseline, pairs=pairs, by=by, bootstrap=bootstrap, correction=correction,
+                    detect=detect, as_json=as_json, overrides=overrides)
+    except _user_errors() + (ReportError, VerdictError) as exc:
+        fail(str(exc))
 
 
 def main() -> None:

@@ -54,6 +54,12 @@ class ExperimentConfig:
     description: str = _f("", "free text shown in reports")
     db: str = _f("", "database for this grid, relative to the working directory and inside it "
                  "(abl run --db overrides; default results/abl.duckdb)")
+    # display choices (never part of a run's config or hash; abl.verdicts):
+    summary: list = field(default_factory=lambda: ["val_loss"],
+                          metadata={"doc": "metrics the abl run summary shows, e.g. [\"val_loss\", \"val_loss_x2\"]; "
+                                           "loss metrics get a verdict table each, the first ranks the cells"})
+    baseline: str = _f("", "the summary's baseline cell: label, 1-based index or cell-key prefix "
+                       "(default: the grid's first cell); a display choice, nothing retrains")
 
 
 @dataclass
@@ -120,6 +126,9 @@ class TrainConfig:
     devices: int = _f(1, "processes per cell: > 1 trains one cell with DDP under torchrun "
                       "(one GPU each on CUDA, gloo on CPU); batch_size is the global batch", min=1)
     deterministic: bool = _f(False, "torch.use_deterministic_algorithms (slower; recorded with the run)")
+    lr_sweep: list = field(default_factory=list, metadata={
+        "doc": "fair learning rates (abl.lr_sweep): train every cell at each of these peak LRs on the first "
+               "seed, then each variant at its own best LR on the other seeds; empty = train.lr"})
 
 
 # model.scale presets for size ladders (d_model, n_layers, n_heads); head dim 32 where it fits.
@@ -393,6 +402,9 @@ def _build_section(name: str, raw: dict) -> tuple[Any, list[str]]:
     errs: list[str] = []
     for key, p in params.items():
         v = raw.get(key, p.default)
+        if key == "summary" and not (isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)):
+            errs.append(f"experiment.summary must be a non-empty list of metric names, got {v!r}")
+            continue
         if key == "seeds":
             if not isinstance(v, list) or not v or not all(
                 isinstance(s, int) and not isinstance(s, bool) for s in v
@@ -422,6 +434,15 @@ def config_hash(obj: Any) -> str:
 def _selector(axis: str, sections: dict[str, Any]) -> str:
     sec, key = AXES[axis][0].split(".")
     return getattr(sections[sec], key)
+
+
+def _train_config(tc: TrainConfig) -> dict[str, Any]:
+    """``[train]`` as stored and hashed; an empty ``lr_sweep`` is left out, so run ids from before it
+    existed stay the same."""
+    out = dataclasses.asdict(tc)
+    if not out["lr_sweep"]:
+        del out["lr_sweep"]
+    return out
 
 
 def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registry) -> tuple[Cell | None, list[str]]:
@@ -501,7 +522,7 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
         "experiment": exp.name,
         "seed": seed,
         "model": dataclasses.asdict(model),
-        "train": dataclasses.asdict(sections["train"]),
+        "train": _train_config(sections["train"]),
         "data": dataclasses.asdict(sections["data"]),
         "eval": dataclasses.asdict(sections["eval"]),
         "components": components,
@@ -597,6 +618,22 @@ def load_grid(
     return expand(raw, registry, source=str(path), max_cells=max_cells)
 
 
+def check_lr_sweep(values: Any, seeds: list, grid_paths: list[str]) -> list[str]:
+    """Problems with ``train.lr_sweep`` in a grid (abl.lr_sweep runs it)."""
+    errs = []
+    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               and 0 < v < float("inf") for v in values):
+        errs.append(f"train.lr_sweep must be a list of positive learning rates, got {values!r}")
+    elif len(set(values)) != len(values):
+        errs.append(f"train.lr_sweep has duplicates: {values!r}")
+    if len(seeds) < 2:
+        errs.append(f"train.lr_sweep needs at least 2 seeds (the first tunes, the others compare); "
+                    f"experiment.seeds = {seeds!r}")
+    if "train.lr" in grid_paths:
+        errs.append("train.lr is both a grid axis and swept by train.lr_sweep; use one of them")
+    return errs
+
+
 def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int | None = None) -> Grid:
     errs = _check_structure(raw, registry)
     axes, excludes, gerrs = _parse_grid(raw, registry)
@@ -630,6 +667,8 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
                 continue
             seen.add(cell.run_id)
             cells.append(cell)
+    if not errs and cells and cells[0].train.lr_sweep:
+        errs += [f"{source}: {m}" for m in check_lr_sweep(cells[0].train.lr_sweep, exp.seeds, paths)]
     if not errs and cells and cells[0].train.match != "none":
         from .matching import match_cells
 

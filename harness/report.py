@@ -35,13 +35,15 @@ from typing import Any
 
 from . import stats
 from .costmodel import CHECKS, MEMORY_BAND, agreement
+from .health import DID_NOT_LEARN_MARGIN
 from .rundir import COMPLETED
 from .tables import flatten
 
 MIN_SIZES_FOR_FIT = 4
 FINAL_NAMES = ("n_params", "n_params_non_embedding", "peak_mem_bytes", "peak_tensor_bytes",
                "baseline_rss_bytes", "wall_s",
-               "flops_per_step_measured", "device_peak_flops", "mfu", "hfu", "val_loss", "val_bpb")
+               "flops_per_step_measured", "device_peak_flops", "mfu", "hfu", "val_loss", "val_bpb",
+               "unigram_floor", "did_not_learn", "loss_spikes", "max_loss_spike")  # the last 4: abl.health
 
 
 class ReportError(Exception):
@@ -109,7 +111,8 @@ def _json(text: Any, default: Any) -> Any:
 
 
 def load_runs(db_path: str | Path, *, run_ids: list[str] | None = None, experiment: str | None = None,
-              curve_names: tuple[str, ...] = ("val_loss", "train_loss", "elapsed_s")) -> list[Run]:
+              curve_names: tuple[str, ...] = ("val_loss", "train_loss", "elapsed_s"),
+              final_names: tuple[str, ...] = FINAL_NAMES) -> list[Run]:
     """Runs (with their final metrics and curves) by run id or experiment name, read-only."""
     from . import store
 
@@ -136,7 +139,7 @@ def load_runs(db_path: str | Path, *, run_ids: list[str] | None = None, experime
         if ids:
             for rid, name, value in con.execute(
                     store.final_values_sql("list_contains(?, run_id) AND list_contains(?, name)"),
-                    [ids, list(FINAL_NAMES)]).fetchall():
+                    [ids, list(final_names)]).fetchall():
                 by_id[rid].final[name] = value
             for rid, value in con.execute(
                     "SELECT run_id, median(value) FROM metrics WHERE list_contains(?, run_id) "
@@ -178,20 +181,22 @@ def group_cells(runs: list[Run], order: list[str] | None = None) -> list[Cell]:
 
 
 def pick_baseline(cells: list[Cell], baseline: str | None) -> Cell:
-    """The baseline cell: the first one (the grid's first cell), or one chosen by label, key or 1-based index."""
-    if not baseline:
-        for c in cells:
-            if c.completed:
-                return c
-        return cells[0]
-    if baseline.isdigit() and 1 <= int(baseline) <= len(cells):
-        return cells[int(baseline) - 1]
-    hits = [c for c in cells if c.label == baseline or c.key.startswith(baseline)] or \
-           [c for c in cells if baseline in c.label]
-    if len(hits) != 1:
-        labels = "; ".join(f"{i}: {c.label}" for i, c in enumerate(cells, 1))
-        raise ReportError(f"--baseline {baseline!r} matches {len(hits)} cells; give a label or index ({labels})")
-    return hits[0]
+    """The baseline cell: the first healthy one (the grid's first cell), or one chosen by label, key or
+    1-based index (abl.verdicts.find_cell)."""
+    from .verdicts import VerdictError, default_baseline, find_cell
+
+    inputs = _inputs(cells)
+    try:
+        chosen = find_cell(inputs, baseline) if baseline else default_baseline(inputs)
+    except VerdictError as exc:
+        raise ReportError(str(exc)) from None
+    return next(c for c in cells if c.key == chosen.key)
+
+
+def _inputs(cells: list[Cell], metric: str = "val_loss"):
+    from .verdicts import cell_inputs
+
+    return cell_inputs([r for c in cells for r in c.runs], metric, [c.key for c in cells])
 
 
 def final_val_losses(cell: Cell, metric: str = "val_loss") -> dict[int, float]:
@@ -210,28 +215,37 @@ def comparison_metric(cells: list[Cell]) -> str:
 
 
 def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPHA,
-                    metric: str = "val_loss") -> list[dict[str, Any]]:
-    """One dict per cell: the final ``metric`` over seeds, and the comparison with ``baseline``."""
-    values = {c.key: final_val_losses(c, metric) for c in cells}
-    data_keys = {c.key: (c.completed[0].data_key if c.completed else None) for c in cells}
-    results = stats.compare_cells(values, baseline.key, data_keys=data_keys, alpha=alpha)
+                    bootstrap: bool = False, metric: str = "val_loss") -> list[dict[str, Any]]:
+    """One dict per cell: the final ``metric`` over seeds, learning health, and the comparison with
+    ``baseline`` (abl.stats.analyse: the same engine and defaults as the run summary, abl compare and
+    the dashboard)."""
+    inputs = _inputs(cells, metric)
+    analysis = stats.analyse(inputs, stats.against_baseline([c.key for c in cells], baseline.key), alpha=alpha,
+                             bootstrap=bootstrap)
+    comps = {cr.a: cr for cr in analysis.comparisons}
     out = []
-    for c, res in zip(cells, results):
-        s, comp = res.summary, res.comparison
+    for c, row in zip(cells, analysis.cells):
+        comp = comps.get(c.key)
+        h = row.health
         out.append({
             "cell_key": c.key, "label": c.label, "runs": len(c.runs), "completed": len(c.completed),
-            "seeds": sorted(s.values), "n": s.n, "mean": s.mean, "std": s.std,
-            "ci_low": s.ci_low, "ci_high": s.ci_high, "delta": comp.delta, "delta_ci_low": comp.ci_low,
-            "delta_ci_high": comp.ci_high, "p_value": comp.p_value, "test": comp.test,
-            "verdict": comp.verdict, "note": comp.note, "is_baseline": c.key == baseline.key,
+            "seeds": sorted(inputs[cells.index(c)].values), "n": row.n, "mean": row.mean, "std": row.std,
+            "ci_low": row.ci_low, "ci_high": row.ci_high, "rank": row.rank,
+            "delta": comp.delta if comp else (0.0 if row.n else None),
+            "delta_ci_low": comp.ci_low if comp else None, "delta_ci_high": comp.ci_high if comp else None,
+            "p_value": comp.p_value if comp else None, "p_adjusted": comp.p_adjusted if comp else None,
+            "mdd": comp.mdd if comp else None, "test": comp.test if comp else stats.BASELINE,
+            "verdict": comp.verdict if comp else stats.BASELINE, "note": comp.note if comp else "",
+            "is_baseline": c.key == baseline.key, "did_not_learn": h.did_not_learn, "unigram_floor": h.floor,
+            "loss_spikes": h.loss_spikes, "max_loss_spike": h.max_loss_spike, "method": analysis.method,
         })
     return out
 
 
 def statistics_for_runs(db_path: str | Path, run_ids: list[str], order: list[str] | None = None,
                         baseline: str | None = None) -> list[dict[str, Any]]:
-    """``cell_statistics`` straight from the store (for the ``abl run`` summary), on
-    ``comparison_metric``, which each row names under ``metric``.
+    """``cell_statistics`` straight from the store, on ``comparison_metric``, which each row
+    names under ``metric``.
 
     ``order``: cell keys in grid order (the first is the baseline unless
     ``baseline`` names another by label, key prefix or 1-based index).
@@ -756,24 +770,26 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
     doc.h(2, f"Comparison: final {metric}")
     table_rows = []
     for i, s in enumerate(stat_rows, 1):
-        table_rows.append([i, s["label"], f"{s['n']}/{s['runs']}", stats.fmt(s["mean"]), stats.fmt(s["std"]),
+        health = (f"did not learn {s['did_not_learn']}/{s['completed']} (floor {stats.fmt(s['unigram_floor'], 3)})"
+                  if s["did_not_learn"] else "") or (f"spikes {s['loss_spikes']}" if s["loss_spikes"] else "ok")
+        table_rows.append([i, s["label"], f"{s['n']}/{s['runs']}", "-" if s["rank"] is None else s["rank"],
+                           stats.fmt(s["mean"]), stats.fmt(s["std"]),
                            _ci(s["ci_low"], s["ci_high"]),
                            "-" if s["is_baseline"] else _signed(s["delta"]),
-                           _ci(s["delta_ci_low"], s["delta_ci_high"]), stats.fmt_p(s["p_value"]), s["test"],
-                           s["verdict"]])
-    doc.table(["#", "cell", "n", "mean", "std", "95% CI", "Δ vs baseline", "Δ 95% CI", "p", "test", "verdict"],
+                           _ci(s["delta_ci_low"], s["delta_ci_high"]), stats.fmt_p(s["p_value"]),
+                           stats.fmt_p(s["p_adjusted"]), s["test"], stats.fmt(s["mdd"]), s["verdict"], health])
+    doc.table(["#", "cell", "n", "rank", "mean", "std", "95% CI", "Δ vs baseline", "Δ 95% CI", "p", "p (Holm)",
+               "test", "MDD", "verdict", "health"],
               table_rows,
               (f"val_bpb: bits per byte, the validation loss over the bytes of text its tokens cover "
                f"(the cells' data or tokenizers differ, so a token is not the same unit), "
                if metric == "val_bpb" else
                f"val_loss: mean cross-entropy (nats) on the fixed validation batches at the last step, ")
-              + f"completed runs only. CI: Student t, 95%. Δ = cell - baseline ({base.label}); lower is better; "
-              f"verdicts at α = {stats.ALPHA}; paired by seed when both cells ran the same seeds on the same "
-              f"data order, else Welch. {cond}")
+              + f"completed runs only. CI: Student t, 95%. Δ = cell - baseline ({base.label}); lower is better. "
+              f"{stat_rows[0]['method']} Health: did not learn = final val_loss within "
+              f"{DID_NOT_LEARN_MARGIN} nats of the data's unigram floor; spikes = training-loss spikes "
+              f"(abl.health). {cond}")
     notes = [f"{s['label']}: {s['note']}" for s in stat_rows if s["note"]]
-    if len(cells) > 2:
-        notes.append(f"{len(cells) - 1} comparisons against one baseline, each at α = {stats.ALPHA} "
-                     "(no multiple-comparison correction)")
     for n in notes:
         doc.p("Note: " + n)
 

@@ -9,7 +9,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
 
 from . import rundir, store, tokenstore
 from .config import Cell, Grid
@@ -39,76 +38,6 @@ def fmt_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
-
-
-def summary_table(rows: list[dict[str, Any]], title: str, grid: Grid | None = None,
-                  stats_by_cell: dict[str, dict[str, Any]] | None = None) -> Table:
-    """One row per cell, best final val_loss first; one column per varied grid path.
-
-    With ``stats_by_cell`` (harness.report.statistics_for_runs) the table shows
-    the 95% CI of the mean, the delta against the baseline cell (the grid's
-    first) with its p-value, and a verdict.
-    """
-    from .stats import fmt_p
-
-    varied = {c.cell_key: c.varied for c in grid.cells} if grid else {}
-    paths = grid.grid_paths if grid and grid.grid_paths else []
-    stats_by_cell = stats_by_cell or {}
-    show_decode = any(r.get("decode_tokens_per_s") is not None for r in rows)
-    show_bpb = any(r.get("val_bpb_mean") is not None for r in rows)
-    table = Table(title=title, title_justify="left")
-    table.add_column("#", justify="right")
-    for p in paths or ["cell"]:
-        table.add_column(p)
-    cols = [("seeds", "right"), ("val_loss ± std", "right")] + ([("val bpb ± std", "right")] if show_bpb else [])
-    cols += [("95% CI", "right"),
-            ("Δ vs base (p)", "right"), ("verdict", "left"), ("tokens/s", "right"), ("peak mem", "right")]
-    if show_decode:
-        cols += [("KV B/token", "right"), ("decode tok/s", "right")]
-    cols += [("status", "left")]
-    for col, just in cols:
-        table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
-    for i, r in enumerate(rows, 1):
-        if r["val_loss_mean"] is None:
-            vl = "-"
-        elif r["val_loss_std"] is None:
-            vl = f"{r['val_loss_mean']:.4f}"
-        else:
-            vl = f"{r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f}"
-        st = stats_by_cell.get(r["cell_key"], {})
-        ci = "-" if st.get("ci_low") is None else f"[{st['ci_low']:.4f}, {st['ci_high']:.4f}]"
-        if st.get("is_baseline"):
-            delta, verdict = "baseline", ""
-        elif st.get("delta") is None:
-            delta, verdict = "-", st.get("verdict") or ""
-        else:
-            delta = f"{st['delta']:+.4f} ({fmt_p(st.get('p_value'))})"
-            verdict = st.get("verdict") or ""
-        tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
-        names = [str(varied.get(r["cell_key"], {}).get(p, "?")) for p in paths] or [r["label"] or "-"]
-        bpb = [] if not show_bpb else ["-" if r.get("val_bpb_mean") is None else f"{r['val_bpb_mean']:.4f}" + (
-            "" if r.get("val_bpb_std") is None else f" ± {r['val_bpb_std']:.4f}")]
-        cells = [str(i), *names, f"{r['completed']}/{r['runs']}", vl, *bpb, ci, delta, verdict, tps,
-                 fmt_bytes(r["peak_mem_bytes"])]
-        if show_decode:
-            kv = r.get("kv_bytes_per_token")
-            dec = r.get("decode_tokens_per_s")
-            cells += ["-" if kv is None else f"{kv:,.0f}", "-" if dec is None else f"{dec:,.0f}"]
-        table.add_row(*cells, r["statuses"] or "-")
-    return table
-
-
-def grid_statistics(db_path: Path, grid: Grid) -> dict[str, dict[str, Any]]:
-    """Per-cell CI, delta vs the grid's first cell, p-value and verdict (empty if unavailable)."""
-    from .report import statistics_for_runs
-
-    order = list(dict.fromkeys(c.cell_key for c in grid.cells))
-    try:
-        rows = statistics_for_runs(db_path, [c.run_id for c in grid.cells], order=order)
-    except Exception as exc:  # noqa: BLE001 - statistics must never hide the results table
-        Console(stderr=True).print(f"[yellow]statistics unavailable: {exc}[/]")
-        return {}
-    return {r["cell_key"]: r for r in rows}
 
 
 def _pid_alive(pid: Any) -> bool:
@@ -180,7 +109,7 @@ def plan(cells: list[Cell], known: dict[str, str], retry_failed: bool = False
 
 
 def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, executor=None,
-             retry_failed: bool = False, console: Console | None = None) -> int:
+             retry_failed: bool = False, console: Console | None = None, detect: float | None = None) -> int:
     """Run every cell not yet completed (failed ones only with ``retry_failed``).
 
     Returns the number of runs that did not complete in this invocation.
@@ -284,17 +213,9 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
         finally:
             signal.signal(signal.SIGTERM, previous)
 
-    rows = store.cell_summary(db_path, [c.run_id for c in cells])
-    stats_by_cell = grid_statistics(db_path, grid)
-    metric = next((s["metric"] for s in stats_by_cell.values() if s.get("metric")), "val_loss")
-    if metric == "val_bpb":  # tokens differ between cells: compare in bits per byte
-        rows.sort(key=lambda r: (r.get("val_bpb_mean") is None, r.get("val_bpb_mean") or 0.0))
-    what = ("val bpb (bits per byte: the cells' data or tokenizers differ; 95% CI and Δ are in bits per byte)"
-            if metric == "val_bpb" else "val_loss")
-    console.print(summary_table(rows, f"{cells[0].experiment.name}: final {what} by cell, best first "
-                                      "(baseline: the grid's first cell; paired t-test by seed when the "
-                                      "cells share seeds and data, else Welch)",
-                                grid, stats_by_cell))
+    from .summary import print_run_summary  # the verdict tables: abl.verdicts, the same as report/dashboard
+
+    print_run_summary(console, db_path, grid, detect)
     console.print(f"database: {db_path}   run folders: {runs_dir}")
     return failures
 

@@ -15,14 +15,15 @@ CI and a two-sided p-value,
 - otherwise Welch's unequal-variance t-test (Welch-Satterthwaite degrees of
   freedom).
 
-``compare`` / ``compare_cells`` (CLI summary, report) pick paired or Welch and
-give a verdict: "better" / "worse" (lower loss is better) only when p < alpha;
-otherwise "not distinguishable from baseline"; no multiple-comparison
-correction. With fewer than 2 values on a side there is no test and the
-verdict says so. The dashboard's Compare page calls ``welch`` (vectorised over
-cells, from per-cell summaries) or ``paired`` and adjusts with ``holm``; its
-pages also use ``summarize_groups``, ``t_halfwidth``, ``ema``, ``pareto_mask``
-and ``downsample``.
+``analyse`` (at the end of this module) is the one verdict engine: the
+``abl run`` summary, ``abl compare``, ``abl report`` and the dashboard's
+Compare page all call it (through abl.verdicts), with the same defaults:
+paired by seed when the cells share seeds and data order, else Welch; Holm
+over the comparisons shown; "too few seeds to decide" below MIN_SEEDS seeds,
+with the minimum detectable difference; cells that did not learn are not
+ranked. ``compare`` and ``compare_cells`` are thin wrappers over it. The
+dashboard's other pages use ``summarize_groups``, ``t_halfwidth``, ``ema``,
+``pareto_mask`` and ``downsample``.
 
 numpy + scipy.stats; the frame helpers take pandas objects but do not import
 pandas; nothing here knows torch.
@@ -39,7 +40,7 @@ import numpy as np
 ALPHA = 0.05
 CONFIDENCE = 0.95
 
-BETTER, WORSE, SAME, BASELINE = "better", "worse", "not distinguishable from baseline", "baseline"
+BETTER, WORSE, SAME, BASELINE = "better", "worse", "not distinguishable", "baseline"
 
 
 # ---------------------------------------------------------------- the t machinery (arrays broadcast)
@@ -225,33 +226,15 @@ def welch_test(a: Sequence[float], b: Sequence[float],
 
 def compare(cell: Mapping[Any, float], base: Mapping[Any, float], *, paired: bool | None = None,
             alpha: float = ALPHA, lower_is_better: bool = True, confidence: float = CONFIDENCE) -> Comparison:
-    """Compare a cell's per-seed values with the baseline's (both: seed -> value).
+    """One cell's per-seed values against the baseline's (both: seed -> value), through ``analyse``.
 
-    ``paired=None`` pairs when both ran exactly the same seeds (the caller
-    passes ``paired=False`` when the cells do not share data order).
+    ``paired=None`` pairs when both ran exactly the same seeds; ``paired=False``
+    when the cells do not share data order. One comparison: no correction.
     """
-    c = summarize(cell).values
-    b = summarize(base).values
-    if not c or not b:
-        return Comparison(None, None, None, None, "none", f"{SAME} (no finished runs)",
-                          note="no finished runs on one side")
-    delta = float(np.mean(list(c.values())) - np.mean(list(b.values())))
-    if paired is None:
-        paired = set(c) == set(b)
-    if paired and len(set(c) & set(b)) >= 2:
-        d, lo, hi, p, n = paired_test(c, b, confidence)
-        test, df, note = f"paired t (n={n})", float(n - 1), ""
-        if set(c) != set(b):
-            note = f"paired over the {n} common seeds"
-    elif len(c) >= 2 and len(b) >= 2:
-        _, lo, hi, p, df = welch_test(list(c.values()), list(b.values()), confidence)
-        test, note = "Welch t", ""
-    else:
-        n_min = min(len(c), len(b))
-        return Comparison(delta, None, None, None, "none", f"{SAME} (n={n_min}: no test)",
-                          note=f"n<2 on one side (cell n={len(c)}, baseline n={len(b)}): "
-                               "run more seeds for a test")
-    return Comparison(delta, lo, hi, p, test, _verdict(delta, p, alpha, lower_is_better), note, df)
+    cells = [CellInput("cell", "cell", dict(cell), 0), CellInput("base", "base", dict(base), 0 if paired is not False else 1)]
+    r = analyse(cells, [("cell", "base")], alpha=alpha, correction=NO_CORRECTION,
+                lower_is_better=lower_is_better, confidence=confidence).comparisons[0]
+    return Comparison(r.delta, r.ci_low, r.ci_high, r.p_value, r.test, r.verdict, r.note, r.df)
 
 
 @dataclass
@@ -264,7 +247,8 @@ class CellResult:
 def compare_cells(values: Mapping[Any, Mapping[Any, float]], baseline: Hashable, *,
                   data_keys: Mapping[Any, Hashable] | None = None, alpha: float = ALPHA,
                   lower_is_better: bool = True) -> list[CellResult]:
-    """Summaries and comparisons for every cell, in the given order.
+    """Summaries and comparisons with ``baseline`` for every cell, in the given order (``analyse`` with
+    Holm over the comparisons).
 
     ``values``: cell key -> {seed: final value}. ``data_keys``: cell key ->
     anything identifying its data order apart from the seed (dataset
@@ -273,19 +257,15 @@ def compare_cells(values: Mapping[Any, Mapping[Any, float]], baseline: Hashable,
     """
     if baseline not in values:
         raise KeyError(f"baseline cell {baseline!r} is not among the cells")
+    cells = [CellInput(k, str(k), dict(v), (data_keys or {}).get(k)) for k, v in values.items()]
+    an = analyse(cells, against_baseline(list(values), baseline), alpha=alpha, lower_is_better=lower_is_better)
+    by_a = {r.a: r for r in an.comparisons}
     out = []
-    base = values[baseline]
     for key, vals in values.items():
         s = summarize(vals)
-        if key == baseline:
-            out.append(CellResult(key, s, Comparison(0.0 if s.n else None, None, None, None, BASELINE,
-                                                     BASELINE)))
-            continue
-        same_data = data_keys is None or data_keys.get(key) == data_keys.get(baseline)
-        comp = compare(vals, base, paired=None if same_data else False, alpha=alpha,
-                       lower_is_better=lower_is_better)
-        if not same_data:
-            comp.note = (comp.note + "; " if comp.note else "") + "different data order: not paired"
+        r = by_a.get(key)
+        comp = (Comparison(0.0 if s.n else None, None, None, None, BASELINE, BASELINE) if r is None else
+                Comparison(r.delta, r.ci_low, r.ci_high, r.p_adjusted, r.test, r.verdict, r.note, r.df))
         out.append(CellResult(key, s, comp))
     return out
 
@@ -384,3 +364,328 @@ def downsample(df: Any, group: str, max_points: int) -> Any:
     stride = np.maximum(1, np.ceil(size / max_points)).astype(int)
     keep = (pos % stride == 0) | (pos == size - 1)
     return df[keep]
+
+
+# ---------------------------------------------------------------- verdict tables (CLI summary, compare, report, dashboard)
+#
+# One analysis for every table abl shows: per-cell summaries with learning
+# health, then any set of comparisons (each cell against a baseline, chosen
+# pairs, or every pair of values of one grid axis), tested with the same
+# defaults everywhere:
+#
+# - paired t-test by seed when both cells ran the same seeds on the same data
+#   order, else Welch's t-test (or, with ``bootstrap=True``, a percentile
+#   bootstrap of the difference of means, resampling seeds, paired or not);
+# - Holm's step-down correction over the comparisons shown (Holm 1979), so the
+#   family-wise error rate stays at alpha however many comparisons a table has;
+# - fewer than MIN_SEEDS seeds on a side: "too few seeds to decide", with the
+#   minimum detectable difference at the observed variance;
+# - a cell that did not learn (final loss at its data's unigram floor) is
+#   never ranked and never compared as a normal result.
+
+MIN_SEEDS = 3
+POWER = 0.8
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+
+TOO_FEW = "too few seeds to decide"
+DID_NOT_LEARN = "did not learn"
+HOLM, NO_CORRECTION = "holm", "none"
+
+
+def power_t(effect: float, se_unit: float, df: float, alpha: float = ALPHA) -> float:
+    """Power of a two-sided t-test of a true difference ``effect`` when the standard error is ``se_unit``.
+
+    Exact, from the noncentral t distribution with noncentrality effect / se.
+    """
+    from scipy import stats as sps
+
+    if not (se_unit > 0 and df > 0):
+        return math.nan
+    crit = float(sps.t.ppf(1 - alpha / 2, df))
+    ncp = abs(effect) / se_unit
+    return float(sps.nct.sf(crit, df, ncp) + sps.nct.cdf(-crit, df, ncp))
+
+
+def min_detectable(se: float | None, df: float | None, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """Smallest true |difference| detected with probability ``power`` at this standard error and df.
+
+    The usual normal-approximation form with t quantiles:
+    MDD = (t_{1-alpha/2, df} + t_{power, df}) * se. None without a variance estimate.
+    """
+    from scipy import stats as sps
+
+    if se is None or df is None or not math.isfinite(se) or not df > 0:
+        return None
+    return float((sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)) * se)
+
+
+def seeds_needed(sd: float, effect: float, *, paired: bool = True, alpha: float = ALPHA, power: float = POWER,
+                 comparisons: int = 1, max_seeds: int = 10_000) -> int | None:
+    """Seeds per cell for a two-sided t-test to detect ``effect`` with probability ``power``.
+
+    ``sd``: the standard deviation of the per-seed differences (paired) or of
+    one cell's values (Welch, equal sizes and spreads: se = sd * sqrt(2 / n),
+    df = 2n - 2). With ``comparisons`` = m > 1 the test runs at alpha / m,
+    the strictest step of Holm's correction, so the figure holds for every
+    comparison of the family. Power from the noncentral t (exact for the
+    t-test). None if even ``max_seeds`` is not enough or sd is not usable.
+    """
+    if not (sd >= 0 and math.isfinite(sd)) or effect == 0:
+        return None
+    if sd == 0:
+        return MIN_SEEDS
+    a = alpha / max(1, comparisons)
+    for n in range(2, max_seeds + 1):
+        se, df = (sd / math.sqrt(n), n - 1) if paired else (sd * math.sqrt(2 / n), 2 * n - 2)
+        if power_t(effect, se, df, a) >= power:
+            return max(n, MIN_SEEDS)
+    return None
+
+
+def bootstrap_diff(a: Mapping[Any, float], b: Mapping[Any, float], *, paired: bool,
+                   confidence: float = CONFIDENCE, resamples: int = BOOTSTRAP_RESAMPLES,
+                   seed: int = BOOTSTRAP_SEED) -> dict[str, float]:
+    """Percentile bootstrap of mean(a) - mean(b) (Efron & Tibshirani 1993, ch. 13), for non-normal cells.
+
+    Paired: resample the seeds both ran and average their differences;
+    otherwise resample each cell's seeds independently. The p-value inverts
+    the percentile interval: twice the smaller tail share of the bootstrap
+    differences at 0 (the smallest alpha whose interval excludes 0). The
+    generator is seeded, so every table that asks gets the same numbers.
+    """
+    rng = np.random.default_rng(seed)
+    if paired:
+        keys = sorted(set(a) & set(b), key=str)
+        d = np.array([a[k] - b[k] for k in keys], dtype=float)
+        idx = rng.integers(0, len(d), (resamples, len(d)))
+        boot = d[idx].mean(axis=1)
+        diff = float(d.mean())
+    else:
+        x, y = np.array(list(a.values()), dtype=float), np.array(list(b.values()), dtype=float)
+        boot = (x[rng.integers(0, len(x), (resamples, len(x)))].mean(axis=1)
+                - y[rng.integers(0, len(y), (resamples, len(y)))].mean(axis=1))
+        diff = float(x.mean() - y.mean())
+    lo, hi = np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2])
+    p = float(min(1.0, 2 * min(np.mean(boot <= 0), np.mean(boot >= 0))))
+    return {"diff": diff, "diff_lo": float(lo), "diff_hi": float(hi), "p": p}
+
+
+@dataclass
+class Health:
+    """Learning health of one cell over its seeds (from the per-run figures abl.health records)."""
+
+    runs: int = 0  # completed runs with a health record
+    did_not_learn: int = 0  # of them, how many ended at the unigram floor
+    floor: float | None = None  # the data's unigram entropy (nats)
+    loss_spikes: int = 0  # summed over seeds
+    max_loss_spike: float | None = None  # the largest over seeds (nats)
+
+    @property
+    def flagged(self) -> bool:
+        return self.did_not_learn > 0
+
+    def describe(self) -> str:
+        if not self.flagged:
+            return ""
+        floor = "" if self.floor is None else f" (unigram floor {self.floor:.3f} nats)"
+        return f"{DID_NOT_LEARN}: {self.did_not_learn}/{self.runs} seeds{floor}"
+
+
+@dataclass
+class CellInput:
+    """What the analysis needs of one cell: per-seed final values and what fixes its data order."""
+
+    key: Hashable
+    label: str
+    values: dict  # seed -> final value (completed runs)
+    data_key: Hashable = None
+    health: Health = field(default_factory=Health)
+    settings: dict = field(default_factory=dict)  # flattened config (for --by); optional
+    statuses: dict = field(default_factory=dict)  # run status -> count (every run of the cell)
+
+
+@dataclass
+class CellRow:
+    key: Hashable
+    label: str
+    n: int
+    mean: float | None
+    std: float | None
+    ci_low: float | None
+    ci_high: float | None
+    rank: int | None  # 1 = best; None: not ranked (did not learn, or no finished run)
+    health: Health
+    status: str  # "" or why the cell is not ranked
+
+
+@dataclass
+class ComparisonRow:
+    """a against b: delta = mean(a) - mean(b)."""
+
+    a: Hashable
+    b: Hashable
+    a_label: str
+    b_label: str
+    n_a: int
+    n_b: int
+    delta: float | None
+    ci_low: float | None
+    ci_high: float | None
+    p_value: float | None  # unadjusted
+    p_adjusted: float | None  # after the table's correction
+    test: str
+    verdict: str
+    mdd: float | None = None  # minimum detectable |difference| at the observed variance (power POWER)
+    note: str = ""
+    df: float | None = None  # degrees of freedom of the t-test
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Analysis:
+    cells: list[CellRow]
+    comparisons: list[ComparisonRow]
+    alpha: float
+    correction: str
+    bootstrap: bool
+    lower_is_better: bool
+
+    @property
+    def method(self) -> str:
+        """The sentence every table carries: which test and which correction."""
+        test = (f"percentile bootstrap of the difference of means ({BOOTSTRAP_RESAMPLES} resamples of the "
+                "seeds, paired by seed where possible)" if self.bootstrap else
+                "paired t-test by seed when both cells ran the same seeds on the same data order, "
+                "else Welch's t-test")
+        tested = sum(c.p_value is not None for c in self.comparisons)
+        corr = (f"Holm correction over the {tested} comparisons with a p-value shown" if self.correction == HOLM
+                else "no multiple-comparison correction")
+        return (f"Test: {test}; {corr}; alpha = {self.alpha}; two-sided; "
+                f"fewer than {MIN_SEEDS} seeds: {TOO_FEW} (MDD: minimum detectable difference at the "
+                f"observed variance, power {POWER:.0%}); cells that did not learn are not ranked or tested.")
+
+    def cell(self, key: Hashable) -> CellRow:
+        return next(c for c in self.cells if c.key == key)
+
+
+def _one_comparison(a: CellInput, b: CellInput, *, bootstrap: bool, confidence: float) -> ComparisonRow:
+    ca, cb = summarize(a.values).values, summarize(b.values).values
+    row = ComparisonRow(a.key, b.key, a.label, b.label, len(ca), len(cb), None, None, None, None, None,
+                        "none", "")
+    if not ca or not cb:
+        row.verdict, row.note = "no value to compare", "no completed run with a finite value of this metric on one side"
+        return row
+    row.delta = float(np.mean(list(ca.values())) - np.mean(list(cb.values())))
+    same_data = a.data_key == b.data_key
+    is_paired = same_data and set(ca) == set(cb)
+    if not same_data:
+        row.note = "different data order: not paired"
+    elif set(ca) != set(cb):
+        row.note = "different seeds: not paired"
+    se = df = None
+    if is_paired and len(ca) >= 2:
+        r = paired(ca, cb, confidence)
+        se, df = r["se"], float(r["pairs"] - 1)
+        if se == 0.0:
+            row.delta, row.ci_low, row.ci_high, row.p_value = _exact(r["diff"])
+        else:
+            row.ci_low, row.ci_high, row.p_value = r["diff_lo"], r["diff_hi"], r["p"]
+        row.test = f"paired t (n={r['pairs']})"
+    elif len(ca) >= 2 and len(cb) >= 2:
+        x, y = list(ca.values()), list(cb.values())
+        _, lo, hi, p, df = welch_test(x, y, confidence)
+        se = float(np.sqrt(np.var(x, ddof=1) / len(x) + np.var(y, ddof=1) / len(y)))
+        row.ci_low, row.ci_high, row.p_value, row.test = lo, hi, p, "Welch t"
+    else:
+        row.test = "none"
+        row.note = (row.note + "; " if row.note else "") + \
+            f"one seed on a side (n={len(ca)} vs {len(cb)}): no variance estimate"
+    if bootstrap and row.p_value is not None:
+        bs = bootstrap_diff(ca, cb, paired=is_paired, confidence=confidence)
+        row.ci_low, row.ci_high, row.p_value = bs["diff_lo"], bs["diff_hi"], bs["p"]
+        row.test = f"bootstrap ({'paired' if is_paired else 'unpaired'}, n={min(len(ca), len(cb))})"
+    row.mdd = min_detectable(se, df)
+    row.df = df
+    return row
+
+
+def analyse(cells: Sequence[CellInput], comparisons: Sequence[tuple[Hashable, Hashable]], *,
+            alpha: float = ALPHA, correction: str = HOLM, bootstrap: bool = False,
+            lower_is_better: bool = True, confidence: float = CONFIDENCE) -> Analysis:
+    """Per-cell rows (ranked, learning health) and every requested comparison with its verdict.
+
+    ``comparisons``: (a, b) cell-key pairs, each tested as a - b. Verdicts:
+    "did not learn" when either side did; "too few seeds to decide (...)"
+    when either side has fewer than MIN_SEEDS seeds; else "better" / "worse"
+    (a relative to b) when the corrected p < alpha, "not distinguishable"
+    otherwise. The correction runs over every comparison that has a p-value.
+    """
+    if correction not in (HOLM, NO_CORRECTION):
+        raise ValueError(f"unknown correction {correction!r}: {HOLM} or {NO_CORRECTION}")
+    by_key = {c.key: c for c in cells}
+    rows: list[CellRow] = []
+    for c in cells:
+        s = summarize(c.values)
+        status = c.health.describe() if c.health.flagged else ("no completed run" if s.n == 0 else "")
+        rows.append(CellRow(c.key, c.label, s.n, s.mean, s.std, s.ci_low, s.ci_high, None, c.health, status))
+    ranked = sorted((r for r in rows if not r.status and r.mean is not None),
+                    key=lambda r: float(r.mean or 0.0) * (1 if lower_is_better else -1))
+    for i, r in enumerate(ranked, 1):
+        r.rank = i
+    comps: list[ComparisonRow] = []
+    for a, b in comparisons:
+        for k in (a, b):
+            if k not in by_key:
+                raise KeyError(f"cell {k!r} is not among the cells")
+        ca, cb = by_key[a], by_key[b]
+        if ca.health.flagged or cb.health.flagged:
+            who = " and ".join(c.label for c in (ca, cb) if c.health.flagged)
+            s_a, s_b = summarize(ca.values), summarize(cb.values)
+            delta = None if s_a.mean is None or s_b.mean is None else s_a.mean - s_b.mean
+            comps.append(ComparisonRow(a, b, ca.label, cb.label, s_a.n, s_b.n, delta, None, None, None, None,
+                                       "none", f"{DID_NOT_LEARN} ({who})",
+                                       note="a cell at its unigram floor is not a result to rank"))
+            continue
+        comps.append(_one_comparison(ca, cb, bootstrap=bootstrap, confidence=confidence))
+    ps = np.array([np.nan if c.p_value is None else c.p_value for c in comps], dtype=float)
+    adj = holm(ps) if correction == HOLM else ps
+    for cr, pa in zip(comps, adj):
+        if cr.verdict:  # decided above (did not learn, no runs)
+            continue
+        cr.p_adjusted = None if not np.isfinite(pa) else float(pa)
+        n_min = min(cr.n_a, cr.n_b)
+        if n_min < MIN_SEEDS:
+            mdd = "no variance estimate" if cr.mdd is None else f"detectable |Δ| ≥ {cr.mdd:.4f} at this variance"
+            cr.verdict = f"{TOO_FEW} (n={n_min}; {mdd})"
+        elif cr.p_adjusted is None:
+            cr.verdict = f"{TOO_FEW} (no test)"
+        else:
+            cr.verdict = _verdict(cr.delta or 0.0, cr.p_adjusted, alpha, lower_is_better)
+    return Analysis(rows, comps, alpha, correction, bootstrap, lower_is_better)
+
+
+# ---------------------------------------------------------------- which comparisons
+
+
+def against_baseline(keys: Sequence[Hashable], baseline: Hashable) -> list[tuple[Hashable, Hashable]]:
+    """Every other cell against ``baseline``."""
+    return [(k, baseline) for k in keys if k != baseline]
+
+
+def by_axis(cells: Sequence[CellInput], axis: str) -> list[tuple[Hashable, Hashable]]:
+    """Every pair of cells that differ in ``axis`` only (e.g. model.ffn: each FFN against each other
+    FFN at equal values of every other setting), in cell order."""
+    out = []
+    for i, a in enumerate(cells):
+        for b in cells[i + 1:]:
+            if axis not in a.settings or a.settings.get(axis) == b.settings.get(axis):
+                continue
+            # a setting only one side has (a parameter of a component only it selects) follows from
+            # the selectors, which are compared
+            shared = set(a.settings) & set(b.settings)
+            if all(a.settings[k] == b.settings[k] for k in shared if k != axis):
+                out.append((a.key, b.key))
+    return out

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import duckdb
 
-from . import rundir
+from . import health, rundir
 
 # Each migration runs once, in order, inside a transaction; never edit one
 # that has shipped: append a new one.
@@ -151,6 +151,7 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     state = status_override or status.get("status", rundir.QUEUED)
     run_id = run_dir.name
     rows = rundir.read_metrics(run_dir / rundir.METRICS)
+    rows += health.derived_rows(rows, info)  # unigram floor, did_not_learn, loss spikes: abl.health
     notes = "; ".join(n for n in (meta.get("notes"), status.get("notes")) if n) or None
     con.execute("BEGIN TRANSACTION")
     try:

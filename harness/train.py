@@ -38,6 +38,7 @@ import torch
 from .config import Cell
 from .data import Batches, TokenData, bits_per_byte
 from .evaluations import TrainedRun, run_evaluations
+from .health import unigram_floor
 from .kernels import KernelBackend, resolve as resolve_kernels
 from .memory import StepMemory, step_memory
 from .model import DecoderLM, ForwardContext
@@ -368,6 +369,7 @@ def run_info(run: TrainingRun) -> dict[str, Any]:
         "tokenizer": run.data.tokenizer,
         **run.data.meta,  # tokenizer params and fingerprint, corpus fingerprint, token store entry
         "vocab_size": mc.vocab_size,
+        "unigram_floor": unigram_floor(run.data.train, run.data.val, mc.vocab_size),  # abl.health
         "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss",
         "device_count": torch.cuda.device_count() if device.type == "cuda" else 1,
         "processes": run.dist.world,

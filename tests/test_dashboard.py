@@ -283,7 +283,7 @@ def test_curves_page_mean_band_seeds_axes_and_smoothing(fixture_store):
         assert np.allclose(mean["x"], mean["step"] * mean["cell"].map(per_step))
 
 
-def test_compare_page_cis_welch_and_facets(fixture_store):
+def test_compare_page_cis_tests_and_facets(fixture_store):
     at = app("compare")
     assert [t.value for t in at.title] == ["Compare"]
     assert find(at.selectbox, "Metric").value == "val_loss"
@@ -294,41 +294,56 @@ def test_compare_page_cis_welch_and_facets(fixture_store):
     assert len(table) == 3  # the diverged cell has no completed run
     assert list(table["mean"]) == sorted(table["mean"])  # best first
     # the numbers, recomputed from the store with scipy
+    import pandas as pd
     from scipy import stats as sps
 
-    vals: dict[str, list[float]] = {}
-    for label, v in fixture_store.sql("""
-            SELECT r.label, arg_max(m.value, m.step) FROM metrics m JOIN runs r USING (run_id)
+    vals: dict[str, dict[int, float]] = {}
+    for label, seed, v in fixture_store.sql("""
+            SELECT r.label, r.seed, arg_max(m.value, m.step) FROM metrics m JOIN runs r USING (run_id)
             WHERE m.name = 'val_loss' AND r.status = 'completed' GROUP BY r.run_id, r.label, r.seed
             ORDER BY r.seed"""):
-        vals.setdefault(label, []).append(v)
-    base_label = table.loc[table["marker"] == "baseline", "cell"].iloc[0]
+        vals.setdefault(label, {})[seed] = v
+    stuck = {lbl for (lbl,) in fixture_store.sql(
+        "SELECT DISTINCT r.label FROM runs r JOIN metrics m USING (run_id) "
+        "WHERE m.name = 'did_not_learn' AND m.value = 1 AND r.status = 'completed'")}
+    base_label = table.loc[table["verdict"] == "baseline", "cell"].iloc[0]
+    base = vals[base_label]
     for _, row in table.iterrows():
-        x = np.array(vals[row["cell"]])
+        x = np.array(list(vals[row["cell"]].values()))
         lo, hi = sps.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=sps.sem(x))
         assert row["mean"] == pytest.approx(x.mean()) and row["ci_lo"] == pytest.approx(lo)
         assert row["ci_hi"] == pytest.approx(hi)
-        if row["cell"] != base_label:
-            p = sps.ttest_ind(x, vals[base_label], equal_var=False).pvalue
+        if row["cell"] in stuck:  # at the unigram floor after 16 steps: not ranked, not tested
+            assert row["health"].startswith("did not learn") and pd.isna(row["rank"])
+        if row["cell"] != base_label and (row["cell"] in stuck or base_label in stuck):
+            assert row["verdict"].startswith("did not learn") and pd.isna(row["p"])
+        elif row["cell"] != base_label:
+            cell = vals[row["cell"]]
+            if set(cell) == set(base):  # same seeds, same data: paired by seed
+                p = sps.ttest_rel([cell[s] for s in sorted(base)], [base[s] for s in sorted(base)]).pvalue
+            else:
+                p = sps.ttest_ind(list(cell.values()), list(base.values()), equal_var=False).pvalue
             assert row["p"] == pytest.approx(p)
-            assert row["delta"] == pytest.approx(x.mean() - np.mean(vals[base_label]))
-    assert "Welch" in text_of(at)
+            assert row["delta"] == pytest.approx(x.mean() - np.mean(list(base.values())))
+            assert row["verdict"].startswith("too few seeds to decide")  # 2 seeds
+    assert "Welch" in text_of(at) and "no multiple-comparison correction" in text_of(at)
+    assert "did not learn" in text_of(at) or not stuck
     specs = vega(at)
-    assert len(specs) == 2  # per-cell CIs, differences to the baseline
+    assert len(specs) == 2  # per-cell CIs, differences
     assert {"CSV", "PNG"} <= set(downloads(at))
 
-    # another baseline, and the paired test
+    # another baseline, Holm back on
     other = [k for (k,) in fixture_store.sql("SELECT DISTINCT cell_key FROM runs WHERE status = 'completed'")
              if k != baseline.value][0]
     ok(baseline.set_value(other))
     assert at.session_state["baseline"] == other
-    ok(find(at.radio, "Test").set_value("paired"))
-    table = at.dataframe[-1].value
-    base_label = table.loc[table["marker"] == "baseline", "cell"].iloc[0]
-    row = table[table["marker"] != "baseline"].iloc[0]
-    a, b = np.array(vals[row["cell"]]), np.array(vals[base_label])  # seeds 0, 1 in both, in order
-    assert row["p"] == pytest.approx(sps.ttest_rel(a, b).pvalue)
-    assert "paired t-test" in text_of(at)
+    ok(find(at.toggle, "Holm correction").set_value(True))
+    assert "Holm correction over the" in text_of(at)
+
+    # chosen pairs and one axis: the same engine
+    ok(find(at.radio, "Comparisons").set_value("by"))
+    assert "every pair of cells that differ in" in text_of(at)
+    ok(find(at.radio, "Comparisons").set_value("baseline"))
 
     # group by one axis, facet by another
     ok(find(at.selectbox, "Group by").set_value("model.norm"))

@@ -70,7 +70,7 @@ def test_verdicts():
     assert stats.compare({i: v - 0.5 for i, v in base.items()}, base).verdict == "better"
     assert stats.compare({i: v + 0.5 for i, v in base.items()}, base).verdict == "worse"
     noisy = {i: v + (0.05 if i % 2 else -0.05) for i, v in base.items()}
-    assert stats.compare(noisy, base).verdict == "not distinguishable from baseline"
+    assert stats.compare(noisy, base).verdict == "not distinguishable"
     # higher is better for accuracy-like metrics
     assert stats.compare({i: v + 0.5 for i, v in base.items()}, base, lower_is_better=False).verdict == "better"
 
@@ -78,8 +78,8 @@ def test_verdicts():
 def test_fewer_than_two_seeds_gives_no_test_and_says_so():
     c = stats.compare({0: 2.9}, {0: 3.0})
     assert c.p_value is None and c.delta == pytest.approx(-0.1)
-    assert c.verdict.startswith("not distinguishable from baseline") and "n=1" in c.verdict
-    assert "n<2" in c.note
+    assert c.verdict.startswith("too few seeds to decide") and "n=1" in c.verdict
+    assert "no variance estimate" in c.note
 
 
 def test_identical_differences_do_not_divide_by_zero():
@@ -141,3 +141,113 @@ def test_summaries_of_dicts_and_of_frames_give_the_same_interval():
     g = stats.summarize_groups(pd.DataFrame({"cell": ["a"] * 3, "value": list(vals.values())}), "cell").iloc[0]
     assert (g["n"], g["mean"], g["std"], g["ci_lo"], g["ci_hi"]) == \
         pytest.approx((s.n, s.mean, s.std, s.ci_low, s.ci_high))
+
+
+# ---------------------------------------------------------------- the verdict engine (stats.analyse)
+
+
+def _cells(values, data=None, flagged=()):
+    return [stats.CellInput(k, k, v, (data or {}).get(k, "d"),
+                            stats.Health(runs=len(v), did_not_learn=len(v) if k in flagged else 0, floor=3.26))
+            for k, v in values.items()]
+
+
+def test_holm_over_the_comparisons_shown_decides_the_verdicts():
+    rng = np.random.default_rng(3)
+    seeds = range(5)
+    base = {s: 3.0 + rng.normal(0, 0.05) for s in seeds}
+    values = {"base": base,
+              "a": {s: v - 0.03 + rng.normal(0, 0.01) for s, v in base.items()},
+              "b": {s: v + 0.01 + rng.normal(0, 0.01) for s, v in base.items()},
+              "c": {s: v + 0.2 + rng.normal(0, 0.01) for s, v in base.items()}}
+    an = stats.analyse(_cells(values), stats.against_baseline(list(values), "base"))
+    raw = [sps.ttest_rel([values[k][s] for s in seeds], [base[s] for s in seeds]).pvalue for k in "abc"]
+    # Holm by hand: sort, multiply by (m - rank), running max, cap at 1
+    order = np.argsort(raw)
+    adj = np.empty(3)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (3 - rank) * raw[i]))
+        adj[i] = running
+    for comp, p, pa in zip(an.comparisons, raw, adj):
+        assert comp.test == "paired t (n=5)"
+        assert comp.p_value == pytest.approx(p) and comp.p_adjusted == pytest.approx(pa)
+        assert comp.verdict == (stats.SAME if not pa < 0.05 else "better" if comp.delta < 0 else "worse")
+    assert "Holm" in an.method and "paired" in an.method
+    # the same table without a correction says so and uses the raw p
+    plain = stats.analyse(_cells(values), stats.against_baseline(list(values), "base"), correction="none")
+    assert "no multiple-comparison correction" in plain.method
+    assert [c.p_adjusted for c in plain.comparisons] == pytest.approx(raw)
+
+
+def test_two_seeds_are_too_few_to_decide_and_state_the_detectable_difference():
+    # a +0.84-nat gap on 2 seeds: t has 1 df, so the design cannot decide
+    values = {"base": {0: 2.10, 1: 2.30}, "cell": {0: 2.90, 1: 3.18}}
+    comp = stats.analyse(_cells(values), [("cell", "base")]).comparisons[0]
+    assert comp.verdict.startswith(stats.TOO_FEW) and "n=2" in comp.verdict
+    d = np.array([0.80, 0.88])
+    se = d.std(ddof=1) / np.sqrt(2)
+    mdd = (sps.t.ppf(0.975, 1) + sps.t.ppf(0.8, 1)) * se
+    assert comp.mdd == pytest.approx(mdd)
+    assert f"{mdd:.4f}" in comp.verdict
+    # a bimodal cell on 2 seeds is not "not distinguishable" either
+    wide = {"base": {0: 2.0, 1: 2.1}, "cell": {0: -3.0, 1: 8.0}}
+    assert stats.analyse(_cells(wide), [("cell", "base")]).comparisons[0].verdict.startswith(stats.TOO_FEW)
+
+
+def test_seeds_needed_reaches_the_requested_power():
+    sd, effect = 0.02, 0.02
+    n = stats.seeds_needed(sd, effect, paired=True)
+    assert n is not None and n >= stats.MIN_SEEDS
+    # at n the exact power (noncentral t) reaches 80%, at n - 1 it does not
+    def power(k):
+        df, ncp = k - 1, effect / (sd / np.sqrt(k))
+        crit = sps.t.ppf(0.975, df)
+        return sps.nct.sf(crit, df, ncp) + sps.nct.cdf(-crit, df, ncp)
+    assert power(n) >= 0.8 and (n == stats.MIN_SEEDS or power(n - 1) < 0.8)
+    # Welch needs more than paired; more comparisons (Holm's alpha / m) need more
+    assert stats.seeds_needed(sd, effect, paired=False) > n
+    assert stats.seeds_needed(sd, effect, comparisons=10) > n
+    # a Monte-Carlo check of the paired figure
+    rng = np.random.default_rng(0)
+    hits = np.mean([sps.ttest_1samp(rng.normal(effect, sd, n), 0).pvalue < 0.05 for _ in range(2000)])
+    assert hits == pytest.approx(0.8, abs=0.05) or hits > 0.8
+
+
+def test_bootstrap_ci_is_seeded_and_brackets_the_difference():
+    rng = np.random.default_rng(1)
+    base = {s: 3.0 + rng.normal(0, 0.05) for s in range(8)}
+    cell = {s: v - 0.1 + rng.exponential(0.02) for s, v in base.items()}
+    a = stats.analyse(_cells({"base": base, "cell": cell}), [("cell", "base")], bootstrap=True)
+    b = stats.analyse(_cells({"base": base, "cell": cell}), [("cell", "base")], bootstrap=True)
+    ca = a.comparisons[0]
+    assert ca.test.startswith("bootstrap (paired")
+    assert (ca.ci_low, ca.ci_high, ca.p_value) == (b.comparisons[0].ci_low, b.comparisons[0].ci_high,
+                                                    b.comparisons[0].p_value)
+    d = np.array([cell[s] - base[s] for s in base])
+    assert ca.ci_low < d.mean() < ca.ci_high < 0
+    assert ca.verdict == "better" and "bootstrap" in a.method
+    # against a direct resampling of the differences
+    boot = d[np.random.default_rng(stats.BOOTSTRAP_SEED).integers(0, 8, (stats.BOOTSTRAP_RESAMPLES, 8))].mean(1)
+    assert (ca.ci_low, ca.ci_high) == pytest.approx(tuple(np.quantile(boot, [0.025, 0.975])))
+
+
+def test_a_cell_that_did_not_learn_is_not_ranked_or_tested():
+    values = {"base": {0: 2.0, 1: 2.05, 2: 2.02}, "stuck": {0: 3.21, 1: 3.22, 2: 3.20},
+              "good": {0: 1.9, 1: 1.95, 2: 1.93}}
+    an = stats.analyse(_cells(values, flagged={"stuck"}), stats.against_baseline(list(values), "base"))
+    assert an.cell("stuck").rank is None and "did not learn" in an.cell("stuck").status
+    assert (an.cell("good").rank, an.cell("base").rank) == (1, 2)
+    stuck = next(c for c in an.comparisons if c.a == "stuck")
+    assert stuck.verdict.startswith(stats.DID_NOT_LEARN) and stuck.p_value is None
+    # it does not count in the Holm family either
+    good = next(c for c in an.comparisons if c.a == "good")
+    assert good.p_adjusted == pytest.approx(good.p_value)
+
+
+def test_by_axis_pairs_cells_that_differ_in_that_axis_only():
+    cells = [stats.CellInput(f"{f}/{n}", f"{f}/{n}", {}, settings={"model.ffn": f, "model.norm": n})
+             for f in ("relu", "gelu", "swiglu") for n in ("rms", "ln")]
+    pairs = stats.by_axis(cells, "model.ffn")
+    assert len(pairs) == 6  # 3 ffn pairs x 2 norms
+    assert all(a.split("/")[1] == b.split("/")[1] and a != b for a, b in pairs)

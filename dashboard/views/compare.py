@@ -1,22 +1,28 @@
-"""Compare: one final number per cell with its 95% CI across seeds, and each cell against a baseline.
+"""Compare: one final number per cell with its 95% CI across seeds, and any comparison between cells.
 
-Per cell: the mean over its seeds and the 95% t-interval of that mean (n - 1
-degrees of freedom). Against the baseline cell: the difference of means, its
-95% interval and a two-sided p-value, by Welch's unequal-variance t-test (the
-default) or a paired t-test over the seeds both cells ran; optionally
-Holm-adjusted for the number of cells compared.
+The numbers come from abl.verdicts / abl.stats.analyse, the engine of the
+``abl run`` summary, ``abl compare`` and ``abl report``, with the same
+defaults: paired t-test by seed when two cells ran the same seeds on the same
+data order, else Welch; Holm over the comparisons shown; fewer than 3 seeds:
+"too few seeds to decide" with the minimum detectable difference; a cell that
+did not learn (final loss at its data's unigram floor) is not ranked or
+tested. Comparisons: every cell against a baseline, chosen pairs, or every
+pair of cells that differ in one setting only (e.g. model.ffn).
 """
 
 import numpy as np
+import pandas as pd
 import streamlit as st
 
 from abl import stats
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
+from abl.verdicts import health_text
 
 NONE = "(none)"
 PREFERRED = ("val_loss", "train_loss", "tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token",
              "decode_tokens_per_s", "wall_s", "n_params")
+MODES = {"baseline": "each cell against a baseline", "pairs": "chosen pairs", "by": "every pair along one setting"}
 
 sel: q.Selection = st.session_state["selection"]
 st.title("Compare")
@@ -40,71 +46,100 @@ group = top[1].selectbox("Group by", [NONE, *axes], key="cmp_group",
                          help="One row per value of this axis; cells that differ in other axes are colored.")
 facet = top[2].selectbox("Facet by", [NONE, *[a for a in axes if a != group]], key="cmp_facet",
                          help="One panel per value of this axis.")
-TESTS = {"welch": "Welch's t-test (unpaired)", "paired": "paired t-test over shared seeds"}
 with top[3]:
-    include_all = st.toggle("include runs that did not complete", key="cmp_incomplete",
-                            help="By default only completed runs count: the last value of a diverged "
-                                 "or running run is not comparable.")
     use_holm = st.toggle("Holm correction", value=True, key="cmp_holm",
-                         help="Adjust the p-values for comparing every cell with the baseline.")
+                         help="Adjust the p-values for the number of comparisons shown (Holm's step-down).")
+    use_boot = st.toggle("Bootstrap CIs", value=False, key="cmp_boot",
+                         help="Percentile bootstrap of the difference of means (resampling seeds), for cells "
+                              "whose values are far from normal.")
 
-vals = common.load(q.cell_values, sel, metric, not include_all)
-if vals.empty:
-    st.info(f"No {'' if include_all else 'completed '}run of the selection has {metric} yet.")
+# the cells, unadjusted, to offer the choices (completed runs only: a diverged or running run's last value
+# is not comparable)
+base_cells, _, _ = common.load(q.verdicts, sel, metric)
+if not any(c.values for c in base_cells):
+    st.info(f"No completed run of the selection has {metric} yet.")
     st.stop()
-summ = stats.summarize_groups(vals, "cell_key", "value")
-summ = summ.merge(cells, on="cell_key", how="left")
-lower_better = info.better != "higher"
-summ = summ.sort_values("mean", ascending=lower_better, kind="stable").reset_index(drop=True)
-
-# baseline: remembered across pages; the grid's first cell by default
-keys = list(summ["cell_key"])
-labels = dict(zip(summ["cell_key"], summ["cell"]))
+keys = [c.key for c in base_cells if c.values]
+labels = {c.key: c.label for c in base_cells}
 remembered = st.session_state.get("baseline")
 if st.session_state.get("cmp_baseline") not in keys:
-    first = summ.sort_values("first_started", na_position="last")["cell_key"].iloc[0]
-    st.session_state["cmp_baseline"] = remembered if remembered in keys else first
+    default = next((c.key for c in base_cells if c.values and not c.health.flagged), keys[0])
+    st.session_state["cmp_baseline"] = remembered if remembered in keys else default
 
 
 def _remember() -> None:
     st.session_state["baseline"] = st.session_state["cmp_baseline"]
 
 
-mid = st.columns([3, 2])
-baseline = mid[0].selectbox("Baseline cell", keys, key="cmp_baseline", format_func=lambda k: labels.get(k, k),
-                            on_change=_remember, help="Every other cell is tested against this one.")
-test_kind = mid[1].radio("Test", list(TESTS), format_func=TESTS.get, key="cmp_test", horizontal=True,
-                         help="Welch: no assumption about the two cells' spreads. Paired: differences per "
-                              "seed; with the same seed two cells of a grid see the same batches in the "
-                              "same order, which removes the variance the seed adds to both.")
-st.session_state.setdefault("baseline", baseline)
-b = summ[summ["cell_key"] == baseline].iloc[0]
-if test_kind == "welch":
-    w = stats.welch(summ["mean"], summ["std"], summ["n"], b["mean"], b["std"], b["n"])
+mid = st.columns([2, 4])
+mode = mid[0].radio("Comparisons", list(MODES), format_func=MODES.get, key="cmp_mode")
+kwargs: dict = {"bootstrap": use_boot, "correction": stats.HOLM if use_holm else stats.NO_CORRECTION}
+baseline = None
+if mode == "baseline":
+    baseline = mid[1].selectbox("Baseline cell", keys, key="cmp_baseline", format_func=lambda k: labels.get(k, k),
+                                on_change=_remember, help="Every other cell is tested against this one.")
+    st.session_state.setdefault("baseline", baseline)
+    kwargs["baseline"] = baseline
+elif mode == "pairs":
+    options = [f"{a},{b}" for i, a in enumerate(keys) for b in keys[i + 1:]]
+    chosen = mid[1].multiselect("Pairs (first − second)", options, default=options[:1], key="cmp_pairs",
+                                format_func=lambda p: " − ".join(labels[k] for k in p.split(",")))
+    if not chosen:
+        st.info("Choose at least one pair.")
+        st.stop()
+    kwargs["pairs"] = tuple(chosen)
 else:
-    by_seed = {k: dict(zip(g["seed"], g["value"])) for k, g in vals.groupby("cell_key")}
-    rows = [stats.paired(by_seed[k], by_seed[baseline]) for k in summ["cell_key"]]
-    w = {f: np.array([r[f] for r in rows]) for f in ("diff", "diff_lo", "diff_hi", "p")}
-summ["delta"] = w["diff"]
-summ["delta_lo"] = w["diff_lo"]
-summ["delta_hi"] = w["diff_hi"]
-summ["p"] = np.where(summ["cell_key"] == baseline, np.nan, w["p"])
-summ["p_holm"] = stats.holm(summ["p"])
-p_used = summ["p_holm"] if use_holm else summ["p"]
-summ["marker"] = ["baseline" if k == baseline else stats.stars(p) for k, p in zip(summ["cell_key"], p_used)]
+    varied = sorted(k for k in set().union(*(c.settings for c in base_cells))
+                    if len({c.settings.get(k) for c in base_cells}) > 1)
+    if not varied:
+        st.info("The selected cells do not differ in any setting.")
+        st.stop()
+    kwargs["by"] = mid[1].selectbox("Setting", varied, key="cmp_by",
+                                    help="Every pair of cells that differ in this setting only.")
+try:
+    cell_inputs, analysis, what = common.load(q.verdicts, sel, metric, **kwargs)
+except Exception as exc:  # an axis along which no two cells differ alone, ...
+    st.warning(str(exc))
+    st.stop()
+
+lower_better = analysis.lower_is_better
+rows = [r for r in analysis.cells if r.n]
+summ = pd.DataFrame({
+    "cell_key": [r.key for r in rows], "cell_label": [r.label for r in rows], "n": [r.n for r in rows],
+    "mean": [r.mean for r in rows], "std": [r.std for r in rows],
+    "ci_lo": [r.ci_low for r in rows], "ci_hi": [r.ci_high for r in rows],
+    "rank": [r.rank for r in rows], "health": [r.status or health_text(r.health) for r in rows]})
+summ = summ.merge(cells, on="cell_key", how="left")
+summ["cell"] = summ["cell"].fillna(summ["cell_label"])
+summ = summ.sort_values(["rank", "mean"], ascending=[True, lower_better], na_position="last",
+                        kind="stable").reset_index(drop=True)
+comp = pd.DataFrame([c.as_dict() for c in analysis.comparisons])
+by_a = {c.a: c for c in analysis.comparisons} if mode == "baseline" else {}
 
 
-def _significance(delta: float, p: float) -> str:
-    if not np.isfinite(p):
+def _significance(c) -> str:
+    if c is None:
         return "n/a"
-    if p >= 0.05 or info.better == "none":
-        return "not significant" if p >= 0.05 else ("worse" if delta > 0 else "better")
-    return "better" if (delta < 0) == lower_better else "worse"
+    if c.verdict in (stats.BETTER, stats.WORSE):
+        return c.verdict
+    return "not significant" if c.verdict == stats.SAME else "n/a"
 
 
-summ["significance"] = [_significance(d, p) for d, p in zip(summ["delta"], p_used)]
-summ.loc[summ["cell_key"] == baseline, "significance"] = "baseline"
-summ["baseline"] = b["mean"]
+summ["delta"] = [by_a[k].delta if k in by_a else np.nan for k in summ["cell_key"]]
+summ["p"] = [by_a[k].p_value if k in by_a else np.nan for k in summ["cell_key"]]
+summ["p_holm"] = [by_a[k].p_adjusted if k in by_a else np.nan for k in summ["cell_key"]]
+summ["verdict"] = [by_a[k].verdict if k in by_a else ("baseline" if k == baseline else "")
+                   for k in summ["cell_key"]]
+summ["significance"] = ["baseline" if k == baseline else _significance(by_a.get(k)) for k in summ["cell_key"]]
+summ["marker"] = ["baseline" if k == baseline else
+                  ("not ranked" if by_a.get(k) and by_a[k].verdict.startswith(stats.DID_NOT_LEARN) else
+                   stats.stars(by_a[k].p_adjusted if by_a[k].p_adjusted is not None else np.nan)
+                   if k in by_a else "") for k in summ["cell_key"]]
+for col in ("rank", "delta", "p", "p_holm"):
+    summ[col] = pd.to_numeric(summ[col], errors="coerce")
+base_mean = float(summ.loc[summ["cell_key"] == baseline, "mean"].iloc[0]) if baseline in set(summ["cell_key"]) \
+    else None
+summ["baseline"] = base_mean
 
 sort = list(summ["cell"])
 x_title = common.metric_title(metric)
@@ -117,41 +152,51 @@ if group != NONE:
 else:
     y, color, y_sort = "cell", "significance", sort
 chart = charts.compare_chart(summ, y=y, y_title=None if y == "cell" else y, x_title=x_title, color=color,
-                             facet=None if facet == NONE else facet, sort=y_sort, baseline=b["mean"])
+                             facet=None if facet == NONE else facet, sort=y_sort, baseline=base_mean)
 n_seeds = f"{int(summ['n'].min())}–{int(summ['n'].max())}" if summ["n"].nunique() > 1 else str(int(summ["n"].iloc[0]))
-test = ("Welch's t-test (two-sided, unequal variances)" if test_kind == "welch" else
-        "a paired t-test over the seeds both cells ran (two-sided)") + (", Holm-adjusted" if use_holm else "")
-caption = (f"Dots: mean over seeds ({n_seeds} per cell); bars: 95% CI of the mean (t-distribution, n−1 df). "
-           f"Dashed line: the baseline's mean. Markers vs baseline by {test}: * p<0.05, ** p<0.01, "
-           "*** p<0.001, n.s. not significant, n/a fewer than 2 seeds on a side.")
-table_cols = ["cell", *axes, "n", "mean", "std", "ci_lo", "ci_hi", "delta", "delta_lo", "delta_hi", "p",
-              "p_holm", "marker"]
+caption = (f"Dots: mean over seeds ({n_seeds} per cell, completed runs); bars: 95% CI of the mean "
+           f"(t-distribution, n−1 df). " + ("Dashed line: the baseline's mean; markers: * p<0.05, ** p<0.01, "
+                                            "*** p<0.001 (adjusted), n.s. not significant. " if baseline else "")
+           + analysis.method)
+table_cols = ["rank", "cell", *axes, "n", "mean", "std", "ci_lo", "ci_hi", "delta", "p", "p_holm", "verdict",
+              "health"]
 export = summ[[c for c in dict.fromkeys(table_cols + ["cell_key"]) if c in summ]]
 st.subheader(f"{info.label}: mean and 95% CI per cell, {'lower' if lower_better else 'higher'} is better")
 charts.show(chart, export, f"compare_{metric}", key="compare", caption=caption,
             height=charts.rows_height(len(y_sort), facets=facet != NONE))
 
-st.subheader(f"Difference to the baseline: {labels[baseline]}")
-delta_df = summ[summ["cell_key"] != baseline]
-if delta_df.empty:
-    st.info("Only the baseline cell is selected.")
+st.subheader(f"Verdicts: {what}")
+if comp.empty:
+    st.info("Nothing to compare: only one cell is selected.")
 else:
-    charts.show(charts.delta_chart(delta_df, [s for s in sort if s != labels[baseline]],
-                                   f"Δ {metric} vs baseline"), delta_df[[c for c in export if c in delta_df]],
-                f"delta_{metric}", key="delta", height=charts.rows_height(len(delta_df)),
-                caption=f"Bars: 95% CI of the difference ({'Welch–Satterthwaite df' if test_kind == 'welch' else 'pairs − 1 df'}). "
-                        f"Color: {test} at 0.05.")
+    comp["cell"] = [f"{a} − {b}" for a, b in zip(comp["a_label"], comp["b_label"])]
+    comp["delta_lo"], comp["delta_hi"], comp["p"] = comp["ci_low"], comp["ci_high"], comp["p_value"]
+    comp["significance"] = [_significance(c) for c in analysis.comparisons]
+    comp["marker"] = [stats.stars(np.nan if c.p_adjusted is None else c.p_adjusted) for c in analysis.comparisons]
+    shown = comp[comp["delta"].notna()]
+    if not shown.empty:
+        charts.show(charts.delta_chart(shown, list(shown["cell"]), f"Δ {metric}"),
+                    shown[["cell", "delta", "delta_lo", "delta_hi", "p", "p_adjusted", "test", "verdict"]],
+                    f"delta_{metric}", key="delta", height=charts.rows_height(len(shown)),
+                    caption=f"Bars: 95% CI of the difference. Color: the verdict. {analysis.method}")
+    st.dataframe(comp[["a_label", "b_label", "n_a", "n_b", "delta", "ci_low", "ci_high", "p_value", "p_adjusted",
+                       "test", "mdd", "verdict"]], hide_index=True, width="stretch", column_config={
+        "a_label": st.column_config.TextColumn("a"), "b_label": st.column_config.TextColumn("b"),
+        **{c: st.column_config.NumberColumn(c, format="%+.4f") for c in ("delta", "ci_low", "ci_high")},
+        "p_value": st.column_config.NumberColumn("p", format="%.3g"),
+        "p_adjusted": st.column_config.NumberColumn("Holm p" if use_holm else "p (no correction)", format="%.3g"),
+        "mdd": st.column_config.NumberColumn("MDD", format="%.4f", help="minimum detectable difference at the "
+                                             "observed variance (power 80%)"),
+    })
+    st.caption(analysis.method)
 
 st.subheader("Table")
 fmt = "%.4f" if "loss" in metric else "%.4g"
 st.dataframe(export.drop(columns=["cell_key"]), hide_index=True, width="stretch", column_config={
     "n": st.column_config.NumberColumn("seeds"),
     **{c: st.column_config.NumberColumn(c, format=fmt) for c in ("mean", "std", "ci_lo", "ci_hi")},
-    **{c: st.column_config.NumberColumn(c, format="%+.4f" if "loss" in metric else "%+.4g")
-       for c in ("delta", "delta_lo", "delta_hi")},
+    "delta": st.column_config.NumberColumn("delta", format="%+.4f" if "loss" in metric else "%+.4g"),
     "p": st.column_config.NumberColumn("p", format="%.3g"),
-    "p_holm": st.column_config.NumberColumn("Holm p", format="%.3g"),
-    "marker": st.column_config.TextColumn("sig."),
+    "p_holm": st.column_config.NumberColumn("Holm p" if use_holm else "p (no correction)", format="%.3g"),
 })
-st.caption(f"{test}. {len(summ)} cells, {int(summ['n'].sum())} runs"
-           + ("" if include_all else " (completed runs only)") + ".")
+st.caption(f"{analysis.method} {len(summ)} cells, {int(summ['n'].sum())} completed runs.")

@@ -1,0 +1,168 @@
+"""train.lr_sweep: every cell at every LR on the tuning seed, then each variant at its own best LR."""
+
+import json
+import math
+import time
+
+import pytest
+
+GRID = """
+[experiment]
+name = "sweep"
+seeds = [0, 1, 2, 3]
+[model]
+d_model = 32
+n_heads = 4
+n_layers = 2
+context = 16
+[train]
+steps = 10
+batch_size = 4
+lr_sweep = [1e-3, 3e-3, 1e-2]
+[grid]
+"model.ffn" = ["gelu", "swiglu"]
+"""
+
+# the loss each variant reaches at each LR: gelu likes 3e-3, swiglu likes 1e-2; swiglu at 3e-3 (the
+# LR a single shared setting might have used) looks worse than gelu
+LOSS = {("gelu", 1e-3): 2.3, ("gelu", 3e-3): 2.0, ("gelu", 1e-2): 2.6,
+        ("swiglu", 1e-3): 2.4, ("swiglu", 3e-3): 2.1, ("swiglu", 1e-2): 1.9}
+
+
+class FakeExecutor:
+    """Writes what a worker would, with the loss from LOSS (plus a small seed effect); no training."""
+
+    name = "fake"
+
+    def __init__(self, loss=None):
+        self.running = []
+        self.trained = []
+        self.loss = loss or LOSS
+
+    def run(self, jobs, on_progress, on_done):
+        for job in jobs:
+            c = job.cell
+            self.trained.append((c.experiment.name, c.model.ffn, c.train.lr, c.seed))
+            final = self.loss[(c.model.ffn, round(c.train.lr, 6))] + 0.01 * math.sin(3 * c.seed) + 0.001 * c.seed
+            lines = [{"step": s, "train_loss": final + 1 / s} for s in range(1, 11)] + \
+                    [{"step": 10, "val_loss": final}]
+            (job.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+            (job.run_dir / "info.json").write_text(json.dumps({"data_fingerprint": "f" * 64,
+                                                               "unigram_floor": 3.26}))
+            (job.run_dir / "status.json").write_text(json.dumps({"status": "completed", "started": time.time(),
+                                                                 "finished": time.time()}))
+            on_done(job)
+
+    def stop_all(self):
+        pass
+
+
+def test_each_variant_is_compared_at_its_own_best_lr(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from abl.config import load_grid
+    from abl.lr_sweep import run_sweep
+    from abl.plugin_manager import get_registry
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.toml").write_text(GRID)
+    reg = get_registry()
+    grid = load_grid(tmp_path / "g.toml", reg)
+    ex = FakeExecutor()
+    console = Console(record=True, width=250)
+    db = tmp_path / "r" / "abl.duckdb"
+    assert run_sweep(grid, reg, db, tmp_path / "r" / "runs", executor=ex, console=console) == 0
+    tuning = [t for t in ex.trained if t[0] == "sweep.lr_tuning"]
+    final = [t for t in ex.trained if t[0] == "sweep"]
+    # phase 1: 2 variants x 3 LRs on seed 0; phase 2: each variant at its best LR on seeds 1-3
+    assert sorted(tuning) == sorted(("sweep.lr_tuning", f, lr, 0) for f in ("gelu", "swiglu")
+                                    for lr in (1e-3, 3e-3, 1e-2))
+    assert sorted(final) == sorted([("sweep", "gelu", 3e-3, s) for s in (1, 2, 3)]
+                                   + [("sweep", "swiglu", 1e-2, s) for s in (1, 2, 3)])
+    text = console.export_text()
+    assert "lr sweep" in text and "2.0000 *" in text and "1.9000 *" in text
+    # the summary says which LR each variant got, and compares them (swiglu at its LR wins)
+    from click.testing import CliRunner
+
+    from abl.cli import cli
+
+    r = CliRunner().invoke(cli, ["compare", "sweep", "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)[0]
+    labels = {c["label"]: c for c in out["cells"]}
+    assert set(labels) == {"ffn=gelu, lr=0.003", "ffn=swiglu, lr=0.01"}
+    assert labels["ffn=swiglu, lr=0.01"]["rank"] == 1 and labels["ffn=swiglu, lr=0.01"]["n"] == 3
+    # --by model.ffn pairs the variants although their LRs differ (the LR was tuned, not chosen)
+    r = CliRunner().invoke(cli, ["compare", "sweep", "--db", str(db), "--json", "--by", "model.ffn"])
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.output)[0]["comparisons"]) == 1
+    # the run summary's lr column
+    assert "lr" in text and "0.01" in text
+    # running it again trains nothing
+    ex2 = FakeExecutor()
+    assert run_sweep(grid, reg, db, tmp_path / "r" / "runs", executor=ex2, console=Console(width=250)) == 0
+    assert ex2.trained == []
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["experiment.seeds=[0]"], "needs at least 2 seeds"),
+    (["train.lr_sweep=[1e-3, -1.0]"], "positive learning rates"),
+    (["train.lr_sweep=[1e-3, 1e-3]"], "duplicates"),
+    (['grid.train.lr=[1e-3, 3e-3]'], "both a grid axis"),
+    (['experiment.summary=[]'], "experiment.summary"),
+    (['experiment.summary="val_loss"'], "experiment.summary"),
+])
+def test_bad_sweeps_and_summaries_are_refused_before_training(tmp_path, sets, message):
+    from abl.config import ConfigError, load_grid
+    from abl.plugin_manager import get_registry
+
+    (tmp_path / "g.toml").write_text(GRID)
+    with pytest.raises(ConfigError) as exc:
+        load_grid(tmp_path / "g.toml", get_registry(), sets)
+    assert message in str(exc.value)
+
+
+def test_shipped_grids_name_their_summary_metrics():
+    from abl.config import load_grid
+    from abl.plugin_manager import get_registry
+
+    reg = get_registry()
+    assert load_grid("ablations/position.toml", reg).cells[0].experiment.summary == \
+        ["val_loss", "val_loss_x2", "val_loss_x4"]
+    assert "kv_bytes_per_token" in load_grid("ablations/attention.toml", reg).cells[0].experiment.summary
+
+
+def test_dry_run_shows_the_tuning_phase(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from abl.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.toml").write_text(GRID)
+    r = CliRunner().invoke(cli, ["run", "g.toml", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "phase 1" in r.output and "6 runs" in r.output and "train.lr" in r.output
+    assert not (tmp_path / "results").exists()
+
+
+def test_no_variant_that_learned_means_no_phase_2(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from abl.config import load_grid
+    from abl.lr_sweep import run_sweep
+    from abl.plugin_manager import get_registry
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.toml").write_text(GRID)
+    reg = get_registry()
+    grid = load_grid(tmp_path / "g.toml", reg)
+    stuck = {k: 3.3 for k in LOSS}  # every tuning run at the unigram floor (3.26): none learned
+    stuck[("gelu", 3e-3)] = 2.5  # except gelu at 3e-3
+    ex = FakeExecutor(stuck)
+    console = Console(record=True, width=250)
+    failures = run_sweep(grid, reg, tmp_path / "r" / "abl.duckdb", tmp_path / "r" / "runs", executor=ex,
+                         console=console)
+    assert failures == 1  # swiglu has no usable learning rate
+    assert sorted(t[1:] for t in ex.trained if t[0] == "sweep") == [("gelu", 3e-3, s) for s in (1, 2, 3)]
+    text = console.export_text()
+    assert "did not learn" in text and "left out of phase 2" in text
