@@ -143,8 +143,8 @@ class EvalConfig:
 
     decode: bool = _f(True, "after training: cached greedy decoding speed (prefill/decode tokens per second), "
                       "KV-cache bytes per token and decode agreement")
-    extrapolation: bool = _f(True, "after training: val_loss_x1/x2/x4, on windows of 1, 2 and 4 times the "
-                             "training context")
+    extrapolation: bool = _f(True, "after training: val_loss_x2/x4, on windows of 2 and 4 times the "
+                             "training context (1x is val_loss)")
 
 
 SECTIONS: dict[str, type] = {
