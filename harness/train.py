@@ -546,7 +546,10 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
             "wall_s": time.perf_counter() - t_start,
         }
         utilisation = mfu(costs, step_times)
-        if utilisation is not None:
+        if utilisation is not None and utilisation > 1:  # never stored: a peak that does not hold
+            run.notes.append(f"mfu not recorded: {utilisation:.3f} exceeds 1, so the device peak "
+                             f"({costs.get('device_peak_flops', 0):.3g} FLOP/s) does not hold on this machine")
+        elif utilisation is not None:
             summary["mfu"] = utilisation
         # n_params was recorded at step 0; the summary row carries only what is new
         sink.log(cell.train.steps, {k: v for k, v in summary.items() if k != "n_params"})
