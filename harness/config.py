@@ -120,6 +120,8 @@ class TrainConfig:
     devices: int = _f(1, "processes per cell: > 1 trains one cell with DDP under torchrun "
                       "(one GPU each on CUDA, gloo on CPU); batch_size is the global batch", min=1)
     deterministic: bool = _f(False, "torch.use_deterministic_algorithms (slower; recorded with the run)")
+    compile: bool = _f(False, "torch.compile the model and its loss for the training steps (compile time "
+                       "is recorded apart as compile_s, never in tokens/s; evaluation stays eager)")
 
 
 # model.scale presets for size ladders (d_model, n_layers, n_heads); head dim 32 where it fits.
@@ -449,6 +451,8 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
     if sections["train"].batch_size % sections["train"].devices:
         errs.append(f"train.batch_size={sections['train'].batch_size} is not divisible by "
                     f"train.devices={sections['train'].devices}")
+    if tc.compile and tc.devices > 1:
+        errs.append("train.compile = true needs train.devices = 1 (the compiled path is one process)")
     dev = sections["train"].device
     if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         errs.append(f"train.device must be auto, cpu, cuda or cuda:N, got {dev!r}")

@@ -60,7 +60,7 @@ def summary_table(rows: list[dict[str, Any]], title: str, grid: Grid | None = No
     for p in paths or ["cell"]:
         table.add_column(p)
     cols = [("seeds", "right"), ("val_loss ± std", "right"), ("95% CI", "right"),
-            ("Δ vs base (p)", "right"), ("verdict", "left"), ("tokens/s", "right"), ("peak mem", "right")]
+            ("Δ vs base (p)", "right"), ("verdict", "left"), ("tokens/s (step median)", "right"), ("peak mem", "right")]
     if show_decode:
         cols += [("KV B/token", "right"), ("decode tok/s", "right")]
     cols += [("status", "left")]
@@ -83,6 +83,8 @@ def summary_table(rows: list[dict[str, Any]], title: str, grid: Grid | None = No
             delta = f"{st['delta']:+.4f} ({fmt_p(st.get('p_value'))})"
             verdict = st.get("verdict") or ""
         tps = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:,.0f}"
+        if r.get("train_tokens_per_s") is not None:  # the cell's true rate, the step median beside it
+            tps = f"{r['train_tokens_per_s']:,.0f} ({tps})"
         names = [str(varied.get(r["cell_key"], {}).get(p, "?")) for p in paths] or [r["label"] or "-"]
         cells = [str(i), *names, f"{r['completed']}/{r['runs']}", vl, ci, delta, verdict, tps,
                  fmt_bytes(r["peak_mem_bytes"])]

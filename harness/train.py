@@ -14,7 +14,12 @@ Recorded names:
 - every step: train_loss, lr, grad_norm, tokens_per_s, elapsed_s (+ any a
   component or the precision policy adds); step 2 runs under the tensor
   tracker (harness/memory.py) and records peak_tensor_bytes and its parts
-  instead of tokens_per_s;
+  instead of tokens_per_s (eager cells only);
+- last step: train_tokens_per_s, the cell's true rate (every token trained
+  in the loop over the loop's wall time, evaluations and checkpoints
+  included; the per-step median of tokens_per_s is the kernel-speed figure);
+- with train.compile: compile_s (before the first step, apart from every
+  step time);
 - every evaluation: val_loss;
 - once: n_params, n_params_non_embedding and the measured/predicted costs
   (step 0); the post-training evaluations' metrics, peak_mem_bytes,
@@ -276,6 +281,60 @@ class Distributed:
 
 
 
+class Compiled(torch.nn.Module):
+    """``train.compile``: the training forward (model and loss) through ``torch.compile``.
+
+    The model's kernel backend is activated outside the compiled region, and the
+    backend queries (``abl.kernels.active`` / ``use_triton``) are constants to
+    dynamo: a cell's backend is fixed for its whole run. Evaluation, decoding
+    and FLOP counting call the eager model.
+    """
+
+    def __init__(self, core: DecoderLM):
+        super().__init__()
+        from . import kernels
+
+        for query in (kernels.active, kernels.use_triton):
+            torch.compiler.assume_constant_result(query)
+        self.core = core
+        self.compiled = torch.compile(core._forward)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, ctx: ForwardContext | None = None):
+        with self.core.kernel_backend.activate():
+            return self.compiled(idx, targets, ctx)
+
+
+def compile_warmup(run: TrainingRun) -> float:
+    """Compile before the first timed step: one forward and backward on a validation
+    batch, after which the model, its gradients and every RNG are as they were.
+    Returns the seconds it took (``compile_s``)."""
+    import random
+
+    import numpy as np
+
+    t0 = time.perf_counter()
+    saved_model = {k: v.detach().clone() for k, v in run.core.state_dict().items()}
+    saved_precision = run.precision.state_dict()
+    rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+           np.random.get_state(), random.getstate())
+    x, y = next(iter(run.batches.val_batches(1)))
+    x, y = x[: run.batches.batch_size].to(run.device), y[: run.batches.batch_size].to(run.device)
+    ctx = ForwardContext(position=run.core.position, need_logits=False)
+    with run.precision.autocast(run.device):
+        _, loss, _ = run.model(x, y, ctx)
+    loss.backward()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.core.load_state_dict(saved_model)
+    run.precision.load_state_dict(saved_precision)
+    torch.set_rng_state(rng[0])
+    if rng[1] is not None:
+        torch.cuda.set_rng_state_all(rng[1])
+    np.random.set_state(rng[2])
+    random.setstate(rng[3])
+    run.synchronize()
+    return time.perf_counter() - t0
+
+
 # ---------------------------------------------------------------- one run, in parts
 
 
@@ -344,8 +403,9 @@ def prepare(cell: Cell, registry: Registry) -> TrainingRun:
     core = DecoderLM(mc, cell.components, registry, kernel_backend=kernels).to(device)
     precision.setup(core, device)
     optimizer = make_optimizer(core, tc)
+    model = Compiled(core) if tc.compile else dist.wrap(core, device)
     run = TrainingRun(cell=cell, registry=registry, dist=dist, device=device, kernels=kernels, data=data,
-                      precision=precision, core=core, model=dist.wrap(core, device), optimizer=optimizer,
+                      precision=precision, core=core, model=model, optimizer=optimizer,
                       batches=Batches(data, mc.context, tc.batch_size // dist.world, cell.seed, stream=dist.rank),
                       baseline_rss_bytes=baseline_rss)
     if kernels.interpreted:
@@ -424,8 +484,9 @@ def train_step(run: TrainingRun, x: torch.Tensor, y: torch.Tensor, step: int, lr
 
 def memory_tracked(run: TrainingRun, step: int) -> bool:
     """Is ``step`` the one run under the tensor-memory tracker? The second (the optimizer
-    state exists by then), in single-process cells only."""
-    return run.dist.world == 1 and step == min(2, run.cell.train.steps)
+    state exists by then), in single-process eager cells only (a compiled step's
+    memory is inductor's, not the eager model's the cost model predicts)."""
+    return run.dist.world == 1 and not run.cell.train.compile and step == min(2, run.cell.train.steps)
 
 
 def memory_metrics(mem: StepMemory | None, notes: list[str]) -> dict[str, float]:
@@ -466,6 +527,9 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
     tokens_per_step = tc.batch_size * run.cell.model.context
     step_times: list[float] = []
     run.model.train()
+    if tc.compile and start_step <= tc.steps:
+        sink.log(start_step - 1, {"compile_s": compile_warmup(run)})
+    t_loop = time.perf_counter()
     for step in range(start_step, tc.steps + 1):
         t0 = time.perf_counter()
         lr = set_lr(run.optimizer, lr_at(step - 1, tc))
@@ -484,6 +548,8 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
         row.update(reported_metrics(step_metrics, ctx))
         if run.dist.is_main and (step % tc.eval_every == 0 or step == tc.steps):
             row["val_loss"] = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device)
+        if step == tc.steps:  # the cell's true rate: every token of the loop over its wall time
+            row["train_tokens_per_s"] = (tc.steps - start_step + 1) * tokens_per_step / (time.perf_counter() - t_loop)
         sink.log(step, row)
         maybe_checkpoint(run, checkpoint_path, step)
     return step_times
