@@ -48,6 +48,7 @@ from .model import DecoderLM, ForwardContext
 from .precision import Precision
 from .provenance import device_name
 from .registry import Registry
+from .shapecache import ShapeCache, shape_key
 
 
 class Diverged(Exception):
@@ -189,17 +190,20 @@ def mfu_peak(device: torch.device, precision: Precision, world: int) -> float | 
 
 
 def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batches, precision: Precision,
-                  device: torch.device, world: int) -> dict[str, float]:
+                  device: torch.device, world: int, counted: float | None = None) -> dict[str, float]:
     """FLOPs of one training step counted by torch (on a validation batch, so the
-    training data order is untouched), the device peak used for MFU, and the
-    cost model's predictions. A ``_note`` entry says why predictions are missing."""
+    training data order is untouched; ``counted``: the count of an identical
+    shape, abl.shapecache), the device peak used for MFU, and the cost model's
+    predictions. A ``_note`` entry says why predictions are missing."""
     from .flops import count_step_flops
 
-    x, y = next(iter(batches.val_batches(1)))
-    x, y = x.to(device), y.to(device)
-    measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, need_logits=False),
-                                lambda: precision.autocast(device))
-    out: dict[str, float] = {"flops_per_step_measured": float(measured * world)}
+    if counted is None:
+        x, y = next(iter(batches.val_batches(1)))
+        x, y = x.to(device), y.to(device)
+        measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, need_logits=False),
+                                    lambda: precision.autocast(device))
+        counted = float(measured * world)
+    out: dict[str, float] = {"flops_per_step_measured": counted}
     peak = mfu_peak(device, precision, world)
     if peak is not None:
         out["device_peak_flops"] = peak
@@ -354,6 +358,7 @@ class TrainingRun:
     optimizer: torch.optim.Optimizer
     batches: Batches
     baseline_rss_bytes: int
+    shapes: ShapeCache = field(default_factory=lambda: ShapeCache(None, ""))
     notes: list[str] = field(default_factory=list)
     params: list[torch.nn.Parameter] = field(init=False)  # what the optimizer steps and grad clipping sees
 
@@ -383,7 +388,7 @@ def load_data(cell: Cell, registry: Registry) -> TokenData:
     return data
 
 
-def prepare(cell: Cell, registry: Registry) -> TrainingRun:
+def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> TrainingRun:
     """Device, kernel backend, seeds, data, precision, model, optimizer, batches: ready for step 1."""
     tc, mc = cell.train, cell.model
     if tc.threads:
@@ -407,7 +412,10 @@ def prepare(cell: Cell, registry: Registry) -> TrainingRun:
     run = TrainingRun(cell=cell, registry=registry, dist=dist, device=device, kernels=kernels, data=data,
                       precision=precision, core=core, model=model, optimizer=optimizer,
                       batches=Batches(data, mc.context, tc.batch_size // dist.world, cell.seed, stream=dist.rank),
-                      baseline_rss_bytes=baseline_rss)
+                      baseline_rss_bytes=baseline_rss,
+                      shapes=ShapeCache(shape_cache, shape_key(cell, tc.batch_size // dist.world, dist.world,
+                                                               kernels.name, device_name(device),
+                                                               torch.__version__)))
     if kernels.interpreted:
         run.notes.append("Triton kernels ran in the Triton interpreter on CPU (a correctness path: its "
                          "timings say nothing about the kernels' speed)")
@@ -428,6 +436,7 @@ def run_info(run: TrainingRun) -> dict[str, Any]:
         "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss",
         "device_count": torch.cuda.device_count() if device.type == "cuda" else 1,
         "processes": run.dist.world,
+        "shape_cache": {part: "reused" if run.shapes.has(part) else "measured" for part in ("flops", "memory")},
         "seed": run.cell.seed,
         "determinism": {
             "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
@@ -448,7 +457,11 @@ def begin(run: TrainingRun, sink: MetricSink, checkpoint_path: Path | None) -> t
     if checkpoint_path is not None and checkpoint_path.exists():
         step = load_checkpoint(checkpoint_path, run.core, run.optimizer, run.precision, run.batches, run.dist.rank)
         return step + 1, {}
-    costs = measure_costs(run.core, run.cell, run.registry, run.batches, run.precision, run.device, run.dist.world)
+    cached = run.shapes.get("flops")
+    costs = measure_costs(run.core, run.cell, run.registry, run.batches, run.precision, run.device, run.dist.world,
+                          counted=cached["flops_per_step_measured"] if cached else None)
+    if cached is None:
+        run.shapes.put("flops", {"flops_per_step_measured": costs["flops_per_step_measured"]})
     if "_note" in costs:
         run.notes.append(str(costs.pop("_note")))
     sink.log(0, {"n_params": run.core.n_params(), "n_params_non_embedding": run.core.n_params(non_embedding=True),
@@ -529,20 +542,26 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
     run.model.train()
     if tc.compile and start_step <= tc.steps:
         sink.log(start_step - 1, {"compile_s": compile_warmup(run)})
+    cached_memory = run.shapes.get("memory") if any(
+        memory_tracked(run, s) for s in range(start_step, tc.steps + 1)) else None
     t_loop = time.perf_counter()
     for step in range(start_step, tc.steps + 1):
         t0 = time.perf_counter()
         lr = set_lr(run.optimizer, lr_at(step - 1, tc))
         x, y = run.next_batch()
-        tracked = memory_tracked(run, step)
+        tracked = memory_tracked(run, step) and cached_memory is None
         with step_memory(tracked, run.core, run.optimizer, x, y) as mem:
             train_loss, step_metrics, ctx = train_step(run, x, y, step, lr, sink)
         run.synchronize()
         dt = time.perf_counter() - t0
         row = {"train_loss": train_loss, "lr": lr, "elapsed_s": time.perf_counter() - t_start}
         if tracked:  # the tracker slows the step: it gives no throughput figure
-            row.update(memory_metrics(mem, run.notes))
+            measured = memory_metrics(mem, run.notes)
+            run.shapes.put("memory", measured)
+            row.update(measured)
         else:
+            if cached_memory is not None and memory_tracked(run, step):
+                row.update(cached_memory)  # an identical shape's tracked step (abl.shapecache)
             step_times.append(dt)
             row["tokens_per_s"] = tokens_per_step / dt
         row.update(reported_metrics(step_metrics, ctx))
@@ -586,7 +605,7 @@ def mfu(costs: dict[str, float], step_times: list[float]) -> float | None:
 
 def train(cell: Cell, registry: Registry, sink: MetricSink,
           on_info: Callable[[dict], None] | None = None,
-          checkpoint_path: Path | None = None) -> dict[str, Any]:
+          checkpoint_path: Path | None = None, shape_cache: Path | None = None) -> dict[str, Any]:
     """Train one cell. Returns the once-per-run summary. Raises Diverged.
 
     ``summary["notes"]`` lists human-readable remarks about the run (e.g. an
@@ -596,9 +615,13 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
     training state (model, optimizer, precision, RNGs, data order, step) is
     saved atomically every N steps, and training resumes from it if the file
     exists when ``train`` starts.
+
+    ``shape_cache``: a folder of abl.shapecache entries (the worker passes its
+    store's); FLOP counting and memory tracking are then done once per model
+    shape and reused.
     """
     t_start = time.perf_counter()
-    run = prepare(cell, registry)
+    run = prepare(cell, registry, shape_cache)
     try:
         if on_info and run.dist.is_main:
             on_info(run_info(run))
