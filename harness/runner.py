@@ -282,6 +282,10 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
                                       "(baseline: the grid's first cell; paired t-test by seed when the "
                                       "cells share seeds and data, else Welch)",
                                 grid, grid_statistics(db_path, grid)))
+    for r in rows:
+        if r.get("compile_s") is not None:
+            console.print(f"torch.compile time, {r['label']}: {r['compile_s']:.1f} s per run "
+                          "(before the first step; not in tokens/s)")
     console.print(f"database: {db_path}   run folders: {runs_dir}")
     return failures
 

@@ -231,6 +231,8 @@ WITH final_val AS (
 ), speed AS (
     SELECT run_id, median(value) AS tokens_per_s FROM metrics
     WHERE name = 'tokens_per_s' GROUP BY run_id
+), compiled AS (
+    SELECT run_id, max(value) AS compile_s FROM metrics WHERE name = 'compile_s' GROUP BY run_id
 ), true_rate AS (
     SELECT run_id, value AS train_tokens_per_s FROM ({final_values_sql("name = 'train_tokens_per_s'")})
 ), mem AS (
@@ -251,6 +253,7 @@ SELECT r.cell_key, any_value(r.label) AS label,
        stddev_samp(v.val_loss) AS val_loss_std,
        avg(s.tokens_per_s) AS tokens_per_s,
        avg(t.train_tokens_per_s) AS train_tokens_per_s,
+       avg(c.compile_s) AS compile_s,
        max(m.peak_mem_bytes) AS peak_mem_bytes,
        avg(d.kv_bytes_per_token) AS kv_bytes_per_token,
        avg(d.decode_tokens_per_s) AS decode_tokens_per_s
@@ -258,6 +261,7 @@ FROM runs r
 LEFT JOIN final_val v USING (run_id)
 LEFT JOIN speed s USING (run_id)
 LEFT JOIN true_rate t USING (run_id)
+LEFT JOIN compiled c USING (run_id)
 LEFT JOIN mem m USING (run_id)
 LEFT JOIN decode d USING (run_id)
 WHERE list_contains($run_ids, r.run_id)

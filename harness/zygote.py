@@ -27,6 +27,7 @@ its children with it.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import select
@@ -104,6 +105,8 @@ def serve() -> int:
     from .worker import die_with_parent
 
     die_with_parent()
+    # a Ctrl-C in the terminal reaches the whole foreground group: the parent stops the cells
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     preload()
     import torch
 
@@ -199,15 +202,21 @@ class Zygote:
         self._exits: dict[int, int] = {}
         self._ready = False
         self._next = 0
+        self._stderr: collections.deque[str] = collections.deque(maxlen=50)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        deadline = time.monotonic() + start_timeout
         with self._lock:
-            if not self._lock.wait_for(lambda: self._ready or self.proc.poll() is not None, start_timeout):
-                self.close()
-                raise ZygoteError(f"the zygote did not start within {start_timeout:g} s")
-            if not self._ready:
-                err = (self.proc.stderr.read() if self.proc.stderr else "").strip().splitlines()[-3:]
-                raise ZygoteError("the zygote exited at start-up: " + " | ".join(err))
+            while not (self._ready or self.proc.poll() is not None):
+                if time.monotonic() > deadline:
+                    self.kill()
+                    raise ZygoteError(f"the zygote did not start within {start_timeout:g} s")
+                self._lock.wait(0.2)
+        if not self._ready:
+            self.proc.wait()
+            time.sleep(0.1)  # the stderr reader's last lines
+            raise ZygoteError("the zygote exited at start-up: " + " | ".join(list(self._stderr)[-3:]))
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -227,6 +236,12 @@ class Zygote:
         with self._lock:
             self._lock.notify_all()
 
+    def _read_stderr(self) -> None:
+        """Drain the zygote's own stderr (import warnings) so it can never block on a full pipe."""
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self._stderr.append(line.rstrip())
+
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -243,8 +258,12 @@ class Zygote:
                 self.proc.stdin.flush()
             except OSError as exc:
                 raise ZygoteError(f"the zygote is gone: {exc}") from None
-            if not self._lock.wait_for(lambda: rid in self._replies or not self.alive, timeout):
-                raise ZygoteError(f"the zygote did not fork within {timeout:g} s")
+            deadline = time.monotonic() + timeout
+            while not (rid in self._replies or not self.alive):
+                if time.monotonic() > deadline:  # a late fork must not become a second writer
+                    self.proc.kill()
+                    raise ZygoteError(f"the zygote did not fork within {timeout:g} s")
+                self._lock.wait(0.2)
             reply = self._replies.pop(rid, None)
         if reply is None or "pid" not in reply:
             raise ZygoteError((reply or {}).get("error", "the zygote died"))

@@ -74,3 +74,26 @@ def test_compile_with_several_processes_is_refused_before_training(tmp_path):
     r = run_abl(["run", str(g), "--db", str(tmp_path / "x.duckdb")])
     assert r.returncode == 2 and "train.compile = true needs train.devices = 1" in r.stderr + r.stdout
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_one_abl_run_compares_eager_and_compiled_with_compile_time_apart(tmp_path):
+    from conftest import run_abl
+
+    g = tmp_path / "g.toml"
+    g.write_text('[experiment]\nname = "c"\nseeds = [0]\n'
+                 '[model]\nd_model = 16\nn_layers = 1\nn_heads = 2\ncontext = 16\n'
+                 '[train]\nsteps = 3\nbatch_size = 2\neval_every = 3\neval_batches = 1\n'
+                 '[eval]\ndecode = false\nextrapolation = false\n'
+                 '[dataset.pystdlib]\nmax_bytes = 300000\n'
+                 '[grid]\n"train.compile" = [false, true]\n')
+    r = run_abl(["run", str(g), "--db", str(tmp_path / "x.duckdb")], env={"COLUMNS": "250"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("torch.compile time")]
+    assert len(lines) == 1 and "compile=True" in lines[0], r.stdout
+    import duckdb
+
+    con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
+    got = con.execute("SELECT json_extract(r.config, '$.train.compile')::BOOLEAN, m.value FROM runs r "
+                      "JOIN metrics m USING (run_id) WHERE m.name = 'train_tokens_per_s'").fetchall()
+    con.close()
+    assert sorted(c for c, _ in got) == [False, True] and all(v > 0 for _, v in got)

@@ -236,6 +236,7 @@ def test_training_run_records_decode_and_extrapolation(registry):
         "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context": 16, "position": "learned",
                   "mixer": "mqa"},
         "train": {"steps": 2, "batch_size": 4, "eval_every": 2, "eval_batches": 1, "threads": 1},
+        "eval": {"extrapolation": True},
         "dataset": {"pystdlib": {"max_bytes": 200_000}},
     }
 
