@@ -469,8 +469,8 @@ def bench_kernels(ops, providers, dtypes, passes, size, device, as_json, db_path
     console = Console()
     console.width = max(console.width, 150)  # one row per line, also when piped
     console.print(table)
-    if rows:
-        click.echo(f"peak: {rows[0]['peak_basis']}")
+    for basis in dict.fromkeys(r["peak_basis"] for r in rows):
+        click.echo(f"peak: {basis}")
     if not no_store:
         click.echo(f"stored {len(rows)} rows in {db_path} (table bench)")
 
@@ -513,6 +513,45 @@ def compare(source, db_path, metrics, baseline, pairs, by, bootstrap, correction
                     detect=detect, as_json=as_json, overrides=overrides)
     except _user_errors() + (ReportError, VerdictError) as exc:
         fail(str(exc))
+
+
+@bench.command("harness")
+@click.option("--steps", default=200, show_default=True, type=click.IntRange(min=1),
+              help="Training steps of the cell.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override the default cell (as in abl run), e.g. --set train.compile=true.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def bench_harness(steps, overrides, as_json):
+    """One cell as abl run runs it: its wall time split into training steps and the rest.
+
+    Runs in a scratch store (nothing is kept); ``overhead`` is the share of the
+    cell's wall time spent outside its training steps.
+    """
+    import json
+
+    from .benchharness import run_harness_bench
+
+    try:
+        out = run_harness_bench(steps, list(overrides))
+    except _user_errors() as exc:
+        fail(str(exc))
+    except ValueError as exc:
+        fail(str(exc))
+    except RuntimeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1) from None
+    if as_json:
+        click.echo(json.dumps(out, indent=1))
+        return
+    click.echo(f"cell {out['cell']}, {out['steps']} steps: {out['cell_wall_s']:.2f} s of wall time")
+    for key, what in (("steps_s", "training steps"), ("loop_other_s", "rest of the loop (evals, tracker)"),
+                      ("before_loop_s", "worker, before the first step"),
+                      ("after_loop_s", "worker, after the last step"),
+                      ("process_s", "process start, imports, store")):
+        click.echo(f"  {what:<36} {out[key]:8.2f} s  {100 * out[key] / out['cell_wall_s']:5.1f}%")
+    if out["compile_s"] is not None:
+        click.echo(f"  (of which torch.compile: {out['compile_s']:.2f} s)")
+    click.echo(f"overhead (wall time outside the training steps): {100 * out['overhead']:.1f}%")
 
 
 def main() -> None:

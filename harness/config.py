@@ -129,6 +129,8 @@ class TrainConfig:
     lr_sweep: list = field(default_factory=list, metadata={
         "doc": "fair learning rates (abl.lr_sweep): train every cell at each of these peak LRs on the first "
                "seed, then each variant at its own best LR on the other seeds; empty = train.lr"})
+    compile: bool = _f(False, "torch.compile the model and its loss for the training steps (compile time "
+                       "is recorded apart as compile_s, never in tokens/s; evaluation stays eager)")
 
 
 # model.scale presets for size ladders (d_model, n_layers, n_heads); head dim 32 where it fits.
@@ -154,8 +156,9 @@ class EvalConfig:
 
     decode: bool = _f(True, "after training: cached greedy decoding speed (prefill/decode tokens per second), "
                       "KV-cache bytes per token and decode agreement")
-    extrapolation: bool = _f(True, "after training: val_loss_x1/x2/x4, on windows of 1, 2 and 4 times the "
-                             "training context")
+    extrapolation: bool = _f(False, "after training: val_loss_x2/x4, on windows of 2 and 4 times the "
+                             "training context (1x is val_loss); off by default, since it costs about as "
+                             "much as 10% of a 200-step cell's steps: ablations/position.toml turns it on")
 
 
 SECTIONS: dict[str, type] = {
@@ -472,6 +475,8 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
     if sections["train"].batch_size % sections["train"].devices:
         errs.append(f"train.batch_size={sections['train'].batch_size} is not divisible by "
                     f"train.devices={sections['train'].devices}")
+    if tc.compile and tc.devices > 1:
+        errs.append("train.compile = true needs train.devices = 1 (the compiled path is one process)")
     dev = sections["train"].device
     if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         errs.append(f"train.device must be auto, cpu, cuda or cuda:N, got {dev!r}")
@@ -551,7 +556,8 @@ def cell_from_config(config: dict, registry: Registry) -> Cell:
         "model": config["model"],
         "train": config["train"],
         "data": config["data"],
-        "eval": config.get("eval", {}),  # configs stored before [eval] existed: every evaluation on
+        # configs stored before [eval] existed ran every evaluation
+        "eval": config.get("eval", {f.name: True for f in dataclasses.fields(EvalConfig)}),
     }
     for axis, spec in config["components"].items():
         if axis in AXES:

@@ -22,10 +22,11 @@ Metrics (logged once, at the last training step):
 - ``decode_agreement``: the fraction of greedy tokens that one full forward
   over the generated sequence also picks (1.0 = cached decoding reproduces
   recomputation);
-- ``val_loss_x1`` / ``_x2`` / ``_x4``: mean validation cross-entropy on
-  windows of 1, 2 and 4 times the training context (the same number of
-  tokens at every length, in batches whose score matrices are no larger than
-  the regular evaluation's; at 1x the windows of the regular ``val_loss``).
+- ``val_loss_x2`` / ``_x4``: mean validation cross-entropy on windows of 2
+  and 4 times the training context (the same number of tokens at every
+  length, in batches whose score matrices are no larger than the regular
+  evaluation's). At 1x it would be the regular final ``val_loss`` on the
+  same windows, so it is not computed again: compare x2/x4 with ``val_loss``.
   A position component that cannot go past a length says so with a
   ``max_positions`` attribute; that length is skipped with a note, and so is
   any length whose forward raises.
@@ -43,7 +44,7 @@ import torch.nn.functional as F
 from .model import DecoderLM, ForwardContext
 from .precision import Precision
 
-EXTRAPOLATION_SCALES = (1, 2, 4)
+EXTRAPOLATION_SCALES = (2, 4)  # 1x is the final val_loss, not computed twice
 
 
 def cache_bytes(cache: Any) -> int:

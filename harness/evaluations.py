@@ -13,7 +13,7 @@ the trained run: ``run_evaluations`` turns an exception into a note.
 
 - ``decode``: prefill_tokens_per_s, decode_tokens_per_s, kv_bytes_per_token,
   kv_bytes_per_token_measured, kv_cache_bytes_measured, decode_agreement;
-- ``extrapolation``: val_loss_x1, val_loss_x2, val_loss_x4
+- ``extrapolation``: val_loss_x2, val_loss_x4 (1x is the final val_loss)
 
 (what each means: abl.decode).
 """
@@ -90,9 +90,9 @@ def decode(run: TrainedRun) -> Result:
 
 @register_evaluation("extrapolation", metrics=tuple(f"val_loss_x{k}" for k in EXTRAPOLATION_SCALES))
 def extrapolation(run: TrainedRun) -> Result:
-    """Validation loss on windows of 1, 2 and 4 times the trained context."""
+    """Validation loss on windows of 2 and 4 times the trained context (1x is the final val_loss)."""
     bs = run.batches.batch_size
-    # as many windows as the regular evaluation, so x1 is exactly its val_loss
+    # as many tokens per length as the regular evaluation: at 1x these windows are its val_loss
     return extrapolation_metrics(run.model, run.batches.val, run.cell.model.context,
                                  run.cell.train.eval_batches * bs, bs, run.device, run.precision)
 

@@ -139,8 +139,20 @@ class Executor:
                     on_done(job)
 
 
+def zygote_enabled() -> bool:
+    """Workers fork from a pre-imported zygote (abl.zygote) unless ``ABL_ZYGOTE=0``."""
+    return os.environ.get("ABL_ZYGOTE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 class LocalExecutor(Executor):
-    """Cells as child processes of this machine: ``workers`` at once, or one per free GPU."""
+    """Cells as worker processes on this machine: ``workers`` at once, or one per free GPU.
+
+    A one-process cell's worker is forked from a zygote that has torch and the
+    plugins imported already (abl.zygote), so a cell does not pay seconds of
+    imports; a multi-device cell runs under torchrun as its own process tree.
+    If the zygote cannot start or fork, workers are spawned as fresh
+    processes (and ``ABL_ZYGOTE=0`` asks for that).
+    """
 
     name = "local"
 
@@ -151,6 +163,36 @@ class LocalExecutor(Executor):
         self.free_gpus = list(gpus)
         self.use_gpus = bool(gpus)
         self.slots = max(1, workers if workers else (len(gpus) or 1))
+        self.zygote: Any = None
+        self.use_zygote = zygote_enabled()
+        self.zygote_note = ""
+
+    def _zygote(self):
+        """The running zygote, started on first use; None when workers must be spawned."""
+        if not self.use_zygote:
+            return None
+        if self.zygote is not None and self.zygote.alive:
+            return self.zygote
+        from .zygote import Zygote, ZygoteError
+
+        env = dict(os.environ)
+        if not self.use_gpus:  # Triton decides at import whether it interprets; on a CPU it must
+            env.setdefault("TRITON_INTERPRET", "1")
+        try:
+            self.zygote = Zygote(env)
+        except (ZygoteError, OSError) as exc:
+            self.use_zygote, self.zygote_note = False, f"workers spawned fresh: {exc}"
+            return None
+        return self.zygote
+
+    def run(self, jobs: list[Job], on_progress: Callable[[Job], None], on_done: Callable[[Job], None],
+            poll_s: float = 0.2) -> None:
+        try:
+            super().run(jobs, on_progress, on_done, poll_s)
+        finally:
+            if self.zygote is not None:
+                self.zygote.close()
+                self.zygote = None
 
     def can_launch(self, job: Job) -> bool:
         if len(self.running) >= self.slots:
@@ -166,6 +208,16 @@ class LocalExecutor(Executor):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
         elif self.slots > 1 and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
+        zygote = self._zygote() if job.cell.train.devices <= 1 else None
+        if zygote is not None:
+            from .zygote import ZygoteError
+
+            try:
+                job.handle = zygote.spawn(job.run_dir, env)
+                job.started = time.time()
+                return
+            except ZygoteError as exc:  # spawn this one and the rest
+                self.use_zygote, self.zygote_note = False, f"workers spawned fresh: {exc}"
         log = open(job.run_dir / rundir.LOG, "ab")
         job.handle = subprocess.Popen(
             worker_command(job.run_dir, job.cell.train.devices), stdout=log, stderr=log,

@@ -17,7 +17,6 @@ import platform
 import subprocess
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -134,9 +133,10 @@ class Peak:
     """A device's peaks: memory bandwidth (GB/s) and dense TFLOP/s by number format."""
 
     device: str
-    gbps: float | None
+    gbps: float | None  # DRAM / HBM bandwidth
     tflops: dict[str, float]
     basis: str
+    cache_gbps: float | None = None  # cache-resident bandwidth, where measured (CPU)
 
 
 def gpu_peak(name: str) -> Peak:
@@ -148,60 +148,37 @@ def gpu_peak(name: str) -> Peak:
     return Peak(name, None, {}, "unknown GPU: no peak in the table")
 
 
-def measure_cpu_peak() -> tuple[float, float]:
-    """(GB/s of one large copy, TFLOP/s of one large fp32 matmul), best of a few tries."""
-    import torch
+def cpu_peak_flops(fmt: str = "fp32") -> float | None:
+    """This CPU's sustained matmul FLOP/s in number format ``fmt`` at torch's current
+    thread count (abl.cpupeak: median of several bursts, cached per machine);
+    None for a format with no CPU matmul (fp8)."""
+    from . import cpupeak
 
-    src = torch.randn(8 * 1024 * 1024)  # 32 MiB, larger than the caches of most CPUs
-    dst = torch.empty_like(src)
-    best_copy = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best_copy = min(best_copy, time.perf_counter() - t0)
-    return 2 * src.numel() * 4 / best_copy / 1e9, cpu_peak_flops() / 1e12
-
-
-@lru_cache(maxsize=1)
-def cpu_peak_flops(n: int = 1024, repeats: int = 5) -> float:
-    """Best observed fp32 matmul FLOP/s on this CPU with torch's current thread count."""
-    import torch
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best
-
-
-CPU_PEAK_BASIS = "measured at start-up: best of 5 fp32 1024^3 matmuls (used for every format)"
+    return cpupeak.matmul_flops(fmt)
 
 
 def device_peak(device: torch.device) -> Peak:
-    """Every peak of a device: the datasheet's on a GPU, measured on a CPU."""
+    """Every peak of a device: the datasheet's on a GPU, measured (and cached) on a CPU."""
     name = device_name(device)
     if device.type == "cuda":
         return gpu_peak(name)
-    gbps, tflops = measure_cpu_peak()
-    return Peak(name, gbps, {fmt: tflops for fmt in FORMATS},
-                "measured at start-up: one 32 MiB copy (DRAM; inputs that fit in the caches can "
-                "exceed it), one 1024^3 fp32 matmul")
+    from . import cpupeak
+
+    tflops = {fmt: v / 1e12 for fmt in FORMATS if (v := cpupeak.matmul_flops(fmt))}
+    return Peak(name, cpupeak.dram_gbps(), tflops, cpupeak.BASIS, cache_gbps=cpupeak.cache_gbps())
 
 
 def peak_flops(device: torch.device, fmt: str) -> float | None:
     """The peak FLOP/s of ``device`` for matmuls in number format ``fmt`` (see FORMATS).
 
     A GPU's comes from the datasheet table (None when the GPU or the format is
-    not in it); a CPU's is measured once per process (fp32, used for every
-    format). The one answer MFU uses.
+    not in it); a CPU's is measured in that format (abl.cpupeak: sustained,
+    median of several bursts, cached per machine). The one answer MFU uses.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown number format {fmt!r}; expected one of {', '.join(FORMATS)}")
     if device.type == "cpu":
-        return cpu_peak_flops()
+        return cpu_peak_flops(fmt)
     if device.type != "cuda":
         return None
     tflops = gpu_peak(device_name(device)).tflops.get(fmt)
@@ -211,5 +188,7 @@ def peak_flops(device: torch.device, fmt: str) -> float | None:
 def peak_basis(device: torch.device) -> str:
     """How ``peak_flops`` obtains its figure on this device (stored with the run)."""
     if device.type == "cpu":
-        return CPU_PEAK_BASIS
+        from . import cpupeak
+
+        return cpupeak.BASIS
     return gpu_peak(device_name(device)).basis if device.type == "cuda" else "unknown device"

@@ -43,6 +43,7 @@ MIN_SIZES_FOR_FIT = 4
 FINAL_NAMES = ("n_params", "n_params_non_embedding", "peak_mem_bytes", "peak_tensor_bytes",
                "baseline_rss_bytes", "wall_s",
                "flops_per_step_measured", "device_peak_flops", "mfu", "hfu", "val_loss", "val_bpb",
+               "train_tokens_per_s", "compile_s",
                "unigram_floor", "did_not_learn", "loss_spikes", "max_loss_spike")  # the last 4: abl.health
 
 
@@ -361,19 +362,15 @@ def measured(cell: Cell, name: str) -> float | None:
 
 
 def model_flops_utilization(cell: Cell) -> float | None:
-    """MFU: the recorded one, else useful (model) FLOPs per token x measured tokens/s / device peak.
+    """MFU as the trainer recorded it: useful (model) FLOPs per step over the median
+    step time of the same timed steps, over the device peak (abl.train.mfu).
 
     Useful FLOPs are the variant-aware prediction (seeds 003 sec. 8: model
     FLOPs, recomputation excluded), so a variant cannot show an MFU above 100%
-    by being counted as dense attention.
+    by being counted as dense attention. There is no fallback from a single
+    step's tokens/s: one noisy step once gave a report an MFU of 105%.
     """
-    recorded = measured(cell, "mfu")
-    if recorded is not None:
-        return recorded
-    peak, tps = measured(cell, "device_peak_flops"), measured(cell, "tokens_per_s")
-    if not (peak and tps and cell.predicted):
-        return None
-    return cell.predicted["useful_train_flops_per_token"] * tps / peak
+    return measured(cell, "mfu")
 
 
 def cost_rows(cells: list[Cell]) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ INFO = "info.json"
 METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint.pt"
 LOG = "worker.log"
+SHAPE_CACHE = ".cache/shapes"  # beside the run folders: abl.shapecache
 
 # ---------------------------------------------------------------- statuses
 

@@ -234,6 +234,10 @@ WITH final_val AS (
 ), speed AS (
     SELECT run_id, median(value) AS tokens_per_s FROM metrics
     WHERE name = 'tokens_per_s' GROUP BY run_id
+), compiled AS (
+    SELECT run_id, max(value) AS compile_s FROM metrics WHERE name = 'compile_s' GROUP BY run_id
+), true_rate AS (
+    SELECT run_id, value AS train_tokens_per_s FROM ({final_values_sql("name = 'train_tokens_per_s'")})
 ), mem AS (
     SELECT run_id, max(value) AS peak_mem_bytes FROM metrics
     WHERE name = 'peak_mem_bytes' GROUP BY run_id
@@ -253,6 +257,8 @@ SELECT r.cell_key, any_value(r.label) AS label,
        avg(b.val_bpb) AS val_bpb_mean,
        stddev_samp(b.val_bpb) AS val_bpb_std,
        avg(s.tokens_per_s) AS tokens_per_s,
+       avg(t.train_tokens_per_s) AS train_tokens_per_s,
+       avg(c.compile_s) AS compile_s,
        max(m.peak_mem_bytes) AS peak_mem_bytes,
        avg(d.kv_bytes_per_token) AS kv_bytes_per_token,
        avg(d.decode_tokens_per_s) AS decode_tokens_per_s
@@ -260,6 +266,8 @@ FROM runs r
 LEFT JOIN final_val v USING (run_id)
 LEFT JOIN final_bpb b USING (run_id)
 LEFT JOIN speed s USING (run_id)
+LEFT JOIN true_rate t USING (run_id)
+LEFT JOIN compiled c USING (run_id)
 LEFT JOIN mem m USING (run_id)
 LEFT JOIN decode d USING (run_id)
 WHERE list_contains($run_ids, r.run_id)

@@ -18,8 +18,9 @@ import click
 from . import stats, verdicts
 from .health import HEALTH_METRICS
 
-# shown after the grid's own summary metrics when the runs have them
-ALWAYS = ("tokens_per_s", "peak_mem_bytes")
+# shown after the grid's own summary metrics when the runs have them: the cell's true rate
+# (train_tokens_per_s: every token over the loop's wall time), the median step's rate, peak memory
+ALWAYS = ("train_tokens_per_s", "tokens_per_s", "peak_mem_bytes")
 
 
 def _final_names(metrics: Sequence[str]) -> tuple[str, ...]:
@@ -85,6 +86,9 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None)
             if comparison_metric(group_cells(runs, order)) == "val_bpb":
                 # the cells' data or tokenizers differ, so a token is not one unit: bits per byte rank them
                 metrics = ["val_bpb", "val_loss"]
+                console.print("val_bpb: validation loss in bits per byte of text (the cells' data or "
+                              "tokenizers differ, so a token is not the same unit: bits per byte rank them)",
+                              soft_wrap=True)
         render(console, runs, metrics=metrics, title=exp.name, order=order,
                baseline=getattr(exp, "baseline", "") or None)
         if detect is not None:

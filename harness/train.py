@@ -14,7 +14,12 @@ Recorded names:
 - every step: train_loss, lr, grad_norm, tokens_per_s, elapsed_s (+ any a
   component or the precision policy adds); step 2 runs under the tensor
   tracker (harness/memory.py) and records peak_tensor_bytes and its parts
-  instead of tokens_per_s;
+  instead of tokens_per_s (eager cells only);
+- last step: train_tokens_per_s, the cell's true rate (every token trained
+  in the loop over the loop's wall time, evaluations and checkpoints
+  included; the per-step median of tokens_per_s is the kernel-speed figure);
+- with train.compile: compile_s (before the first step, apart from every
+  step time);
 - every evaluation: val_loss, and val_bpb (bits per byte) when the data says which bytes
   its tokens cover;
 - once: n_params, n_params_non_embedding and the measured/predicted costs
@@ -45,6 +50,7 @@ from .model import DecoderLM, ForwardContext
 from .precision import Precision
 from .provenance import device_name
 from .registry import Registry
+from .shapecache import ShapeCache, shape_key
 
 
 class Diverged(Exception):
@@ -186,17 +192,20 @@ def mfu_peak(device: torch.device, precision: Precision, world: int) -> float | 
 
 
 def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batches, precision: Precision,
-                  device: torch.device, world: int) -> dict[str, float]:
+                  device: torch.device, world: int, counted: float | None = None) -> dict[str, float]:
     """FLOPs of one training step counted by torch (on a validation batch, so the
-    training data order is untouched), the device peak used for MFU, and the
-    cost model's predictions. A ``_note`` entry says why predictions are missing."""
+    training data order is untouched; ``counted``: the count of an identical
+    shape, abl.shapecache), the device peak used for MFU, and the cost model's
+    predictions. A ``_note`` entry says why predictions are missing."""
     from .flops import count_step_flops
 
-    x, y = next(iter(batches.val_batches(1)))
-    x, y = x.to(device), y.to(device)
-    measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, need_logits=False),
-                                lambda: precision.autocast(device))
-    out: dict[str, float] = {"flops_per_step_measured": float(measured * world)}
+    if counted is None:
+        x, y = next(iter(batches.val_batches(1)))
+        x, y = x.to(device), y.to(device)
+        measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, need_logits=False),
+                                    lambda: precision.autocast(device))
+        counted = float(measured * world)
+    out: dict[str, float] = {"flops_per_step_measured": counted}
     peak = mfu_peak(device, precision, world)
     if peak is not None:
         out["device_peak_flops"] = peak
@@ -278,6 +287,60 @@ class Distributed:
 
 
 
+class Compiled(torch.nn.Module):
+    """``train.compile``: the training forward (model and loss) through ``torch.compile``.
+
+    The model's kernel backend is activated outside the compiled region, and the
+    backend queries (``abl.kernels.active`` / ``use_triton``) are constants to
+    dynamo: a cell's backend is fixed for its whole run. Evaluation, decoding
+    and FLOP counting call the eager model.
+    """
+
+    def __init__(self, core: DecoderLM):
+        super().__init__()
+        from . import kernels
+
+        for query in (kernels.active, kernels.use_triton):
+            torch.compiler.assume_constant_result(query)
+        self.core = core
+        self.compiled = torch.compile(core._forward)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, ctx: ForwardContext | None = None):
+        with self.core.kernel_backend.activate():
+            return self.compiled(idx, targets, ctx)
+
+
+def compile_warmup(run: TrainingRun) -> float:
+    """Compile before the first timed step: one forward and backward on a validation
+    batch, after which the model, its gradients and every RNG are as they were.
+    Returns the seconds it took (``compile_s``)."""
+    import random
+
+    import numpy as np
+
+    t0 = time.perf_counter()
+    saved_model = {k: v.detach().clone() for k, v in run.core.state_dict().items()}
+    saved_precision = run.precision.state_dict()
+    rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+           np.random.get_state(), random.getstate())
+    x, y = next(iter(run.batches.val_batches(1)))
+    x, y = x[: run.batches.batch_size].to(run.device), y[: run.batches.batch_size].to(run.device)
+    ctx = ForwardContext(position=run.core.position, need_logits=False)
+    with run.precision.autocast(run.device):
+        _, loss, _ = run.model(x, y, ctx)
+    loss.backward()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.core.load_state_dict(saved_model)
+    run.precision.load_state_dict(saved_precision)
+    torch.set_rng_state(rng[0])
+    if rng[1] is not None:
+        torch.cuda.set_rng_state_all(rng[1])
+    np.random.set_state(rng[2])
+    random.setstate(rng[3])
+    run.synchronize()
+    return time.perf_counter() - t0
+
+
 # ---------------------------------------------------------------- one run, in parts
 
 
@@ -297,6 +360,7 @@ class TrainingRun:
     optimizer: torch.optim.Optimizer
     batches: Batches
     baseline_rss_bytes: int
+    shapes: ShapeCache = field(default_factory=lambda: ShapeCache(None, ""))
     notes: list[str] = field(default_factory=list)
     params: list[torch.nn.Parameter] = field(init=False)  # what the optimizer steps and grad clipping sees
 
@@ -327,7 +391,7 @@ def load_data(cell: Cell, registry: Registry) -> TokenData:
     return data
 
 
-def prepare(cell: Cell, registry: Registry) -> TrainingRun:
+def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> TrainingRun:
     """Device, kernel backend, seeds, data, precision, model, optimizer, batches: ready for step 1."""
     tc, mc = cell.train, cell.model
     if tc.threads:
@@ -347,10 +411,14 @@ def prepare(cell: Cell, registry: Registry) -> TrainingRun:
     core = DecoderLM(mc, cell.components, registry, kernel_backend=kernels).to(device)
     precision.setup(core, device)
     optimizer = make_optimizer(core, tc)
+    model = Compiled(core) if tc.compile else dist.wrap(core, device)
     run = TrainingRun(cell=cell, registry=registry, dist=dist, device=device, kernels=kernels, data=data,
-                      precision=precision, core=core, model=dist.wrap(core, device), optimizer=optimizer,
+                      precision=precision, core=core, model=model, optimizer=optimizer,
                       batches=Batches(data, mc.context, tc.batch_size // dist.world, cell.seed, stream=dist.rank),
-                      baseline_rss_bytes=baseline_rss)
+                      baseline_rss_bytes=baseline_rss,
+                      shapes=ShapeCache(shape_cache, shape_key(cell, tc.batch_size // dist.world, dist.world,
+                                                               kernels.name, device_name(device),
+                                                               torch.__version__)))
     if kernels.interpreted:
         run.notes.append("Triton kernels ran in the Triton interpreter on CPU (a correctness path: its "
                          "timings say nothing about the kernels' speed)")
@@ -373,6 +441,7 @@ def run_info(run: TrainingRun) -> dict[str, Any]:
         "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss",
         "device_count": torch.cuda.device_count() if device.type == "cuda" else 1,
         "processes": run.dist.world,
+        "shape_cache": {part: "reused" if run.shapes.has(part) else "measured" for part in ("flops", "memory")},
         "seed": run.cell.seed,
         "determinism": {
             "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
@@ -393,7 +462,11 @@ def begin(run: TrainingRun, sink: MetricSink, checkpoint_path: Path | None) -> t
     if checkpoint_path is not None and checkpoint_path.exists():
         step = load_checkpoint(checkpoint_path, run.core, run.optimizer, run.precision, run.batches, run.dist.rank)
         return step + 1, {}
-    costs = measure_costs(run.core, run.cell, run.registry, run.batches, run.precision, run.device, run.dist.world)
+    cached = run.shapes.get("flops")
+    costs = measure_costs(run.core, run.cell, run.registry, run.batches, run.precision, run.device, run.dist.world,
+                          counted=cached["flops_per_step_measured"] if cached else None)
+    if cached is None:
+        run.shapes.put("flops", {"flops_per_step_measured": costs["flops_per_step_measured"]})
     if "_note" in costs:
         run.notes.append(str(costs.pop("_note")))
     sink.log(0, {"n_params": run.core.n_params(), "n_params_non_embedding": run.core.n_params(non_embedding=True),
@@ -429,8 +502,9 @@ def train_step(run: TrainingRun, x: torch.Tensor, y: torch.Tensor, step: int, lr
 
 def memory_tracked(run: TrainingRun, step: int) -> bool:
     """Is ``step`` the one run under the tensor-memory tracker? The second (the optimizer
-    state exists by then), in single-process cells only."""
-    return run.dist.world == 1 and step == min(2, run.cell.train.steps)
+    state exists by then), in single-process eager cells only (a compiled step's
+    memory is inductor's, not the eager model's the cost model predicts)."""
+    return run.dist.world == 1 and not run.cell.train.compile and step == min(2, run.cell.train.steps)
 
 
 def memory_metrics(mem: StepMemory | None, notes: list[str]) -> dict[str, float]:
@@ -471,19 +545,28 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
     tokens_per_step = tc.batch_size * run.cell.model.context
     step_times: list[float] = []
     run.model.train()
+    if tc.compile and start_step <= tc.steps:
+        sink.log(start_step - 1, {"compile_s": compile_warmup(run)})
+    cached_memory = run.shapes.get("memory") if any(
+        memory_tracked(run, s) for s in range(start_step, tc.steps + 1)) else None
+    t_loop = time.perf_counter()
     for step in range(start_step, tc.steps + 1):
         t0 = time.perf_counter()
         lr = set_lr(run.optimizer, lr_at(step - 1, tc))
         x, y = run.next_batch()
-        tracked = memory_tracked(run, step)
+        tracked = memory_tracked(run, step) and cached_memory is None
         with step_memory(tracked, run.core, run.optimizer, x, y) as mem:
             train_loss, step_metrics, ctx = train_step(run, x, y, step, lr, sink)
         run.synchronize()
         dt = time.perf_counter() - t0
         row = {"train_loss": train_loss, "lr": lr, "elapsed_s": time.perf_counter() - t_start}
         if tracked:  # the tracker slows the step: it gives no throughput figure
-            row.update(memory_metrics(mem, run.notes))
+            measured = memory_metrics(mem, run.notes)
+            run.shapes.put("memory", measured)
+            row.update(measured)
         else:
+            if cached_memory is not None and memory_tracked(run, step):
+                row.update(cached_memory)  # an identical shape's tracked step (abl.shapecache)
             step_times.append(dt)
             row["tokens_per_s"] = tokens_per_step / dt
         row.update(reported_metrics(step_metrics, ctx))
@@ -492,6 +575,8 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
             bpb = bits_per_byte(row["val_loss"], run.batches.val_target_counts(tc.eval_batches))
             if bpb is not None:
                 row["val_bpb"] = bpb
+        if step == tc.steps:  # the cell's true rate: every token of the loop over its wall time
+            row["train_tokens_per_s"] = (tc.steps - start_step + 1) * tokens_per_step / (time.perf_counter() - t_loop)
         sink.log(step, row)
         maybe_checkpoint(run, checkpoint_path, step)
     return step_times
@@ -528,7 +613,7 @@ def mfu(costs: dict[str, float], step_times: list[float]) -> float | None:
 
 def train(cell: Cell, registry: Registry, sink: MetricSink,
           on_info: Callable[[dict], None] | None = None,
-          checkpoint_path: Path | None = None) -> dict[str, Any]:
+          checkpoint_path: Path | None = None, shape_cache: Path | None = None) -> dict[str, Any]:
     """Train one cell. Returns the once-per-run summary. Raises Diverged.
 
     ``summary["notes"]`` lists human-readable remarks about the run (e.g. an
@@ -538,9 +623,13 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
     training state (model, optimizer, precision, RNGs, data order, step) is
     saved atomically every N steps, and training resumes from it if the file
     exists when ``train`` starts.
+
+    ``shape_cache``: a folder of abl.shapecache entries (the worker passes its
+    store's); FLOP counting and memory tracking are then done once per model
+    shape and reused.
     """
     t_start = time.perf_counter()
-    run = prepare(cell, registry)
+    run = prepare(cell, registry, shape_cache)
     try:
         if on_info and run.dist.is_main:
             on_info(run_info(run))
@@ -554,7 +643,10 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
             "wall_s": time.perf_counter() - t_start,
         }
         utilisation = mfu(costs, step_times)
-        if utilisation is not None:
+        if utilisation is not None and utilisation > 1:  # never stored: a peak that does not hold
+            run.notes.append(f"mfu not recorded: {utilisation:.3f} exceeds 1, so the device peak "
+                             f"({costs.get('device_peak_flops', 0):.3g} FLOP/s) does not hold on this machine")
+        elif utilisation is not None:
             summary["mfu"] = utilisation
         # n_params was recorded at step 0; the summary row carries only what is new
         sink.log(cell.train.steps, {k: v for k, v in summary.items() if k != "n_params"})

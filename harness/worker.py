@@ -108,7 +108,8 @@ def run(run_dir: Path) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     started = time.time()
-    status: dict[str, Any] = {"status": RUNNING, "pid": os.getpid(), "started": started}
+    status: dict[str, Any] = {"status": RUNNING, "pid": os.getpid(), "started": started,
+                              "origin": os.environ.get("ABL_WORKER_ORIGIN", "spawned")}
     rundir.write_status(run_dir, status)
     metrics_path = run_dir / rundir.METRICS
     checkpoint = run_dir / rundir.CHECKPOINT
@@ -135,7 +136,8 @@ def run(run_dir: Path) -> int:
         cell = cell_from_config(config, registry)
         summary = train(cell, registry, sink,
                         on_info=lambda info: rundir.write_json(run_dir / rundir.INFO, info),
-                        checkpoint_path=checkpoint if cell.train.checkpoint_every else None)
+                        checkpoint_path=checkpoint if cell.train.checkpoint_every else None,
+                        shape_cache=run_dir.parent / rundir.SHAPE_CACHE)
         status.update(status=COMPLETED)
         checkpoint.unlink(missing_ok=True)
         if summary.get("notes"):

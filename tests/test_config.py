@@ -166,19 +166,19 @@ def test_eval_switches_are_a_typed_section_of_the_resolved_config(registry, tmp_
     from abl.config import EvalConfig, cell_from_config
 
     base = grid_of(BASE, registry).cells[0]
-    assert base.eval == EvalConfig(decode=True, extrapolation=True)
-    assert base.config["eval"] == {"decode": True, "extrapolation": True}
+    assert base.eval == EvalConfig(decode=True, extrapolation=False)  # extrapolation: off unless asked for
+    assert base.config["eval"] == {"decode": True, "extrapolation": False}
     p = tmp_path / "g.toml"
     p.write_text(BASE)
-    off = load_grid(p, registry, ["eval.extrapolation=false"]).cells[0]
-    assert off.eval == EvalConfig(decode=True, extrapolation=False)
-    assert off.config["eval"]["extrapolation"] is False
+    off = load_grid(p, registry, ["eval.decode=false"]).cells[0]
+    assert off.eval == EvalConfig(decode=False, extrapolation=False)
+    assert off.config["eval"]["decode"] is False
     assert off.run_id != base.run_id  # a switched-off evaluation is another run
     again = cell_from_config(off.config, registry)
     assert again.eval == off.eval and again.run_id == off.run_id
     # a config stored before [eval] existed rebuilds with every evaluation on
     old = {k: v for k, v in base.config.items() if k != "eval"}
-    assert cell_from_config(old, registry).eval == EvalConfig()
+    assert cell_from_config(old, registry).eval == EvalConfig(decode=True, extrapolation=True)
 
 
 def test_a_grid_can_sweep_an_eval_switch(registry):

@@ -167,12 +167,12 @@ def test_extrapolation_skips_positions_that_cannot_go_longer(registry):
     val = torch.randint(0, VOCAB, (3000,))
     _, _, learned = build(registry, "mha", "learned")
     m, notes = extrapolation_metrics(learned, val, 16, 8, 4, CPU, FP32)
-    assert set(m) == {"val_loss_x1"}
+    assert set(m) == set()
     assert len(notes) == 2 and all("max_positions" in n for n in notes)
     for position in ("rope", "alibi", "nope"):
         _, _, model = build(registry, "mha", position)
         m, notes = extrapolation_metrics(model, val, 16, 8, 4, CPU, FP32)
-        assert set(m) == {"val_loss_x1", "val_loss_x2", "val_loss_x4"} and not notes
+        assert set(m) == {"val_loss_x2", "val_loss_x4"} and not notes
 
 
 def test_extrapolation_notes_a_failing_length_and_carries_on(registry):
@@ -186,16 +186,29 @@ def test_extrapolation_notes_a_failing_length_and_carries_on(registry):
 
     model.forward = refuse_long
     m, notes = extrapolation_metrics(model, torch.randint(0, VOCAB, (3000,)), 16, 8, 4, CPU, FP32)
-    assert set(m) == {"val_loss_x1"} and "RuntimeError: too long for this model" in notes[0]
+    assert set(m) == set() and "RuntimeError: too long for this model" in notes[0]
 
 
 def test_extrapolation_needs_enough_validation_tokens(registry):
     _, _, model = build(registry, "mha", "rope")
     m, notes = extrapolation_metrics(model, torch.randint(0, VOCAB, (40,)), 16, 8, 4, CPU, FP32)
-    assert set(m) == {"val_loss_x1", "val_loss_x2"} and "fewer than 65" in notes[0]
+    assert set(m) == {"val_loss_x2"} and "fewer than 65" in notes[0]
 
 
-def test_post_training_evaluations_x1_is_the_regular_val_loss(registry):
+def test_extrapolation_at_1x_would_be_the_regular_val_loss(registry):
+    """Why val_loss_x1 is not recorded: on the same windows it equals the final val_loss."""
+    from abl.data import Batches, TokenData
+    from abl.train import evaluate
+
+    _, _, model = build(registry, "gqa", "rope")
+    data = TokenData(torch.randint(0, VOCAB, (5000,)).numpy(), torch.randint(0, VOCAB, (3000,)).numpy(),
+                     VOCAB, "x", "random", "bytes")
+    batches = Batches(data, 16, 4, 0)
+    m, _ = extrapolation_metrics(model.eval(), batches.val, 16, 3 * 4, 4, CPU, FP32, scales=(1,))
+    assert m["val_loss_x1"] == pytest.approx(evaluate(model, batches, 3, FP32, CPU), rel=1e-6)
+
+
+def test_post_training_evaluations_skip_the_1x_window(registry):
     from abl.data import Batches, TokenData
     from abl.train import evaluate
 
@@ -208,7 +221,7 @@ def test_post_training_evaluations_x1_is_the_regular_val_loss(registry):
                      device=CPU)
     m, notes = run_evaluations(run, EvalConfig())
     assert model.training  # left as it was
-    assert m["val_loss_x1"] == pytest.approx(evaluate(model, batches, 3, FP32, CPU), rel=1e-6)
+    assert "val_loss_x1" not in m  # computed once, as the final val_loss
     assert "val_loss_x2" not in m and "val_loss_x4" not in m
     assert any("val_loss_x2 not recorded" in n for n in notes)
     assert {"kv_bytes_per_token", "kv_bytes_per_token_measured", "decode_tokens_per_s",
@@ -223,6 +236,7 @@ def test_training_run_records_decode_and_extrapolation(registry):
         "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context": 16, "position": "learned",
                   "mixer": "mqa"},
         "train": {"steps": 2, "batch_size": 4, "eval_every": 2, "eval_batches": 1, "threads": 1},
+        "eval": {"extrapolation": True},
         "dataset": {"pystdlib": {"max_bytes": 200_000}},
     }
 
@@ -235,7 +249,8 @@ def test_training_run_records_decode_and_extrapolation(registry):
     summary = train(expand(grid, registry).cells[0], registry, Sink())
     last = {k: v for step, m in Sink.rows if step == 2 for k, v in m.items()}
     assert last["kv_bytes_per_token"] == last["kv_bytes_per_token_measured"] == 2 * 8 * 4
-    assert {"decode_tokens_per_s", "prefill_tokens_per_s", "val_loss_x1"} <= set(last)
+    assert {"decode_tokens_per_s", "prefill_tokens_per_s", "val_loss"} <= set(last)
+    assert "val_loss_x1" not in last
     assert "val_loss_x4" not in last
     assert any("val_loss_x4 not recorded" in n and "max_positions" in n for n in summary["notes"])
 

@@ -16,7 +16,7 @@ def test_every_built_in_evaluation_has_a_switch_and_every_switch_an_evaluation()
     assert [f.name for f in dataclasses.fields(EvalConfig)] == list(EVALUATIONS)
     for f in dataclasses.fields(EvalConfig):
         assert f.default is True and f.metadata["doc"]  # on unless a grid says otherwise
-    assert EVALUATIONS["extrapolation"].metrics == ("val_loss_x1", "val_loss_x2", "val_loss_x4")
+    assert EVALUATIONS["extrapolation"].metrics == ("val_loss_x2", "val_loss_x4")
     assert "decode_agreement" in EVALUATIONS["decode"].metrics
 
 

@@ -68,7 +68,7 @@ def test_peak_flops_returns_a_number_not_a_record(fake_gpu, monkeypatch):
     # the crash that reached a GPU cell: a Peak record (or a tuple) where a float belongs
     value = provenance.peak_flops(CUDA, "bf16")
     assert isinstance(value, float)
-    monkeypatch.setattr(provenance, "cpu_peak_flops", lambda: 1.5e11)
+    monkeypatch.setattr(provenance, "cpu_peak_flops", lambda fmt="fp32": 1.5e11)
     assert provenance.peak_flops(torch.device("cpu"), "fp32") == 1.5e11
 
 

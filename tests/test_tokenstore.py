@@ -430,7 +430,7 @@ vocab_size = 300
     db = tmp_path / "x.duckdb"
     r = run_abl(["run", str(g), "--db", str(db)])
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "tokenizer trained in" in r.stdout and "val bpb" in r.stdout and "bits per byte" in r.stdout
+    assert "tokenizer trained in" in r.stdout and "val_bpb by cell" in r.stdout and "bits per byte" in r.stdout
     import duckdb
 
     con = duckdb.connect(str(db), read_only=True)

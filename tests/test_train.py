@@ -86,13 +86,13 @@ TINY = {
 def test_a_switched_off_evaluation_records_none_of_its_metrics(registry, off):
     from abl.evaluations import EVALUATIONS
 
-    cell = expand({**TINY, "eval": {off: False}}, registry).cells[0]
+    (on,) = set(EVALUATIONS) - {off}
+    cell = expand({**TINY, "eval": {off: False, on: True}}, registry).cells[0]
     sink = ListSink()
     summary = train(cell, registry, sink)
     recorded = {name for _, row in sink.rows for name in row}
     assert not recorded & set(EVALUATIONS[off].metrics)
     assert not any(off in note for note in summary["notes"])
-    (on,) = set(EVALUATIONS) - {off}
     assert set(EVALUATIONS[on].metrics) <= recorded  # rope and gqa: every metric of the other one
     # the regular evaluation and the summary do not depend on the switches
     assert [s for s, _ in sink.series("val_loss")] == [2]

@@ -1,0 +1,220 @@
+"""A CPU's peaks, measured so that they hold: sustained, median of several, cached per machine.
+
+MFU on a CPU divides by a measured peak, so the peak must not move between two
+identical runs. One 0.1 s matmul at start-up did (two identical cells recorded
+MFU 0.169 and 0.088). Here every figure is the **median of several bursts**,
+each burst a fixed stretch of wall time (not a fixed number of calls), after a
+warm-up:
+
+- ``matmul_flops(fmt)``: square matmuls in the run's number format (fp32,
+  bf16, fp16; tf32 is fp32 on a CPU; fp8 has no CPU matmul and so no peak);
+- ``copy_gbps(nbytes)``: ``dst.copy_(src)`` bandwidth (read + write) at a given
+  working set. ``dram_gbps`` uses a working set of 4x the last-level cache
+  (at least 256 MiB), ``cache_gbps`` one of 256 KiB, which sits in the caches:
+  the two are stated separately, because an op whose inputs fit in cache can
+  beat the DRAM figure by several times.
+
+Measurements are cached in ``$ABL_CACHE_DIR`` (default ``~/.cache/abl``) in
+``cpu_peaks.json``, keyed by CPU model, thread count and torch version, so a
+grid pays for them once per machine, not once per cell. ``refresh=True``
+measures again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+CACHE_FILE = "cpu_peaks.json"
+CACHE_VERSION = 1
+BURST_S = 0.25  # one burst: calls repeated for at least this long
+BURSTS = 7  # median of this many bursts (about 2 s per figure)
+CACHE_RESIDENT_BYTES = 256 * 1024
+
+# number format -> torch dtype name of a CPU matmul in it (no entry: no CPU peak)
+MATMUL_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Bursts of one figure: the median is the figure; p20/p80 its spread."""
+
+    median: float
+    p20: float
+    p80: float
+    bursts: int
+
+    @property
+    def spread(self) -> float:
+        """(p80 - p20) / median: how noisy the machine was while measuring."""
+        return (self.p80 - self.p20) / self.median if self.median else float("inf")
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("ABL_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "abl"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest cache size the OS reports for cpu0 (Linux sysfs), or None."""
+    root = Path("/sys/devices/system/cpu/cpu0/cache")
+    sizes = []
+    for size in root.glob("index*/size"):
+        try:
+            text = size.read_text().strip().upper()
+        except OSError:
+            continue
+        mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * mult)
+    return max(sizes) if sizes else None
+
+
+def machine_key(threads: int) -> str:
+    import torch
+
+    return f"v{CACHE_VERSION}|{cpu_model()}|{os.cpu_count()} cpus|{threads} threads|torch {torch.__version__}"
+
+
+def bursts(fn: Callable[[], object], work: float, burst_s: float = BURST_S, n: int = BURSTS) -> Measurement:
+    """``work`` units per call of ``fn``: units/s over ``n`` bursts of at least ``burst_s`` each."""
+    deadline = time.perf_counter() + burst_s  # warm-up: one burst's worth, not timed
+    while time.perf_counter() < deadline:
+        fn()
+    rates = []
+    for _ in range(n):
+        calls, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            dt = time.perf_counter() - t0
+            if dt >= burst_s:
+                break
+        rates.append(calls * work / dt)
+    q = statistics.quantiles(rates, n=10, method="inclusive")
+    return Measurement(statistics.median(rates), q[1], q[7], n)
+
+
+def measure_matmul_flops(fmt: str, n: int | None = None, burst_s: float = BURST_S,
+                         count: int = BURSTS) -> Measurement:
+    """FLOP/s of ``n``x``n`` matmuls in number format ``fmt`` at torch's current thread count.
+
+    ``n`` defaults to the largest of 1024, 512, 256, 128 whose matmul takes at most
+    a fifth of a burst here (fp16 matmuls on CPUs without fp16 units run at well
+    under a GFLOP/s: a 1024^3 one would take seconds).
+    """
+    import torch
+
+    dtype = getattr(torch, MATMUL_DTYPES[fmt])
+    if n is None:
+        probe = 128
+        a = torch.randn(probe, probe).to(dtype)
+        torch.mm(a, a)
+        t0 = time.perf_counter()
+        torch.mm(a, a)
+        rate = 2.0 * probe**3 / max(time.perf_counter() - t0, 1e-9)
+        n = next((k for k in (1024, 512, 256) if 2.0 * k**3 / rate <= burst_s / 5), probe)
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    out = torch.empty(n, n, dtype=dtype)
+    return bursts(lambda: torch.mm(a, b, out=out), 2.0 * n**3, burst_s, count)
+
+
+def measure_copy_gbps(nbytes: int, burst_s: float = BURST_S, count: int = BURSTS) -> Measurement:
+    """GB/s of copying an fp32 buffer of ``nbytes`` (read + write counted)."""
+    import torch
+
+    src = torch.randn(max(1, nbytes // 4))
+    dst = torch.empty_like(src)
+    m = bursts(lambda: dst.copy_(src), 2.0 * src.numel() * 4 / 1e9, burst_s, count)
+    return m
+
+
+def dram_bytes() -> int:
+    llc = last_level_cache_bytes() or 32 * 1024**2
+    return max(256 * 1024**2, 4 * llc)
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads((cache_dir() / CACHE_FILE).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(data: dict) -> None:
+    path = cache_dir() / CACHE_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:  # a read-only home: measure again next time, never fail a run for a cache
+        pass
+
+
+_MEMO: dict[tuple[str, str], Measurement] = {}
+
+
+def cached(name: str, measure: Callable[[], Measurement], refresh: bool = False) -> Measurement:
+    """The measurement ``name`` for this machine: from this process, the cache file, or measured now."""
+    import torch
+
+    key = machine_key(torch.get_num_threads())
+    memo_key = (key, name)
+    if not refresh and memo_key in _MEMO:
+        return _MEMO[memo_key]
+    data = _read_cache()
+    entry = data.get(key, {}).get(name)
+    if refresh or not isinstance(entry, dict):
+        m = measure()
+        data = _read_cache()  # another process may have written meanwhile
+        data.setdefault(key, {})[name] = {"median": m.median, "p20": m.p20, "p80": m.p80, "bursts": m.bursts,
+                                          "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        _write_cache(data)
+    else:
+        m = Measurement(float(entry["median"]), float(entry["p20"]), float(entry["p80"]), int(entry["bursts"]))
+    _MEMO[memo_key] = m
+    return m
+
+
+def matmul_flops(fmt: str, refresh: bool = False) -> float | None:
+    """The CPU's sustained matmul FLOP/s in ``fmt``; None for a format with no CPU matmul (fp8)."""
+    if fmt not in MATMUL_DTYPES:
+        return None
+    return cached(f"matmul_{MATMUL_DTYPES[fmt]}", lambda: measure_matmul_flops(fmt), refresh).median
+
+
+def dram_gbps(refresh: bool = False) -> float:
+    return cached("copy_dram", lambda: measure_copy_gbps(dram_bytes()), refresh).median
+
+
+def cache_gbps(refresh: bool = False) -> float:
+    return cached("copy_cache", lambda: measure_copy_gbps(CACHE_RESIDENT_BYTES), refresh).median
+
+
+BASIS = (f"measured: median of {BURSTS} bursts of {BURST_S:g} s (square matmuls of up to 1024 in the run's format; "
+         f"copies of 256 KiB for the cache-resident and 4x the last-level cache for the DRAM bandwidth), "
+         f"cached per machine")

@@ -1,0 +1,25 @@
+"""abl bench harness: a one-cell grid's wall time split into training steps and the rest."""
+
+import json
+
+import pytest
+from conftest import run_abl
+
+
+def test_bench_harness_splits_the_cells_wall_time(tmp_path):
+    pytest.importorskip("torch")
+    r = run_abl(["bench", "harness", "--steps", "6", "--json", "--set", "model.d_model=32",
+                 "--set", "model.n_layers=1", "--set", "train.batch_size=4", "--set", "model.context=32",
+                 "--set", "dataset.pystdlib.max_bytes=400000", "--set", "train.eval_every=3"])
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    parts = ("steps_s", "loop_other_s", "before_loop_s", "after_loop_s", "process_s")
+    assert all(out[k] >= 0 for k in parts), out
+    assert sum(out[k] for k in parts) == pytest.approx(out["cell_wall_s"], rel=1e-6)
+    assert out["untimed_steps"] == [2]  # the memory-tracked step counts at the median
+    assert 0 < out["overhead"] < 1 and out["overhead"] == pytest.approx(1 - out["steps_s"] / out["cell_wall_s"])
+
+
+def test_bench_harness_refuses_a_grid_of_several_cells():
+    r = run_abl(["bench", "harness", "--steps", "2", "--set", "grid.model.norm=[\"rmsnorm\",\"layernorm\"]"])
+    assert r.returncode == 2 and "one cell" in r.stderr + r.stdout
