@@ -80,7 +80,7 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None)
         runs = load(db_path, run_ids=[c.run_id for c in grid.cells], metrics=metrics)
         if not runs:
             return
-        if not getattr(exp, "summary", None):
+        if metrics == ["val_loss"]:  # the default: a grid that names its metrics gets them as named
             from .report import comparison_metric, group_cells
 
             if comparison_metric(group_cells(runs, order)) == "val_bpb":
