@@ -165,14 +165,16 @@ def gpu_free_bytes(indices: list[int]) -> dict[int, int] | None:
 
 
 def admit(cells: list[Cell], registry: Registry, *, slots: int, gpus: list[int],
-          ram_free: Callable[[], int | None] = ram_free_bytes,
-          gpu_free: Callable[[list[int]], dict[int, int] | None] = gpu_free_bytes) -> list[str]:
+          ram_free: Callable[[], int | None] | None = None,
+          gpu_free: Callable[[list[int]], dict[int, int] | None] | None = None) -> list[str]:
     """Messages for a set of cells that cannot fit (empty when they fit).
 
     ``slots``: cells the executor runs at once; ``gpus``: the GPU indices it
     hands out (empty: CPU). Raises nothing; the caller refuses or, with
     ``--force``, warns.
     """
+    ram_free = ram_free or ram_free_bytes
+    gpu_free = gpu_free or gpu_free_bytes
     needs = [n for c in cells if (n := cell_need(c, registry, gpus)) is not None]
     problems: list[str] = []
     cpu = sorted((n for n in needs if n.device == "cpu"), key=lambda n: -n.host_bytes)
