@@ -258,11 +258,13 @@ def ingest(run_dirs, db_path, runs_dir, wait):
     click.echo(f"ingested {len(result)} run folder(s) into {db}" + (f" ({by_status})" if by_status else ""))
     from . import rundir
 
-    for d in dirs:
-        if result.get(d.name) == rundir.INCOMPLETE:
-            steps = (rundir.read_json(d / rundir.CONFIG, {}).get("train") or {}).get("steps", 0)
-            why = "; ".join(rundir.check_complete(rundir.scan_metrics(d / rundir.METRICS), steps))
-            click.echo(f"incomplete: {d}: {why}", err=True)
+    damaged = [d for d in dirs if result.get(d.name) == rundir.INCOMPLETE]
+    for d in damaged:
+        steps = (rundir.read_json(d / rundir.CONFIG, {}).get("train") or {}).get("steps", 0)
+        why = "; ".join(rundir.check_complete(rundir.scan_metrics(d / rundir.METRICS), steps))
+        click.echo(f"incomplete: {d}: {why}", err=True)
+    if damaged:
+        sys.exit(1)
 
 
 @cli.command()

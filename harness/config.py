@@ -628,7 +628,8 @@ def value_errors(path: str, value: Any, registry: Registry) -> list[str]:
 def swept_override_errors(raw: dict, overrides: list[tuple[str, Any]], registry: Registry) -> list[str]:
     """A ``--set`` on a key the grid sweeps would be overwritten by every cell: refuse it,
     say how to override the sweep, and check the value anyway."""
-    swept = raw.get("grid") if isinstance(raw.get("grid"), dict) else {}
+    grid = raw.get("grid")
+    swept: dict[str, Any] = grid if isinstance(grid, dict) else {}
     errs: list[str] = []
     for key, value in overrides:
         if key == "grid" or key.startswith("grid.") or key not in swept:

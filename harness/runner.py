@@ -199,6 +199,9 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
            f"{len(completed)} already completed, skipped; {len(todo)} to run")
     if resuming:
         msg += f" ({resuming} resuming from a checkpoint)"
+    incomplete = sum(known.get(c.run_id) == rundir.INCOMPLETE for c in todo)
+    if incomplete:
+        msg += f"; {incomplete} stored incomplete (their run folder was not whole), trained again"
     if failed and not retry_failed:
         msg += f"; {len(failed)} failed or diverged, skipped (--retry failed re-runs them)"
     if busy:

@@ -214,3 +214,39 @@ def test_the_sink_appends_whole_lines_that_readers_see_at_once(tmp_path):
     again.log(3, {"train_loss": 1.0})
     again.close()
     assert [s for s, n, _ in rundir.read_metrics(p) if n == "train_loss"] == [1, 2, 3]
+
+
+# ---------------------------------------------------------------- completeness (issue 13, 6)
+
+
+def test_check_complete_names_what_a_completed_run_is_missing(tmp_path):
+    p = tmp_path / rundir.METRICS
+    whole = "".join(json.dumps(r) + "\n" for r in
+                    [{"step": 0, "n_params": 10}, *({"step": s, "train_loss": 3.0} for s in range(1, 5)),
+                     {"step": 4, "val_loss": 2.0}, {"step": 4, "wall_s": 1.0, "peak_mem_bytes": 5.0}])
+    p.write_text(whole)
+    assert rundir.check_complete(rundir.scan_metrics(p), 4) == []
+    p.write_text(whole[:-10])
+    assert rundir.check_complete(rundir.scan_metrics(p), 4) == [
+        "metrics.jsonl ends in a cut line", "no wall_s, peak_mem_bytes at step 4"]
+    lines = whole.splitlines(keepends=True)
+    p.write_text("".join(lines[:2] + ["garbage\n"] + lines[3:] + [lines[1]]))  # step 2 gone, step 1 twice
+    assert rundir.check_complete(rundir.scan_metrics(p), 4) == [
+        "metrics.jsonl has 1 damaged line(s) (line 3)", "train_loss of 1 of 4 steps is missing (2)",
+        "train_loss of 1 step(s) is written more than once (1)"]
+    p.write_text('{"step": 99999999999, "train_loss": 1.0}\n' + whole)  # a step the store cannot hold
+    assert rundir.scan_metrics(p).damaged_lines == [1]
+    assert rundir.check_complete(rundir.scan_metrics(tmp_path / "none.jsonl"), 4) == ["metrics.jsonl is missing"]
+
+
+def test_a_killed_run_with_a_garbled_line_keeps_its_status_and_says_so(tmp_path):
+    runs_dir, db = tmp_path / "runs", tmp_path / "abl.duckdb"
+    d = _folder(runs_dir, "k", "killed")
+    with open(d / rundir.METRICS, "a") as f:
+        f.write("garbage\n")
+    assert store.ingest_dirs(db, [d]) == {"k": "killed"}
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    assert "1 damaged line(s) skipped" in con.execute("SELECT notes FROM runs").fetchone()[0]
+    con.close()
