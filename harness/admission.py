@@ -36,6 +36,7 @@ from typing import Callable
 
 from .config import Cell
 from .costmodel import MEMORY_BAND, predict
+from .data import DataError
 from .registry import Registry, RegistryError
 
 MiB = 1024**2
@@ -93,8 +94,10 @@ def cell_need(cell: Cell, registry: Registry, gpus: list[int]) -> Need | None:
         peak = float(predict(per_rank, registry)["train_peak_bytes"])
     except RegistryError:
         return None  # a component without a cost function: nothing to admit on (abl cost says why)
-    except OSError as exc:  # the dataset (for its vocabulary size) cannot be read
-        raise AdmissionError(f"{cell.label}: cannot read its dataset to predict its memory: {exc}") from None
+    except (DataError, OSError):
+        # the dataset (read for its vocabulary size) cannot be loaded: the dataset checks
+        # report that; memory admission has nothing to go on for this cell
+        return None
     return Need(cell=cell, predicted=peak, processes=cell.train.devices, device=cell_device(cell, gpus))
 
 
