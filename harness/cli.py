@@ -18,13 +18,25 @@ def fail(message: str) -> None:
 
 
 def _user_errors():
+    from .admission import AdmissionError
     from .config import ConfigError
     from .data import DataError
+    from .lock import StoreBusy
     from .plugin_manager import PluginLoadError
     from .registry import RegistryError
     from .store import StoreError
 
-    return (ConfigError, RegistryError, PluginLoadError, DataError, StoreError)
+    return (ConfigError, RegistryError, PluginLoadError, DataError, StoreError, StoreBusy, AdmissionError)
+
+
+def _store_lock(db: Path, wait: bool):
+    """Take the store's single-writer lock (harness/lock.py), or exit 2 naming its holder."""
+    from .lock import StoreBusy, StoreLock
+
+    try:
+        return StoreLock(db).acquire(wait=wait, on_wait=lambda msg: click.echo(msg, err=True))
+    except StoreBusy as exc:
+        fail(str(exc))
 
 
 def _registry():
@@ -97,8 +109,11 @@ def cli(plugins_dir):
 @click.option("--detect", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EFFECT",
               help="Also print how many seeds per cell the grid needs to detect this difference of the "
                    "first summary metric at the observed variance (with --dry-run: from the runs stored so far).")
+@click.option("--wait", is_flag=True, help="If another abl run or ingest writes this database, queue behind it "
+              "instead of stopping.")
+@click.option("--force", is_flag=True, help="Run even if the cells' predicted memory does not fit the free memory.")
 def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
-        slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect):
+        slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force):
     """Expand GRID_FILE into cells, validate them all, then train those not yet completed.
 
     Running the same command again resumes the grid: completed cells are
@@ -108,9 +123,12 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     """
     from .config import load_grid
 
+    from . import preflight
+
     registry = _registry()
     try:
         grid = load_grid(grid_file, registry, list(overrides), max_cells=max_cells)
+        preflight.check(grid, registry)
     except _user_errors() as exc:
         fail(str(exc))
     if dry_run:
@@ -132,12 +150,25 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
 
     db = Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB)
     runs = Path(runs_dir) if runs_dir else db.parent / "runs"
+    problems = preflight.db_problems(db)
+    if problems:
+        fail("\n".join(problems))
     try:
         engine = _make_executor(executor, workers, runs, slurm_partition, slurm_time, slurm_cluster,
                                 gpus_per_cell, ray_address)
     except ImportError as exc:
         fail(f"--executor {executor} needs an extra package ({exc.name}): pip install -e '.[distributed]'")
+    except _user_errors() as exc:
+        fail(str(exc))
+    lock = _store_lock(db, wait)  # held until this process exits, however it exits
     try:
+        from .admission import check_run
+
+        too_big = check_run(grid.cells, registry, runs, engine, retry_failed=retry == "failed")
+        if too_big and not force:
+            fail("the grid does not fit in memory:\n" + "\n".join(too_big))
+        if too_big:
+            click.echo("warning (--force): " + "\n".join(too_big), err=True)
         if grid.cells[0].train.lr_sweep:
             from .lr_sweep import run_sweep
 
@@ -151,6 +182,8 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     except KeyboardInterrupt:
         click.echo("stopped; finished cells are stored, run the same command to resume", err=True)
         sys.exit(130)
+    finally:
+        lock.release()
     if failures:
         click.echo(f"{failures} run(s) did not complete; see the table above", err=True)
         sys.exit(1)
@@ -215,20 +248,45 @@ def plugins(as_json):
 @click.argument("run_dirs", nargs=-1, type=click.Path(exists=True, file_okay=False))
 @click.option("--db", "db_path", default=DEFAULT_DB, show_default=True)
 @click.option("--runs-dir", default=None, help="Ingest every run folder in here (default: runs/ beside the database).")
-def ingest(run_dirs, db_path, runs_dir):
-    """Copy run folders into the database (rebuilds it from the folders if needed)."""
-    from . import store
+@click.option("--wait", is_flag=True, help="If another abl run or ingest writes this database, queue behind it.")
+def ingest(run_dirs, db_path, runs_dir, wait):
+    """Copy run folders into the database (rebuilds it from the folders if needed).
+
+    A run whose worker completed but whose folder is not whole (a cut or
+    garbled metrics.jsonl, a missing last step) is stored as incomplete, with
+    what is missing; ingesting it again after a repair restores it.
+    """
+    from . import preflight, store
 
     db = Path(db_path)
     dirs = [Path(d) for d in run_dirs]
     if not dirs:
         base = Path(runs_dir) if runs_dir else db.parent / "runs"
         dirs = sorted(p for p in base.glob("*") if (p / "config.json").exists())
+    problems = preflight.db_problems(db)
+    if problems:
+        fail("\n".join(problems))
+    lock = _store_lock(db, wait)
     try:
         result = store.ingest_dirs(db, dirs)
     except _user_errors() as exc:
         fail(str(exc))
-    click.echo(f"ingested {len(result)} run folder(s) into {db}")
+    finally:
+        lock.release()
+    counts: dict[str, int] = {}
+    for state in result.values():
+        counts[state] = counts.get(state, 0) + 1
+    by_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    click.echo(f"ingested {len(result)} run folder(s) into {db}" + (f" ({by_status})" if by_status else ""))
+    from . import rundir
+
+    damaged = [d for d in dirs if result.get(d.name) == rundir.INCOMPLETE]
+    for d in damaged:
+        steps = (rundir.read_json(d / rundir.CONFIG, {}).get("train") or {}).get("steps", 0)
+        why = "; ".join(rundir.check_complete(rundir.scan_metrics(d / rundir.METRICS), steps))
+        click.echo(f"incomplete: {d}: {why}", err=True)
+    if damaged:
+        sys.exit(1)
 
 
 @cli.command()

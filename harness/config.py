@@ -619,7 +619,14 @@ def load_grid(
         names = ", ".join(packaged_grids())
         raise ConfigError(f"{path}: no such file (the shipped grids, usable by name: {names})")
     raw = read_toml(path)
-    for key, value in parse_overrides(overrides or []):
+    if not raw:
+        raise ConfigError(f"{path}: the grid file is empty; it needs at least an [experiment] or [model] "
+                          "table (see ablations/*.toml)")
+    parsed = parse_overrides(overrides or [])
+    errs = swept_override_errors(raw, parsed, registry)
+    if errs:
+        raise ConfigError([f"{path}: {m}" for m in errs])
+    for key, value in parsed:
         apply_override(raw, key, value)
     return expand(raw, registry, source=str(path), max_cells=max_cells)
 
@@ -637,6 +644,45 @@ def check_lr_sweep(values: Any, seeds: list, grid_paths: list[str]) -> list[str]
                     f"experiment.seeds = {seeds!r}")
     if "train.lr" in grid_paths:
         errs.append("train.lr is both a grid axis and swept by train.lr_sweep; use one of them")
+    return errs
+
+
+def value_errors(path: str, value: Any, registry: Registry) -> list[str]:
+    """Why ``value`` cannot be set at the dotted ``path`` (empty when it can)."""
+    msg = _known_path(path, registry)
+    if msg:
+        return [msg]
+    head, *rest = path.split(".")
+    if head in SECTIONS:
+        if path == "experiment.seeds":
+            ok = isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool)
+                                                           for v in value)
+            return [] if ok else [f"experiment.seeds must be a non-empty list of integers, got {value!r}"]
+        errs = [f"{head}.{m}" for m in section_params(SECTIONS[head])[rest[0]].check(rest[0], value)]
+        axis = next((a for a, (sel, _) in AXES.items() if sel == path), None)
+        if axis is not None and not errs:
+            try:
+                registry.get(axis, value)
+            except RegistryError as exc:
+                errs.append(f"{path}: {exc}")
+        return errs
+    comp = registry.get(head, rest[0])
+    return [f"{path}: {m}" for m in comp.params[rest[1]].check(rest[1], value)]
+
+
+def swept_override_errors(raw: dict, overrides: list[tuple[str, Any]], registry: Registry) -> list[str]:
+    """A ``--set`` on a key the grid sweeps would be overwritten by every cell: refuse it,
+    say how to override the sweep, and check the value anyway."""
+    grid = raw.get("grid")
+    swept: dict[str, Any] = grid if isinstance(grid, dict) else {}
+    errs: list[str] = []
+    for key, value in overrides:
+        if key == "grid" or key.startswith("grid.") or key not in swept:
+            continue
+        example = canonical_json([value]).replace(",", ", ")
+        errs.append(f"--set {key}={value!r}: the grid sweeps {key} over {swept[key]!r}, so this would be "
+                    f"ignored; to replace the sweep, --set 'grid.{key}={example}'")
+        errs += value_errors(key, value, registry)
     return errs
 
 

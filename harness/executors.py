@@ -118,11 +118,14 @@ class Executor:
                 self.stop(job)
 
     def run(self, jobs: list[Job], on_progress: Callable[[Job], None], on_done: Callable[[Job], None],
-            poll_s: float = 0.2) -> None:
+            poll_s: float = 0.2, on_launch: Callable[[Job], None] | None = None) -> None:
+        """Launch every job as a slot frees up; ``on_launch`` runs just before each launch."""
         pending = list(jobs)
         while pending or self.running:
             while pending and self.can_launch(pending[0]):
                 job = pending.pop(0)
+                if on_launch is not None:
+                    on_launch(job)
                 self.launch(job)
                 self.running.append(job)
                 on_progress(job)
@@ -186,9 +189,9 @@ class LocalExecutor(Executor):
         return self.zygote
 
     def run(self, jobs: list[Job], on_progress: Callable[[Job], None], on_done: Callable[[Job], None],
-            poll_s: float = 0.2) -> None:
+            poll_s: float = 0.2, on_launch: Callable[[Job], None] | None = None) -> None:
         try:
-            super().run(jobs, on_progress, on_done, poll_s)
+            super().run(jobs, on_progress, on_done, poll_s, on_launch)
         finally:
             if self.zygote is not None:
                 self.zygote.close()

@@ -8,6 +8,7 @@ Nothing here knows any specific variant; plugins fill the registry.
 from __future__ import annotations
 
 import builtins
+import math
 
 import difflib
 from dataclasses import dataclass, field
@@ -39,6 +40,9 @@ AXES: dict[str, tuple[str, str]] = {
 class RegistryError(Exception):
     """A problem with a component name or its parameters (a user error)."""
 
+
+# what torch and numpy take as an integer argument (a C int64)
+INT64 = (-(2**63), 2**63 - 1)
 
 _TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str"}
 
@@ -79,6 +83,11 @@ class Param:
                 f"got {type(value).__name__} {value!r}"
             ]
         errs = []
+        if isinstance(value, float) and not math.isfinite(value):
+            # NaN compares false with every bound, so min/max alone would let it through
+            return [f"{name} must be a finite number, got {value!r}"]
+        if isinstance(value, int) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
+            return [f"{name} must fit in 64 bits (|value| < 2**63), got {value!r}"]
         if self.choices is not None and value not in self.choices:
             errs.append(f"{name} must be one of {list(self.choices)}, got {value!r}")
         if self.min is not None and value is not None and value < self.min:

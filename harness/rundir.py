@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +41,24 @@ SHAPE_CACHE = ".cache/shapes"  # beside the run folders: abl.shapecache
 
 QUEUED, RUNNING, COMPLETED = "queued", "running", "completed"
 DIVERGED, OOM, FAILED, KILLED = "diverged", "oom", "failed", "killed"
+# The worker said completed, but its folder does not hold a whole run (a cut or
+# garbled metrics.jsonl, a missing final step or summary row): decided by the
+# store at ingest (``check_complete``), never written by a worker. The folder keeps
+# saying completed, so an ingest after a repair restores the run.
+INCOMPLETE = "incomplete"
 
-STATUSES = (QUEUED, RUNNING, COMPLETED, DIVERGED, OOM, FAILED, KILLED)
+STATUSES = (QUEUED, RUNNING, COMPLETED, DIVERGED, OOM, FAILED, KILLED, INCOMPLETE)
 # the worker has ended
-TERMINAL = (COMPLETED, DIVERGED, OOM, FAILED, KILLED)
+TERMINAL = (COMPLETED, DIVERGED, OOM, FAILED, KILLED, INCOMPLETE)
 # ended without completing: what summaries and the dashboard count as "did not complete"
-NOT_COMPLETED = (DIVERGED, OOM, FAILED, KILLED)
+NOT_COMPLETED = (DIVERGED, OOM, FAILED, KILLED, INCOMPLETE)
 # re-run only with ``--retry failed``: run again as they are, they would end the same way.
 # Not killed: a kill says nothing about the cell, so a plain re-run restarts it, like a
-# running one whose worker is gone (README, "When things go wrong").
+# running one whose worker is gone (README, "When things go wrong"). Not incomplete:
+# the training ended, its record was damaged; a re-run gives the whole record.
 RETRY_FAILED = (DIVERGED, OOM, FAILED)
+# statuses only the store gives (from what a folder holds); no worker ends with one
+STORE_ONLY = (INCOMPLETE,)
 # the worker's exit status for each final status
 EXIT_CODES = {COMPLETED: 0, FAILED: 1, DIVERGED: 3, OOM: 4, KILLED: 5}
 
@@ -144,20 +153,88 @@ def _complete_lines(path: Path):
 
 def read_metrics(path: Path) -> list[tuple[int, str, float]]:
     """Long rows (step, name, value) of the numeric values in a metrics file (none if it is missing)."""
-    rows: list[tuple[int, str, float]] = []
+    return scan_metrics(path).rows
+
+
+@dataclass
+class MetricsScan:
+    """What a metrics file holds: its rows, and the damage a reader skipped."""
+
+    rows: list[tuple[int, str, float]] = field(default_factory=list)
+    damaged_lines: list[int] = field(default_factory=list)  # 1-based numbers of complete lines that do not parse
+    torn_tail: bool = False  # the last line has no newline (its writer was stopped mid-line)
+    exists: bool = True
+
+
+def scan_metrics(path: Path) -> MetricsScan:
+    """Read a metrics file, keeping count of the lines that had to be skipped."""
+    scan = MetricsScan()
     try:
-        lines = list(_complete_lines(path))
+        with open(path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
-        return rows
-    for line in lines:
+        scan.exists = False
+        return scan
+    lines = data.split(b"\n")
+    scan.torn_tail = lines[-1] != b""
+    for number, line in enumerate(lines[:-1], 1):
         obj = parse_line(line)
-        if obj is None:
+        if obj is None or not -(2**31) <= obj["step"] < 2**31:  # the store's step column is INTEGER
+            scan.damaged_lines.append(number)
             continue
         step = obj.pop("step")
         for name, value in obj.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                rows.append((step, name, float(value)))
-    return rows
+                scan.rows.append((step, name, float(value)))
+    return scan
+
+
+# what a run that completed has always written (harness/train.py): the parameter count at
+# step 0, one train_loss per step, and at the last step its val_loss and the summary row
+FIRST_ROW = ("n_params",)
+LAST_ROW = ("val_loss", "wall_s", "peak_mem_bytes")
+
+
+def check_complete(scan: MetricsScan, steps: int) -> list[str]:
+    """Why a run that says completed is not whole (empty when it is): damaged lines,
+    missing or repeated steps, a missing first or last row."""
+    problems: list[str] = []
+    if not scan.exists:
+        return ["metrics.jsonl is missing"]
+    if scan.damaged_lines:
+        shown = ", ".join(map(str, scan.damaged_lines[:5])) + (", ..." if len(scan.damaged_lines) > 5 else "")
+        problems.append(f"metrics.jsonl has {len(scan.damaged_lines)} damaged line(s) (line {shown})")
+    if scan.torn_tail:
+        problems.append("metrics.jsonl ends in a cut line")
+    seen: dict[int, int] = {}
+    names_at: dict[int, set[str]] = {}
+    for step, name, _ in scan.rows:
+        names_at.setdefault(step, set()).add(name)
+        if name == "train_loss":
+            seen[step] = seen.get(step, 0) + 1
+    missing = [s for s in range(1, steps + 1) if s not in seen]
+    repeated = sorted(s for s, n in seen.items() if n > 1)
+    if missing:
+        problems.append(f"train_loss of {len(missing)} of {steps} steps is missing ({_ranges(missing)})")
+    if repeated:
+        problems.append(f"train_loss of {len(repeated)} step(s) is written more than once ({_ranges(repeated)})")
+    for step, wanted in ((0, FIRST_ROW), (steps, LAST_ROW)):
+        absent = [n for n in wanted if n not in names_at.get(step, set())]
+        if absent:
+            problems.append(f"no {', '.join(absent)} at step {step}")
+    return problems
+
+
+def _ranges(steps: list[int]) -> str:
+    out, start, prev = [], steps[0], steps[0]
+    for s in steps[1:] + [None]:  # type: ignore[list-item]
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if s is not None:
+            start = prev = s
+    return ", ".join(out[:6]) + (", ..." if len(out) > 6 else "")
 
 
 def tail_metrics(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:

@@ -11,12 +11,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from . import rundir, store, tokenstore
+from .admission import oom_kills
 from .config import Cell, Grid
 from .executors import Job, LocalExecutor
 from .plugin_manager import pm
 from .provenance import git_commit, versions
 from .registry import Registry
-from .rundir import COMPLETED, FAILED, KILLED, RETRY_FAILED, RUNNING, TERMINAL
+from .rundir import COMPLETED, FAILED, KILLED, OOM, RETRY_FAILED, RUNNING, TERMINAL
 
 # not a stored status: a live worker of another abl run holds the folder
 BUSY = "busy"
@@ -85,7 +86,8 @@ def reconcile(cells: list[Cell], runs_dir: Path, db_path: Path) -> dict[str, str
         try:
             for run_dir, override in stale:
                 try:
-                    store.ingest_run(con, run_dir, override)
+                    # the store may judge the folder otherwise (a completed run whose metrics are cut: incomplete)
+                    known[run_dir.name] = store.ingest_run(con, run_dir, override)
                 except store.StoreError:
                     continue  # a damaged folder: the cell simply runs again
         finally:
@@ -133,6 +135,9 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
            f"{len(completed)} already completed, skipped; {len(todo)} to run")
     if resuming:
         msg += f" ({resuming} resuming from a checkpoint)"
+    incomplete = sum(known.get(c.run_id) == rundir.INCOMPLETE for c in todo)
+    if incomplete:
+        msg += f"; {incomplete} stored incomplete (their run folder was not whole), trained again"
     if failed and not retry_failed:
         msg += f"; {len(failed)} failed or diverged, skipped (--retry failed re-runs them)"
     if busy:
@@ -141,6 +146,7 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     commit = git_commit()
 
     jobs = []
+    metas: dict[str, dict[str, Any]] = {}
     for i, cell in enumerate(todo):
         old = rundir.read_json(runs_dir / cell.run_id / rundir.META, {})
         first = old.get("first_commit") or old.get("git_commit") or commit
@@ -151,10 +157,20 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
         if meta["code_changed"]:
             meta["notes"] = f"code changed between attempts: first {first}, now {commit}"
             console.print(f"[yellow]warning[/]: {cell.label} seed={cell.seed}: {meta['notes']}")
-        job = Job(cell=cell, run_dir=prepare(cell, runs_dir, meta), index=i)
-        tokenstore.link_run(job.run_dir, token_entries[cell.run_id])
-        jobs.append(job)
+        metas[cell.run_id] = meta
+        jobs.append(Job(cell=cell, run_dir=runs_dir / cell.run_id, index=i))
     failures = 0
+    oom_before: dict[str, int | None] = {}
+    launched: list[Job] = []
+    ended: set[str] = set()
+
+    def on_launch(job: Job) -> None:
+        # the folder is set up (and the attempt counted) only as its worker starts,
+        # so a cell that never started keeps its attempts
+        prepare(job.cell, runs_dir, metas[job.cell.run_id])
+        tokenstore.link_run(job.run_dir, token_entries[job.cell.run_id])  # the tokens its worker maps
+        oom_before[job.cell.run_id] = oom_kills()
+        launched.append(job)
 
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
@@ -182,10 +198,17 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
             if not job.killed and st.get("status") in (None, RUNNING):
                 # the worker died without writing its final status (signal, segfault, OOM-kill)
                 status_override = KILLED if (job.returncode or 0) < 0 else FAILED
-                st.update(status=status_override, finished=time.time(),
-                          error=st.get("error") or rundir.log_tail(job.run_dir))
+                error = st.get("error") or rundir.log_tail(job.run_dir)
+                before, after = oom_before.get(job.cell.run_id), oom_kills()
+                if job.returncode == -signal.SIGKILL and before is not None and after is not None \
+                        and after > before:
+                    status_override = OOM
+                    error = (f"killed by the kernel's OOM killer (SIGKILL while this machine's out-of-memory "
+                             f"kills rose from {before} to {after})")
+                st.update(status=status_override, finished=time.time(), error=error)
                 rundir.write_status(job.run_dir, st)
             status = _ingest(db_path, job.run_dir, status_override)
+            ended.add(job.cell.run_id)
             if status != COMPLETED:
                 failures += 1
                 err = (rundir.read_status(job.run_dir) or {}).get("error") or ""
@@ -202,16 +225,24 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
                                  summary=summary)
 
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        previous_int = signal.getsignal(signal.SIGINT)
         try:
-            executor.run(jobs, on_progress, on_done)
+            executor.run(jobs, on_progress, on_done, on_launch=on_launch)
         except KeyboardInterrupt:
+            # a second Ctrl-C must not cut the clean-up short: the store would keep
+            # rows "running" whose folders say killed
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             console.print("[yellow]interrupted: stopping the running cells[/]")
             executor.stop_all()
-            for job in executor.running:
-                on_done(job)
+            # every started cell not stored yet, also one whose on_done the interrupt cut short
+            for job in {id(j): j for j in launched + executor.running}.values():
+                if job.handle is not None and job.cell.run_id not in ended:
+                    on_done(job)
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
 
     from .summary import print_run_summary  # the verdict tables: abl.verdicts, the same as report/dashboard
 

@@ -85,16 +85,30 @@ class StoreError(Exception):
     """The database cannot be opened or migrated (reported to the user)."""
 
 
+def is_lock_conflict(exc: Exception) -> bool:
+    """DuckDB's own file lock is held by another process (a reader such as the dashboard)."""
+    return "Could not set lock" in str(exc) or "Conflicting lock" in str(exc)
+
+
 def connect(path: str | Path, read_only: bool = False, retries: int = 50) -> duckdb.DuckDBPyConnection:
-    """Open the database, retrying briefly while another process holds its lock."""
+    """Open the database, retrying briefly while another process holds DuckDB's file lock.
+
+    Any other failure (a folder, a file that is not a database, no such
+    folder) is reported at once.
+    """
     p = Path(path)
     if not read_only:
-        p.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the folder of database {path}: {exc.strerror or exc}") from None
     last: Exception | None = None
     for _ in range(retries):
         try:
             return duckdb.connect(str(p), read_only=read_only)
-        except duckdb.IOException as exc:  # lock held by another process
+        except duckdb.IOException as exc:
+            if not is_lock_conflict(exc):
+                raise StoreError(f"cannot open database {path}: {exc}") from None
             last = exc
             time.sleep(0.1)
     raise StoreError(f"cannot open database {path}: {last}")
@@ -150,9 +164,23 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     info = rundir.read_json(run_dir / rundir.INFO, {})
     state = status_override or status.get("status", rundir.QUEUED)
     run_id = run_dir.name
-    rows = rundir.read_metrics(run_dir / rundir.METRICS)
+    scan = rundir.scan_metrics(run_dir / rundir.METRICS)
+    rows = scan.rows
     rows += health.derived_rows(rows, info)  # unigram floor, did_not_learn, loss spikes: abl.health
-    notes = "; ".join(n for n in (meta.get("notes"), status.get("notes")) if n) or None
+    error = status.get("error")
+    damage = None
+    if state == rundir.COMPLETED:
+        problems = rundir.check_complete(scan, _int(config.get("train", {}).get("steps")))
+        if problems:
+            state = rundir.INCOMPLETE
+            error = ("the worker completed, but its run folder is not whole: " + "; ".join(problems)
+                     + f". Repair {run_dir / rundir.METRICS} and run abl ingest, or run the grid again")
+    elif scan.damaged_lines:
+        damage = f"metrics.jsonl: {len(scan.damaged_lines)} damaged line(s) skipped"
+    notes = "; ".join(n for n in (meta.get("notes"), status.get("notes"), damage) if n) or None
+    seed = config["seed"]
+    if not isinstance(seed, int) or not INT32[0] <= seed <= INT32[1]:
+        raise StoreError(f"{run_dir}: seed {seed!r} does not fit the store's INTEGER column")
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
@@ -165,7 +193,7 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
              json.dumps(config, sort_keys=True), _ts(status.get("started")), _ts(status.get("finished")),
              meta.get("git_commit"), json.dumps(meta.get("versions", {}), sort_keys=True),
              info.get("device"), json.dumps(info, sort_keys=True), info.get("data_fingerprint"),
-             meta.get("grid_file"), notes, status.get("error"), meta.get("attempts", 1),
+             meta.get("grid_file"), notes, error, meta.get("attempts", 1),
              bool(meta.get("code_changed", False)), meta.get("executor")],
         )
         con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
@@ -177,10 +205,21 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
                 [run_id, list(steps), list(names), list(values)],
             )
         con.execute("COMMIT")
+    except duckdb.Error as exc:
+        con.execute("ROLLBACK")
+        raise StoreError(f"{run_dir}: cannot store the run: {exc}") from None
     except Exception:
         con.execute("ROLLBACK")
         raise
     return state
+
+
+# the range of the store's INTEGER columns (runs.seed, runs.attempts, metrics.step)
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
 def ingest_dirs(db_path: str | Path, run_dirs: Iterable[Path]) -> dict[str, str]:
@@ -252,10 +291,10 @@ SELECT r.cell_key, any_value(r.label) AS label,
        count(*) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS completed,
        count(*) FILTER (WHERE list_contains($not_completed, r.status)) AS not_completed,
        string_agg(DISTINCT r.status, ',') AS statuses,
-       avg(v.val_loss) AS val_loss_mean,
-       stddev_samp(v.val_loss) AS val_loss_std,
-       avg(b.val_bpb) AS val_bpb_mean,
-       stddev_samp(b.val_bpb) AS val_bpb_std,
+       avg(v.val_loss) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_loss_mean,
+       stddev_samp(v.val_loss) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_loss_std,
+       avg(b.val_bpb) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_bpb_mean,
+       stddev_samp(b.val_bpb) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_bpb_std,
        avg(s.tokens_per_s) AS tokens_per_s,
        avg(t.train_tokens_per_s) AS train_tokens_per_s,
        avg(c.compile_s) AS compile_s,

@@ -457,11 +457,12 @@ def begin(run: TrainingRun, sink: MetricSink, checkpoint_path: Path | None) -> t
     """Resume from the checkpoint at ``checkpoint_path`` if there is one; else measure the
     run's costs and record them with the parameter counts at step 0.
 
-    Returns (the first step to run, the costs; empty when resumed: they were recorded then).
+    Returns (the first step to run, the costs). A resumed run recorded its costs
+    when it started; it gets back the two that ``mfu`` needs, without recording them again.
     """
     if checkpoint_path is not None and checkpoint_path.exists():
         step = load_checkpoint(checkpoint_path, run.core, run.optimizer, run.precision, run.batches, run.dist.rank)
-        return step + 1, {}
+        return step + 1, mfu_costs(run)
     cached = run.shapes.get("flops")
     costs = measure_costs(run.core, run.cell, run.registry, run.batches, run.precision, run.device, run.dist.world,
                           counted=cached["flops_per_step_measured"] if cached else None)
@@ -472,6 +473,23 @@ def begin(run: TrainingRun, sink: MetricSink, checkpoint_path: Path | None) -> t
     sink.log(0, {"n_params": run.core.n_params(), "n_params_non_embedding": run.core.n_params(non_embedding=True),
                  **costs})
     return 1, costs
+
+
+def mfu_costs(run: TrainingRun) -> dict[str, float]:
+    """useful_flops_per_step and device_peak_flops, as ``measure_costs`` gives them, without the flop count."""
+    from .costmodel import predict
+    from .registry import RegistryError
+
+    out: dict[str, float] = {}
+    peak = mfu_peak(run.device, run.precision, run.dist.world)
+    if peak is not None:
+        out["device_peak_flops"] = peak
+    try:
+        out["useful_flops_per_step"] = float(predict(run.cell, run.registry, vocab_size=run.cell.model.vocab_size)
+                                             ["useful_flops_per_step"])
+    except RegistryError:
+        pass
+    return out
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:

@@ -15,12 +15,12 @@ from abl.rundir import STATUSES
 
 
 def test_which_statuses_run_again_follow_the_readme():
-    # README "When things go wrong": completed cells are skipped; running or killed ones
-    # restart; failed, diverged (and oom) ones re-run only with --retry failed
+    # README "When things go wrong": completed cells are skipped; running, killed and
+    # incomplete ones restart; failed, diverged (and oom) ones re-run only with --retry failed
     plain = {s for s in [*STATUSES, None] if rundir.runs_again(s)}
     retry = {s for s in [*STATUSES, None] if rundir.runs_again(s, retry_failed=True)}
-    assert plain == {None, "queued", "running", "killed"}
-    assert retry == {None, "queued", "running", "killed", "failed", "diverged", "oom"}
+    assert plain == {None, "queued", "running", "killed", "incomplete"}
+    assert retry == {None, "queued", "running", "killed", "incomplete", "failed", "diverged", "oom"}
     assert set(rundir.RETRY_FAILED) == {"failed", "diverged", "oom"}
 
 
@@ -29,20 +29,30 @@ def test_killed_did_not_complete_but_is_not_a_failure_to_retry():
     assert "killed" not in rundir.RETRY_FAILED
     assert set(rundir.NOT_COMPLETED) == set(rundir.TERMINAL) - {"completed"}
     assert set(rundir.TERMINAL) == set(STATUSES) - {"queued", "running"}
-    # every final status has its own worker exit code, 0 only for completed
-    assert set(rundir.EXIT_CODES) == set(rundir.TERMINAL)
+    # every final status a worker can end with has its own exit code, 0 only for completed;
+    # incomplete is the store's verdict on a folder, never a worker's
+    assert set(rundir.EXIT_CODES) == set(rundir.TERMINAL) - set(rundir.STORE_ONLY)
+    assert set(rundir.STORE_ONLY) == {"incomplete"} and "incomplete" in rundir.NOT_COMPLETED
     assert len(set(rundir.EXIT_CODES.values())) == len(rundir.EXIT_CODES)
     assert [s for s, c in rundir.EXIT_CODES.items() if c == 0] == ["completed"]
+
+
+# a whole one-step run, as harness/train.py writes it
+WHOLE = [{"step": 0, "n_params": 10}, {"step": 1, "train_loss": 3.1, "val_loss": 3.0},
+         {"step": 1, "wall_s": 1.0, "peak_mem_bytes": 1e6}]
 
 
 def _folder(runs_dir, run_id, status, **status_fields):
     d = runs_dir / run_id
     d.mkdir(parents=True)
-    rundir.write_json(d / rundir.CONFIG, {"experiment": "e", "seed": 0})
+    rundir.write_json(d / rundir.CONFIG, {"experiment": "e", "seed": 0, "train": {"steps": 1}})
     rundir.write_json(d / rundir.META, {"cell_key": f"cell_{run_id}", "label": run_id})
+    lines = "".join(json.dumps(r) + "\n" for r in WHOLE)
+    if status == "incomplete":  # the worker completed; its metrics file was cut afterwards
+        status, lines = "completed", lines[:-20]
     if status != "queued":  # a folder without status.json is queued
         rundir.write_status(d, {"status": status, **status_fields})
-    (d / rundir.METRICS).write_text(json.dumps({"step": 1, "val_loss": 3.0}) + "\n")
+    (d / rundir.METRICS).write_text(lines)
     return d
 
 
@@ -64,7 +74,7 @@ def test_runner_store_and_dashboard_agree_on_every_status(tmp_path):
     done, skipped, busy, todo = runner.plan(cells, known)
     assert [c.run_id for c in done] == ["completed"] and busy == []
     assert {c.run_id for c in skipped} == {"failed", "diverged", "oom"}
-    assert {c.run_id for c in todo} == {"queued", "running", "killed"}
+    assert {c.run_id for c in todo} == {"queued", "running", "killed", "incomplete"}
     _, skipped, _, todo = runner.plan(cells, known, retry_failed=True)
     assert skipped == [] and {c.run_id for c in todo} == set(ids) - {"completed"}
 
@@ -73,7 +83,7 @@ def test_runner_store_and_dashboard_agree_on_every_status(tmp_path):
     from abl.dashboard import queries as q
 
     exp = q.experiments(q.Store(str(db), str(runs_dir))).iloc[0]
-    assert (exp["runs"], exp["completed"], exp["running"], exp["not_completed"]) == (7, 1, 2, 4)
+    assert (exp["runs"], exp["completed"], exp["running"], exp["not_completed"]) == (8, 1, 2, 5)
 
 
 def test_reconcile_marks_a_dead_worker_killed_and_a_plain_rerun_restarts_it(tmp_path):
@@ -204,3 +214,39 @@ def test_the_sink_appends_whole_lines_that_readers_see_at_once(tmp_path):
     again.log(3, {"train_loss": 1.0})
     again.close()
     assert [s for s, n, _ in rundir.read_metrics(p) if n == "train_loss"] == [1, 2, 3]
+
+
+# ---------------------------------------------------------------- completeness (issue 13, 6)
+
+
+def test_check_complete_names_what_a_completed_run_is_missing(tmp_path):
+    p = tmp_path / rundir.METRICS
+    whole = "".join(json.dumps(r) + "\n" for r in
+                    [{"step": 0, "n_params": 10}, *({"step": s, "train_loss": 3.0} for s in range(1, 5)),
+                     {"step": 4, "val_loss": 2.0}, {"step": 4, "wall_s": 1.0, "peak_mem_bytes": 5.0}])
+    p.write_text(whole)
+    assert rundir.check_complete(rundir.scan_metrics(p), 4) == []
+    p.write_text(whole[:-10])
+    assert rundir.check_complete(rundir.scan_metrics(p), 4) == [
+        "metrics.jsonl ends in a cut line", "no wall_s, peak_mem_bytes at step 4"]
+    lines = whole.splitlines(keepends=True)
+    p.write_text("".join(lines[:2] + ["garbage\n"] + lines[3:] + [lines[1]]))  # step 2 gone, step 1 twice
+    assert rundir.check_complete(rundir.scan_metrics(p), 4) == [
+        "metrics.jsonl has 1 damaged line(s) (line 3)", "train_loss of 1 of 4 steps is missing (2)",
+        "train_loss of 1 step(s) is written more than once (1)"]
+    p.write_text('{"step": 99999999999, "train_loss": 1.0}\n' + whole)  # a step the store cannot hold
+    assert rundir.scan_metrics(p).damaged_lines == [1]
+    assert rundir.check_complete(rundir.scan_metrics(tmp_path / "none.jsonl"), 4) == ["metrics.jsonl is missing"]
+
+
+def test_a_killed_run_with_a_garbled_line_keeps_its_status_and_says_so(tmp_path):
+    runs_dir, db = tmp_path / "runs", tmp_path / "abl.duckdb"
+    d = _folder(runs_dir, "k", "killed")
+    with open(d / rundir.METRICS, "a") as f:
+        f.write("garbage\n")
+    assert store.ingest_dirs(db, [d]) == {"k": "killed"}
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    assert "1 damaged line(s) skipped" in con.execute("SELECT notes FROM runs").fetchone()[0]
+    con.close()
