@@ -250,7 +250,8 @@ class NoPosition(PositionEncoding):
 
 def _rope_check(cfg, params):
     if cfg.head_dim % 2:
-        return [f"RoPE needs an even head dim; d_model/n_heads = {cfg.head_dim}"]
+        return [f"RoPE needs an even head dim; model.head_dim = {cfg.head_dim}"
+                + ("" if cfg.head_dim * cfg.n_heads != cfg.d_model else " (d_model / n_heads)")]
     return []
 
 
