@@ -438,11 +438,9 @@ def head_dim_errors(model: ModelConfig, train: TrainConfig, given: dict) -> list
     what the FlashAttention kernel handles when ``train.kernels = "triton"`` asks for it."""
     from .kernels import FLASH_ATTENTION_MAX_HEAD_DIM as max_dim
 
-    if not given.get("head_dim"):
-        if model.d_model % model.n_heads:
-            return [f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}; "
-                    "set model.head_dim to choose the head width independently"]
-        return []
+    if not given.get("head_dim") and model.d_model % model.n_heads:
+        return [f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}; "
+                "set model.head_dim to choose the head width independently"]
     if train.kernels == "triton" and model.head_dim > max_dim:
         return [f"model.head_dim={model.head_dim} exceeds {max_dim}, the widest head the FlashAttention "
                 "kernel takes (train.kernels = 'triton'); use a head_dim of at most "

@@ -161,6 +161,7 @@ def test_abl_cost_shows_mha_cut_to_mqa_kv_bytes(tmp_path):
     ({"d_model": 30, "n_heads": 4}, {}, "set model.head_dim"),
     ({"head_dim": 7}, {}, "RoPE needs an even head dim; model.head_dim = 7"),
     ({"head_dim": 320}, {"kernels": "triton"}, "exceeds 256"),
+    ({"d_model": 1024, "n_heads": 2}, {"kernels": "triton"}, "head_dim=512 exceeds 256"),
 ])
 def test_bad_head_dims_are_config_errors(registry, model, train, message):
     raw = {"model": {"d_model": 32, "n_heads": 4, **model}, "train": train}
