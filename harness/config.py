@@ -25,6 +25,7 @@ import difflib
 import hashlib
 import itertools
 import json
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -67,10 +68,13 @@ class ModelConfig:
     d_model: int = _f(128, "residual stream width", min=1)
     n_layers: int = _f(4, "number of blocks", min=1)
     n_heads: int = _f(4, "attention heads (query heads)", min=1)
+    head_dim: int = _f(0, "width of each attention head's q, k and v; 0 = d_model // n_heads. The attention "
+                       "mixers project d_model to n_heads * head_dim and back", min=0)
     context: int = _f(128, "training context length in tokens", min=2)
     vocab_size: int = _f(0, "0 = take it from the dataset", min=0)
     tie_embeddings: bool = _f(True, "share the token embedding with the LM head")
-    init_std: float = _f(0.02, "std of the normal init of linear and embedding weights", min=0.0)
+    init_std: float = _f(0.0, "std of the normal init of linear and embedding weights; 0 = 1/sqrt(d_model) "
+                         "(fan-in; see README 'Default initialisation')", min=0.0)
     dropout: float = _f(0.0, "dropout on sublayer outputs", min=0.0, max=1.0)
     norm: str = _f("rmsnorm", "norm component")
     block: str = _f("pre", "block layout component")
@@ -89,9 +93,16 @@ class ModelConfig:
             return [self.mixer] * self.n_layers
         return [names[i % len(names)] for i in range(self.n_layers)]
 
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def __post_init__(self) -> None:
+        self.derive_defaults()
+
+    def derive_defaults(self, rederive: Any = ()) -> None:
+        """Fill the fields whose 0 means "derived from the width" (``head_dim``, ``init_std``);
+        those named in ``rederive`` are recomputed even when set (a preset changed the width)."""
+        if not self.head_dim or "head_dim" in rederive:
+            self.head_dim = self.d_model // self.n_heads if self.n_heads > 0 else 0
+        if not self.init_std or "init_std" in rederive:
+            self.init_std = 1.0 / math.sqrt(self.d_model) if self.d_model > 0 else 0.0
 
 
 @dataclass
@@ -448,6 +459,21 @@ def _train_config(tc: TrainConfig) -> dict[str, Any]:
     return out
 
 
+def head_dim_errors(model: ModelConfig, train: TrainConfig, given: dict) -> list[str]:
+    """``model.head_dim``: derived (d_model must then split into the heads) or given, and within
+    what the FlashAttention kernel handles when ``train.kernels = "triton"`` asks for it."""
+    from .kernels import FLASH_ATTENTION_MAX_HEAD_DIM as max_dim
+
+    if not given.get("head_dim") and model.d_model % model.n_heads:
+        return [f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}; "
+                "set model.head_dim to choose the head width independently"]
+    if train.kernels == "triton" and model.head_dim > max_dim:
+        return [f"model.head_dim={model.head_dim} exceeds {max_dim}, the widest head the FlashAttention "
+                "kernel takes (train.kernels = 'triton'); use a head_dim of at most "
+                f"{max_dim} or train.kernels = 'torch'"]
+    return []
+
+
 def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registry) -> tuple[Cell | None, list[str]]:
     """Turn one cell's raw dict into a validated Cell (or error messages)."""
     errs: list[str] = []
@@ -460,18 +486,19 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
     if errs:
         return None, errs
     model: ModelConfig = sections["model"]
+    given_model: dict = raw["model"] if isinstance(raw.get("model"), dict) else {}
     if model.scale:
         if model.scale not in SCALES:
             errs.append(f"model.scale {model.scale!r} is not a preset; valid: {', '.join(SCALES)}")
         else:
             model.d_model, model.n_layers, model.n_heads = SCALES[model.scale]
+            model.derive_defaults(rederive=[k for k in ("head_dim", "init_std") if not given_model.get(k)])
     tc: TrainConfig = sections["train"]
     if tc.tokens:
         if isinstance(raw.get("train"), dict) and "steps" in raw["train"]:
             errs.append("give train.steps or train.tokens, not both")
         tc.steps = -(-tc.tokens // (tc.batch_size * model.context))
-    if model.d_model % model.n_heads:
-        errs.append(f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}")
+    errs += head_dim_errors(model, tc, given_model)
     if sections["train"].batch_size % sections["train"].devices:
         errs.append(f"train.batch_size={sections['train'].batch_size} is not divisible by "
                     f"train.devices={sections['train'].devices}")

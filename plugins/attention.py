@@ -83,11 +83,14 @@ def _flash(q, k, v, position, q_start, k_start, window, softcap, scale):
     sliding window, GQA/MQA in place, and a linear distance bias (ALiBi) that it
     forms itself from the position's ``bias_slopes``. Not covered: soft-capped
     logits, other score biases (T5 buckets), value heads of another width
-    than the query/key heads (MLA), and mixed q/k/v dtypes.
+    than the query/key heads (MLA), heads wider than ``FLASH_ATTENTION_MAX_HEAD_DIM``
+    (256), and mixed q/k/v dtypes.
     """
     if softcap or q_start + q.size(2) != k_start + k.size(2) or v.size(-1) != q.size(-1):
         return None
-    if not (q.dtype == k.dtype == v.dtype) or q.size(-1) > 256:
+    from abl.kernels import FLASH_ATTENTION_MAX_HEAD_DIM
+
+    if not (q.dtype == k.dtype == v.dtype) or q.size(-1) > FLASH_ATTENTION_MAX_HEAD_DIM:
         return None
     slopes = None
     if type(position).overrides("score_bias"):

@@ -53,14 +53,16 @@ class SinusoidalPosition(PositionEncoding):
     """x_p <- x_p + PE[p], PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(same).
 
     Vaswani et al. 2017 sec. 3.5, seeds 002 sec. 1.5.1. Fixed, defined for any
-    position. ``embed_scale`` multiplies the token embeddings by sqrt(d_model)
-    first, as the paper does (sec. 3.4); off by default because the skeleton's
-    embeddings are initialised at std ``init_std``, not 1/sqrt(d).
+    position. ``embed_scale`` (default on) multiplies the token embeddings by
+    sqrt(d_model) first, as the paper does (sec. 3.4): with embeddings at the
+    default init std 1/sqrt(d) the token part then has RMS 1 against the
+    table's 1/sqrt(2). Unscaled, the fixed table outweighs the tokens sqrt(d)
+    times over and the model barely learns (README "Default initialisation").
     """
 
     inv_freq: torch.Tensor  # a buffer
 
-    def __init__(self, cfg, base: float = 10000.0, embed_scale: bool = False):
+    def __init__(self, cfg, base: float = 10000.0, embed_scale: bool = True):
         super().__init__()
         self.d_model = cfg.d_model
         self.scale = math.sqrt(cfg.d_model) if embed_scale else 1.0
@@ -250,7 +252,8 @@ class NoPosition(PositionEncoding):
 
 def _rope_check(cfg, params):
     if cfg.head_dim % 2:
-        return [f"RoPE needs an even head dim; d_model/n_heads = {cfg.head_dim}"]
+        return [f"RoPE needs an even head dim; model.head_dim = {cfg.head_dim}"
+                + ("" if cfg.head_dim * cfg.n_heads != cfg.d_model else " (d_model / n_heads)")]
     return []
 
 
@@ -281,7 +284,7 @@ def register_components(register):
     register("position", "learned", LearnedPosition, cost=_learned_cost)
     register("position", "sinusoidal", SinusoidalPosition, params={
         "base": Param(10000.0, doc="wavelength base: PE uses base^(2i/d)", min=1.0),
-        "embed_scale": Param(False, doc="multiply token embeddings by sqrt(d_model) first (Vaswani sec. 3.4)"),
+        "embed_scale": Param(True, doc="multiply token embeddings by sqrt(d_model) first (Vaswani sec. 3.4)"),
     }, cost=_free_cost)
     register("position", "rope", RotaryPosition, params={
         "theta": Param(10000.0, doc="base of the frequencies theta_k = theta^(-2k/d)", min=1.0),

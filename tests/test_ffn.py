@@ -120,7 +120,7 @@ def test_ffn_grid_cells_match_parameters_within_two_percent(registry):
     grid = load_grid(ROOT / "ablations" / "ffn.toml", registry)
     names = {c.components["ffn"]["name"] for c in grid.cells}
     assert names == set(REFERENCE)  # every dense and gated variant
-    assert {c.seed for c in grid.cells} == {0, 1}
+    assert {c.seed for c in grid.cells} == {0, 1, 2}  # three seeds: the fewest that can decide
     counts = {}
     for cell in grid.cells:
         if cell.seed:

@@ -29,6 +29,10 @@ from typing import Any, Iterator
 
 BACKENDS = ("triton", "torch")
 
+# The widest head (last dim of q, k and v) flash_attention takes: its tiles hold a whole
+# head row in on-chip memory (next power of two of the head dim).
+FLASH_ATTENTION_MAX_HEAD_DIM = 256
+
 
 @dataclass(frozen=True)
 class KernelBackend:

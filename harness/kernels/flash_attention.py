@@ -26,7 +26,7 @@ Features, all inside the kernels:
   scores, m_h = ``alibi_slopes[h]`` (``alibi_slopes(n)`` gives the paper's);
 - GQA / MQA: query head h reads key/value head h // (Hq / Hkv) in place; the
   dK/dV kernel sums the group's query heads itself, so K/V are never repeated;
-- head dims up to 256 (32-128 tested), non-power-of-two dims and sequence
+- head dims up to 256 (``FLASH_ATTENTION_MAX_HEAD_DIM``; 12-128 tested), non-power-of-two dims and sequence
   lengths by masking; fp32, fp16 and bf16 inputs, fp32 accumulation.
 Key blocks that the causal mask or the window hide entirely are skipped.
 """
@@ -35,6 +35,7 @@ import math
 
 import torch
 
+from . import FLASH_ATTENTION_MAX_HEAD_DIM
 from .utils import check_launch, interpreting, next_pow2, tl, triton
 
 _LOG2E = 1.4426950408889634
@@ -460,8 +461,8 @@ def _check_shapes(q, k, v, window, alibi_slopes):
                          f"with B={b}, D={d}")
     if h % k.shape[1]:
         raise ValueError(f"query heads {h} not divisible by key/value heads {k.shape[1]}")
-    if not 1 <= d <= 256:
-        raise ValueError(f"head dim must be in 1..256, got {d}")
+    if not 1 <= d <= FLASH_ATTENTION_MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be in 1..{FLASH_ATTENTION_MAX_HEAD_DIM}, got {d}")
     if q.dtype != k.dtype or q.dtype != v.dtype:
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if window is not None and window < 1:

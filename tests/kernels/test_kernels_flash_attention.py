@@ -18,6 +18,7 @@ CASES = [
     (1, 2, 1, 33, 33, 128, torch.float32, False, 7, True),       # bidirectional window + ALiBi, D=128
     (1, 2, 2, 5, 29, 32, torch.bfloat16, False, None, False),    # non-causal, Tq < Tk
     (1, 2, 1, 24, 12, 32, torch.float32, True, None, False),     # Tq > Tk: early rows see no key
+    (1, 4, 2, 30, 30, 12, torch.float32, True, None, True),      # D = 12: model.head_dim set apart from d_model
 ]
 
 
