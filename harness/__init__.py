@@ -22,6 +22,9 @@ Precision policies
 Data
     ``TokenData``, ``DataError``, ``from_documents``, ``from_text_file``,
     ``from_token_bin``, ``byte_tokens``.
+Tasks (synthetic probes)
+    ``Task`` (a dataset that generates examples with marked answer positions),
+    ``Examples``, ``IGNORE_INDEX`` (the target of a position that does not count).
 Post-training evaluations
     ``register_evaluation`` (add a named step run after training; a grid can
     switch it off under ``[eval]``).
@@ -58,6 +61,9 @@ _PUBLIC: dict[str, str] = {
     "from_token_bin": "abl.data",
     "byte_tokens": "abl.data",
     "register_evaluation": "abl.evaluations",
+    "Task": "abl.tasks",
+    "Examples": "abl.tasks",
+    "IGNORE_INDEX": "abl.tasks",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]
@@ -86,3 +92,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and editors
     from .model import ForwardContext, KVCache, PositionEncoding, residual_out
     from .precision import Precision
     from .registry import AXES, Param, RegistryError
+    from .tasks import IGNORE_INDEX, Examples, Task

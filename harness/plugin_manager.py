@@ -45,6 +45,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "abl.plugins.ssm",
     "abl.plugins.precision",
     "abl.plugins.datasets",
+    "abl.plugins.probes",
 )
 
 pm = pluggy.PluginManager("abl")

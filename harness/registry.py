@@ -31,7 +31,8 @@ AXES: dict[str, tuple[str, str]] = {
     ),
     "ffn": ("model.ffn", "factory(config, **params) -> nn.Module with forward(x) -> y"),
     "precision": ("train.precision", "factory(**params) -> harness.train.Precision"),
-    "dataset": ("data.dataset", "factory(**params) -> harness.data.TokenData"),
+    "dataset": ("data.dataset", "factory(**params) -> harness.data.TokenData, or a harness.tasks.Task subclass "
+                "registered as the factory (examples with marked answer positions)"),
 }
 
 

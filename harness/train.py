@@ -15,7 +15,8 @@ Recorded names:
   component or the precision policy adds); step 2 runs under the tensor
   tracker (harness/memory.py) and records peak_tensor_bytes and its parts
   instead of tokens_per_s;
-- every evaluation: val_loss;
+- every evaluation: val_loss (on a task dataset, the loss on its marked positions, plus the
+  task's accuracy metrics: abl.tasks);
 - once: n_params, n_params_non_embedding and the measured/predicted costs
   (step 0); the post-training evaluations' metrics, peak_mem_bytes,
   baseline_rss_bytes, wall_s and mfu (last step).
@@ -43,6 +44,7 @@ from .model import DecoderLM, ForwardContext
 from .precision import Precision
 from .provenance import device_name
 from .registry import Registry
+from .tasks import Task, make_batches, task_metrics
 
 
 class Diverged(Exception):
@@ -288,7 +290,7 @@ class TrainingRun:
     dist: Distributed
     device: torch.device
     kernels: KernelBackend
-    data: TokenData
+    data: TokenData | Task
     precision: Precision
     core: DecoderLM  # the model itself
     model: torch.nn.Module  # what a training step calls: ``core``, or ``core`` wrapped for DDP
@@ -311,11 +313,11 @@ class TrainingRun:
             torch.cuda.synchronize(self.device)
 
 
-def load_data(cell: Cell, registry: Registry) -> TokenData:
+def load_data(cell: Cell, registry: Registry) -> TokenData | Task:
     """The cell's dataset, checked against the context; fills ``model.vocab_size`` when it is 0."""
     mc = cell.model
     ds = cell.components["dataset"]
-    data: TokenData = registry.get("dataset", ds["name"]).factory(**ds["params"])
+    data: TokenData | Task = registry.get("dataset", ds["name"]).factory(**ds["params"])
     data.check(mc.context)
     if mc.vocab_size == 0:
         mc.vocab_size = data.vocab_size
@@ -346,7 +348,8 @@ def prepare(cell: Cell, registry: Registry) -> TrainingRun:
     optimizer = make_optimizer(core, tc)
     run = TrainingRun(cell=cell, registry=registry, dist=dist, device=device, kernels=kernels, data=data,
                       precision=precision, core=core, model=dist.wrap(core, device), optimizer=optimizer,
-                      batches=Batches(data, mc.context, tc.batch_size // dist.world, cell.seed, stream=dist.rank),
+                      batches=make_batches(data, mc.context, tc.batch_size // dist.world, cell.seed,
+                                           stream=dist.rank),
                       baseline_rss_bytes=baseline_rss)
     if kernels.interpreted:
         run.notes.append("Triton kernels ran in the Triton interpreter on CPU (a correctness path: its "
@@ -484,6 +487,8 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
         row.update(reported_metrics(step_metrics, ctx))
         if run.dist.is_main and (step % tc.eval_every == 0 or step == tc.steps):
             row["val_loss"] = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device)
+            row.update(task_metrics(run.core, run.batches, tc.eval_batches, run.precision, run.device,
+                                    run.cell.data.dataset))
         sink.log(step, row)
         maybe_checkpoint(run, checkpoint_path, step)
     return step_times
