@@ -280,6 +280,9 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
                                       "(baseline: the grid's first cell; paired t-test by seed when the "
                                       "cells share seeds and data, else Welch)",
                                 grid, grid_statistics(db_path, grid)))
+    from .taskreport import print_summary as print_task_accuracy
+
+    print_task_accuracy(console, db_path, grid)
     console.print(f"database: {db_path}   run folders: {runs_dir}")
     return failures
 

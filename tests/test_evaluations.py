@@ -12,10 +12,14 @@ from abl.evaluations import EVALUATIONS, TrainedRun, register_evaluation, run_ev
 
 
 def test_every_built_in_evaluation_has_a_switch_and_every_switch_an_evaluation():
-    assert list(EVALUATIONS) == ["decode", "extrapolation"]
+    assert list(EVALUATIONS) == ["decode", "extrapolation", "probes"]
     assert [f.name for f in dataclasses.fields(EvalConfig)] == list(EVALUATIONS)
     for f in dataclasses.fields(EvalConfig):
-        assert f.default is True and f.metadata["doc"]  # on unless a grid says otherwise
+        assert f.metadata["doc"]
+        if f.name == "probes":  # a list of task names: off while empty
+            assert f.default_factory() == []  # type: ignore[misc]
+        else:
+            assert f.default is True  # on unless a grid says otherwise
     assert EVALUATIONS["extrapolation"].metrics == ("val_loss_x1", "val_loss_x2", "val_loss_x4")
     assert "decode_agreement" in EVALUATIONS["decode"].metrics
 
@@ -24,6 +28,7 @@ def test_switched_on_follows_the_switches_in_registration_order():
     assert [e.name for e in switched_on(EvalConfig())] == ["decode", "extrapolation"]
     assert [e.name for e in switched_on(EvalConfig(decode=False))] == ["extrapolation"]
     assert switched_on(EvalConfig(decode=False, extrapolation=False)) == []
+    assert [e.name for e in switched_on(EvalConfig(decode=False, probes=["mqar"]))] == ["extrapolation", "probes"]
 
 
 @pytest.fixture
