@@ -101,7 +101,7 @@ def extrapolation(run: TrainedRun) -> Result:
 @register_evaluation("probes", metrics=())  # the names depend on the probes: probe_<name>_accuracy, ...
 def probes(run: TrainedRun) -> Result:
     """Accuracy (and loss on the answer positions) of the trained model on each task of eval.probes."""
-    from .tasks import probe_metrics
+    from .taskdata import probe_metrics
 
     return probe_metrics(run.model, run.cell, run.registry, run.batches.batch_size, run.cell.train.eval_batches,
                          run.precision, run.device)

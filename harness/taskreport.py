@@ -147,7 +147,7 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
 
 
 def plot_accuracy(rows_by_metric: dict[str, list[dict]], curves: dict, runs_by_cell: dict, footer: str,
-                  plt: Any) -> bytes | None:
+                  plt: Any, to_png: Any) -> bytes | None:
     """Accuracy curves (mean over seeds) and final accuracy against model width per mixer."""
     if not rows_by_metric:
         return None
@@ -194,9 +194,7 @@ def plot_accuracy(rows_by_metric: dict[str, list[dict]], curves: dict, runs_by_c
             ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.text(0.01, -0.02, footer, fontsize=6, color="0.35", ha="left", va="top", wrap=True)
-    from .report import _fig_to_png
-
-    return _fig_to_png(fig)
+    return to_png(fig)
 
 
 def width_groups(rows: list[dict]) -> dict[tuple[str, str], list[tuple]]:
@@ -217,12 +215,12 @@ def width_groups(rows: list[dict]) -> dict[tuple[str, str], list[tuple]]:
     return out
 
 
-def report_section(doc: Any, cells: list[Any], baseline: Any, db_path: str, cond: str) -> dict[str, list]:
+def report_section(doc: Any, cells: list[Any], baseline: Any, db_path: str, cond: str, pyplot: Any,
+                   to_png: Any) -> dict[str, list]:
     """The report's "Task accuracy" section (nothing when no run recorded an accuracy metric).
 
-    ``cells``: harness.report cells; returns the rows per metric (for report.json)."""
-    from .report import _pyplot
-
+    ``cells``: harness.report cells; ``pyplot``: a function returning matplotlib.pyplot;
+    ``to_png``: figure -> PNG bytes. Returns the rows per metric (for report.json)."""
     runs = [r for c in cells for r in c.completed]
     if not runs:
         return {}
@@ -240,18 +238,18 @@ def report_section(doc: Any, cells: list[Any], baseline: Any, db_path: str, cond
     for metric, rows in rows_by_metric.items():
         slice_names = list(dict.fromkeys(s for r in rows for s in r["slices"]))
         doc.table(["#", "cell", "mixer", "d_model", "n", "mean", "std", "95% CI", "Δ vs baseline", "p",
-                   "verdict", *slice_names],
+                   "test", "verdict", *slice_names],
                   [[i, r["label"], mixer_label(r["config"]), r["config"]["model"]["d_model"], r["n"],
                     stats.fmt(r["mean"], 3), stats.fmt(r["std"], 3),
                     "-" if r["ci_low"] is None else f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]",
                     "-" if r["is_baseline"] or r["delta"] is None else f"{r['delta']:+.3f}",
-                    stats.fmt_p(r["p_value"]), r["verdict"], *[stats.fmt(r["slices"].get(s), 3)
+                    stats.fmt_p(r["p_value"]), r["test"], r["verdict"], *[stats.fmt(r["slices"].get(s), 3)
                                                                 for s in slice_names]]
                    for i, r in enumerate(rows, 1)],
                   f"final {metric} per cell; the last columns are its per-slice parts (e.g. accuracy by "
                   f"number of key-value pairs). {cond}")
     runs_by_cell = {c.key: [r.run_id for r in c.completed] for c in cells}
-    doc.image("task_accuracy.png", plot_accuracy(rows_by_metric, curves, runs_by_cell, cond, _pyplot()),
+    doc.image("task_accuracy.png", plot_accuracy(rows_by_metric, curves, runs_by_cell, cond, pyplot(), to_png),
               f"left: accuracy during training; right: final accuracy against model width, one line per "
               f"mixer (95% CI bars over seeds; the dotted line is 0.9). {cond}")
     return {m: [{k: v for k, v in r.items() if k != "config"} for r in rows] for m, rows in rows_by_metric.items()}

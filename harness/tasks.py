@@ -1,4 +1,4 @@
-"""Tasks: datasets whose examples mark the positions that count, and their accuracy metrics.
+"""Tasks: datasets whose examples mark the positions that count (their batches and metrics: abl.taskdata).
 
 A dataset plugin may return a ``Task`` instead of a ``TokenData``: a generator
 of fixed-length examples (``Examples``: inputs, and a target at each position
@@ -28,7 +28,8 @@ training stream depends only on the seed (as for text data), the validation
 examples only on the task's parameters and the context (the same for every
 cell). Nothing here names a task; the tasks are plugins (plugins/probes.py).
 
-This module does not import torch at import time (the config layer uses it).
+This module does not import torch (the config layer uses it); the batches and
+the accuracy metrics are in abl.taskdata.
 """
 
 from __future__ import annotations
@@ -36,20 +37,15 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
-from .data import Batches, DataError
+from .data import DataError
 from .registry import Registry, RegistryError
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
 IGNORE_INDEX = -100  # the target of a position that does not count (torch's cross-entropy default)
 GENERATOR_VERSION = 1  # part of every task's fingerprint: bump when a generator's output changes
-VAL_STREAM = 0x7A5C  # the validation examples' RNG stream tag (independent of the training seed)
-MIN_VAL_STREAM_EXAMPLES = 8  # examples in ``TaskBatches.val``, the flat stream decode/extrapolation read
 
 
 @dataclass
@@ -163,7 +159,7 @@ def resolve_probes(raw: dict, names: Any, model_config: Any, registry: Registry)
     """``eval.probes`` -> ``[{"name", "params"}]`` (params from the grid's ``[dataset.<name>]`` table), or errors."""
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         return [], [f"eval.probes must be a list of task names, e.g. [\"mqar\"], got {names!r}"]
-    tables = raw.get("dataset") if isinstance(raw.get("dataset"), dict) else {}
+    tables: dict = raw["dataset"] if isinstance(raw.get("dataset"), dict) else {}
     specs, errs = [], []
     for name in dict.fromkeys(names):
         try:
@@ -182,160 +178,3 @@ def resolve_probes(raw: dict, names: Any, model_config: Any, registry: Registry)
                      or []]
         specs.append({"name": name, "params": params})
     return specs, errs
-
-
-# ---------------------------------------------------------------- batches
-
-
-def _rng(*entropy: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence(list(entropy)))
-
-
-class TaskBatches(Batches):
-    """``Batches`` for a task: seeded training examples, fixed validation examples.
-
-    Training: every batch is generated afresh from a numpy Generator whose
-    seed is drawn from ``gen`` (the torch Generator ``Batches`` has, seeded
-    the same way), so the stream depends only on the seed and a checkpoint of
-    ``gen`` restores it. Validation: per evaluation slice, examples from a
-    stream that depends only on the task and the context, so every cell sees
-    the same ones. ``val`` is the inputs of a few validation examples laid
-    end to end, the flat stream the decode and extrapolation evaluations read.
-    """
-
-    def __init__(self, task: Task, context: int, batch_size: int, seed: int, stream: int = 0):
-        import torch
-
-        self.torch = torch
-        self.task = task
-        self.context = context
-        self.batch_size = batch_size
-        self.gen = torch.Generator().manual_seed(10_007 * seed + 1 + 7_919 * stream)
-        self._val: dict[tuple[int, int], Examples] = {}
-        self.train = torch.empty(0, dtype=torch.long)
-        flat = self.validation(MIN_VAL_STREAM_EXAMPLES).inputs.reshape(-1)
-        self.val = torch.from_numpy(np.ascontiguousarray(flat, dtype=np.int64))
-
-    def _tensors(self, ex: Examples) -> tuple[torch.Tensor, torch.Tensor]:
-        t = self.torch
-        return (t.from_numpy(np.ascontiguousarray(ex.inputs, dtype=np.int64)),
-                t.from_numpy(np.ascontiguousarray(ex.targets, dtype=np.int64)))
-
-    def next_train(self):
-        seed = int(self.torch.randint(0, 2 ** 62, (1,), generator=self.gen).item())
-        return self._tensors(self.task.generate(self.batch_size, self.context, np.random.default_rng(seed)))
-
-    def validation(self, n: int, slice_index: int | None = None) -> Examples:
-        """``n`` fixed validation examples of the training distribution (``slice_index`` None) or of a slice."""
-        key = (-1 if slice_index is None else slice_index, n)
-        if key not in self._val:
-            kwargs = {} if slice_index is None else self.task.slices()[slice_index][1]
-            self._val[key] = self.task.generate(n, self.context, _rng(VAL_STREAM, key[0] + 1), **kwargs)
-        return self._val[key]
-
-    def val_batches(self, n_batches: int):
-        x, y = self._tensors(self.validation(n_batches * self.batch_size))
-        for i in range(n_batches):
-            yield x[i * self.batch_size:(i + 1) * self.batch_size], y[i * self.batch_size:(i + 1) * self.batch_size]
-
-
-def make_batches(data: Any, context: int, batch_size: int, seed: int, stream: int = 0) -> Batches:
-    """The trainer's batches: ``TaskBatches`` for a task, ``Batches`` for token data."""
-    if isinstance(data, Task):
-        return TaskBatches(data, context, batch_size, seed, stream)
-    return Batches(data, context, batch_size, seed, stream)
-
-
-# ---------------------------------------------------------------- accuracy
-
-
-def _batched(x: torch.Tensor, y: torch.Tensor, bs: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    for i in range(0, x.size(0), bs):
-        yield x[i:i + bs], y[i:i + bs]
-
-
-def accuracy_metrics(model: Any, batches: TaskBatches, n_examples: int, precision: Any, device: Any,
-                     prefix: str, with_loss: bool = False) -> dict[str, float]:
-    """Greedy exact-match accuracy of ``model`` on every evaluation slice of ``batches.task``.
-
-    Returns ``<prefix>_accuracy`` (every marked position of every slice),
-    ``<prefix>_example_accuracy`` (examples with every marked position right),
-    ``<prefix>_accuracy_<slice>`` per named slice and, with ``with_loss``,
-    ``<prefix>_loss`` (mean cross-entropy on the marked positions of the
-    training distribution's validation examples).
-    """
-    import torch
-    import torch.nn.functional as F
-
-    from .model import ForwardContext
-
-    was_training = model.training
-    model.eval()
-    right = marked = good = examples = 0
-    out: dict[str, float] = {}
-    try:
-        with torch.no_grad():
-            for i, (name, _) in enumerate(batches.task.slices()):
-                x, y = batches._tensors(batches.validation(n_examples, i))
-                s_right = s_marked = 0
-                for xb, yb in _batched(x, y, batches.batch_size):
-                    xb, yb = xb.to(device), yb.to(device)
-                    with precision.autocast(device):
-                        logits, _, _ = model(xb, None, ForwardContext(position=model.position))
-                    mask = yb != IGNORE_INDEX
-                    hit = (logits.argmax(-1) == yb) & mask
-                    s_right += int(hit.sum())
-                    s_marked += int(mask.sum())
-                    good += int((hit | ~mask).all(dim=1).sum())
-                    examples += int(xb.size(0))
-                right, marked = right + s_right, marked + s_marked
-                if name:
-                    out[f"{prefix}_accuracy_{name}"] = s_right / max(1, s_marked)
-            if with_loss:
-                total = count = 0.0
-                x, y = batches._tensors(batches.validation(n_examples))
-                for xb, yb in _batched(x, y, batches.batch_size):
-                    xb, yb = xb.to(device), yb.to(device)
-                    with precision.autocast(device):
-                        logits, _, _ = model(xb, None, ForwardContext(position=model.position))
-                    total += float(F.cross_entropy(logits.float().flatten(0, 1), yb.flatten(),
-                                                   ignore_index=IGNORE_INDEX, reduction="sum"))
-                    count += int((yb != IGNORE_INDEX).sum())
-                out[f"{prefix}_loss"] = total / max(1.0, count)
-    finally:
-        model.train(was_training)
-    out[f"{prefix}_accuracy"] = right / max(1, marked)
-    out[f"{prefix}_example_accuracy"] = good / max(1, examples)
-    return out
-
-
-def task_metrics(model: Any, batches: Batches, n_batches: int, precision: Any, device: Any,
-                 dataset: str) -> dict[str, float]:
-    """The task's accuracy metrics at an evaluation (``n_batches`` batches per slice); {} for token data."""
-    if not isinstance(batches, TaskBatches):
-        return {}
-    return accuracy_metrics(model, batches, n_batches * batches.batch_size, precision, device,
-                            metric_prefix(dataset))
-
-
-def probe_metrics(model: Any, cell: Any, registry: Registry, batch_size: int, n_batches: int, precision: Any,
-                  device: Any) -> tuple[dict[str, float], list[str]]:
-    """``eval.probes``: the trained model on each probe task (``probe_<name>_*`` metrics), with notes."""
-    metrics: dict[str, float] = {}
-    notes: list[str] = []
-    vocab, context = model.cfg.vocab_size, cell.model.context
-    for spec in cell.config.get("probes", []):
-        name = spec["name"]
-        task: Task = registry.get("dataset", name).factory(**spec["params"])
-        if task.vocab_size > vocab:
-            task = task.with_vocab(vocab)
-            notes.append(f"probe {name}: vocabulary cut from {spec['params'].get('vocab_size')} to the "
-                         f"model's {vocab} tokens")
-        errs = task.problems(context)
-        if errs:
-            notes.append(f"probe {name} not run: {'; '.join(errs)}")
-            continue
-        batches = TaskBatches(task, context, batch_size, cell.seed)
-        metrics.update(accuracy_metrics(model, batches, n_batches * batch_size, precision, device,
-                                        metric_prefix(name, probe=True), with_loss=True))
-    return metrics, notes

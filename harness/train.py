@@ -44,7 +44,8 @@ from .model import DecoderLM, ForwardContext
 from .precision import Precision
 from .provenance import device_name
 from .registry import Registry
-from .tasks import Task, make_batches, task_metrics
+from .taskdata import make_batches, task_metrics
+from .tasks import Task
 
 
 class Diverged(Exception):

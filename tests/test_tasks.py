@@ -13,7 +13,8 @@ import torch
 from abl.config import ConfigError, expand
 from abl.plugins.probes import MQAR
 from abl.precision import Precision
-from abl.tasks import IGNORE_INDEX, TaskBatches, accuracy_metrics, make_batches
+from abl.taskdata import TaskBatches, accuracy_metrics, make_batches
+from abl.tasks import IGNORE_INDEX
 from abl.train import train
 
 from conftest import run_abl
