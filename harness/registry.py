@@ -40,7 +40,7 @@ class RegistryError(Exception):
     """A problem with a component name or its parameters (a user error)."""
 
 
-_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str"}
+_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", list: "list"}
 
 
 @dataclass(frozen=True)

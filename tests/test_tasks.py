@@ -200,3 +200,18 @@ extrapolation = false
     assert steps == {2, 4}
     np.testing.assert_array_less(-1e-9, [v for (v,) in con.execute(
         "SELECT value FROM metrics WHERE name = 'mqar_accuracy'").fetchall()])
+
+
+def test_the_recall_grid(registry):
+    from abl.config import load_grid
+
+    from conftest import ROOT
+
+    grid = load_grid(ROOT / "ablations" / "recall.toml", registry)
+    assert len(grid.cells) == 30
+    varied = {tuple(sorted(c.varied.items())) for c in grid.cells}
+    assert len(varied) == 30
+    assert {c.model.layer_pattern for c in grid.cells} == {"mha", "linear", "mamba", "mamba2", "mamba2,mha"}
+    assert len({c.model.d_model for c in grid.cells}) >= 3
+    assert {c.components["dataset"]["params"]["num_kv_pairs"] for c in grid.cells} == {2, 4}
+    assert all(c.components["dataset"]["name"] == "mqar" for c in grid.cells)
