@@ -215,3 +215,20 @@ def test_the_recall_grid(registry):
     assert len({c.model.d_model for c in grid.cells}) >= 3
     assert {c.components["dataset"]["params"]["num_kv_pairs"] for c in grid.cells} == {2, 4}
     assert all(c.components["dataset"]["name"] == "mqar" for c in grid.cells)
+
+
+@pytest.mark.parametrize("task,params", [("induction", {"vocab_size": 16, "induction_len": 2}),
+                                         ("selective_copy", {"vocab_size": 16, "n_tokens": 4}),
+                                         ("copy", {"vocab_size": 16, "n_tokens": 4})])
+def test_every_task_trains_and_records_its_accuracy(registry, task, params):
+    grid = json.loads(json.dumps(TASK_GRID))
+    grid["data"]["dataset"] = task
+    grid["dataset"] = {task: params}
+    grid["train"]["steps"] = 2
+    grid["train"]["eval_every"] = 2
+    cell = expand(grid, registry).cells[0]
+    sink = ListSink()
+    train(cell, registry, sink)
+    final = {k: v for s, m in sink.rows if s == 2 for k, v in m.items()}
+    assert 0.0 <= final[f"{task}_accuracy"] <= 1.0 and 0.0 <= final[f"{task}_example_accuracy"] <= 1.0
+    assert final["val_loss"] > 0
