@@ -3,10 +3,10 @@
 A dataset plugin may return a ``Task`` instead of a ``TokenData``: a generator
 of fixed-length examples (``Examples``: inputs, and a target at each position
 that counts, ``IGNORE_INDEX`` elsewhere). The trainer then draws its batches
-from the task (``TaskBatches``, a drop-in for ``abl.data.Batches``), the loss
+from the task (``abl.taskdata.TaskBatches``, a drop-in for ``abl.data.Batches``), the loss
 is taken on the marked positions only (the cross-entropy skips
 ``IGNORE_INDEX``, on the torch and the Triton paths alike), and every
-evaluation also records the task's accuracy metrics (``task_metrics``):
+evaluation also records the task's accuracy metrics (``abl.taskdata.task_metrics``):
 
 - ``<name>_accuracy``: exact-match accuracy of the greedy prediction over
   every marked position of every evaluation slice;
