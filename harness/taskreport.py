@@ -202,10 +202,12 @@ def width_groups(rows: list[dict]) -> dict[tuple[str, str], list[tuple]]:
     that vary between the rows (everything but the width, the mixer and the seed)."""
     from .tables import flatten
 
-    flats = [flatten({k: v for k, v in r["config"].items() if k not in ("seed", "components", "probes")})
+    flats = [flatten({k: v for k, v in r["config"].items() if k not in ("seed", "experiment", "probes")})
              for r in rows]
     skip = {WIDTH, "model.mixer", "model.layer_pattern"}
-    keys = [k for k in flats[0] if k not in skip and all(k in f for f in flats)
+    # the mixer's own parameters vary with the mixer: they are not a panel
+    mixer_parts = ("components.mixer.", "components.layer_mixers", "config.matched")
+    keys = [k for k in flats[0] if k not in skip and not k.startswith(mixer_parts) and all(k in f for f in flats)
             and len({repr(f[k]) for f in flats}) > 1] if flats else []
     out: dict[tuple[str, str], list[tuple]] = {}
     for r, f in zip(rows, flats):
