@@ -20,6 +20,7 @@ PAGES = [
     st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page("views/tradeoffs.py", title="Trade-offs", icon=":material/scatter_plot:"),
     st.Page("views/costs.py", title="Costs & scaling", icon=":material/calculate:"),
+    st.Page("views/probes.py", title="Probes", icon=":material/psychology:"),
     st.Page("views/kernels.py", title="Kernels", icon=":material/memory:"),
     st.Page("views/run_detail.py", title="Run detail", icon=":material/description:"),
 ]

@@ -101,6 +101,8 @@ def metric_info(name: str) -> MetricInfo:
         return MetricInfo(name, "median", "higher")
     if name.endswith("_bytes"):
         return MetricInfo(name, "max", "lower", "bytes")
+    if "_accuracy" in name:  # task accuracy (abl.tasks): <task>_accuracy, ..._accuracy_<slice>
+        return MetricInfo(name, "last", "higher")
     return MetricInfo(name)
 
 

@@ -24,6 +24,9 @@ Data
     (token ids), ``DataError``, ``from_documents``, ``from_text_file``,
     ``from_token_bin``, ``byte_tokens``; ``Tokenizer`` (base class of the
     ``tokenizer`` axis).
+Tasks (synthetic probes)
+    ``Task`` (a dataset that generates examples with marked answer positions),
+    ``Examples``, ``IGNORE_INDEX`` (the target of a position that does not count).
 Post-training evaluations
     ``register_evaluation`` (add a named step run after training; a grid can
     switch it off under ``[eval]``).
@@ -62,6 +65,9 @@ _PUBLIC: dict[str, str] = {
     "from_token_bin": "abl.data",
     "byte_tokens": "abl.data",
     "register_evaluation": "abl.evaluations",
+    "Task": "abl.tasks",
+    "Examples": "abl.tasks",
+    "IGNORE_INDEX": "abl.tasks",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]
@@ -91,3 +97,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and editors
     from .precision import Precision
     from .registry import AXES, Param, RegistryError
     from .tokenstore import Tokenizer
+    from .tasks import IGNORE_INDEX, Examples, Task

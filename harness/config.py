@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .registry import AXES, Param, Registry, RegistryError
+from .tasks import resolve_probes
 
 
 class ConfigError(Exception):
@@ -168,8 +169,11 @@ class EvalConfig:
     decode: bool = _f(True, "after training: cached greedy decoding speed (prefill/decode tokens per second), "
                       "KV-cache bytes per token and decode agreement")
     extrapolation: bool = _f(False, "after training: val_loss_x2/x4, on windows of 2 and 4 times the "
-                             "training context (1x is val_loss); off by default, since it costs about as "
-                             "much as 10% of a 200-step cell's steps: ablations/position.toml turns it on")
+                             "training context (1x is val_loss); off by default (its longer windows cost more "
+                             "than the regular evaluation): ablations/position.toml turns it on")
+    probes: list = field(default_factory=list, metadata={
+        "doc": "after training: accuracy on these synthetic tasks (dataset names, e.g. [\"mqar\"]; parameters "
+               "from [dataset.<name>]; abl.tasks), recorded as probe_<name>_accuracy, ..."})
 
 
 SECTIONS: dict[str, type] = {
@@ -537,6 +541,8 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
             specs[name] = {"name": name, "params": params}
         if not errs:
             components["layer_mixers"] = [specs[n] for n in model.layer_mixer_names()]
+    probes, e = resolve_probes(raw, sections["eval"].probes, model, registry)
+    errs += e
     if errs:
         return None, errs
     # cross-axis checks declared by the components themselves
@@ -556,9 +562,12 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
         "model": dataclasses.asdict(model),
         "train": _train_config(sections["train"]),
         "data": dataclasses.asdict(sections["data"]),
-        "eval": dataclasses.asdict(sections["eval"]),
+        "eval": {k: v for k, v in dataclasses.asdict(sections["eval"]).items()
+                 if k != "probes" or v},  # no probes: the run ids stay as before eval.probes existed
         "components": components,
     }
+    if probes:
+        config["probes"] = probes
     return (
         Cell(
             config=config,
@@ -591,6 +600,8 @@ def cell_from_config(config: dict, registry: Registry) -> Cell:
             raw.setdefault(axis, {})[spec["name"]] = spec["params"]
     for spec in config["components"].get("layer_mixers", []):
         raw.setdefault("mixer", {})[spec["name"]] = spec["params"]
+    for spec in config.get("probes", []):
+        raw.setdefault("dataset", {})[spec["name"]] = spec["params"]
     cell, errs = resolve_cell(raw, config["seed"], {}, registry)
     if errs:
         raise ConfigError(errs)

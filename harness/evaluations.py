@@ -13,9 +13,10 @@ the trained run: ``run_evaluations`` turns an exception into a note.
 
 - ``decode``: prefill_tokens_per_s, decode_tokens_per_s, kv_bytes_per_token,
   kv_bytes_per_token_measured, kv_cache_bytes_measured, decode_agreement;
-- ``extrapolation``: val_loss_x2, val_loss_x4 (1x is the final val_loss)
-
-(what each means: abl.decode).
+- ``extrapolation``: val_loss_x2, val_loss_x4 (1x is the final val_loss; what each means: abl.decode);
+- ``probes``: its switch is the list ``eval.probes`` of task names (empty: off);
+  probe_<name>_accuracy, probe_<name>_example_accuracy, probe_<name>_loss and
+  per-slice probe_<name>_accuracy_<slice> (abl.tasks).
 """
 
 from __future__ import annotations
@@ -95,6 +96,15 @@ def extrapolation(run: TrainedRun) -> Result:
     # as many tokens per length as the regular evaluation: at 1x these windows are its val_loss
     return extrapolation_metrics(run.model, run.batches.val, run.cell.model.context,
                                  run.cell.train.eval_batches * bs, bs, run.device, run.precision)
+
+
+@register_evaluation("probes", metrics=())  # the names depend on the probes: probe_<name>_accuracy, ...
+def probes(run: TrainedRun) -> Result:
+    """Accuracy (and loss on the answer positions) of the trained model on each task of eval.probes."""
+    from .taskdata import probe_metrics
+
+    return probe_metrics(run.model, run.cell, run.registry, run.batches.batch_size, run.cell.train.eval_batches,
+                         run.precision, run.device)
 
 
 def switched_on(switches: EvalConfig) -> list[Evaluation]:

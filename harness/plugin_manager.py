@@ -46,6 +46,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "abl.plugins.precision",
     "abl.plugins.datasets",
     "abl.plugins.tokenizers",
+    "abl.plugins.probes",
 )
 
 pm = pluggy.PluginManager("abl")

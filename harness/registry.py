@@ -32,7 +32,8 @@ AXES: dict[str, tuple[str, str]] = {
     ),
     "ffn": ("model.ffn", "factory(config, **params) -> nn.Module with forward(x) -> y"),
     "precision": ("train.precision", "factory(**params) -> harness.train.Precision"),
-    "dataset": ("data.dataset", "factory(**params) -> abl.TextCorpus (text) or abl.TokenData (token ids)"),
+    "dataset": ("data.dataset", "factory(**params) -> abl.TextCorpus (text) or abl.TokenData (token ids), "
+                "or an abl.Task subclass registered as the factory (examples with marked answer positions)"),
     "tokenizer": ("data.tokenizer", "factory(**params) -> abl.Tokenizer (turns a TextCorpus into tokens)"),
 }
 
@@ -44,7 +45,7 @@ class RegistryError(Exception):
 # what torch and numpy take as an integer argument (a C int64)
 INT64 = (-(2**63), 2**63 - 1)
 
-_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str"}
+_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", list: "list"}
 
 
 @dataclass(frozen=True)

@@ -859,6 +859,10 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
     else:
         fit_note = f"{n_sizes} distinct model size(s); a scaling fit needs at least {MIN_SIZES_FOR_FIT}"
 
+    from .taskreport import report_section as task_accuracy_section
+
+    task_accuracy_section(doc, cells, base, db_path, cond, _pyplot, _fig_to_png)
+
     run_notes = [(r, r.notes) for r in runs if r.notes]
     if run_notes or any(r.status != COMPLETED for r in runs):
         doc.h(2, "Run notes")

@@ -168,7 +168,8 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
         # the folder is set up (and the attempt counted) only as its worker starts,
         # so a cell that never started keeps its attempts
         prepare(job.cell, runs_dir, metas[job.cell.run_id])
-        tokenstore.link_run(job.run_dir, token_entries[job.cell.run_id])  # the tokens its worker maps
+        if job.cell.run_id in token_entries:  # the tokens its worker maps (a task cell generates its own)
+            tokenstore.link_run(job.run_dir, token_entries[job.cell.run_id])
         oom_before[job.cell.run_id] = oom_kills()
         launched.append(job)
 
@@ -251,6 +252,9 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
         if row.get("compile_s") is not None:
             console.print(f"torch.compile time, {row['label']}: {row['compile_s']:.1f} s per run "
                           "(before the first step; not in tokens/s)")
+    from .taskreport import print_summary as print_task_accuracy
+
+    print_task_accuracy(console, db_path, grid)
     console.print(f"database: {db_path}   run folders: {runs_dir}")
     return failures
 

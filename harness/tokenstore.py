@@ -398,8 +398,21 @@ def prepare_store(cells: list, registry, root: Path, log: Callable[[str], None] 
     prepared: dict[tuple[str, str], Prepared] = {}
     failed: set[tuple[str, str]] = set()
     pairs: dict[str, tuple[str, str]] = {}
+    from .tasks import is_task_factory
+
     for cell in cells:
         ds, tk = cell.components["dataset"], cell.components["tokenizer"]
+        factory = registry.get("dataset", ds["name"]).factory
+        if is_task_factory(factory):  # a generated task: nothing to tokenise or store, only to check
+            try:
+                task = factory(**ds["params"])
+                task.check(cell.model.context)
+                if cell.model.vocab_size and cell.model.vocab_size < task.vocab_size:
+                    errors.append(f"cell [{cell.label}]: model.vocab_size={cell.model.vocab_size} is smaller "
+                                  f"than the task's vocabulary ({task.vocab_size}); set model.vocab_size = 0")
+            except (DataError, ValueError, TypeError) as exc:
+                errors.append(f"cell [{cell.label}]: dataset {ds['name']}: {exc}")
+            continue
         pair = (spec_key(ds), spec_key(tk))
         pairs[cell.run_id] = pair
         if pair not in prepared and pair not in failed:
@@ -421,7 +434,7 @@ def prepare_store(cells: list, registry, root: Path, log: Callable[[str], None] 
             log(f"token store {root.name}/{p.key}: {m['description']}, tokenizer {m['tokenizer']} "
                 f"(vocabulary {m['vocab_size']:,}): {m['n_train']:,} training + {m['n_val']:,} validation "
                 f"tokens, {np.dtype(m['dtype']).name}, {entry_bytes(folder) / 2**20:.1f} MiB; {'; '.join(p.notes)}")
-    for run_id, pair in pairs.items():
+    for run_id, pair in pairs.items():  # task cells have no entry: they generate their data
         out[run_id] = root / prepared[pair].key
     return out
 

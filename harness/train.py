@@ -21,7 +21,8 @@ Recorded names:
 - with train.compile: compile_s (before the first step, apart from every
   step time);
 - every evaluation: val_loss, and val_bpb (bits per byte) when the data says which bytes
-  its tokens cover;
+  its tokens cover (on a task dataset, the loss on its marked positions, plus the
+  task's accuracy metrics: abl.tasks);
 - once: n_params, n_params_non_embedding and the measured/predicted costs
   (step 0); the post-training evaluations' metrics, peak_mem_bytes,
   baseline_rss_bytes, wall_s and mfu (last step).
@@ -51,6 +52,8 @@ from .precision import Precision
 from .provenance import device_name
 from .registry import Registry
 from .shapecache import ShapeCache, shape_key
+from .taskdata import make_batches, task_metrics
+from .tasks import Task
 
 
 class Diverged(Exception):
@@ -353,7 +356,7 @@ class TrainingRun:
     dist: Distributed
     device: torch.device
     kernels: KernelBackend
-    data: TokenData
+    data: TokenData | Task
     precision: Precision
     core: DecoderLM  # the model itself
     model: torch.nn.Module  # what a training step calls: ``core``, or ``core`` wrapped for DDP
@@ -377,12 +380,17 @@ class TrainingRun:
             torch.cuda.synchronize(self.device)
 
 
-def load_data(cell: Cell, registry: Registry) -> TokenData:
-    """The cell's tokens, checked against the context; fills ``model.vocab_size`` when it is 0."""
+def load_data(cell: Cell, registry: Registry) -> TokenData | Task:
+    """The cell's tokens (mapped from the token store the parent prepared) or its task (a
+    generator of examples, abl.tasks), checked against the context; fills ``model.vocab_size``
+    when it is 0."""
+    from .tasks import is_task_factory
     from .tokenstore import cell_tokens
 
     mc = cell.model
-    data = cell_tokens(cell, registry)  # mapped from the token store the parent prepared
+    ds = cell.components["dataset"]
+    factory = registry.get("dataset", ds["name"]).factory
+    data: TokenData | Task = factory(**ds["params"]) if is_task_factory(factory) else cell_tokens(cell, registry)
     data.check(mc.context)
     if mc.vocab_size == 0:
         mc.vocab_size = data.vocab_size
@@ -414,7 +422,8 @@ def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> 
     model = Compiled(core) if tc.compile else dist.wrap(core, device)
     run = TrainingRun(cell=cell, registry=registry, dist=dist, device=device, kernels=kernels, data=data,
                       precision=precision, core=core, model=model, optimizer=optimizer,
-                      batches=Batches(data, mc.context, tc.batch_size // dist.world, cell.seed, stream=dist.rank),
+                      batches=make_batches(data, mc.context, tc.batch_size // dist.world, cell.seed,
+                                           stream=dist.rank),
                       baseline_rss_bytes=baseline_rss,
                       shapes=ShapeCache(shape_cache, shape_key(cell, tc.batch_size // dist.world, dist.world,
                                                                kernels.name, device_name(device),
@@ -435,9 +444,12 @@ def run_info(run: TrainingRun) -> dict[str, Any]:
         "data_fingerprint": run.data.fingerprint,
         "data_description": run.data.description,
         "tokenizer": run.data.tokenizer,
-        **run.data.meta,  # tokenizer params and fingerprint, corpus fingerprint, token store entry
+        # tokenizer params and fingerprint, corpus fingerprint, token store entry (a task has none)
+        **(run.data.meta if isinstance(run.data, TokenData) else {}),
         "vocab_size": mc.vocab_size,
-        "unigram_floor": unigram_floor(run.data.train, run.data.val, mc.vocab_size),  # abl.health
+        # abl.health; a task's loss is on its answer positions only, where a unigram floor means nothing
+        "unigram_floor": unigram_floor(run.data.train, run.data.val, mc.vocab_size)
+        if isinstance(run.data, TokenData) else None,
         "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss",
         "device_count": torch.cuda.device_count() if device.type == "cuda" else 1,
         "processes": run.dist.world,
@@ -590,9 +602,12 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
         row.update(reported_metrics(step_metrics, ctx))
         if run.dist.is_main and (step % tc.eval_every == 0 or step == tc.steps):
             row["val_loss"] = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device)
-            bpb = bits_per_byte(row["val_loss"], run.batches.val_target_counts(tc.eval_batches))
+            bpb = bits_per_byte(row["val_loss"], run.batches.val_target_counts(tc.eval_batches)) \
+                if hasattr(run.batches, "val_target_counts") else None
             if bpb is not None:
                 row["val_bpb"] = bpb
+            row.update(task_metrics(run.core, run.batches, tc.eval_batches, run.precision, run.device,
+                                    run.cell.data.dataset))
         if step == tc.steps:  # the cell's true rate: every token of the loop over its wall time
             row["train_tokens_per_s"] = (tc.steps - start_step + 1) * tokens_per_step / (time.perf_counter() - t_loop)
         sink.log(step, row)

@@ -12,12 +12,14 @@ from abl.evaluations import EVALUATIONS, TrainedRun, register_evaluation, run_ev
 
 
 def test_every_built_in_evaluation_has_a_switch_and_every_switch_an_evaluation():
-    assert list(EVALUATIONS) == ["decode", "extrapolation"]
+    assert list(EVALUATIONS) == ["decode", "extrapolation", "probes"]
     assert [f.name for f in dataclasses.fields(EvalConfig)] == list(EVALUATIONS)
-    defaults = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
-    # decode is cheap and on; extrapolation costs a tenth of a cell and is on where a grid asks
-    assert defaults == {"decode": True, "extrapolation": False}
-    assert all(f.metadata["doc"] for f in dataclasses.fields(EvalConfig))
+    for f in dataclasses.fields(EvalConfig):
+        assert f.metadata["doc"]
+    defaults = {f.name: f.default_factory() if f.name == "probes" else f.default  # type: ignore[misc]
+                for f in dataclasses.fields(EvalConfig)}
+    # decode is cheap and on; extrapolation's longer windows are on where a grid asks; probes: a list, off while empty
+    assert defaults == {"decode": True, "extrapolation": False, "probes": []}
     assert EVALUATIONS["extrapolation"].metrics == ("val_loss_x2", "val_loss_x4")
     assert "decode_agreement" in EVALUATIONS["decode"].metrics
 
@@ -27,6 +29,7 @@ def test_switched_on_follows_the_switches_in_registration_order():
     assert [e.name for e in switched_on(EvalConfig(extrapolation=True))] == ["decode", "extrapolation"]
     assert [e.name for e in switched_on(EvalConfig(decode=False, extrapolation=True))] == ["extrapolation"]
     assert switched_on(EvalConfig(decode=False, extrapolation=False)) == []
+    assert [e.name for e in switched_on(EvalConfig(decode=False, probes=["mqar"]))] == ["extrapolation", "probes"]
 
 
 @pytest.fixture

@@ -1,0 +1,283 @@
+"""Capability probes (axis ``dataset``): synthetic tasks that separate mixers at tiny scale.
+
+Each is an ``abl.Task``: examples of length ``model.context`` generated from
+the seed (no download), with the positions that count marked; the loss and the
+accuracy metrics are taken on them only (harness/tasks.py). They are datasets
+to train on (``data.dataset = "mqar"``) and probes to evaluate any trained
+model on (``eval.probes = ["mqar"]``).
+
+- ``mqar``: multi-query associative recall, Zoology (Arora et al. 2023,
+  "Zoology: Measuring and Improving Recall in Efficient Language Models",
+  sec. 3 and its appendix on the synthetic MQAR data; reference generator
+  ``zoology/data/multiquery_ar.py``);
+- ``induction``: the induction-head task of H3 (Fu, Dao et al. 2023, sec. 3.1)
+  as the Mamba paper trains it (Gu & Dao 2023, sec. 4.1.2 and appendix E.1);
+- ``selective_copy``: the Mamba paper's selective copying (Gu & Dao 2023,
+  sec. 3.1 fig. 2, sec. 4.1.1 and appendix E.1; the S4 repository's
+  ``copying.py`` with ``variable=True``);
+- ``copy``: plain copying of a random prefix, the classic copying task
+  (Arjovsky et al. 2016) in the same layout (Mamba fig. 2 left; ``copying.py``
+  with ``variable=False``).
+
+Token ids are task-local: a task uses ids below its ``vocab_size`` and says
+which ones are special in its docstring.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from abl import IGNORE_INDEX, Examples, Param, Task, hookimpl
+
+
+def _distinct(rng: np.random.Generator, n: int, k: int, size: int) -> np.ndarray:
+    """``[n, size]``: per row, ``size`` distinct integers of [0, k) in random order
+    (``np.random.choice(k, size, replace=False)`` row by row)."""
+    return rng.random((n, k)).argsort(axis=1)[:, :size]
+
+
+def _weighted_distinct(rng: np.random.Generator, p: np.ndarray, n: int, size: int) -> np.ndarray:
+    """``[n, size]``: per row, ``size`` distinct indices drawn one after another with probabilities
+    proportional to ``p`` among those not drawn yet (``np.random.choice(len(p), size, replace=False,
+    p=p)``), by the Gumbel-top-k trick: the order of log p + Gumbel noise is that sequential draw."""
+    gumbel = -np.log(-np.log(rng.random((n, len(p)))))
+    return np.argsort(-(np.log(p) + gumbel), axis=1, kind="stable")[:, :size]
+
+
+def _ints(values: Any) -> list[int]:
+    return [int(v) for v in values]
+
+
+# ---------------------------------------------------------------- MQAR
+
+
+class MQAR(Task):
+    """Multi-query associative recall (Zoology, Arora et al. 2023, sec. 3; ``multiquery_ar.py``).
+
+    With N = ``num_kv_pairs``, T = ``model.context`` and V = ``vocab_size``:
+    the first 2N tokens are N key-value pairs ``k1 v1 k2 v2 ...``, the keys
+    distinct and drawn from [1, V/2), the values distinct and drawn from
+    [V/2, V) (the vocabulary is split in two halves). Every key is then
+    queried once in the remaining T - 2N tokens: the query of key i sits at
+    offset 2 g_i of that region, the gaps g_1..g_N drawn without replacement
+    from [0, (T - 2N) / 2) with P(g) proportional to a (g + 1)^(a - 1), a
+    power law of parameter a = ``power_a`` (Zoology's default 0.01 puts most
+    queries near the pairs; 1.0 is uniform). The target at a query's position
+    is its key's value (the next token to predict); it is the only position
+    that counts. Every other token is 0, replaced by a uniform draw from [0, V)
+    when ``random_non_queries`` (Zoology's default).
+
+    Zoology's constraints hold: T even, V > T, 4N <= T. The evaluation slices
+    are the pair counts of ``eval_kv_pairs`` (empty: the training count), each
+    recorded as ``accuracy_pairs_<N>``: accuracy by number of pairs.
+    """
+
+    def __init__(self, vocab_size: int = 8192, num_kv_pairs: int = 8, power_a: float = 0.01,
+                 random_non_queries: bool = True, eval_kv_pairs: Any = ()):
+        super().__init__(vocab_size, num_kv_pairs=int(num_kv_pairs), power_a=float(power_a),
+                         random_non_queries=bool(random_non_queries), eval_kv_pairs=list(eval_kv_pairs))
+
+    @property
+    def num_kv_pairs(self) -> int:
+        return int(self.params["num_kv_pairs"])
+
+    def eval_pairs(self) -> list[int]:
+        return _ints(self.params["eval_kv_pairs"]) or [self.num_kv_pairs]
+
+    def slices(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(f"pairs_{n}", {"num_kv_pairs": n}) for n in self.eval_pairs()]
+
+    def problems(self, seq_len: int) -> list[str]:
+        v = self.vocab_size
+        errs = []
+        bad = [p for p in self.params["eval_kv_pairs"] if not isinstance(p, int) or isinstance(p, bool)]
+        if bad:
+            return [f"eval_kv_pairs must be a list of integers, got {self.params['eval_kv_pairs']!r}"]
+        if seq_len % 2:
+            errs.append(f"MQAR needs an even sequence length; model.context={seq_len}")
+        if v <= seq_len:
+            errs.append(f"MQAR needs vocab_size > the sequence length (Zoology); vocab_size={v}, "
+                        f"model.context={seq_len}")
+        if self.params["power_a"] <= 0:
+            errs.append(f"power_a must be > 0, got {self.params['power_a']}")
+        for n in dict.fromkeys([self.num_kv_pairs, *self.eval_pairs()]):
+            if n < 1:
+                errs.append(f"a number of key-value pairs must be >= 1, got {n}")
+            elif 4 * n > seq_len:
+                errs.append(f"{n} key-value pairs need a sequence of at least 4 x {n} = {4 * n} tokens "
+                            f"(pairs, then queries); model.context={seq_len}")
+            elif n > v // 2 - 1:
+                errs.append(f"{n} distinct keys do not fit in the {v // 2 - 1} key tokens of vocab_size={v}")
+        return errs
+
+    def generate(self, n: int, seq_len: int, rng: np.random.Generator, num_kv_pairs: int | None = None,
+                 **_: Any) -> Examples:
+        pairs = self.num_kv_pairs if num_kv_pairs is None else int(num_kv_pairs)
+        v, t, a = self.vocab_size, seq_len, self.params["power_a"]
+        half = v // 2
+        keys = 1 + _distinct(rng, n, half - 1, pairs)  # [1, V/2)
+        values = half + _distinct(rng, n, v - half, pairs)  # [V/2, V)
+        ctx = 2 * pairs
+        seq = np.zeros((n, t + 1), dtype=np.int64)  # one longer: inputs and next-token targets
+        seq[:, 0:ctx:2] = keys
+        seq[:, 1:ctx:2] = values
+        space = (t - ctx) // 2
+        p = a * np.arange(1, space + 1, dtype=np.float64) ** (a - 1)
+        gaps = _weighted_distinct(rng, p / p.sum(), n, pairs)
+        rows = np.arange(n)[:, None]
+        seq[rows, ctx + 2 * gaps] = keys
+        labels = np.full((n, t + 1), IGNORE_INDEX, dtype=np.int64)
+        labels[rows, ctx + 2 * gaps + 1] = values
+        inputs, targets = seq[:, :-1].copy(), labels[:, 1:].copy()
+        if self.params["random_non_queries"]:
+            zero = inputs == 0
+            inputs[zero] = rng.integers(0, v, size=int(zero.sum()))
+        return Examples(inputs, targets)
+
+
+# ---------------------------------------------------------------- induction heads
+
+
+class Induction(Task):
+    """The induction-head task (H3, Fu, Dao et al. 2023, sec. 3.1; Mamba, Gu & Dao 2023, sec. 4.1.2
+    and appendix E.1: vocabulary 16, the answer one token).
+
+    With V = ``vocab_size``, k = ``induction_len``, T = ``model.context``: a
+    sequence of S = T - k tokens drawn uniformly from [0, V - 1); trigger
+    positions drawn uniformly from [0, S - 1 - k) (one with probability 1/2,
+    else ``num_triggers`` of them, dropping any that would overlap the copy
+    after an earlier one); the k tokens after the first trigger are the
+    pattern, and every trigger becomes the special token V - 1 followed by the
+    pattern. The sequence then ends with the special token and the pattern:
+    the model sees ``... P c1 .. c(k-1)`` and must predict the pattern after
+    the final P (teacher-forced for k > 1); those k positions count. (The
+    reference generator, safari's ``generate_induction_head``, reserves a
+    second special "noop" token it never uses; here every other id is a
+    regular token.)
+    """
+
+    def __init__(self, vocab_size: int = 16, induction_len: int = 1, num_triggers: int = 1):
+        super().__init__(vocab_size, induction_len=int(induction_len), num_triggers=int(num_triggers))
+
+    def problems(self, seq_len: int) -> list[str]:
+        k, errs = self.params["induction_len"], []
+        if self.vocab_size < 3:
+            errs.append(f"induction needs vocab_size >= 3 (two regular tokens and the trigger), got "
+                        f"{self.vocab_size}")
+        if k < 1 or self.params["num_triggers"] < 1:
+            errs.append("induction_len and num_triggers must be >= 1")
+        elif seq_len - k - 1 - k < 1:
+            errs.append(f"induction_len={k} needs model.context >= {2 * k + 2}, got {seq_len}")
+        return errs
+
+    def generate(self, n: int, seq_len: int, rng: np.random.Generator, **_: Any) -> Examples:
+        v, k, t = self.vocab_size, self.params["induction_len"], seq_len
+        trigger = v - 1
+        s = t - k
+        seq = rng.integers(0, v - 1, size=(n, s), dtype=np.int64)
+        patterns = np.empty((n, k), dtype=np.int64)
+        for i in range(n):
+            count = 1 if rng.random() < 0.5 else self.params["num_triggers"]
+            kept: list[int] = []
+            for p in sorted(int(x) for x in rng.integers(0, s - (1 + k), size=count)):
+                if not kept or p - kept[-1] > k:
+                    kept.append(p)
+            patterns[i] = seq[i, kept[0] + 1:kept[0] + 1 + k]
+            for p in kept:
+                seq[i, p] = trigger
+                seq[i, p + 1:p + 1 + k] = patterns[i]
+        full = np.concatenate([seq, np.full((n, 1), trigger, dtype=np.int64), patterns], axis=1)  # T + 1
+        targets = np.full((n, t), IGNORE_INDEX, dtype=np.int64)
+        targets[:, s:] = full[:, s + 1:]
+        return Examples(full[:, :t].copy(), targets)
+
+
+# ---------------------------------------------------------------- copying
+
+
+class _Copying(Task):
+    """Shared by ``copy`` and ``selective_copy`` (the S4 repository's ``copying.py``).
+
+    With M = ``n_tokens``, V = ``vocab_size``, T = ``model.context``: M data
+    tokens drawn uniformly from [1, V - 1) are placed among T - M positions
+    whose other tokens are the noise token 0, then come M marker tokens
+    V - 1. At the i-th marker the model must output the i-th data token; the M
+    marker positions are the ones that count.
+    """
+
+    variable = False  # True: the data tokens sit at random positions (selective copying)
+
+    def __init__(self, vocab_size: int = 16, n_tokens: int = 16):
+        super().__init__(vocab_size, n_tokens=int(n_tokens))
+
+    def problems(self, seq_len: int) -> list[str]:
+        m, errs = self.params["n_tokens"], []
+        if self.vocab_size < 3:
+            errs.append(f"copying needs vocab_size >= 3 (noise, marker and a data token), got {self.vocab_size}")
+        if m < 1:
+            errs.append(f"n_tokens must be >= 1, got {m}")
+        elif 2 * m > seq_len:
+            errs.append(f"n_tokens={m} needs model.context >= 2 x {m} = {2 * m} (data, then markers), "
+                        f"got {seq_len}")
+        return errs
+
+    def generate(self, n: int, seq_len: int, rng: np.random.Generator, **_: Any) -> Examples:
+        v, m, t = self.vocab_size, self.params["n_tokens"], seq_len
+        tokens = rng.integers(1, v - 1, size=(n, m), dtype=np.int64)
+        if self.variable:
+            where = np.sort(_distinct(rng, n, t - m, m), axis=1)
+        else:
+            where = np.broadcast_to(np.arange(m), (n, m))
+        inputs = np.zeros((n, t), dtype=np.int64)
+        inputs[np.arange(n)[:, None], where] = tokens
+        inputs[:, t - m:] = v - 1
+        targets = np.full((n, t), IGNORE_INDEX, dtype=np.int64)
+        targets[:, t - m:] = tokens
+        return Examples(inputs, targets)
+
+
+class Copy(_Copying):
+    """Plain copying of a random prefix (Arjovsky et al. 2016; Mamba fig. 2 left): the M data tokens
+    are the first M tokens, then T - 2M noise tokens, then the M markers."""
+
+    variable = False
+
+
+class SelectiveCopy(_Copying):
+    """Selective copying (Gu & Dao 2023, sec. 3.1 fig. 2, sec. 4.1.1, appendix E.1: vocabulary 16 with
+    the noise token, 16 data tokens): the M data tokens sit at uniformly random positions (kept in
+    order) among the first T - M, so their spacing varies and a time-invariant model cannot copy
+    them by a fixed lag."""
+
+    variable = True
+
+
+# ---------------------------------------------------------------- registration
+
+
+@hookimpl
+def register_components(register):
+    vocab = "vocabulary of the task (token ids below it); as a probe, cut to the model's when larger"
+    register("dataset", "mqar", MQAR, params={
+        "vocab_size": Param(8192, doc=vocab + "; keys from the lower half, values from the upper", min=4),
+        "num_kv_pairs": Param(8, doc="key-value pairs per training example", min=1),
+        "power_a": Param(0.01, doc="alpha of the power law placing the queries (1.0 = uniform)", min=1e-6),
+        "random_non_queries": Param(True, doc="fill the non-query positions with random tokens, not 0"),
+        "eval_kv_pairs": Param([], doc="pair counts evaluated, one accuracy_pairs_<N> each "
+                                       "(empty: the training count)"),
+    }, doc="multi-query associative recall (Zoology, Arora et al. 2023)", check=MQAR.config_check)
+    register("dataset", "induction", Induction, params={
+        "vocab_size": Param(16, doc=vocab + "; the last id is the trigger", min=3),
+        "induction_len": Param(1, doc="tokens to copy after the final trigger", min=1),
+        "num_triggers": Param(1, doc="triggers in half of the examples (the other half: one)", min=1),
+    }, doc="induction heads (H3 / Mamba sec. 4.1.2)", check=Induction.config_check)
+    copy_params = {
+        "vocab_size": Param(16, doc=vocab + "; 0 is noise, the last id the marker", min=3),
+        "n_tokens": Param(16, doc="data tokens to copy", min=1),
+    }
+    register("dataset", "selective_copy", SelectiveCopy, params=copy_params,
+             doc="selective copying (Mamba sec. 3.1)", check=SelectiveCopy.config_check)
+    register("dataset", "copy", Copy, params=copy_params,
+             doc="copying a random prefix (Arjovsky et al. 2016)", check=Copy.config_check)
