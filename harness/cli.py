@@ -39,6 +39,19 @@ def _store_lock(db: Path, wait: bool):
         fail(str(exc))
 
 
+def _untouched(db: Path, lock_file: Path, fresh: list[Path]) -> None:
+    """After bad input refused before anything was stored: remove the lock file (when the store
+    does not exist) and the folders created for it (only while they are empty)."""
+    if db.exists():
+        return
+    lock_file.unlink(missing_ok=True)
+    for folder in fresh:  # innermost first
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
 def _registry():
     from .plugin_manager import get_registry
 
@@ -160,6 +173,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         fail(f"--executor {executor} needs an extra package ({exc.name}): pip install -e '.[distributed]'")
     except _user_errors() as exc:
         fail(str(exc))
+    fresh = [p for p in (db.parent, *db.parent.parents) if not p.exists()]  # folders the lock will create
     lock = _store_lock(db, wait)  # held until this process exits, however it exits
     try:
         from .admission import check_run
@@ -178,8 +192,14 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
             failures = run_grid(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed",
                                 detect=detect)
     except _user_errors() as exc:
+        lock.release()
+        _untouched(db, lock.path, fresh)  # bad input leaves no trace: not even the lock's folder
         fail(str(exc))
     except KeyboardInterrupt:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cells are stopped and stored: a second Ctrl-C
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # must not turn the exit into a traceback or a -2
         click.echo("stopped; finished cells are stored, run the same command to resume", err=True)
         sys.exit(130)
     finally:

@@ -35,7 +35,7 @@ INFO = "info.json"
 METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint.pt"
 LOG = "worker.log"
-SHAPE_CACHE = ".cache/shapes"  # beside the run folders: abl.shapecache
+SHAPES_DIR = "shapes"  # beside the database, like the token store: abl.shapecache (meta.json names it)
 
 # ---------------------------------------------------------------- statuses
 

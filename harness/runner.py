@@ -153,7 +153,9 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
         meta = {"cell_key": cell.cell_key, "label": f"{cell.label}", "git_commit": commit,
                 "first_commit": first, "attempts": int(old.get("attempts", 0)) + 1,
                 "code_changed": bool(old.get("code_changed")) or first != commit,
-                "executor": executor.name, "versions": versions(cell, registry), "grid_file": grid.path}
+                "executor": executor.name, "versions": versions(cell, registry), "grid_file": grid.path,
+                # FLOP counts and tracked memory of model shapes measured before (abl.shapecache)
+                "shape_cache": str((db_path.parent / rundir.SHAPES_DIR).resolve())}
         if meta["code_changed"]:
             meta["notes"] = f"code changed between attempts: first {first}, now {commit}"
             console.print(f"[yellow]warning[/]: {cell.label} seed={cell.seed}: {meta['notes']}")

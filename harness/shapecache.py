@@ -5,7 +5,7 @@ FLOP counter) and tracking its live tensor memory (a step under torch's
 MemTracker) give the same answer for every cell whose model, batch and
 number format are the same: the seeds of a grid, or cells that differ only in
 the learning rate or the data. The first such cell of a store measures and
-writes ``<runs>/.cache/shapes/<key>.json``; the others read it and say so in
+writes ``shapes/<key>.json`` beside the database; the others read it and say so in
 their ``info.json`` (``shape_cache``).
 
 The key holds everything the figures depend on: the resolved model config

@@ -603,7 +603,7 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
         if run.dist.is_main and (step % tc.eval_every == 0 or step == tc.steps):
             row["val_loss"] = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device)
             bpb = bits_per_byte(row["val_loss"], run.batches.val_target_counts(tc.eval_batches)) \
-                if hasattr(run.batches, "val_target_counts") else None
+                if getattr(run.batches, "val_bytes", None) is not None else None  # a task's batches: no text
             if bpb is not None:
                 row["val_bpb"] = bpb
             row.update(task_metrics(run.core, run.batches, tc.eval_batches, run.precision, run.device,
@@ -676,6 +676,15 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
             "wall_s": time.perf_counter() - t_start,
         }
         utilisation = mfu(costs, step_times)
+        if utilisation is not None and utilisation > 1 and run.device.type == "cpu":
+            # the cached CPU peak was measured while the machine was busier than now: measure it again
+            from .cpupeak import matmul_flops
+
+            fresh = matmul_flops(run.precision.peak_format(), refresh=True)
+            if fresh:
+                costs["device_peak_flops"] = fresh * run.dist.world
+                utilisation = mfu(costs, step_times)
+                sink.log(cell.train.steps, {"device_peak_flops": costs["device_peak_flops"]})
         if utilisation is not None and utilisation > 1:  # never stored: a peak that does not hold
             run.notes.append(f"mfu not recorded: {utilisation:.3f} exceeds 1, so the device peak "
                              f"({costs.get('device_peak_flops', 0):.3g} FLOP/s) does not hold on this machine")

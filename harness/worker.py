@@ -190,7 +190,7 @@ def run(run_dir: Path) -> int:
         summary = train(cell, registry, sink,
                         on_info=lambda info: rundir.write_json(run_dir / rundir.INFO, info),
                         checkpoint_path=checkpoint if cell.train.checkpoint_every else None,
-                        shape_cache=run_dir.parent / rundir.SHAPE_CACHE)
+                        shape_cache=_shape_cache(run_dir))
         status.update(status=COMPLETED)
         checkpoint.unlink(missing_ok=True)
         if summary.get("notes"):
@@ -219,6 +219,12 @@ def run(run_dir: Path) -> int:
     status["finished"] = time.time()
     rundir.write_status(run_dir, status)
     return EXIT_CODES[status["status"]]
+
+
+def _shape_cache(run_dir: Path) -> Path | None:
+    """The store's shape cache the parent named in meta.json (None: measure everything)."""
+    where = rundir.read_json(run_dir / rundir.META, {}).get("shape_cache")
+    return Path(where) if isinstance(where, str) and where else None
 
 
 def _is_oom(exc: BaseException) -> bool:

@@ -6,6 +6,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# machine-wide caches (abl.cpupeak's measured peaks) go to a folder of this test session:
+# a test never reads figures a developer's earlier runs left behind
+if "ABL_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["ABL_CACHE_DIR"] = tempfile.mkdtemp(prefix="abl-test-cache-")
+
 
 @pytest.fixture(scope="session")
 def registry():

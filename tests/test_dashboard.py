@@ -663,7 +663,7 @@ def test_browser_renders_the_charts(server, tmp_path):
             with page.expect_download(timeout=60_000) as dl:
                 page.locator(".st-key-dl_csv_compare button").first.click()
             csv = Path(dl.value.path()).read_text()
-            assert csv.splitlines()[0].startswith("cell,") and len(csv.splitlines()) == 4  # header + 3 cells
+            assert csv.splitlines()[0].startswith(("cell,", "rank,cell,")) and len(csv.splitlines()) == 4  # header + 3 cells
             assert dl.value.suggested_filename == "compare_val_loss.csv"
             with page.expect_download(timeout=60_000) as dl:
                 page.locator(".st-key-dl_png_compare button").first.click()

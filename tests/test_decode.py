@@ -219,7 +219,7 @@ def test_post_training_evaluations_skip_the_1x_window(registry):
     cell = SimpleNamespace(model=model.cfg, components=comps, train=SimpleNamespace(eval_batches=3))
     run = TrainedRun(model=model.train(), cell=cell, registry=registry, batches=batches, precision=FP32,
                      device=CPU)
-    m, notes = run_evaluations(run, EvalConfig())
+    m, notes = run_evaluations(run, EvalConfig(extrapolation=True))
     assert model.training  # left as it was
     assert "val_loss_x1" not in m  # computed once, as the final val_loss
     assert "val_loss_x2" not in m and "val_loss_x4" not in m

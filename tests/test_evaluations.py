@@ -29,7 +29,7 @@ def test_switched_on_follows_the_switches_in_registration_order():
     assert [e.name for e in switched_on(EvalConfig(extrapolation=True))] == ["decode", "extrapolation"]
     assert [e.name for e in switched_on(EvalConfig(decode=False, extrapolation=True))] == ["extrapolation"]
     assert switched_on(EvalConfig(decode=False, extrapolation=False)) == []
-    assert [e.name for e in switched_on(EvalConfig(decode=False, probes=["mqar"]))] == ["extrapolation", "probes"]
+    assert [e.name for e in switched_on(EvalConfig(decode=False, probes=["mqar"]))] == ["probes"]
 
 
 @pytest.fixture

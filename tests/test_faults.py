@@ -473,7 +473,8 @@ max_bytes = 300000
 """
 
 # figures that depend on the clock or the machine's load, not on the training
-TIMING = ("tokens_per_s", "elapsed_s", "wall_s", "peak_mem_bytes", "baseline_rss_bytes", "mfu", "device_peak_flops")
+TIMING = ("tokens_per_s", "train_tokens_per_s", "elapsed_s", "wall_s", "peak_mem_bytes", "baseline_rss_bytes", "mfu",
+          "device_peak_flops")
 
 
 def _live_workers(dirs):

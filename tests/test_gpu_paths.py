@@ -162,6 +162,7 @@ def test_local_executor_places_one_cell_per_visible_gpu(tmp_path, monkeypatch, f
 
     fake_gpu.count = 2
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("ABL_ZYGOTE", "0")  # each worker its own (faked) process, to see its environment
     monkeypatch.setattr(subprocess, "Popen", _FakePopen)
     _FakePopen.launched = []
     ex = executors.LocalExecutor()

@@ -39,13 +39,16 @@ class FakeExecutor:
         self.trained = []
         self.loss = loss or LOSS
 
-    def run(self, jobs, on_progress, on_done):
+    def run(self, jobs, on_progress, on_done, poll_s=0.2, on_launch=None):
         for job in jobs:
+            if on_launch is not None:  # the runner sets the folder up as the worker starts
+                on_launch(job)
             c = job.cell
             self.trained.append((c.experiment.name, c.model.ffn, c.train.lr, c.seed))
             final = self.loss[(c.model.ffn, round(c.train.lr, 6))] + 0.01 * math.sin(3 * c.seed) + 0.001 * c.seed
-            lines = [{"step": s, "train_loss": final + 1 / s} for s in range(1, 11)] + \
-                    [{"step": 10, "val_loss": final}]
+            lines = [{"step": 0, "n_params": 1000.0}] + \
+                    [{"step": s, "train_loss": final + 1 / s} for s in range(1, 11)] + \
+                    [{"step": 10, "val_loss": final, "wall_s": 1.0, "peak_mem_bytes": 1e6}]
             (job.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
             (job.run_dir / "info.json").write_text(json.dumps({"data_fingerprint": "f" * 64,
                                                                "unigram_floor": 3.26}))

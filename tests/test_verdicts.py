@@ -68,6 +68,8 @@ def write_runs(grid_path, runs_dir, spiky=("relu", "layernorm")):
             if step % 10 == 0:
                 row["val_loss"] = final + (0.3 if step == 10 else 0.0)
             lines.append(row)
+        # a whole run folder (abl.rundir.check_complete): the first and the last rows too
+        lines = [{"step": 0, "n_params": 1000.0}] + lines + [{"step": 20, "wall_s": 1.0, "peak_mem_bytes": 1e6}]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return g
 
@@ -325,6 +327,7 @@ n_heads = 4
 context = 128
 norm = "layernorm"
 ffn = "gelu"
+init_std = 0.02  # the case was at the former default init (abl's default is now 1/sqrt(d_model))
 [train]
 steps = 100
 batch_size = 16
