@@ -598,8 +598,11 @@ def compare(source, db_path, metrics, baseline, pairs, by, bootstrap, correction
               help="Training steps of the cell.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override the default cell (as in abl run), e.g. --set train.compile=true.")
+@click.option("--cells", default=1, show_default=True, type=click.IntRange(min=1, max=64),
+              help="Run this many cells of the same shape (seeds) one after another and report a cell "
+                   "in the running grid (the first, with the run's one-off costs, apart).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench_harness(steps, overrides, as_json):
+def bench_harness(steps, overrides, cells, as_json):
     """One cell as abl run runs it: its wall time split into training steps and the rest.
 
     Runs in a scratch store (nothing is kept); ``overhead`` is the share of the
@@ -610,7 +613,7 @@ def bench_harness(steps, overrides, as_json):
     from .benchharness import run_harness_bench
 
     try:
-        out = run_harness_bench(steps, list(overrides))
+        out = run_harness_bench(steps, list(overrides), cells=cells)
     except _user_errors() as exc:
         fail(str(exc))
     except ValueError as exc:
@@ -621,6 +624,11 @@ def bench_harness(steps, overrides, as_json):
     if as_json:
         click.echo(json.dumps(out, indent=1))
         return
+    if "first_cell" in out:
+        f = out["first_cell"]
+        click.echo(f"{out['cells']} cells of one shape in {out['grid_wall_s']:.1f} s; the first (with the run's "
+                   f"one-off costs) took {f['cell_wall_s']:.2f} s, overhead {100 * f['overhead']:.1f}%; "
+                   f"a cell in the running grid (median of the others):")
     click.echo(f"cell {out['cell']}, {out['steps']} steps: {out['cell_wall_s']:.2f} s of wall time")
     for key, what in (("steps_s", "training steps"), ("loop_other_s", "rest of the loop (evals, tracker)"),
                       ("before_loop_s", "worker, before the first step"),

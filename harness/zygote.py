@@ -93,9 +93,24 @@ def _child(run_dir: Path, env: dict[str, str], replies: int, requests: int) -> N
             os._exit(code)
 
 
+# what a worker imports on its way to step 1 besides the trainer: the cost model, the FLOP
+# counter and the memory tracker (they pull in sympy through torch), the optimizer's dynamo checks
+PRELOAD = ("abl.config", "abl.store", "abl.train", "abl.worker", "abl.costmodel", "abl.flops", "abl.memory",
+           "abl.cpupeak", "abl.health", "abl.shapecache", "abl.tokenstore", "abl.evaluations", "abl.decode",
+           "torch.optim", "torch.utils.flop_counter", "torch._dynamo",
+           "torch.distributed._tools.mem_tracker")
+
+
 def preload() -> None:
-    """What every worker would import: the trainer, the store, the plugins."""
-    from . import config, store, train, worker  # noqa: F401
+    """What every worker would import: the trainer and what it reaches, the store, the plugins.
+    Imports only: no tensor op runs and no thread starts before the zygote forks."""
+    import importlib
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - an optional part (no torch.distributed): the worker imports it
+            pass
     from .plugin_manager import get_registry
 
     get_registry()
@@ -112,6 +127,9 @@ def serve() -> int:
 
     if torch.cuda.is_initialized():  # a forked child could not use CUDA: let the parent spawn instead
         print("CUDA was initialised while preloading; forking would break it", file=sys.stderr)
+        return 3
+    if threading.active_count() > 1:  # a thread does not survive fork: its locks could be held forever
+        print("a thread started while preloading; forking would be unsafe", file=sys.stderr)
         return 3
     out = sys.stdout
     requests = sys.stdin.fileno()

@@ -23,3 +23,15 @@ def test_bench_harness_splits_the_cells_wall_time(tmp_path):
 def test_bench_harness_refuses_a_grid_of_several_cells():
     r = run_abl(["bench", "harness", "--steps", "2", "--set", "grid.model.norm=[\"rmsnorm\",\"layernorm\"]"])
     assert r.returncode == 2 and "one cell" in r.stderr + r.stdout
+
+
+def test_bench_harness_reports_a_cell_in_a_running_grid_apart_from_the_first(tmp_path):
+    pytest.importorskip("torch")
+    r = run_abl(["bench", "harness", "--steps", "4", "--cells", "3", "--json", "--set", "model.d_model=32",
+                 "--set", "model.n_layers=1", "--set", "train.batch_size=4", "--set", "model.context=32",
+                 "--set", "dataset.pystdlib.max_bytes=400000"])
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["cells"] == 3 and out["first_cell"]["cell_wall_s"] > 0
+    assert 0 < out["steps_s"] < out["cell_wall_s"] < out["grid_wall_s"]
+    assert out["overhead"] == pytest.approx(1 - out["steps_s"] / out["cell_wall_s"])
