@@ -116,6 +116,19 @@ def preload() -> None:
     get_registry()
 
 
+def fork_unsafe() -> str | None:
+    """Why this process must not fork workers (None: it may). A child of a process that
+    initialised CUDA cannot use CUDA; a thread does not survive fork and its locks could
+    stay held forever."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return "CUDA was initialised while preloading; forking would break it"
+    if threading.active_count() > 1:
+        return "a thread started while preloading; forking would be unsafe"
+    return None
+
+
 def serve() -> int:
     from .worker import die_with_parent
 
@@ -123,13 +136,9 @@ def serve() -> int:
     # a Ctrl-C in the terminal reaches the whole foreground group: the parent stops the cells
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     preload()
-    import torch
-
-    if torch.cuda.is_initialized():  # a forked child could not use CUDA: let the parent spawn instead
-        print("CUDA was initialised while preloading; forking would break it", file=sys.stderr)
-        return 3
-    if threading.active_count() > 1:  # a thread does not survive fork: its locks could be held forever
-        print("a thread started while preloading; forking would be unsafe", file=sys.stderr)
+    why = fork_unsafe()
+    if why:  # the parent then spawns every worker fresh
+        print(why, file=sys.stderr)
         return 3
     out = sys.stdout
     requests = sys.stdin.fileno()

@@ -102,3 +102,31 @@ def test_when_the_zygote_dies_its_workers_stop_too(tmp_path):
     while time.time() < deadline and json.loads((run_dir / "status.json").read_text())["status"] == "running":
         time.sleep(0.1)
     assert json.loads((run_dir / "status.json").read_text())["status"] == rundir.KILLED
+
+
+def test_the_zygote_never_forks_after_cuda_was_initialised_or_a_thread_started(monkeypatch):
+    import torch
+
+    from abl import zygote
+
+    monkeypatch.setattr(zygote.threading, "active_count", lambda: 1)  # the zygote after its preload: one thread
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert zygote.fork_unsafe() is None
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # a GPU machine where a preload touched CUDA
+    assert "CUDA was initialised" in zygote.fork_unsafe()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(zygote.threading, "active_count", lambda: 2)
+    assert "thread" in zygote.fork_unsafe()
+
+
+def test_a_zygote_that_cannot_start_leaves_the_executor_spawning_fresh_workers(monkeypatch):
+    from abl import executors, zygote
+
+    class Broken:
+        def __init__(self, env):
+            raise zygote.ZygoteError("the zygote exited at start-up: CUDA was initialised while preloading")
+
+    monkeypatch.setattr(zygote, "Zygote", Broken)
+    ex = executors.LocalExecutor(workers=1, gpus=[0])
+    assert ex._zygote() is None and not ex.use_zygote
+    assert "CUDA was initialised" in ex.zygote_note
