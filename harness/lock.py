@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .rundir import pid_alive
+
 try:
     import fcntl
 except ImportError:  # not POSIX: no kernel lock, the single-writer guarantee is off
@@ -44,18 +46,6 @@ def lock_path(db_path: str | Path) -> Path:
     return p.with_name(p.name + ".lock")
 
 
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def read_holder(path: Path) -> dict[str, Any]:
     """What the lock file says about its holder ({} if unreadable)."""
     try:
@@ -66,7 +56,7 @@ def read_holder(path: Path) -> dict[str, Any]:
 
 
 def describe(holder: dict[str, Any]) -> str:
-    if not holder or (holder.get("host") == socket.gethostname() and not _pid_alive(holder.get("pid"))):
+    if not holder or (holder.get("host") == socket.gethostname() and not pid_alive(holder.get("pid"))):
         return "another process (it is starting and has not written its name yet)"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["started"])) \
         if isinstance(holder.get("started"), (int, float)) else "?"
@@ -128,7 +118,7 @@ class StoreLock:
         self._write({"pid": os.getpid(), "command": self.command, "host": socket.gethostname(),
                      "started": time.time(), "db": str(self.db_path)})
         self.took_over = previous if previous.get("pid") not in (None, os.getpid()) and \
-            not _pid_alive(previous.get("pid")) else None
+            not pid_alive(previous.get("pid")) else None
         return self
 
     def _write(self, holder: dict[str, Any]) -> None:

@@ -37,6 +37,19 @@ CHECKPOINT = "checkpoint.pt"
 LOG = "worker.log"
 SHAPES_DIR = "shapes"  # beside the database, like the token store: abl.shapecache (meta.json names it)
 
+def pid_alive(pid: Any) -> bool:
+    """Does a process with this PID exist on this machine (one of another user's counts)?"""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 # ---------------------------------------------------------------- statuses
 
 QUEUED, RUNNING, COMPLETED = "queued", "running", "completed"

@@ -41,20 +41,6 @@ def fmt_bytes(n: float | None) -> str:
     return str(n)
 
 
-def _pid_alive(pid: Any) -> bool:
-    import os
-
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reconcile(cells: list[Cell], runs_dir: Path, db_path: Path) -> dict[str, str]:
     """Bring the store in line with the run folders (the source of truth).
 
@@ -71,7 +57,7 @@ def reconcile(cells: list[Cell], runs_dir: Path, db_path: Path) -> dict[str, str
         if st is None or not (run_dir / rundir.CONFIG).exists():
             continue
         state = st.get("status")
-        if state == RUNNING and _pid_alive(st.get("pid")):
+        if state == RUNNING and rundir.pid_alive(st.get("pid")):
             known[cell.run_id] = BUSY
             continue
         if state == RUNNING:
