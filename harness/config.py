@@ -593,7 +593,8 @@ def cell_from_config(config: dict, registry: Registry) -> Cell:
         "train": config["train"],
         "data": config["data"],
         # configs stored before [eval] existed ran every evaluation
-        "eval": config.get("eval", {f.name: True for f in dataclasses.fields(EvalConfig)}),
+        "eval": config.get("eval", {f.name: True for f in dataclasses.fields(EvalConfig)
+                                    if isinstance(f.default, bool)}),
     }
     for axis, spec in config["components"].items():
         if axis in AXES:
