@@ -108,8 +108,7 @@ def _split(cell, rows, cell_wall: float) -> dict[str, Any]:
     first = min(elapsed)
     loop_start = elapsed[first] - step_dt.get(first, median_dt)
     loop_s = elapsed[max(elapsed)] - loop_start
-    wall_s = next(iter(by.get("wall_s", {}).values()))
-    # the worker's own wall time (train()); the rest of the cell's is outside it
+    wall_s = next(iter(by.get("wall_s", {}).values()))  # the worker's train(); the rest is outside it
     return {
         "cell": cell.label, "steps": n_steps, "cell_wall_s": cell_wall, "steps_s": steps_s,
         "loop_other_s": loop_s - steps_s, "before_loop_s": loop_start,

@@ -147,8 +147,7 @@ def measure_copy_gbps(nbytes: int, burst_s: float = BURST_S, count: int = BURSTS
 
     src = torch.randn(max(1, nbytes // 4))
     dst = torch.empty_like(src)
-    m = bursts(lambda: dst.copy_(src), 2.0 * src.numel() * 4 / 1e9, burst_s, count)
-    return m
+    return bursts(lambda: dst.copy_(src), 2.0 * src.numel() * 4 / 1e9, burst_s, count)
 
 
 def dram_bytes() -> int:

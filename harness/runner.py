@@ -236,10 +236,6 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     from .summary import print_run_summary  # the verdict tables: abl.verdicts, the same as report/dashboard
 
     print_run_summary(console, db_path, grid, detect)
-    for row in store.cell_summary(db_path, [c.run_id for c in cells]):
-        if row.get("compile_s") is not None:
-            console.print(f"torch.compile time, {row['label']}: {row['compile_s']:.1f} s per run "
-                          "(before the first step; not in tokens/s)")
     from .taskreport import print_summary as print_task_accuracy
 
     print_task_accuracy(console, db_path, grid)

@@ -91,6 +91,13 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None)
                               soft_wrap=True)
         render(console, runs, metrics=metrics, title=exp.name, order=order,
                baseline=getattr(exp, "baseline", "") or None)
+        compiled: dict[str, list[float]] = {}  # train.compile cells: their compile time, apart from tokens/s
+        for r in runs:
+            if r.final.get("compile_s") is not None:
+                compiled.setdefault(r.label, []).append(float(r.final["compile_s"]))
+        for label, times in compiled.items():
+            console.print(f"torch.compile time, {label}: {sum(times) / len(times):.1f} s per run "
+                          "(before the first step; not in tokens/s)")
         if detect is not None:
             cells = verdicts.cell_inputs(runs, metrics[0], order)
             console.print(verdicts.seeds_for_effect(cells, detect, max(1, len(cells) - 1)), soft_wrap=True)
