@@ -25,6 +25,20 @@ from .registry import Registry
 TOLERANCE = 0.01
 
 
+def solved_paths(config: dict[str, Any]) -> set[str]:
+    """The setting paths ``train.match`` solved in this resolved config (not chosen by anyone):
+    ``model.n_layers``, or the FFN's width knob and its ``multiple_of``, as ``ffn.<name>.<param>``."""
+    matched = config.get("matched") or {}
+    if matched.get("by") == "n_layers":
+        return {"model.n_layers"}
+    ffn = (config.get("components") or {}).get("ffn") or {}
+    params = ffn.get("params") or {}
+    if not matched or not params:
+        return set()
+    knob = _width_param(params)
+    return {f"ffn.{ffn.get('name')}.{p}" for p in (knob, "multiple_of") if p and p in params}
+
+
 def _width_param(params: dict[str, Any]) -> str | None:
     if "ratio" in params:
         return "ratio"
