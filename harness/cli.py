@@ -125,8 +125,19 @@ def cli(plugins_dir):
 @click.option("--wait", is_flag=True, help="If another abl run or ingest writes this database, queue behind it "
               "instead of stopping.")
 @click.option("--force", is_flag=True, help="Run even if the cells' predicted memory does not fit the free memory.")
+@click.option("--only", "only", multiple=True, metavar="AXIS=V1,V2",
+              help="Run only the cells with these values of a grid axis, e.g. --only 'model.norm=rmsnorm,layernorm' "
+                   "(repeatable, one per axis); run ids stay those of the full grid.")
+@click.option("--cells", "cell_numbers", default=None, metavar="N,M-K",
+              help="Run only these cells, by their number in --dry-run's listing, e.g. --cells 1,3 or 2-4.")
+@click.option("--wide", is_flag=True, help="Print the summary as full-width tables (default: tables when they "
+              "fit the terminal, else one block per cell).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "md"]), default="table",
+              show_default=True, help="The summary at the end as JSON, CSV or Markdown on stdout (progress goes "
+              "to stderr), for piping.")
 def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
-        slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force):
+        slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
+        only, cell_numbers, wide, fmt):
     """Expand GRID_FILE into cells, validate them all, then train those not yet completed.
 
     Running the same command again resumes the grid: completed cells are
@@ -136,14 +147,17 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     """
     from .config import load_grid
 
-    from . import preflight
+    from . import preflight, summary
+    from .selection import cell_numbers as numbers_of, select
 
     registry = _registry()
     try:
-        grid = load_grid(grid_file, registry, list(overrides), max_cells=max_cells)
+        full = load_grid(grid_file, registry, list(overrides), max_cells=max_cells)
+        grid = select(full, only, cell_numbers)
         preflight.check(grid, registry)
     except _user_errors() as exc:
         fail(str(exc))
+    summary.PRESENTATION = summary.Presentation(layout="wide" if wide else "auto", fmt=fmt)
     if dry_run:
         if grid.cells[0].train.lr_sweep:  # abl.lr_sweep: phase 2's cells depend on phase 1's results
             from .lr_sweep import tuning_grid
@@ -153,7 +167,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
                        f"{seeds[0]}; phase 2 then trains each variant at its own best lr on seeds {seeds[1:]}")
             _print_cells(tuning_grid(grid, registry))
         else:
-            _print_cells(grid)
+            _print_cells(grid, numbers_of(full))
         if detect is not None:
             from .summary import print_detect
 
@@ -166,6 +180,11 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     problems = preflight.db_problems(db)
     if problems:
         fail("\n".join(problems))
+    console = None
+    if fmt != "table":  # the summary alone on stdout: the progress and the other tables go to stderr
+        from rich.console import Console
+
+        console = Console(stderr=True)
     try:
         engine = _make_executor(executor, workers, runs, slurm_partition, slurm_time, slurm_cluster,
                                 gpus_per_cell, ray_address)
@@ -187,10 +206,10 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
             from .lr_sweep import run_sweep
 
             failures = run_sweep(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed",
-                                 detect=detect)
+                                 detect=detect, console=console)
         else:
             failures = run_grid(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed",
-                                detect=detect)
+                                detect=detect, console=console)
     except _user_errors() as exc:
         lock.release()
         _untouched(db, lock.path, fresh)  # bad input leaves no trace: not even the lock's folder
@@ -220,18 +239,25 @@ def _make_executor(kind, workers, runs_dir, partition, time_min, cluster, gpus, 
     return executors.LocalExecutor(workers=workers)
 
 
-def _print_cells(grid) -> None:
+def _print_cells(grid, numbers: dict[str, int] | None = None) -> None:
+    """The runs of ``grid``; ``#`` is the cell's number in the full grid (``--cells`` takes it)."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{grid.path}: {len(grid.cells)} runs")
+    from .labels import show
+    from .selection import cell_numbers
+
+    numbers = numbers or cell_numbers(grid)
+    table = Table(title=f"{grid.path}: {len(grid.cells)} runs ({len({c.cell_key for c in grid.cells})} cells; "
+                        "# is the cell's number for --cells)", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("run_id")
     for p in grid.grid_paths:
         table.add_column(p)
     table.add_column("seed", justify="right")
-    for i, c in enumerate(grid.cells, 1):
-        table.add_row(str(i), c.run_id, *[str(c.varied[p]) for p in grid.grid_paths], str(c.seed))
+    for c in grid.cells:
+        table.add_row(str(numbers.get(c.cell_key, "-")), c.run_id, *[show(c.varied[p]) for p in grid.grid_paths],
+                      str(c.seed))
     Console().print(table)
 
 
@@ -570,10 +596,15 @@ def bench_kernels(ops, providers, dtypes, passes, size, device, as_json, db_path
               help="Multiple-comparison correction over the comparisons shown.")
 @click.option("--detect", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EFFECT",
               help="Also print how many seeds per cell would detect this difference at the observed variance.")
-@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON (the same as --format json).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "md"]), default="table",
+              show_default=True, help="JSON (every metric's analysis), CSV (one row per cell) or Markdown tables.")
+@click.option("--wide", is_flag=True, help="Full-width tables (default: tables when they fit the terminal, else "
+              "one block per cell).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Overrides used when the grid was run (so the same cells are found).")
-def compare(source, db_path, metrics, baseline, pairs, by, bootstrap, correction, detect, as_json, overrides):
+def compare(source, db_path, metrics, baseline, pairs, by, bootstrap, correction, detect, as_json, fmt, wide,
+            overrides):
     """Compare the stored runs of an experiment (or grid file) any way you like; nothing is trained.
 
     Same tests as the run summary, the report and the dashboard: paired by
@@ -588,7 +619,8 @@ def compare(source, db_path, metrics, baseline, pairs, by, bootstrap, correction
     try:
         run_compare(source, db_path=db_path, default_db=DEFAULT_DB, registry=_registry, metrics=metrics,
                     baseline=baseline, pairs=pairs, by=by, bootstrap=bootstrap, correction=correction,
-                    detect=detect, as_json=as_json, overrides=overrides)
+                    detect=detect, as_json=as_json, overrides=overrides, fmt=fmt,
+                    layout="wide" if wide else "auto")
     except _user_errors() + (ReportError, VerdictError) as exc:
         fail(str(exc))
 

@@ -251,22 +251,50 @@ def seeds_for_effect(cells: Sequence[stats.CellInput], effect: float, comparison
 
 # ---------------------------------------------------------------- rendering (terminal)
 
+# column headers: what a metric is, in words (a metric not named here shows as its name with spaces)
+DISPLAY_NAMES = {
+    "train_tokens_per_s": "tokens/s (loop)", "tokens_per_s": "tokens/s (median step)",
+    "peak_mem_bytes": "peak memory", "peak_tensor_bytes": "peak tensor memory", "mfu": "MFU", "hfu": "HFU",
+    "val_loss": "val loss", "val_bpb": "val bits/byte", "kv_bytes_per_token": "KV cache/token",
+    "decode_tokens_per_s": "tokens/s (decode)", "prefill_tokens_per_s": "tokens/s (prefill)",
+    "decode_agreement": "decode agreement", "decode_cache_bytes_per_sequence": "KV cache/sequence",
+    "n_params": "parameters", "wall_s": "wall time (s)", "compile_s": "compile time (s)",
+}
 
-def _f(x: float | None, digits: int = 4, signed: bool = False) -> str:
+
+def display_name(metric: str) -> str:
+    """A metric's column header: ``train_tokens_per_s`` -> ``tokens/s (loop)``, ``val_loss_x2`` ->
+    ``val loss (2x context)``."""
+    if metric in DISPLAY_NAMES:
+        return DISPLAY_NAMES[metric]
+    head, sep, tail = metric.rpartition("_x")
+    if sep and tail.isdigit() and head in DISPLAY_NAMES:
+        return f"{DISPLAY_NAMES[head]} ({tail}x context)"
+    return metric.replace("_", " ")
+
+
+def fmt(x: float | None, digits: int = 4, signed: bool = False) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "-"
     return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
 
 
-def _value(metric: str, x: float | None) -> str:
+_f = fmt
+
+
+def value_text(metric: str, x: float | None) -> str:
+    """A metric's value as the tables print it (bytes in KiB/MiB/GiB, large rates with separators)."""
     if x is None or not math.isfinite(x):
         return "-"
-    if metric.endswith("_bytes") or metric.endswith("bytes_per_token"):
+    if metric.endswith("_bytes") or metric.endswith("bytes_per_token") or metric.endswith("bytes_per_sequence"):
         for unit in ("B", "KiB", "MiB", "GiB"):
             if abs(x) < 1024 or unit == "GiB":
                 return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
             x /= 1024
+    if metric in ("mfu", "hfu"):
+        return f"{100 * x:.1f}%"
     return f"{x:,.0f}" if abs(x) >= 1e4 else f"{x:.4g}" if abs(x) >= 100 else f"{x:.4f}"
+
 
 
 def health_text(h: stats.Health) -> str:
@@ -280,14 +308,20 @@ def health_text(h: stats.Health) -> str:
 
 
 def cells_table(cells: Sequence[stats.CellInput], analysis: stats.Analysis, title: str,
-                extra: dict[str, dict[Any, float | None]] | None = None, lr: dict | None = None):
-    """A rich table: one row per cell, ranked cells first (best first), then the unranked ones."""
+                extra: dict[str, dict[Any, str]] | None = None, lr: dict | None = None,
+                numbers: dict[Any, int] | None = None, metric: str = "val_loss"):
+    """A rich table: one row per cell, ranked cells first (best first), then the unranked ones.
+
+    ``extra``: column header -> {cell key: the figure's text}; ``numbers``: cell key -> the number
+    ``--baseline`` / ``--pairs`` take (default: the cell's position in ``cells``)."""
     from rich.table import Table
 
     extra = extra or {}
+    numbers = numbers or {c.key: i for i, c in enumerate(cells, 1)}
     table = Table(title=title, title_justify="left", caption=analysis.method, caption_justify="left")
-    for col in ("rank", "cell", "seeds", "mean ± std", "95% CI", *extra, *(["lr"] if lr else []), "health"):
-        table.add_column(col, no_wrap=col not in ("cell", "health"))
+    for col in ("#", "rank", "cell", "seeds", f"{display_name(metric)} (mean ± std)", "95% CI", *extra,
+                *(["lr"] if lr else []), "health"):
+        table.add_column(col, no_wrap=col not in ("cell", "health"), justify="right" if col == "#" else "left")
     rows = sorted(analysis.cells, key=lambda r: (r.rank is None, r.rank or 0))
     by_key = {c.key: c for c in cells}
     for r in rows:
@@ -296,8 +330,8 @@ def cells_table(cells: Sequence[stats.CellInput], analysis: stats.Analysis, titl
         others = ", ".join(f"{n} {st}" for st, n in statuses.items() if st != COMPLETED)
         ms = _f(r.mean) + ("" if r.std is None else f" ± {_f(r.std)}")
         ci = "-" if r.ci_low is None else f"[{_f(r.ci_low)}, {_f(r.ci_high)}]"
-        table.add_row("-" if r.rank is None else str(r.rank), r.label, f"{r.n}/{runs}", ms, ci,
-                      *[_value(m, extra[m].get(r.key)) for m in extra],
+        table.add_row(str(numbers.get(r.key, "-")), "-" if r.rank is None else str(r.rank), r.label,
+                      f"{r.n}/{runs}", ms, ci, *[extra[m].get(r.key, "-") for m in extra],
                       *([f"{lr[r.key]:g}" if lr.get(r.key) is not None else "-"] if lr else []),
                       "; ".join(x for x in (r.status or health_text(r.health), others) if x and x != "-") or "-")
     return table
