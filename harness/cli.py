@@ -153,8 +153,8 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     registry = _registry()
     try:
         full = load_grid(grid_file, registry, list(overrides), max_cells=max_cells)
+        preflight.check(full, registry)  # the whole grid's checks (a sweep that collapses, ...), then the cells
         grid = select(full, only, cell_numbers)
-        preflight.check(grid, registry)
     except _user_errors() as exc:
         fail(str(exc))
     summary.PRESENTATION = summary.Presentation(layout="wide" if wide else "auto", fmt=fmt)
