@@ -250,11 +250,11 @@ def _print_cells(grid, numbers: dict[str, int] | None = None) -> None:
     numbers = numbers or cell_numbers(grid)
     table = Table(title=f"{grid.path}: {len(grid.cells)} runs ({len({c.cell_key for c in grid.cells})} cells; "
                         "# is the cell's number for --cells)", title_justify="left")
-    table.add_column("#", justify="right")
-    table.add_column("run_id")
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("run_id", no_wrap=True, min_width=max(len(c.run_id) for c in grid.cells))
     for p in grid.grid_paths:
-        table.add_column(p)
-    table.add_column("seed", justify="right")
+        table.add_column(p, overflow="fold")  # a narrow terminal folds the values, never cuts them
+    table.add_column("seed", justify="right", no_wrap=True)
     for c in grid.cells:
         table.add_row(str(numbers.get(c.cell_key, "-")), c.run_id, *[show(c.varied[p]) for p in grid.grid_paths],
                       str(c.seed))
