@@ -102,12 +102,56 @@ def best_lrs(results: dict[str, dict[float, tuple[float | None, str]]]) -> tuple
     return best, missing
 
 
+def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tuple[float | None, str]]],
+                       best: dict[str, float]) -> None:
+    """Phase 1's final val_loss per variant and learning rate, ``*`` on the one each variant gets; the
+    variants labelled by abl.labels; one block per variant when the table does not fit the terminal."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from .labels import cell_labels
+    from .summary import PRESENTATION, _fits, _pack, _wrap, print_wide
+
+    configs: dict[str, dict] = {}
+    for c in tuning.cells:  # one config per variant, all at the same learning rate
+        if math.isclose(c.train.lr, tuning.cells[0].train.lr):
+            configs.setdefault(variant(c), c.config)
+    fallback = {v: ", ".join(f"{k.split('.')[-1]}={x}" for k, x in json.loads(v).items()) or "base"
+                for v in results}
+    labels = cell_labels(configs, [p for p in tuning.grid_paths if p != "train.lr"], fallback)
+    title = "lr sweep: final val_loss on the tuning seed; * = the learning rate each variant gets"
+    lrs = sorted({lr for by_lr in results.values() for lr in by_lr})
+    table = Table(title=title, title_justify="left")
+    table.add_column("variant", overflow="fold")
+    for lr in lrs:
+        table.add_column(f"lr {lr:g}", justify="right", no_wrap=True)
+    rows = []
+    for v, by_lr in results.items():
+        cells = []
+        for lr in lrs:
+            loss, why = by_lr.get(lr, (None, "not run"))
+            text = why if why else f"{loss:.4f}"
+            cells.append(text + (" *" if best.get(v) == lr else ""))
+        rows.append((str(labels.get(v, fallback[v])), cells))
+        table.add_row(rows[-1][0], *cells)
+    if PRESENTATION.layout == "wide" or (PRESENTATION.layout == "auto" and _fits(console, table)):
+        print_wide(console, table)
+        return
+    for line in _wrap(title, console.width, ""):
+        console.print(Text(line, style="bold"), soft_wrap=True)
+    for i, (label, cells) in enumerate(rows, 1):
+        first = f"{i:>{len(str(len(rows)))}}. "
+        for line in _wrap(label, console.width, " " * len(first), first=first):
+            console.print(Text(line, style="bold"), soft_wrap=True)
+        for line in _pack([f"lr {lr:g}: {c}" for lr, c in zip(lrs, cells)], console.width, "     "):
+            console.print(Text(line), soft_wrap=True)
+
+
 def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None, retry_failed: bool = False,
               console=None, detect: float | None = None) -> int:
     """Both phases; returns the runs that did not complete plus the variants left without a usable learning
     rate (so ``abl run`` exits 1 for either). Prints which LR each variant got."""
     from rich.console import Console
-    from rich.table import Table
 
     from .runner import run_grid
 
@@ -122,21 +166,7 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
                         console=console)
     results = tuning_results(db_path, tuning)
     best, missing = best_lrs(results)
-    table = Table(title="lr sweep: final val_loss on the tuning seed; * = the learning rate each variant gets",
-                  title_justify="left")
-    lrs = sorted({lr for by_lr in results.values() for lr in by_lr})
-    table.add_column("variant")
-    for lr in lrs:
-        table.add_column(f"lr {lr:g}", justify="right")
-    for v, by_lr in results.items():
-        label = ", ".join(f"{k.split('.')[-1]}={x}" for k, x in json.loads(v).items()) or "base"
-        cells = []
-        for lr in lrs:
-            loss, why = by_lr.get(lr, (None, "not run"))
-            text = why if why else f"{loss:.4f}"
-            cells.append(text + (" *" if best.get(v) == lr else ""))
-        table.add_row(label, *cells)
-    console.print(table)
+    print_tuning_table(console, tuning, results, best)
     if missing:
         console.print(f"[red]{len(missing)} variant(s) have no usable tuning run (none completed and learned) "
                       "and are left out of phase 2[/]")

@@ -99,11 +99,16 @@ def metrics_present(configs: list[dict], finals: dict) -> list[str]:
 
 
 def print_summary(console: Any, db_path: Path, grid: Any) -> None:
-    """After the val_loss table: one accuracy table per accuracy metric the grid recorded."""
+    """After the val_loss table: one accuracy table per accuracy metric the grid recorded (one block per
+    cell, its figures beneath its label, when the table does not fit the terminal)."""
     from rich.table import Table
+    from rich.text import Text
 
+    from .labels import cell_labels
     from .rundir import COMPLETED
     from .store import statuses
+    from .summary import PRESENTATION, _fits, _pack, _wrap, print_wide
+    from .verdicts import display_name
 
     try:
         run_ids = [c.run_id for c in grid.cells]
@@ -116,31 +121,48 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
     if not metrics:
         return
     order: dict[str, tuple[str, list]] = {}
+    configs: dict[str, dict] = {}
     for c in grid.cells:
         entry = order.setdefault(c.cell_key, (c.label, []))
+        configs.setdefault(c.cell_key, c.config)
         if status.get(c.run_id) == COMPLETED:
             entry[1].append((c.run_id, c.seed, c.config))
-    cells = [(k, label, runs) for k, (label, runs) in order.items()]
-    varied = {c.cell_key: c.varied for c in grid.cells}
-    paths = grid.grid_paths or []
+    labels = cell_labels(configs, list(grid.grid_paths or []), {k: v[0] for k, v in order.items()})
+    cells = [(k, str(labels[k]), runs) for k, (_, runs) in order.items()]
+    numbers = {k: i for i, k in enumerate(order, 1)}
     for metric in metrics:
         rows = metric_table(cells, finals, metric, cells[0][0])
         slice_names = list(dict.fromkeys(s for r in rows for s in r["slices"]))
-        table = Table(title=f"{grid.cells[0].experiment.name}: final {metric} by cell (exact match on the "
-                            "answer positions; higher is better; the same statistics as val_loss)",
-                      title_justify="left")
-        for col in ["#", *(paths or ["cell"]), "seeds", f"{metric} ± std", "95% CI", "Δ vs base (p)",
-                    *slice_names]:
-            table.add_column(col, no_wrap=True)
-        for i, r in enumerate(rows, 1):
+        name = display_name(metric)
+        title = (f"{grid.cells[0].experiment.name}: final {metric} by cell (exact match on the answer positions; "
+                 "higher is better; the same statistics as val_loss)")
+        table = Table(title=title, title_justify="left")
+        header = ["#", "cell", "seeds", f"{name} (mean ± std)", "95% CI", "Δ vs baseline (p)",
+                  *[f"{name} {s}" for s in slice_names]]
+        for col in header:
+            table.add_column(col, no_wrap=col != "cell", overflow="fold")
+        texts = []
+        for r in rows:
             acc = stats.fmt(r["mean"], 3) + ("" if r["std"] is None else f" ± {r['std']:.3f}")
             ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
             delta = "baseline" if r["is_baseline"] else (
                 "-" if r["delta"] is None else f"{r['delta']:+.3f} ({stats.fmt_p(r['p_value'])})")
-            names = [str(varied.get(r["cell_key"], {}).get(p, "?")) for p in paths] or [r["label"]]
-            table.add_row(str(i), *names, str(r["n"]), acc, ci, delta,
-                          *[stats.fmt(r["slices"].get(s), 3) for s in slice_names])
-        console.print(table)
+            row = [str(numbers[r["cell_key"]]), r["label"], str(r["n"]), acc, ci, delta,
+                   *[stats.fmt(r["slices"].get(s), 3) for s in slice_names]]
+            texts.append(row)
+            table.add_row(*row)
+        if PRESENTATION.layout == "wide" or (PRESENTATION.layout == "auto" and _fits(console, table)):
+            print_wide(console, table)
+            continue
+        for line in _wrap(title, console.width, ""):
+            console.print(Text(line, style="bold"), soft_wrap=True)
+        for row in texts:
+            first = f"{row[0]:>{len(str(len(numbers)))}}. "
+            for line in _wrap(row[1], console.width, " " * len(first), first=first):
+                console.print(Text(line, style="bold"), soft_wrap=True)
+            items = [f"{h} {v}" for h, v in zip(header[2:], row[2:])]
+            for line in _pack(items, console.width, "     "):
+                console.print(Text(line), soft_wrap=True)
 
 
 # ---------------------------------------------------------------- abl report

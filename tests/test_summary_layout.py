@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import math
+import re
 import time
 import zlib
 
@@ -56,7 +57,10 @@ def write_runs(grid, runs_dir, overrides=(), contended=lambda cell: False):
                     row["val_loss_x4"] = final + 1.0
             lines.append(row)
         lines.append({"step": 10, "wall_s": 1.0, "peak_mem_bytes": 3e8, "train_tokens_per_s": _speed(cell),
-                      "contended": 1.0 if contended(cell) else 0.0})
+                      "contended": 1.0 if contended(cell) else 0.0,
+                      # a task's accuracy and its per-slice parts (abl.taskreport)
+                      "pystdlib_accuracy": 0.5 + 0.1 * (final - 2.0) + 0.01 * cell.seed,
+                      "pystdlib_accuracy_4": 0.6, "pystdlib_accuracy_16": 0.4 + 0.01 * cell.seed})
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return g
 
@@ -85,6 +89,11 @@ def cell_labels_of(db, g):
 
     runs = load(db, run_ids=[c.run_id for c in g.cells])
     return list(run_labels(runs, g.grid_paths).values())
+
+
+def numbered(lines):
+    """The labels on the numbered lines of the stacked layout ("12. norm=rmsnorm, block=pre")."""
+    return [m.group(1) for m in (re.match(r"^\s*\d+\. (.*)$", ln) for ln in lines) if m]
 
 
 def _block_of(text, label):
@@ -146,8 +155,7 @@ def test_cells_that_differ_only_in_a_component_parameter_get_distinct_labels(tmp
     render(console, loaded, metrics=["val_loss"], title="position",
            presentation=Presentation(layout="stacked"))
     text = console.export_text()
-    heads = [ln.split(". ", 1)[1] for ln in text.splitlines() if ln[:3].strip().rstrip(".").isdigit()
-             and ". " in ln]
+    heads = numbered(text.splitlines())
     assert len(heads) == 3 and len(set(heads)) == 3, heads
     assert any("embed_scale=false" in h for h in heads) and any("embed_scale=true" in h for h in heads)
 
@@ -254,3 +262,50 @@ def test_a_grid_without_contention_records_has_no_mark(tmp_path):
     con.close()
     text = summary_text(db, g, 80)
     assert "*" not in text and "busy" not in text
+
+
+def test_the_task_accuracy_table_reads_at_80_columns(tmp_path):
+    from abl.summary import PRESENTATION
+    from abl.taskreport import print_summary
+
+    g, db = make_store(tmp_path, "norms")
+    assert PRESENTATION.layout == "auto"
+    console = Console(record=True, width=80)
+    print_summary(console, db, g)
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(ln) for ln in lines) <= 80
+    for lbl in cell_labels_of(db, g):
+        assert sum(ln.split(". ", 1)[-1] == lbl for ln in lines) == 1, lbl
+        block = _block_of(text, lbl)
+        assert "pystdlib accuracy (mean ± std)" in block and "pystdlib accuracy 16" in block
+    assert "baseline" in _block_of(text, "norm=layernorm, block=pre")
+    console = Console(record=True, width=300)
+    print_summary(console, db, g)
+    wide = console.export_text()
+    assert any("│ norm=none, block=pre " in ln for ln in wide.splitlines())
+
+
+def test_the_lr_sweep_table_reads_at_80_columns():
+    from abl.config import load_grid
+    from abl.lr_sweep import print_tuning_table, tuning_grid, variant
+    from abl.plugin_manager import get_registry
+
+    reg = get_registry()
+    g = load_grid("ffn", reg, ["train.lr_sweep=[1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 3e-2]", "experiment.seeds=[0, 1]"])
+    tuning = tuning_grid(g, reg)
+    results: dict = {}
+    for c in tuning.cells:
+        results.setdefault(variant(c), {})[c.train.lr] = (2.0 + abs(math.log10(c.train.lr / 3e-3)), "")
+    best = {v: min(by_lr, key=lambda lr: by_lr[lr][0]) for v, by_lr in results.items()}
+    for width, stacked in ((80, True), (300, False)):
+        console = Console(record=True, width=width)
+        print_tuning_table(console, tuning, results, best)
+        lines = console.export_text().splitlines()
+        assert max(len(ln) for ln in lines) <= width
+        heads = numbered(lines)
+        if stacked:
+            assert len(heads) == len(results) == len(set(heads))
+            assert sum("lr 0.003: 2.0000 *" in ln for ln in lines) == len(results)
+        else:
+            assert not heads and sum("2.0000 *" in ln for ln in lines) == len(results)
