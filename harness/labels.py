@@ -154,8 +154,8 @@ def cell_labels(configs: Mapping[Hashable, Mapping[str, Any]], order: Sequence[s
 
 def run_labels(runs: Sequence[Any], order: Sequence[str] = ()) -> dict[str, str]:
     """``{cell_key: label}`` for runs with ``cell_key``, ``config`` and ``label`` attributes."""
-    configs: dict[str, Mapping[str, Any]] = {}
-    stored: dict[str, str] = {}
+    configs: dict[Hashable, Mapping[str, Any]] = {}
+    stored: dict[Hashable, str] = {}
     for r in runs:
         configs.setdefault(r.cell_key, r.config if isinstance(r.config, dict) else {})
         stored.setdefault(r.cell_key, r.label or "")

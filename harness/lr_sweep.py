@@ -25,7 +25,7 @@ import copy
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Hashable
 
 from .config import Cell, Grid, config_hash, expand
 
@@ -112,11 +112,11 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
     from .labels import cell_labels
     from .summary import PRESENTATION, _fits, _pack, _wrap, print_wide
 
-    configs: dict[str, dict] = {}
+    configs: dict[Hashable, dict] = {}
     for c in tuning.cells:  # one config per variant, all at the same learning rate
         if math.isclose(c.train.lr, tuning.cells[0].train.lr):
             configs.setdefault(variant(c), c.config)
-    fallback = {v: ", ".join(f"{k.split('.')[-1]}={x}" for k, x in json.loads(v).items()) or "base"
+    fallback: dict[Hashable, str] = {v: ", ".join(f"{k.split('.')[-1]}={x}" for k, x in json.loads(v).items()) or "base"
                 for v in results}
     labels = cell_labels(configs, [p for p in tuning.grid_paths if p != "train.lr"], fallback)
     title = "lr sweep: final val_loss on the tuning seed; * = the learning rate each variant gets"

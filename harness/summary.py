@@ -101,10 +101,10 @@ class Figure:
                 "max": max(self.values, default=None), "n": len(self.values), "contended": self.contended}
 
 
-def figures(runs, metrics: Sequence[str]) -> dict[str, dict[str, Figure]]:
+def figures(runs, metrics: Sequence[str]) -> dict[Any, dict[str, Figure]]:
     """cell key -> metric -> Figure over the completed runs (contended when any of the cell's runs was)."""
-    out: dict[str, dict[str, Figure]] = {}
-    contended: dict[str, bool] = {}
+    out: dict[Any, dict[str, Figure]] = {}
+    contended: dict[Any, bool] = {}
     for r in runs:
         if r.status == "completed" and is_contended(r.final):
             contended[r.cell_key] = True
@@ -134,7 +134,7 @@ class View:
     numbers: dict[Any, int]  # cell key -> its number among the cells shown (--baseline / --pairs take it)
     tables: list[tuple[str, stats.Analysis, str]]  # (metric, analysis, which comparisons) per verdict table
     extra: list[str]  # further metrics shown per cell
-    figures: dict[str, dict[str, Figure]]
+    figures: dict[Any, dict[str, Figure]]
     lr: dict | None
 
     @property

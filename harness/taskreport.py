@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Hashable
 
 from . import stats
 
@@ -121,7 +121,7 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
     if not metrics:
         return
     order: dict[str, tuple[str, list]] = {}
-    configs: dict[str, dict] = {}
+    configs: dict[Hashable, dict] = {}
     for c in grid.cells:
         entry = order.setdefault(c.cell_key, (c.label, []))
         configs.setdefault(c.cell_key, c.config)
