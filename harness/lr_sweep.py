@@ -162,8 +162,15 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
     tuning = tuning_grid(grid, registry)
     console.print(f"[bold]lr sweep[/]: phase 1 tunes every cell at lr in {grid.cells[0].train.lr_sweep} on seed "
                   f"{grid.cells[0].experiment.seeds[0]} (experiment {tuning.cells[0].experiment.name})")
-    failures = run_grid(tuning, registry, db_path, runs_dir, executor=executor, retry_failed=retry_failed,
-                        console=console)
+    from . import summary
+
+    machine = summary.PRESENTATION  # phase 1's summary is a table on the console: only phase 2's is piped
+    summary.PRESENTATION = summary.Presentation(layout=machine.layout)
+    try:
+        failures = run_grid(tuning, registry, db_path, runs_dir, executor=executor, retry_failed=retry_failed,
+                            console=console)
+    finally:
+        summary.PRESENTATION = machine
     results = tuning_results(db_path, tuning)
     best, missing = best_lrs(results)
     print_tuning_table(console, tuning, results, best)

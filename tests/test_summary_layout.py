@@ -212,7 +212,10 @@ def test_abl_run_format_json_puts_only_the_summary_on_stdout(tmp_path, monkeypat
     """The summary at the end of abl run, as JSON (the cells are stored already, so nothing trains)."""
     from abl.cli import cli
 
+    from abl import summary
+
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(summary, "PRESENTATION", summary.Presentation())  # abl run sets it; put back after
     g, db = make_store(tmp_path, "norms")
     sets = [x for kv in [*SHORT, f"experiment.seeds={SEEDS}"] for x in ("--set", kv)]
     r = CliRunner().invoke(cli, ["run", "norms", "--db", str(db), *sets, "--format", "json"])
