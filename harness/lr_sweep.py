@@ -110,7 +110,7 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
     from rich.text import Text
 
     from .labels import cell_labels
-    from .summary import PRESENTATION, _fits, _pack, _wrap, print_wide
+    from .summary import PRESENTATION, fits, pack, print_wide, wrap
 
     configs: dict[Hashable, dict] = {}
     for c in tuning.cells:  # one config per variant, all at the same learning rate
@@ -134,16 +134,16 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
             cells.append(text + (" *" if best.get(v) == lr else ""))
         rows.append((str(labels.get(v, fallback[v])), cells))
         table.add_row(rows[-1][0], *cells)
-    if PRESENTATION.layout == "wide" or (PRESENTATION.layout == "auto" and _fits(console, table)):
+    if PRESENTATION.layout == "wide" or (PRESENTATION.layout == "auto" and fits(console, table)):
         print_wide(console, table)
         return
-    for line in _wrap(title, console.width, ""):
+    for line in wrap(title, console.width, ""):
         console.print(Text(line, style="bold"), soft_wrap=True)
     for i, (label, cells) in enumerate(rows, 1):
         first = f"{i:>{len(str(len(rows)))}}. "
-        for line in _wrap(label, console.width, " " * len(first), first=first):
+        for line in wrap(label, console.width, " " * len(first), first=first):
             console.print(Text(line, style="bold"), soft_wrap=True)
-        for line in _pack([f"lr {lr:g}: {c}" for lr, c in zip(lrs, cells)], console.width, "     "):
+        for line in pack([f"lr {lr:g}: {c}" for lr, c in zip(lrs, cells)], console.width, "     "):
             console.print(Text(line), soft_wrap=True)
 
 

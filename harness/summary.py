@@ -5,6 +5,20 @@ abl.verdicts / abl.stats, like ``abl report`` and the dashboard. The metrics
 shown are the grid's ``experiment.summary`` (loss metrics get a verdict
 table each; the first one ranks the cells); the baseline is
 ``experiment.baseline`` or ``--baseline``, a display choice only.
+
+What is shown is computed once (``build``: a ``View``) and printed as
+
+- tables, when they fit the terminal (or always, with ``--wide``);
+- else the stacked layout: a numbered line per cell with its whole label
+  (abl.labels: the settings that differ between the cells shown, component
+  parameters included), its figures on indented lines beneath; each
+  comparison names its cells by number and label;
+- JSON, CSV or Markdown on stdout (``--format``), for piping.
+
+Cells are numbered in grid order (the numbers ``--baseline`` and ``--pairs``
+take). Speed figures (tokens/s, MFU) show mean ± std over seeds, and a ``*``
+when any run of the cell was measured on a busy machine (its ``contended``
+metric, abl.sections.is_contended), with a footnote saying why.
 """
 
 from __future__ import annotations
@@ -52,7 +66,6 @@ class Presentation:
 
 # set by ``abl run --wide / --format`` before the grid runs (the summary is printed at its end)
 PRESENTATION = Presentation()
-FORMATS = ("table", "json", "csv", "md")
 CONTENDED_NOTE = ("* the machine was busy during this cell (load per core > 1 or the run got < 75% of its CPU "
                   "time): its speed is not comparable")
 
@@ -173,7 +186,7 @@ def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | No
 # ---------------------------------------------------------------- printing
 
 
-def _fits(console, renderable) -> bool:
+def fits(console, renderable) -> bool:
     from rich.measure import Measurement
 
     return Measurement.get(console, console.options.update(width=10_000), renderable).maximum <= console.width
@@ -204,14 +217,14 @@ def _tables(view: View) -> list:
                                    for m, an, what in view.tables]
 
 
-def _wrap(text: str, width: int, indent: str, first: str | None = None) -> list[str]:
+def wrap(text: str, width: int, indent: str, first: str | None = None) -> list[str]:
     import textwrap
 
     return textwrap.wrap(text, width=max(20, width), initial_indent=indent if first is None else first,
                          subsequent_indent=indent, break_on_hyphens=False) or [indent.rstrip()]
 
 
-def _pack(items: Sequence[str], width: int, indent: str) -> list[str]:
+def pack(items: Sequence[str], width: int, indent: str) -> list[str]:
     """Items on indented lines, as many per line as fit (an item too long for a line is wrapped)."""
     lines: list[str] = []
     cur = ""
@@ -224,7 +237,7 @@ def _pack(items: Sequence[str], width: int, indent: str) -> list[str]:
         if len(indent) + len(item) <= width:
             cur = item
         else:
-            lines += _wrap(item, width, indent + "  ", first=indent)
+            lines += wrap(item, width, indent + "  ", first=indent)
             cur = ""
     if cur:
         lines.append(indent + cur)
@@ -242,9 +255,9 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
 
     def head(number: int, label: str) -> list[str]:
         first = f"{number:>{digits}}. "
-        return _wrap(label, width, " " * len(first), first=first)
+        return wrap(label, width, " " * len(first), first=first)
 
-    out += [("bold", ln) for ln in _wrap(f"{view.title}: {view.metric} by cell, best first "
+    out += [("bold", ln) for ln in wrap(f"{view.title}: {view.metric} by cell, best first "
                                          f"(# is the cell's number: --baseline and --pairs take it)", width, "")]
     name = verdicts.display_name(view.metric)
     for r in view.ranked():
@@ -263,10 +276,10 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
         health = "; ".join(x for x in (r.status or verdicts.health_text(r.health), others) if x and x != "-")
         if health:
             items.append(health)
-        out += [("", ln) for ln in _pack(items, width, ind)]
+        out += [("", ln) for ln in pack(items, width, ind)]
     if view.contended:
-        out += [("yellow", ln) for ln in _wrap(CONTENDED_NOTE, width, "  ", first="")]
-    out += [("dim", ln) for ln in _wrap(view.analysis.method, width, "")]
+        out += [("yellow", ln) for ln in wrap(CONTENDED_NOTE, width, "  ", first="")]
+    out += [("dim", ln) for ln in wrap(view.analysis.method, width, "")]
     for m, an, what in view.tables:
         out.append(("", ""))
         bases = {c.b for c in an.comparisons}
@@ -276,20 +289,20 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
             b = next(iter(bases))
             title = title.replace(f"the baseline {by_key[b].label}", f"the baseline #{view.numbers[b]} "
                                                                      f"({by_key[b].label})")
-        out += [("bold", ln) for ln in _wrap(title, width, "")]
+        out += [("bold", ln) for ln in wrap(title, width, "")]
         adj = "p (Holm)" if an.correction == stats.HOLM else "p (adj.)"
         for c in an.comparisons:
             na, nb = view.numbers.get(c.a), view.numbers.get(c.b)
             lead = f"#{na} − #{nb}: "
             label = c.a_label if one_base else f"{c.a_label}  minus  {c.b_label}"
-            out += [("bold", ln) for ln in _wrap(label, width, " " * len(lead), first=lead)]
+            out += [("bold", ln) for ln in wrap(label, width, " " * len(lead), first=lead)]
             items = [f"Δ {verdicts.fmt(c.delta, signed=True)}",
                      "" if c.ci_low is None else
                      f"95% CI [{verdicts.fmt(c.ci_low, signed=True)}, {verdicts.fmt(c.ci_high, signed=True)}]",
                      f"p {stats.fmt_p(c.p_value)}", f"{adj} {stats.fmt_p(c.p_adjusted)}", f"test: {c.test}",
                      f"MDD {verdicts.fmt(c.mdd)}", f"verdict: {c.verdict}"]
-            out += [("", ln) for ln in _pack(items, width, ind)]
-        out += [("dim", ln) for ln in _wrap(an.method, width, "")]
+            out += [("", ln) for ln in pack(items, width, ind)]
+        out += [("dim", ln) for ln in wrap(an.method, width, "")]
     return out
 
 
@@ -411,7 +424,7 @@ def show(console, view: View, presentation: Presentation | None = None) -> None:
     tables = _tables(view)
     layout = p.layout
     if layout == "auto":
-        layout = "wide" if all(_fits(console, t) for t in tables) else "stacked"
+        layout = "wide" if all(fits(console, t) for t in tables) else "stacked"
     if layout == "stacked":
         for style, line in stacked_lines(view, console.width):
             console.print(Text(line, style=style), soft_wrap=True)

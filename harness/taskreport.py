@@ -107,7 +107,7 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
     from .labels import cell_labels
     from .rundir import COMPLETED
     from .store import statuses
-    from .summary import PRESENTATION, _fits, _pack, _wrap, print_wide
+    from .summary import PRESENTATION, fits, pack, print_wide, wrap
     from .verdicts import display_name
 
     try:
@@ -151,17 +151,17 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
                    *[stats.fmt(r["slices"].get(s), 3) for s in slice_names]]
             texts.append(row)
             table.add_row(*row)
-        if PRESENTATION.layout == "wide" or (PRESENTATION.layout == "auto" and _fits(console, table)):
+        if PRESENTATION.layout == "wide" or (PRESENTATION.layout == "auto" and fits(console, table)):
             print_wide(console, table)
             continue
-        for line in _wrap(title, console.width, ""):
+        for line in wrap(title, console.width, ""):
             console.print(Text(line, style="bold"), soft_wrap=True)
         for row in texts:
             first = f"{row[0]:>{len(str(len(numbers)))}}. "
-            for line in _wrap(row[1], console.width, " " * len(first), first=first):
+            for line in wrap(row[1], console.width, " " * len(first), first=first):
                 console.print(Text(line, style="bold"), soft_wrap=True)
             items = [f"{h} {v}" for h, v in zip(header[2:], row[2:])]
-            for line in _pack(items, console.width, "     "):
+            for line in pack(items, console.width, "     "):
                 console.print(Text(line), soft_wrap=True)
 
 
