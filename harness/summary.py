@@ -385,13 +385,14 @@ def as_md(view: View) -> str:
         rows.append([view.numbers[r.key], "-" if r.rank is None else r.rank, r.label, f"{r.n}/{runs}",
                      verdicts.fmt(r.mean) + ("" if r.std is None else f" ± {verdicts.fmt(r.std)}"),
                      "-" if r.ci_low is None else f"[{verdicts.fmt(r.ci_low)}, {verdicts.fmt(r.ci_high)}]",
-                     *[(view.figures.get(r.key, {}).get(m) or Figure(m, [])).text() for m in view.extra],
+                     *[(view.figures.get(r.key, {}).get(m) or Figure(m, [])).text().replace("*", "\\*")
+                       for m in view.extra],
                      *([f"{view.lr[r.key]:g}" if view.lr and view.lr.get(r.key) is not None else "-"]
                        if view.lr else []),
                      r.status or verdicts.health_text(r.health)])
     table(header, rows)
     if view.contended:
-        lines += [CONTENDED_NOTE, ""]
+        lines += ["\\" + CONTENDED_NOTE, ""]
     lines += [view.analysis.method, ""]
     for m, an, what in view.tables:
         lines += [f"### {view.title}: {m}, {what}", ""]

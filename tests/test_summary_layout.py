@@ -247,6 +247,13 @@ def test_speed_shows_its_spread_and_contended_cells_are_marked(tmp_path):
     row = next(ln for ln in wide.splitlines() if "│ norm=layernorm " in ln)
     assert "*" in row and CONTENDED_NOTE[:40] in wide
     assert "*" not in next(ln for ln in wide.splitlines() if "│ norm=rmsnorm " in ln)
+    # and in Markdown, escaped so the mark is not read as emphasis
+    from abl.summary import as_md, build, load
+
+    md = as_md(build(load(db, run_ids=[c.run_id for c in g.cells]), metrics=["val_loss"], title="norms",
+                     paths=g.grid_paths))
+    row = next(ln for ln in md.splitlines() if "| norm=layernorm |" in ln)
+    assert "\\*" in row and "\\*" not in next(ln for ln in md.splitlines() if "| norm=rmsnorm |" in ln)
     # a single seed: no spread to show
     from abl.summary import Figure
 
@@ -295,7 +302,8 @@ def test_the_lr_sweep_table_reads_at_80_columns():
     from abl.plugin_manager import get_registry
 
     reg = get_registry()
-    g = load_grid("ffn", reg, ["train.lr_sweep=[1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 3e-2]", "experiment.seeds=[0, 1]"])
+    g = load_grid("ffn", reg, ["train.lr_sweep=[1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 3e-2]",
+                               "experiment.seeds=[0, 1]"])
     tuning = tuning_grid(g, reg)
     results: dict = {}
     for c in tuning.cells:
