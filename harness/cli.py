@@ -616,6 +616,8 @@ def compare(source, db_path, metrics, baseline, pairs, by, bootstrap, correction
     from .summary import run_compare
     from .verdicts import VerdictError
 
+    if as_json and fmt not in ("table", "json"):
+        fail(f"give --json or --format {fmt}, not both (--json is --format json)")
     try:
         run_compare(source, db_path=db_path, default_db=DEFAULT_DB, registry=_registry, metrics=metrics,
                     baseline=baseline, pairs=pairs, by=by, bootstrap=bootstrap, correction=correction,

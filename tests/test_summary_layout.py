@@ -201,6 +201,11 @@ def test_format_json_csv_md_for_piping(tmp_path, monkeypatch):
     by_label = {c["label"]: c for c in cells}
     assert float(r0["val_loss_mean"]) == pytest.approx(by_label[r0["label"]]["mean"])
 
+    from abl.cli import cli
+
+    r = CliRunner().invoke(cli, ["compare", "norms", "--db", str(db), "--json", "--format", "csv"])
+    assert r.exit_code == 2 and "not both" in r.output
+
     md = _compare(["norms", "--db", str(db), "--format", "md"])
     table = [ln for ln in md.splitlines() if ln.startswith("| ")]
     assert table[0].startswith("| # | rank | cell | seeds | val loss (mean ± std) |")
