@@ -53,9 +53,9 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * gamma  (Zhang & Sennrich 2019; seeds 000 sec. 4.2).
+    """y = x / sqrt(mean(x^2) + eps) * gamma  (Zhang & Sennrich 2019).
 
-    The statistic is computed in fp32 whatever the input dtype. The paper's
+    Notes: seeds 000 sec. 4.2. The statistic is computed in fp32 whatever the input dtype. The paper's
     optional bias is the ``bias`` parameter (off by default, as in LLaMA).
     """
 
