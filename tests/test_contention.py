@@ -15,7 +15,7 @@ from abl.train import train
 GRID = {
     "experiment": {"name": "c", "seeds": [0]},
     "model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "context": 32},
-    "train": {"steps": 12, "batch_size": 4, "eval_every": 6, "eval_batches": 1, "threads": 1},
+    "train": {"steps": 12, "batch_size": 4, "eval_every": 6, "eval_batches": 1, "threads": 1, "device": "cpu"},
     "dataset": {"pystdlib": {"max_bytes": 200_000}},
 }
 
