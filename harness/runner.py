@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column
 
-from . import rundir, store, tokenstore
+from . import health, rundir, store, tokenstore
 from .admission import oom_kills
 from .config import Cell, Grid
 from .executors import Job, LocalExecutor
@@ -109,6 +109,18 @@ class _Rate:
         return max(0, total - self.last[1]) / rate
 
 
+def contention_note(final: dict[str, float], info: dict[str, Any]) -> str:
+    """A warning when the run's loop shared the machine (abl.health's rule), else ""."""
+    load, share = final.get("load_per_core"), final.get("cpu_util")
+    on_cpu = info.get("device_type", "cpu") == "cpu"
+    if not health.contended(load, share, on_cpu):
+        return ""
+    parts = [] if load is None else [f"load {load:.2f} per core"]
+    if on_cpu and share is not None:
+        parts.append(f"it got {share:.0%} of its threads' CPU time")
+    return "machine contended (" + ", ".join(parts) + "): its speed figures are not comparable"
+
+
 class LineProgress:
     """Progress as plain lines, for output that is not a terminal (a log file, nohup, CI).
 
@@ -155,14 +167,14 @@ class LineProgress:
                 self.line(f"start {self._name(job)}: {job.cell.train.steps} steps")
             entry[1].see(job.step, now)
 
-    def finish(self, job: Job, status: str, wall_s: float | None) -> None:
+    def finish(self, job: Job, status: str, wall_s: float | None, note: str = "") -> None:
         with self.lock:
             self.running.pop(job.cell.run_id, None)
             self.done += 1
             loss = _loss_text(job)
             self.line(f"end   {self._name(job)}: {status} at step {job.step}/{job.cell.train.steps}"
                       f"{', ' + loss if loss else ''}, wall {fmt_duration(wall_s)}"
-                      f" (cells {self.done}/{self.total})")
+                      f" (cells {self.done}/{self.total}){'; ' + note if note else ''}")
 
     def heartbeat(self) -> None:
         with self.lock:
@@ -238,7 +250,9 @@ class BarProgress:
         info = "" if job.train_loss is None else f"step {job.step} {_loss_text(job)}"
         self.progress.update(tid, completed=job.step, info=info)
 
-    def finish(self, job: Job, status: str, wall_s: float | None) -> None:
+    def finish(self, job: Job, status: str, wall_s: float | None, note: str = "") -> None:
+        if note:
+            self.progress.console.print(f"[yellow]{escape(self._desc(job).strip())}[/]: {escape(note)}")
         tid = self.tasks.pop(job.cell.run_id, None)
         if tid is not None:
             self.progress.remove_task(tid)
@@ -399,10 +413,12 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
             rundir.write_status(job.run_dir, st)
         status = _ingest(db_path, job.run_dir, status_override)
         ended.add(job.cell.run_id)
-        summary = {r[1]: r[2] for r in rundir.read_metrics(job.run_dir / rundir.METRICS)
-                   if r[1] in ("n_params", "peak_mem_bytes", "wall_s")}
+        final = {r[1]: r[2] for r in rundir.read_metrics(job.run_dir / rundir.METRICS)
+                 if r[1] in ("n_params", "peak_mem_bytes", "wall_s", "load_per_core", "cpu_util")}
+        summary = {k: v for k, v in final.items() if k in ("n_params", "peak_mem_bytes", "wall_s")}
         wall = summary.get("wall_s")
-        display.finish(job, status, wall if wall is not None else time.time() - job.started)
+        display.finish(job, status, wall if wall is not None else time.time() - job.started,
+                       contention_note(final, rundir.read_json(job.run_dir / rundir.INFO, {})))
         if status != COMPLETED:
             failures += 1
             err = (rundir.read_status(job.run_dir) or {}).get("error") or ""

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from abl.executors import Job
-from abl.runner import BarProgress, LineProgress, fmt_duration, heartbeat_interval
+from abl.runner import BarProgress, LineProgress, contention_note, fmt_duration, heartbeat_interval
 
 from conftest import ROOT
 
@@ -94,6 +94,22 @@ def test_durations_and_interval(monkeypatch):
     assert heartbeat_interval() == 30.0
 
 
+def test_end_line_warns_of_a_contended_machine():
+    assert contention_note({"load_per_core": 0.3, "cpu_util": 0.95}, {"device_type": "cpu"}) == ""
+    assert contention_note({}, {}) == ""  # a run from before the figures: no warning
+    cpu = contention_note({"load_per_core": 0.3, "cpu_util": 0.4}, {"device_type": "cpu"})
+    assert cpu.startswith("machine contended") and "40% of its threads' CPU time" in cpu
+    gpu = contention_note({"load_per_core": 2.5, "cpu_util": 0.4}, {"device_type": "cuda"})
+    assert "load 2.50 per core" in gpu and "CPU time" not in gpu
+    assert contention_note({"load_per_core": 0.3, "cpu_util": 0.4}, {"device_type": "cuda"}) == ""
+    out = io.StringIO()
+    lines = LineProgress(Console(file=out, width=200), 1, 30.0)
+    job = fake_job(0, "model.norm=rmsnorm", steps=10)
+    lines.update(job)
+    lines.finish(job, "completed", 3.0, cpu)
+    assert out.getvalue().splitlines()[-1].endswith("(cells 1/1); " + cpu)
+
+
 @pytest.mark.slow
 def test_log_file_gets_start_end_and_heartbeat_lines_and_a_rerun_draws_no_bar(tmp_path):
     grid = tmp_path / "g.toml"
@@ -109,7 +125,8 @@ def test_log_file_gets_start_end_and_heartbeat_lines_and_a_rerun_draws_no_bar(tm
     for n, norm in ((1, "rmsnorm"), (2, "layernorm")):
         assert re.search(rf"^start \[{n}/2\] .*norm={norm} seed=0: 40 steps$", text, re.M), text
         assert re.search(rf"^end   \[{n}/2\] .*norm={norm} seed=0: completed at step 40/40, loss \d+\.\d{{3}} "
-                         rf"val \d+\.\d{{3}}, wall \d+s \(cells \d/2\)$", text, re.M), text
+                         rf"val \d+\.\d{{3}}, wall \d+s \(cells \d/2\)(; machine contended \(.*\): .*)?$",
+                         text, re.M), text
     assert re.search(r"^heartbeat \S+: cells [012]/2 done, [012] running$", text, re.M), text
     assert re.search(r"^  \[[12]/2\] .* seed=0: step \d+/40", text, re.M), text
     assert not re.search(r"^\s*cells \d", text, re.M)  # no bar in a log file
