@@ -162,4 +162,4 @@ def register_components(register):
         "eps": Param(1e-5, doc="lower bound on the L2 norm", min=0.0),
         "gain": Param(True, doc="learnable scalar g (init sqrt(dim)); False keeps it fixed"),
     }, cost=_scalenorm_cost)
-    register("norm", "none", NoNorm, doc="identity: no normalisation", cost=_no_norm_cost)
+    register("norm", "none", NoNorm, doc="Identity: no normalisation.", cost=_no_norm_cost)
