@@ -262,32 +262,62 @@ def _print_cells(grid, numbers: dict[str, int] | None = None) -> None:
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of tables.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of the listing.")
 def plugins(as_json):
-    """List every registered component by axis, with the plugin and package it came from."""
+    """List every registered component by axis: where it came from, what it is, its parameters.
+
+    Each component gets a line with its name and origin (built-in, the
+    installed package of an entry point, or the file a --plugins-dir folder
+    held), the first sentence of its docstring, and one line per parameter
+    with its type and default; long lines wrap, nothing is cut.
+    """
     import json
+    import shutil
+    import textwrap
+
+    from .registry import AXES, show_default
 
     registry = _registry()
-    rows = [c.summary() for c in registry.all()]
+    comps = registry.all()
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps([{**c.summary(), "origin": _origin(c.package, c.version, c.plugin)}
+                               for c in comps], indent=2))
         return
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    width = max(40, shutil.get_terminal_size((100, 24)).columns - 1)
 
-    from .registry import AXES
+    def wrap(text: str, indent: int, hang: int = 0) -> list[str]:
+        return textwrap.wrap(text, width, initial_indent=" " * indent, subsequent_indent=" " * (indent + hang),
+                             break_long_words=True, break_on_hyphens=False) or [" " * indent]
 
-    console = Console()
+    lines: list[str] = []
     for axis in AXES:
-        table = Table(title=f"{axis}  (selected by {AXES[axis][0]})", title_justify="left")
-        for col in ("name", "plugin", "package", "parameters", "description"):
-            table.add_column(col)
-        for r in (r for r in rows if r["axis"] == axis):
-            params = ", ".join(f"{k}: {v}" for k, v in r["params"].items()) or "-"
-            table.add_row(*map(escape, (r["name"], r["plugin"], f"{r['package']} {r['version']}",
-                                        params, r["doc"])))
-        console.print(table)
+        lines += ["", *wrap(f"{axis}  (selected by {AXES[axis][0]})", 0, 4)]
+        for c in (c for c in comps if c.axis == axis):
+            lines += wrap(f"{c.name}  {_origin(c.package, c.version, c.plugin)}", 2, 4)
+            lines += wrap(c.doc or "(no description: its factory and module have no docstring)", 6)
+            for key, prm in c.params.items():
+                t = prm.resolved_type().__name__
+                shown = show_default(prm.default)
+                text = f"{key}: {t} {'≈ ' + shown[1:] if shown.startswith('≈') else '= ' + shown}"
+                if prm.choices:
+                    text += f", one of {', '.join(map(str, prm.choices))}"
+                if prm.doc:
+                    text += f" - {prm.doc}"
+                lines += wrap(text, 8, 4)
+    click.echo("\n".join(lines).lstrip("\n"))
+
+
+def _origin(package: str, version: str, plugin: str) -> str:
+    """Where a component came from, for a reader: built-in, a package's entry point, a plugin file."""
+    from .plugin_manager import SELF_DIST
+
+    if package == SELF_DIST:
+        return f"built-in ({package} {version})"
+    if package.startswith("file "):
+        return f"{package[len('file '):]} from --plugins-dir"
+    if ":" in plugin:  # an entry point: its distribution and the entry point's name
+        return f"{package} {version} (entry point {plugin.split(':', 1)[1]})"
+    return package if version in ("-", "?") else f"{package} {version}"
 
 
 @cli.command()

@@ -22,7 +22,17 @@ Three figures per run, beside its losses in the store:
   spike. ``max_loss_spike`` is the largest such excess
   over the whole run (0 when the loss never rose above its recent median).
 
-All four become metric rows when the run's folder is ingested
+And whether its speed figures were measured on a contended machine:
+
+- ``contended`` (``abl.sections.CONTENDED``): 1 when the mean 1-minute load
+  average per core over the training loop (``load_per_core``) exceeded
+  ``MAX_LOAD_PER_CORE``, or, for a run on the CPU, when the process got less
+  than ``MIN_CPU_UTIL`` of the CPU seconds its threads could have used
+  (``cpu_util``); else 0. On a GPU the CPU share says nothing about the
+  device's speed, so only the load counts there. A run recorded before these
+  two metrics existed gets no ``contended`` row (it is simply not marked).
+
+All of them become metric rows when the run's folder is ingested
 (``derived_rows``), so a store rebuilt from the folders gets them too. Pure numpy; nothing here imports torch.
 """
 
@@ -33,13 +43,28 @@ from typing import Iterable
 
 import numpy as np
 
+from .sections import CONTENDED
+
 DID_NOT_LEARN_MARGIN = 0.1  # nats
 SPIKE_WINDOW = 10
 SPIKE_MIN_NATS = 0.1
 SPIKE_REL = 0.1
 SPIKE_SIGMAS = 6.0  # robust standard deviations of the window (1.4826 x median absolute deviation)
 
+MAX_LOAD_PER_CORE = 1.0  # more runnable threads than cores, on average over the loop
+MIN_CPU_UTIL = 0.75  # a CPU run that got less than this share of its threads' time waited for the CPU
+
 HEALTH_METRICS = ("unigram_floor", "did_not_learn", "loss_spikes", "max_loss_spike")
+
+
+def contended(load_per_core: float | None, cpu_util: float | None, on_cpu: bool) -> bool | None:
+    """Whether a run's loop shared its machine (the rule in the module docstring); None without a figure."""
+    figures = [v for v in (load_per_core, cpu_util if on_cpu else None) if v is not None and math.isfinite(v)]
+    if not figures:
+        return None
+    if load_per_core is not None and math.isfinite(load_per_core) and load_per_core > MAX_LOAD_PER_CORE:
+        return True
+    return bool(on_cpu and cpu_util is not None and math.isfinite(cpu_util) and cpu_util < MIN_CPU_UTIL)
 
 
 def unigram_floor(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:
@@ -94,4 +119,9 @@ def derived_rows(rows: list[tuple[int, str, float]], info: dict | None = None) -
         final = max(val)[1]
         if math.isfinite(final):
             out.append((last, "did_not_learn", float(did_not_learn(final, floor[-1]))))
+    share = {n: v for _, n, v in sorted(rows, key=lambda r: r[0]) if n in ("load_per_core", "cpu_util")}
+    on_cpu = (info or {}).get("device_type", "cpu") == "cpu"
+    busy = contended(share.get("load_per_core"), share.get("cpu_util"), on_cpu)
+    if busy is not None and not any(n == CONTENDED for _, n, _ in rows):
+        out.append((last, CONTENDED, float(busy)))
     return out

@@ -8,9 +8,11 @@ Nothing here knows any specific variant; plugins fill the registry.
 from __future__ import annotations
 
 import builtins
-import math
-
 import difflib
+import inspect
+import math
+import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -102,7 +104,66 @@ class Param:
         extra = ""
         if self.choices:
             extra = f" one of {list(self.choices)}"
-        return f"{t}={self.default!r}{extra}"
+        return f"{t}={show_default(self.default)}{extra}"
+
+
+# a float whose shortest exact form has more significant digits than this was computed (8/3)
+_WRITTEN_DIGITS = 10
+
+
+def show_default(value: Any) -> str:
+    """A default as its source writes it: the shortest form that reads back exactly (``1e-06``,
+    ``10000.0``); a computed float (``8/3``) as 4 significant digits after ``≈``."""
+    if isinstance(value, float) and math.isfinite(value):
+        text = repr(value)
+        digits = len(re.sub(r"^0+", "", re.sub(r"[^0-9]", "", text.split("e")[0])).rstrip("0"))
+        if digits > _WRITTEN_DIGITS:
+            return f"≈{value:.4g}"
+        return text
+    return repr(value)
+
+
+# abbreviations after which a full stop does not end a sentence
+_ABBREVIATIONS = {"al", "e.g", "i.e", "cf", "vs", "sec", "secs", "eq", "eqs", "fig", "figs", "ref", "no", "approx"}
+# references to the project's own notes (``seeds 000 sec. 4.2``): not for a reader of ``abl plugins``
+_NOTE_REF = r"seeds \d{3}(?:[^;,()]|\([^()]*\))*"
+
+
+def first_sentence(text: str | None) -> str:
+    """The first sentence of a docstring, whole (its first paragraph's lines joined), without
+    references to the project's notes."""
+    if not text:
+        return ""
+    paragraph = re.split(r"\n\s*\n", inspect.cleandoc(text).strip(), maxsplit=1)[0]
+    flat = " ".join(paragraph.split())
+    flat = re.sub(r"\(\s*" + _NOTE_REF + r"\)\s*", "", flat)  # a parenthesis that is only a note reference
+    flat = re.sub(r"[;,]\s*" + _NOTE_REF, "", flat)  # "(Press et al. 2022; seeds 004)"
+    flat = re.sub(r"\s+([.,;:)])(?=\s|$|[.,;:)])", r"\1", flat).replace("``", "`").strip()
+    for m in re.finditer(r"(?<=[.!?])\s+(?=[A-Z(`\"'])", flat):
+        word = re.split(r"[\s(]", flat[:m.start()])[-1].rstrip(".!?").lower()
+        if word not in _ABBREVIATIONS and not (len(word) == 1 and word.isalpha()):
+            return flat[:m.start()]
+    return flat
+
+
+def factory_doc(factory: Callable) -> str:
+    """The first sentence of a factory's docstring, else of its module's (a plugin file's)."""
+    target = getattr(factory, "func", factory)  # a functools.partial: its function
+    own = target.__doc__ if inspect.isclass(target) or inspect.isroutine(target) else None
+    if own and inspect.isclass(target) and own == getattr(type(target), "__doc__", None):
+        own = None
+    if own:
+        return first_sentence(own)
+    module = sys.modules.get(getattr(target, "__module__", "") or "")
+    doc = getattr(module, "__doc__", None)
+    if not doc:  # a module loaded from a file (``--plugins-dir``) is not in sys.modules: its globals
+        members = [target, *(vars(target).values() if inspect.isclass(target) else ())]
+        for member in members:
+            glb = getattr(member, "__globals__", None)
+            if isinstance(glb, dict) and glb.get("__doc__"):
+                doc = glb["__doc__"]
+                break
+    return first_sentence(doc)
 
 
 def _as_param(value: Any) -> Param:
@@ -190,8 +251,7 @@ class Registry:
                 f"({other.package} {other.version}) and by plugin {plugin!r} "
                 f"({package} {version})"
             )
-        if doc is None:
-            doc = (getattr(factory, "__doc__", None) or "").strip().split("\n")[0]
+        doc = first_sentence(doc) if doc is not None else factory_doc(factory)
         comp = Component(
             axis=axis,
             name=name,

@@ -166,7 +166,8 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     run_id = run_dir.name
     scan = rundir.scan_metrics(run_dir / rundir.METRICS)
     rows = scan.rows
-    rows += health.derived_rows(rows, info)  # unigram floor, did_not_learn, loss spikes: abl.health
+    # unigram floor, did_not_learn, loss spikes, contended (from load_per_core and cpu_util): abl.health
+    rows += health.derived_rows(rows, info)
     error = status.get("error")
     damage = None
     if state == rundir.COMPLETED:

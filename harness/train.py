@@ -25,7 +25,12 @@ Recorded names:
   task's accuracy metrics: abl.tasks);
 - once: n_params, n_params_non_embedding and the measured/predicted costs
   (step 0); the post-training evaluations' metrics, peak_mem_bytes,
-  baseline_rss_bytes, wall_s and mfu (last step).
+  baseline_rss_bytes, wall_s and mfu (last step);
+- last step, what the machine gave the loop (``LoopShare``): cpu_util, the
+  process's CPU seconds over the loop / (the loop's wall seconds x the torch
+  threads the run was given), and load_per_core, the mean 1-minute load
+  average sampled at the loop's start, each evaluation step and its end, over
+  the CPU count. At ingest they become ``contended`` (abl.health).
 """
 
 from __future__ import annotations
@@ -347,6 +352,33 @@ def compile_warmup(run: TrainingRun) -> float:
 # ---------------------------------------------------------------- one run, in parts
 
 
+class LoopShare:
+    """What the machine gave the training loop: CPU seconds per thread-second, and the load."""
+
+    def __init__(self) -> None:
+        self.threads = max(1, torch.get_num_threads())
+        self.loads: list[float] = []
+        self.t0, self.cpu0 = time.perf_counter(), time.process_time()
+        self.sample()
+
+    def sample(self) -> None:
+        try:
+            self.loads.append(float(os.getloadavg()[0]))
+        except (OSError, AttributeError):  # no load average on this platform
+            pass
+
+    def metrics(self) -> dict[str, float]:
+        """``cpu_util`` and ``load_per_core`` of the loop so far (the end's load sampled now)."""
+        self.sample()
+        wall, cpu = time.perf_counter() - self.t0, time.process_time() - self.cpu0
+        out: dict[str, float] = {}
+        if wall > 0:
+            out["cpu_util"] = cpu / (wall * self.threads)
+        if self.loads:
+            out["load_per_core"] = sum(self.loads) / len(self.loads) / (os.cpu_count() or 1)
+        return out
+
+
 @dataclass
 class TrainingRun:
     """Everything one training run holds, built by ``prepare``."""
@@ -365,6 +397,7 @@ class TrainingRun:
     baseline_rss_bytes: int
     shapes: ShapeCache = field(default_factory=lambda: ShapeCache(None, ""))
     notes: list[str] = field(default_factory=list)
+    share: dict[str, float] = field(default_factory=dict)  # LoopShare.metrics of the loop
     params: list[torch.nn.Parameter] = field(init=False)  # what the optimizer steps and grad clipping sees
 
     def __post_init__(self) -> None:
@@ -580,6 +613,7 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
     cached_memory = run.shapes.get("memory") if any(
         memory_tracked(run, s) for s in range(start_step, tc.steps + 1)) else None
     t_loop = time.perf_counter()
+    share = LoopShare()
     for step in range(start_step, tc.steps + 1):
         t0 = time.perf_counter()
         lr = set_lr(run.optimizer, lr_at(step - 1, tc))
@@ -600,6 +634,8 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
             step_times.append(dt)
             row["tokens_per_s"] = tokens_per_step / dt
         row.update(reported_metrics(step_metrics, ctx))
+        if step % tc.eval_every == 0:
+            share.sample()
         if run.dist.is_main and (step % tc.eval_every == 0 or step == tc.steps):
             row["val_loss"] = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device)
             bpb = bits_per_byte(row["val_loss"], run.batches.val_target_counts(tc.eval_batches)) \
@@ -612,6 +648,8 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
             row["train_tokens_per_s"] = (tc.steps - start_step + 1) * tokens_per_step / (time.perf_counter() - t_loop)
         sink.log(step, row)
         maybe_checkpoint(run, checkpoint_path, step)
+    if start_step <= tc.steps:
+        run.share = share.metrics()
     return step_times
 
 
@@ -674,6 +712,7 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
             "peak_mem_bytes": peak_mem_bytes(run.device),
             "baseline_rss_bytes": run.baseline_rss_bytes,
             "wall_s": time.perf_counter() - t_start,
+            **run.share,
         }
         utilisation = mfu(costs, step_times)
         if utilisation is not None and utilisation > 1 and run.device.type == "cpu":

@@ -177,17 +177,26 @@ class MultiHeadAttention(nn.Module):
 
 
 def multi_query_attention(cfg, position, **params):
-    """Multi-query attention: every query head shares one K/V head (Shazeer 2019; seeds 003 sec. 2.2)."""
+    """Multi-query attention: every query head shares one K/V head (Shazeer 2019).
+
+    Notes: seeds 003 sec. 2.2.
+    """
     return MultiHeadAttention(cfg, position, n_kv_heads=1, **params)
 
 
 def grouped_query_attention(cfg, position, n_kv_heads: int = 2, **params):
-    """Grouped-query attention: n_kv_heads K/V groups (Ainslie et al. 2023; seeds 003 sec. 2.3)."""
+    """Grouped-query attention: n_kv_heads K/V groups (Ainslie et al. 2023).
+
+    Notes: seeds 003 sec. 2.3.
+    """
     return MultiHeadAttention(cfg, position, n_kv_heads=n_kv_heads, **params)
 
 
 def sliding_window_attention(cfg, position, window: int = 64, **params):
-    """Sliding-window attention over the last `window` keys (Mistral 7B; seeds 004)."""
+    """Sliding-window attention over the last `window` keys (Mistral 7B, Jiang et al. 2023).
+
+    Notes: seeds 004.
+    """
     return MultiHeadAttention(cfg, position, window=window, **params)
 
 
@@ -195,7 +204,9 @@ def sliding_window_attention(cfg, position, window: int = 64, **params):
 
 
 class LinearAttention(nn.Module):
-    """Causal linear attention (Katharopoulos et al. 2020; seeds 003 sec. 2.7).
+    """Causal linear attention (Katharopoulos et al. 2020).
+
+    Notes: seeds 003 sec. 2.7.
 
         y_i = phi(q_i)^T S_i / (phi(q_i)^T z_i),  S_i = sum_{j<=i} phi(k_j) v_j^T,  z_i = sum_{j<=i} phi(k_j)
 

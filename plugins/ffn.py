@@ -161,15 +161,15 @@ def _cost(name):
 
 
 _DOCS = {
-    "relu": "dense FFN, ReLU (Vaswani et al. 2017)",
-    "gelu": "dense FFN, GELU exact erf form (Hendrycks & Gimpel 2016)",
-    "silu": "dense FFN, SiLU / swish-1 (Ramachandran et al. 2017)",
-    "relu2": "dense FFN, squared ReLU (So et al. 2021, Primer)",
-    "glu": "gated FFN, sigmoid gate (Dauphin et al. 2017; Shazeer 2020)",
-    "reglu": "gated FFN, ReLU gate (Shazeer 2020)",
-    "geglu": "gated FFN, GELU gate (Shazeer 2020)",
-    "swiglu": "gated FFN, SiLU gate (Shazeer 2020; LLaMA, PaLM)",
-    "bilinear": "gated FFN without activation (Shazeer 2020)",
+    "relu": "Dense FFN with a ReLU (Vaswani et al. 2017).",
+    "gelu": "Dense FFN with a GELU, exact erf form (Hendrycks & Gimpel 2016).",
+    "silu": "Dense FFN with a SiLU / swish-1 (Ramachandran et al. 2017).",
+    "relu2": "Dense FFN with a squared ReLU (So et al. 2021, Primer).",
+    "glu": "Gated FFN with a sigmoid gate (Dauphin et al. 2017; Shazeer 2020).",
+    "reglu": "Gated FFN with a ReLU gate (Shazeer 2020).",
+    "geglu": "Gated FFN with a GELU gate (Shazeer 2020).",
+    "swiglu": "Gated FFN with a SiLU gate (Shazeer 2020; LLaMA, PaLM).",
+    "bilinear": "Gated FFN without activation (Shazeer 2020).",
 }
 
 

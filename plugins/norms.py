@@ -53,9 +53,9 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * gamma  (Zhang & Sennrich 2019; seeds 000 sec. 4.2).
+    """y = x / sqrt(mean(x^2) + eps) * gamma  (Zhang & Sennrich 2019).
 
-    The statistic is computed in fp32 whatever the input dtype. The paper's
+    Notes: seeds 000 sec. 4.2. The statistic is computed in fp32 whatever the input dtype. The paper's
     optional bias is the ``bias`` parameter (off by default, as in LLaMA).
     """
 
@@ -162,4 +162,4 @@ def register_components(register):
         "eps": Param(1e-5, doc="lower bound on the L2 norm", min=0.0),
         "gain": Param(True, doc="learnable scalar g (init sqrt(dim)); False keeps it fixed"),
     }, cost=_scalenorm_cost)
-    register("norm", "none", NoNorm, doc="identity: no normalisation", cost=_no_norm_cost)
+    register("norm", "none", NoNorm, doc="Identity: no normalisation.", cost=_no_norm_cost)

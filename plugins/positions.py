@@ -80,9 +80,9 @@ class SinusoidalPosition(PositionEncoding):
 
 
 class RotaryPosition(PositionEncoding):
-    """RoPE (Su et al. 2021; seeds 002 sec. 1.5.4): rotate each pair of q/k dims by p * theta_k.
+    """RoPE (Su et al. 2021): rotate each pair of q/k dims by p * theta_k.
 
-    theta_k = theta^(-2k/d) for k < d/2, d the size of the rotated dims (the
+    Notes: seeds 002 sec. 1.5.4. theta_k = theta^(-2k/d) for k < d/2, d the size of the rotated dims (the
     head dim; MLA rotates only its decoupled RoPE dims). ``interpolation_factor``
     s > 1 is position interpolation (Chen et al. 2023; seeds 004): position p
     is rotated as p / s, to stretch a model to s times its trained context.
@@ -166,9 +166,9 @@ def alibi_slopes(n_heads: int) -> list[float]:
 
 
 class ALiBiPosition(PositionEncoding):
-    """ALiBi: score_ij += -m_h (i - j) for key j <= query i (Press et al. 2022; seeds 004).
+    """ALiBi: score_ij += -m_h (i - j) for key j <= query i (Press et al. 2022).
 
-    No parameters and nothing added to the embeddings. The bias is added to
+    Notes: seeds 004. No parameters and nothing added to the embeddings. The bias is added to
     the already scaled scores q.k / sqrt(d), as in the paper's code (the
     slides write it inside the 1/sqrt(d)); the slopes are ``alibi_slopes``.
     """

@@ -267,17 +267,17 @@ def register_components(register):
         "random_non_queries": Param(True, doc="fill the non-query positions with random tokens, not 0"),
         "eval_kv_pairs": Param([], doc="pair counts evaluated, one accuracy_pairs_<N> each "
                                        "(empty: the training count)"),
-    }, doc="multi-query associative recall (Zoology, Arora et al. 2023)", check=MQAR.config_check)
+    }, doc="Multi-query associative recall (Zoology, Arora et al. 2023).", check=MQAR.config_check)
     register("dataset", "induction", Induction, params={
         "vocab_size": Param(16, doc=vocab + "; the last id is the trigger", min=3),
         "induction_len": Param(1, doc="tokens to copy after the final trigger", min=1),
         "num_triggers": Param(1, doc="triggers in half of the examples (the other half: one)", min=1),
-    }, doc="induction heads (H3 / Mamba sec. 4.1.2)", check=Induction.config_check)
+    }, doc="Induction heads (H3; Mamba sec. 4.1.2).", check=Induction.config_check)
     copy_params = {
         "vocab_size": Param(16, doc=vocab + "; 0 is noise, the last id the marker", min=3),
         "n_tokens": Param(16, doc="data tokens to copy", min=1),
     }
     register("dataset", "selective_copy", SelectiveCopy, params=copy_params,
-             doc="selective copying (Mamba sec. 3.1)", check=SelectiveCopy.config_check)
+             doc="Selective copying (Mamba sec. 3.1).", check=SelectiveCopy.config_check)
     register("dataset", "copy", Copy, params=copy_params,
-             doc="copying a random prefix (Arjovsky et al. 2016)", check=Copy.config_check)
+             doc="Copying a random prefix (Arjovsky et al. 2016).", check=Copy.config_check)

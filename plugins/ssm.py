@@ -393,7 +393,7 @@ def register_components(register):
     register("mixer", "mamba", Mamba, params={
         **_common(16),
         "dt_rank": Param(0, doc="rank of the dt projection; 0 = ceil(d_model / 16)", min=0),
-    }, doc="Mamba-1 block: selective scan with input-dependent dt, B, C (Gu & Dao 2023)",
+    }, doc="Mamba-1 block: selective scan with input-dependent dt, B, C (Gu & Dao 2023).",
         cost=_mamba_cost, reference=selective_scan_sequential)
     register("mixer", "mamba2", Mamba2, params={
         **_common(64),
@@ -401,5 +401,5 @@ def register_components(register):
         "n_groups": Param(1, doc="groups of heads sharing B and C", min=1),
         "chunk_size": Param(64, doc="chunk length L of the SSD algorithm", min=1),
         "norm_eps": Param(1e-5, doc="epsilon of the gated RMSNorm", min=0.0),
-    }, doc="Mamba-2 block: multi-head SSD, scalar A, gated RMSNorm (Dao & Gu 2024)",
+    }, doc="Mamba-2 block: multi-head SSD, scalar A, gated RMSNorm (Dao & Gu 2024).",
         cost=_mamba2_cost, check=_mamba2_check, reference=ssd_sequential)

@@ -196,7 +196,7 @@ def register_components(register):
         "vocab_size": Param(4096, doc="vocabulary size (256 bytes + merges); the model's vocabulary follows it",
                             min=256, max=2**31 - 1),
         "min_frequency": Param(2, doc="a pair merges only if it occurs at least this often", min=1),
-    }, doc="byte-level BPE (Hugging Face tokenizers) trained on the training split, once per store")
+    }, doc="Byte-level BPE (Hugging Face tokenizers) trained on the training split, once per store.")
     register("tokenizer", "pretrained", PretrainedTokenizer, params={
         "path": Param("", doc="a tokenizer.json, or a Hugging Face tokenizer folder holding one"),
-    }, doc="a local tokenizer.json (Hugging Face tokenizers format)")
+    }, doc="A local tokenizer.json (Hugging Face tokenizers format).")

@@ -1,0 +1,77 @@
+"""``abl plugins`` as a reader sees it at 80 columns: whole sentences, readable origins and defaults."""
+
+import re
+
+from abl.registry import Param, first_sentence, show_default
+
+from conftest import run_abl
+
+PLUGIN = '''"""Centred RMSNorm: subtract the mean, then divide by the root mean square.
+
+A second paragraph the listing does not show.
+"""
+import torch.nn as nn
+
+from abl import Param, hookimpl
+
+
+class CenterNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, eps=eps, elementwise_affine=False)
+
+    def forward(self, x):
+        return self.norm(x)
+
+
+@hookimpl
+def register_components(register):
+    register("norm", "centernorm", CenterNorm, params={"eps": Param(1e-6, doc="added to the variance")})
+'''
+
+
+def test_first_sentence_is_whole_and_has_no_note_references():
+    doc = """NoPE: no position information at all; a causal decoder can still infer
+    order from the mask (Haviv et al. 2022; Kazemnejad et al. 2023). A second sentence.
+
+    Details."""
+    assert first_sentence(doc) == ("NoPE: no position information at all; a causal decoder can still infer order "
+                                   "from the mask (Haviv et al. 2022; Kazemnejad et al. 2023).")
+    assert first_sentence("y = x * g  (Zhang & Sennrich 2019; seeds 000 sec. 4.2).\n\nMore.") == \
+        "y = x * g (Zhang & Sennrich 2019)."
+    assert first_sentence("Router + experts; y = sum G FFN(x) (seeds 003 eq. 13.1).") == \
+        "Router + experts; y = sum G FFN(x)."
+    assert first_sentence("Attention (Mistral 7B; seeds 004). Second.") == "Attention (Mistral 7B)."
+    assert first_sentence("Pre-tokenised uint16 .bin files (e.g. nanoGPT's). Then more.") == \
+        "Pre-tokenised uint16 .bin files (e.g. nanoGPT's)."
+
+
+def test_defaults_read_as_written():
+    assert [show_default(v) for v in (1e-6, 10000.0, 0.1, 4.0, 8 / 3, 2, "x", True)] == \
+        ["1e-06", "10000.0", "0.1", "4.0", "≈2.667", "2", "'x'", "True"]
+    assert Param(8 / 3).describe() == "float=≈2.667"
+
+
+def test_listing_at_80_columns(tmp_path):
+    (tmp_path / "centernorm.py").write_text(PLUGIN)
+    r = run_abl(["--plugins-dir", str(tmp_path), "plugins"], env={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out
+    assert not re.search(r"seeds \d{3}", out)  # the project's note references stay in the source
+    flat = " ".join(out.split())  # sentences wrap over lines; whole once joined
+    for sentence in (
+            "NoPE: no position information at all; a causal decoder can still infer order from the mask "
+            "(Haviv et al. 2022; Kazemnejad et al. 2023).",
+            "y = x / sqrt(mean(x^2) + eps) * gamma (Zhang & Sennrich 2019).",
+            "RoPE (Su et al. 2021): rotate each pair of q/k dims by p * theta_k.",
+            "Grouped-query attention: n_kv_heads K/V groups (Ainslie et al. 2023)."):
+        assert sentence in flat, sentence
+    assert "ratio: float ≈ 2.667" in out and "2.6666" not in out
+    assert re.search(r"^  rmsnorm  built-in \(abl \S+\)$", out, re.M)
+    # the --plugins-dir plugin: its file, and the sentence of its module docstring (the class has none)
+    assert re.search(r"^  centernorm  centernorm\.py from --plugins-dir$", out, re.M), out
+    assert "Centred RMSNorm: subtract the mean, then divide by the root mean square." in flat
+    assert "second paragraph" not in out
+    assert "eps: float = 1e-06 - added to the variance" in out
