@@ -9,21 +9,12 @@ cells) apply to every page.
 
 import streamlit as st
 
-from abl.dashboard import common
+from abl.dashboard import common, pages
 from abl.dashboard.queries import StoreBusy, StoreUnavailable
 
 st.set_page_config(page_title="abl dashboard", page_icon=":material/science:", layout="wide")
 
-PAGES = [
-    st.Page("views/experiments.py", title="Experiments & runs", icon=":material/table_rows:", default=True),
-    st.Page("views/curves.py", title="Curves", icon=":material/show_chart:"),
-    st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
-    st.Page("views/tradeoffs.py", title="Trade-offs", icon=":material/scatter_plot:"),
-    st.Page("views/costs.py", title="Costs & scaling", icon=":material/calculate:"),
-    st.Page("views/probes.py", title="Probes", icon=":material/psychology:"),
-    st.Page("views/kernels.py", title="Kernels", icon=":material/memory:"),
-    st.Page("views/run_detail.py", title="Run detail", icon=":material/description:"),
-]
+PAGES = [st.Page(script, title=title, icon=icon, default=i == 0) for i, (script, title, icon) in enumerate(pages.PAGES)]
 
 page = st.navigation(PAGES)
 st.sidebar.markdown("### abl")
