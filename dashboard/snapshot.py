@@ -4,8 +4,8 @@ Streamlit draws its pages in the browser, after the page has loaded: a plain
 ``chromium --headless --screenshot URL`` captures the empty shell before the
 app has run, a blank image. This module serves the app on a free loopback
 port, opens each page in headless Chromium (Playwright driving the system's
-``chromium``: no browser download), waits until the script has finished (no
-running-status widget, the main block has content, every chart has drawn its
+``chromium``: no browser download), waits until the script has finished (the app's
+script state is ``notRunning``, no spinner, the main block has content, every chart has drawn its
 marks, fonts loaded) and saves ``<page>-<width>.png``.
 
 The app scrolls inside its own container, so the window is grown to the
@@ -37,7 +37,10 @@ MAX_HEIGHT = 12_000
 
 # true once the script has finished and everything it drew is on screen
 READY = """() => {
-    if (document.querySelector('[data-testid="stStatusWidget"]')) return false;  // script still running
+    const app = document.querySelector('[data-testid="stApp"]');
+    // the script's state, as Streamlit's own end-to-end tests read it; a status widget or spinner: still running
+    if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
+    if (document.querySelector('[data-testid="stStatusWidget"], [data-testid="stSpinner"]')) return false;
     const main = document.querySelector('[data-testid="stMainBlockContainer"]');
     if (!main || main.querySelector('[data-testid="stSkeleton"]')) return false;
     const blocks = main.querySelectorAll('[data-testid="stElementContainer"]');
@@ -163,9 +166,9 @@ SIGNATURE = """() => {
 }"""
 
 
-def _settle(page: Any, timeout_ms: int, quiet_ms: int = 1500) -> None:
+def _settle(page: Any, timeout_ms: int, quiet_ms: int = 1000) -> None:
     """Wait until the page is READY and has not changed for ``quiet_ms`` (Streamlit sends a page in
-    pieces, and shows its running widget only after a moment)."""
+    pieces, and shows its spinners only after a moment)."""
     deadline = time.monotonic() + timeout_ms / 1000
     last, since = None, time.monotonic()
     while time.monotonic() < deadline:
