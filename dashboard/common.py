@@ -174,7 +174,8 @@ def runs_table(sel: q.Selection) -> pd.DataFrame:
     df = load(q.runs, sel, tuple(axes["path"]))
     if len(df):  # labels from the settings that differ between the cells shown (abl.labels)
         stored = dict(zip(df["cell_key"].astype(str), df["label"]))
-        names = abl_labels.cell_labels(load(q.cell_configs, sel), tuple(axes["path"]), stored)
+        # no explicit order: the stored grid labels name the grid's axes, in the grid's order
+        names = abl_labels.cell_labels(load(q.cell_configs, sel), (), stored)
         df["label"] = [names.get(str(k), lbl) for k, lbl in zip(df["cell_key"], df["label"])]
     multi = df["experiment"].nunique() > 1
     df["cell"] = [f"{e} · {lbl}" if multi else lbl for e, lbl in zip(df["experiment"], df["label"])]

@@ -66,7 +66,7 @@ smooth = top[2].slider("EMA smoothing", 0.0, 0.99, 0.6, 0.01, key="curve_ema",
                        help="weight of the previous value; 0 = raw. Debiased like TensorBoard's.")
 keys = list(cells["cell_key"])
 default_cells = keys if len(keys) <= DEFAULT_CELLS else keys[:DEFAULT_CELLS]
-shown_keys = [k for k in st.session_state.get("curve_cells", default_cells) if k in keys] or default_cells
+shown_keys = [k for k in st.session_state.get("curve_cells") or () if k in keys] or default_cells
 seeds_per_cell = runs[runs["cell_key"].isin(shown_keys)].groupby("cell_key")["seed"].nunique()
 bands = sections.bands_by_default(seeds_per_cell.tolist())
 row = st.container(horizontal=True, gap="large")  # toggles as wide as their labels, wrapping: none cut

@@ -27,8 +27,8 @@ def cells() -> list[tuple[str, str]]:
     return [(n, b) for n in NORMS for b in BLOCKS if (n, b) not in EXCLUDED]
 
 
-def config(norm: str, block: str, seed: int) -> dict:
-    return {"experiment": {"name": EXPERIMENT, "seeds": list(SEEDS)}, "seed": seed,
+def config(norm: str, block: str, seed: int, seeds=SEEDS) -> dict:
+    return {"experiment": {"name": EXPERIMENT, "seeds": list(seeds)}, "seed": seed,
             "model": {"d_model": 64, "n_layers": 4, "n_heads": 4, "context": 128, "position": "rope",
                       "mixer": "mha", "ffn": "gelu", "norm": norm, "block": block},
             "train": {"steps": STEPS, "batch_size": 16, "lr": 3e-3, "warmup_steps": 20, "eval_every": 50,
@@ -37,7 +37,7 @@ def config(norm: str, block: str, seed: int) -> dict:
             "components": {"norm": {"name": norm, "params": {}}, "block": {"name": block, "params": {}}}}
 
 
-def build(folder: Path) -> Path:
+def build(folder: Path, seeds=SEEDS) -> Path:
     """Write ``folder/abl.duckdb`` (and an empty ``folder/runs``); returns the database path."""
     from abl import store as abl_store
 
@@ -50,11 +50,11 @@ def build(folder: Path) -> Path:
     runs, rows = [], []
     for i, (norm, block) in enumerate(cells()):
         key = f"{norm[:4]}{block[:4]}{i:02d}".ljust(16, "0")
-        for seed in SEEDS:
+        for seed in seeds:
             run_id = f"{key}s{seed}"
             started = t0 + timedelta(minutes=3 * (2 * i + seed))
             runs.append((run_id, EXPERIMENT, key, f"norm={norm}, block={block}", seed, "completed",
-                         json.dumps(config(norm, block, seed)), started, started + timedelta(seconds=150),
+                         json.dumps(config(norm, block, seed, seeds)), started, started + timedelta(seconds=150),
                          "abc1234", "cpu", "ablations/norms.toml"))
             floor = 2.0 + 0.07 * i + 0.02 * seed
             contended = (norm, block, seed) in CONTENDED
