@@ -189,7 +189,7 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: s
     """Mean and 95% CI per cell; ``df`` has mean, ci_lo, ci_hi, n, marker, cell, and the fields named."""
     enc_y = alt.Y(f"{y}:N", title=y_title, sort=sort, axis=alt.Axis(labelLimit=0))
     if color == "significance":
-        col = alt.Color("significance:N", scale=SIGNIFICANCE, legend=alt.Legend(orient="bottom"))
+        col = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(3))
     elif color:
         n = df[color].nunique()
         col = alt.Color(f"{color}:N", scale=alt.Scale(scheme=_scheme(n)), legend=cell_legend(1 if n < 5 else 2))
@@ -223,7 +223,7 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: s
 def delta_chart(df: pd.DataFrame, sort: list[str], x_title: str) -> alt.TopLevelMixin:
     """Difference to the baseline with its 95% Welch CI, colored by significance."""
     enc_y = alt.Y("cell:N", title=None, sort=sort, axis=alt.Axis(labelLimit=0))
-    color = alt.Color("significance:N", scale=SIGNIFICANCE, legend=alt.Legend(orient="bottom"))
+    color = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(3))
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("delta:Q", title="Δ", format="+.4f"),
                alt.Tooltip("delta_lo:Q", title="95% CI low", format="+.4f"),
                alt.Tooltip("delta_hi:Q", title="95% CI high", format="+.4f"),
@@ -278,12 +278,12 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
         x=xs, y=ys, color=col,
         shape=alt.Shape("front:N", title="Pareto front", scale=alt.Scale(domain=[True, False],
                                                                        range=["diamond", "circle"]),
-                        legend=alt.Legend(orient="bottom")),
+                        legend=alt.Legend(orient="top")),  # small legends above: the cells' take the bottom
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)), tooltip=tooltip)
     if "contended" in df and df["contended"].astype(bool).any():
         layers.append(base.transform_filter("datum.contended").mark_point(
             filled=False, size=360, strokeWidth=2, shape="circle").encode(
-            x=xs, y=ys, stroke=alt.Stroke("speed:N", title=None, legend=alt.Legend(orient="bottom"),
+            x=xs, y=ys, stroke=alt.Stroke("speed:N", title=None, legend=alt.Legend(orient="top"),
                                           scale=alt.Scale(domain=["contended"], range=[CONTENDED_COLOUR])),
             tooltip=tooltip).transform_calculate(speed="'contended'"))
     front = df[df["front"]].sort_values("x")
@@ -300,7 +300,7 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
 def bench_chart(df: pd.DataFrame, value: str, title: str, lo: str | None = None, hi: str | None = None,
                 rule: float | None = None) -> alt.TopLevelMixin:
     """Providers side by side for each case (``df``: case, provider and the value columns)."""
-    color = alt.Color("provider:N", scale=alt.Scale(scheme="tableau10"), legend=alt.Legend(orient="bottom"))
+    color = alt.Color("provider:N", scale=alt.Scale(scheme="tableau10"), legend=cell_legend(4))
     tooltip: list[Any] = [alt.Tooltip("case:N"), alt.Tooltip("provider:N"),
                           alt.Tooltip(f"{value}:Q", title=title, format=".4~g")]
     if lo and hi:

@@ -65,6 +65,7 @@ MEASURE = """() => {
         viewport_width: window.innerWidth,
         content_height: Math.max(main.scrollHeight, block ? block.scrollHeight : 0),
         charts: document.querySelectorAll('[data-testid="stVegaLiteChart"]').length,
+        main_left: block ? Math.round(block.getBoundingClientRect().left) : 0,
     };
 }"""
 
@@ -84,6 +85,7 @@ class Shot:
     viewport_width: int
     content_height: int
     charts: int
+    main_left: int  # where the page's own content starts (right of the sidebar)
 
 
 def chromium() -> str:
@@ -198,7 +200,8 @@ def _shoot(page: Any, url: str, script: str, width: int, out_dir: Path, timeout_
     page.screenshot(path=str(path), full_page=True)
     return Shot(page=name, width=width, path=path, exceptions=int(m["exceptions"]), errors=list(m["errors"]),
                 scroll_width=int(m["scroll_width"]), viewport_width=int(m["viewport_width"]),
-                content_height=int(m["content_height"]), charts=int(m["charts"]))
+                content_height=int(m["content_height"]), charts=int(m["charts"]),
+                main_left=int(m["main_left"]))
 
 
 def snapshot(db: Path, runs_dir: Path, out_dir: Path, widths: Sequence[int], log_path: Path) -> list[Shot]:
