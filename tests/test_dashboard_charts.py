@@ -236,3 +236,10 @@ def test_snapshot_into_an_unwritable_folder_is_a_one_line_error(norms2, tmp_path
 def test_width_without_snapshot_is_refused(norms2):
     r = _abl("dashboard", "--db", str(norms2), "--width", "1024")
     assert r.returncode == 2 and "--snapshot" in r.stderr
+
+
+def test_compare_warns_when_a_speed_was_measured_on_a_contended_machine(norms2, monkeypatch):
+    at = app(norms2, monkeypatch, "compare")
+    assert not [w for w in at.warning if "contended" in w.value or "busy" in w.value]  # val_loss: no warning
+    at = app(norms2, monkeypatch, "compare", cmp_metric="tokens_per_s")
+    assert [w for w in at.warning if "3 run(s)" in w.value and "busy with other work" in w.value]
