@@ -4,7 +4,8 @@ Started by ``abl dashboard [--db PATH] [--port N] [--host H]``, which sets
 $ABL_DB (and $ABL_RUNS_DIR) and runs ``streamlit run`` on this file. Each page
 is a script in views/ (its URL path is its file name: /curves, /compare, ...,
 /run_detail?run=RUN_ID); the sidebar filters (experiment, status, config axes,
-cells) apply to every page.
+cells) apply to every page. The pages are listed in pages.py; ``abl dashboard
+--snapshot OUT_DIR`` (snapshot.py) saves a screenshot of each.
 """
 
 import streamlit as st

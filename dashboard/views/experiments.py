@@ -17,7 +17,7 @@ st.title("Experiments & runs")
 exps = common.load(q.experiments)
 if not exps.empty:
     totals = exps[["runs", "cells", "completed", "running", "not_completed"]].sum()
-    tiles = st.container(horizontal=True, gap="large")  # each tile as wide as its label: none is cut
+    tiles = st.container(horizontal=True, gap="small")  # each tile as wide as its label: none is cut
     tiles.metric("experiments", len(exps), width="content")
     tiles.metric("runs", int(totals["runs"]), width="content")
     tiles.metric("completed", int(totals["completed"]), width="content")
