@@ -76,8 +76,33 @@ def rows_height(n_rows: int, facets: bool = False) -> int:
     return 28 * max(1, n_rows) + 150 + (30 if facets else 0)
 
 
+MAX_COLOURS = 20  # more cells than this in one chart: facet by the first grid axis
+CONTENDED_COLOUR = "#d62728"
+
+
 def _scheme(n: int) -> str:
-    return "tableau10" if n <= 10 else "tableau20"
+    """A palette with a distinct colour for each of ``n`` series (up to MAX_COLOURS)."""
+    return "tableau10" if n <= 10 else "category20"
+
+
+def cell_legend(columns: int = 1, **kw: Any) -> alt.Legend:
+    """Below the plot, never over the data; labels never cut (labelLimit 0)."""
+    return alt.Legend(orient="bottom", direction="vertical", columns=columns, labelLimit=0, symbolOpacity=1, **kw)
+
+
+def legend_columns(labels: list[str]) -> int:
+    """Two legend columns when the labels are short enough to sit side by side at a laptop width."""
+    return 2 if labels and max(len(x) for x in labels) <= 40 and len(labels) > 4 else 1
+
+
+def x_axis(fmt: str | None = None, **kw: Any) -> alt.Axis:
+    """Horizontal labels, thinned rather than overlapping."""
+    return alt.Axis(format=fmt, labelAngle=0, labelOverlap=True, tickCount=8, labelFlush=True, **kw) \
+        if fmt else alt.Axis(labelAngle=0, labelOverlap=True, tickCount=8, labelFlush=True, **kw)
+
+
+def y_axis(**kw: Any) -> alt.Axis:
+    return alt.Axis(labelOverlap=True, tickCount=6, **kw)
 
 
 def _scale(log: bool, zero: bool = False) -> alt.Scale:
@@ -89,43 +114,57 @@ def _scale(log: bool, zero: bool = False) -> alt.Scale:
 
 def curve_chart(mean: pd.DataFrame, seeds: pd.DataFrame | None, x_title: str, y_title: str,
                 log_x: bool = False, log_y: bool = False, band: bool = True,
-                x_format: str = ",.4~g", domain: list[str] | None = None) -> alt.TopLevelMixin:
-    """Mean line per cell with its 95% CI band; optional thin line per seed.
+                x_format: str = ",.4~g", domain: list[str] | None = None,
+                facet: str | None = None) -> alt.TopLevelMixin:
+    """Mean line per cell, with its 95% CI band (``band``) and/or a faint line per seed (``seeds``).
 
-    ``mean``: cell, x, mean, lo, hi, n. ``seeds``: cell, seed, x, y.
+    ``mean``: cell, x, mean, lo, hi, n. ``seeds``: cell, seed, x, y. With more
+    than MAX_COLOURS cells the chart is faceted by ``facet`` (a column of both
+    frames: the first grid axis), so no two cells in one panel share a colour.
     """
     pick = alt.selection_point(fields=["cell"], bind="legend")
     zoom = alt.selection_interval(bind="scales")
-    x = alt.X("x:Q", title=x_title, scale=_scale(log_x), axis=alt.Axis(format=x_format))
+    x = alt.X("x:Q", title=x_title, scale=_scale(log_x), axis=x_axis(x_format))
     # a fixed domain keeps each cell's color the same in every chart of the page
     domain = domain or sorted(mean["cell"].unique())
+    faceted = bool(facet) and len(domain) > MAX_COLOURS and facet in mean
     color = alt.Color("cell:N", title="cell", scale=alt.Scale(scheme=_scheme(len(domain)), domain=domain),
-                      legend=alt.Legend(orient="bottom", columns=2, labelLimit=420, symbolType="stroke",
-                                        symbolStrokeWidth=3, symbolOpacity=1))
+                      legend=cell_legend(legend_columns(domain), symbolType="stroke", symbolStrokeWidth=3))
     faded = alt.condition(pick, alt.value(1.0), alt.value(0.12))
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
                alt.Tooltip("mean:Q", title=f"{y_title} (mean)", format=".4f"),
                alt.Tooltip("lo:Q", title="95% CI low", format=".4f"),
                alt.Tooltip("hi:Q", title="95% CI high", format=".4f"),
                alt.Tooltip("n:Q", title="seeds")]
-    base = alt.Chart(mean)
+    frames = [mean.assign(kind="mean")]
+    if seeds is not None and len(seeds):
+        frames.append(seeds.assign(kind="seed"))
+    data = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    base = alt.Chart(data)
+    y_scale = _scale(log_y)
     layers = []
     if band:
-        layers.append(base.mark_area(opacity=0.18).encode(
-            x=x, y=alt.Y("lo:Q", title=y_title, scale=_scale(log_y)), y2="hi:Q", color=color,
+        layers.append(base.transform_filter("datum.kind == 'mean'").mark_area(opacity=0.18).encode(
+            x=x, y=alt.Y("lo:Q", title=y_title, scale=y_scale, axis=y_axis()), y2="hi:Q", color=color,
             opacity=alt.condition(pick, alt.value(0.18), alt.value(0.03))))
-    if seeds is not None and len(seeds):
-        layers.append(alt.Chart(seeds).mark_line(strokeWidth=1, strokeDash=[3, 2]).encode(
-            x=x, y=alt.Y("y:Q", title=y_title, scale=_scale(log_y)), color=color,
-            detail="seed:N", opacity=alt.condition(pick, alt.value(0.5), alt.value(0.06)),
-            tooltip=[alt.Tooltip("cell:N"), alt.Tooltip("seed:N"),
-                     alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
-                     alt.Tooltip("y:Q", title=y_title, format=".4f")]))
-    layers.append(base.mark_line(strokeWidth=2, point=alt.OverlayMarkDef(size=12, opacity=0.0)).encode(
-        x=x, y=alt.Y("mean:Q", title=y_title, scale=_scale(log_y)), color=color,
+    if len(frames) > 1:
+        layers.append(base.transform_filter("datum.kind == 'seed'").mark_line(strokeWidth=1, strokeDash=[3, 2])
+                      .encode(x=x, y=alt.Y("y:Q", title=y_title, scale=y_scale, axis=y_axis()), color=color,
+                              detail="seed:N", opacity=alt.condition(pick, alt.value(0.45), alt.value(0.06)),
+                              tooltip=[alt.Tooltip("cell:N"), alt.Tooltip("seed:N"),
+                                       alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
+                                       alt.Tooltip("y:Q", title=y_title, format=".4f")]))
+    layers.append(base.transform_filter("datum.kind == 'mean'")
+                  .mark_line(strokeWidth=2, point=alt.OverlayMarkDef(size=12, opacity=0.0)).encode(
+        x=x, y=alt.Y("mean:Q", title=y_title, scale=y_scale, axis=y_axis()), color=color,
         opacity=faded, tooltip=tooltip))
-    n_legend = -(-mean["cell"].nunique() // 2)  # two legend columns below the plot
-    return alt.layer(*layers).add_params(pick, zoom).properties(height=_with_legend(n_legend))
+    n_legend = -(-len(domain) // legend_columns(domain))
+    chart = alt.layer(*layers).add_params(pick, zoom)
+    if faceted:
+        assert facet is not None
+        return chart.properties(width=320, height=220).facet(
+            facet=alt.Facet(f"{facet}:N", title=facet), columns=2)
+    return chart.properties(height=_with_legend(n_legend))
 
 
 def _with_legend(rows: int, extra: int = 0) -> int:
@@ -148,11 +187,12 @@ def line_chart(df: pd.DataFrame, x: str, y: str, x_title: str, y_title: str,
 def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: str | None,
                   facet: str | None, sort: list[str], baseline: float | None) -> alt.TopLevelMixin:
     """Mean and 95% CI per cell; ``df`` has mean, ci_lo, ci_hi, n, marker, cell, and the fields named."""
-    enc_y = alt.Y(f"{y}:N", title=y_title, sort=sort, axis=alt.Axis(labelLimit=360))
+    enc_y = alt.Y(f"{y}:N", title=y_title, sort=sort, axis=alt.Axis(labelLimit=0))
     if color == "significance":
-        col = alt.Color("significance:N", scale=SIGNIFICANCE, legend=alt.Legend(orient="bottom"))
+        col = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(3))
     elif color:
-        col = alt.Color(f"{color}:N", scale=alt.Scale(scheme=PALETTE), legend=alt.Legend(orient="bottom"))
+        n = df[color].nunique()
+        col = alt.Color(f"{color}:N", scale=alt.Scale(scheme=_scheme(n)), legend=cell_legend(1 if n < 5 else 2))
     else:
         col = alt.value("#1f77b4")
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("n:Q", title="seeds"),
@@ -163,7 +203,7 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: s
                     alt.Tooltip("p:Q", title="p", format=".3g"), alt.Tooltip("marker:N", title="sig.")]
     xscale = alt.Scale(zero=False)
     base = alt.Chart(df)
-    bars = base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_lo:Q", title=x_title, scale=xscale),
+    bars = base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_lo:Q", title=x_title, scale=xscale, axis=x_axis()),
                                                 x2="ci_hi:Q", y=enc_y, color=col, tooltip=tooltip)
     dots = base.mark_point(filled=True, size=80).encode(
         x=alt.X("mean:Q", title=x_title, scale=xscale), y=enc_y, color=col, tooltip=tooltip)
@@ -182,8 +222,8 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: s
 
 def delta_chart(df: pd.DataFrame, sort: list[str], x_title: str) -> alt.TopLevelMixin:
     """Difference to the baseline with its 95% Welch CI, colored by significance."""
-    enc_y = alt.Y("cell:N", title=None, sort=sort, axis=alt.Axis(labelLimit=360))
-    color = alt.Color("significance:N", scale=SIGNIFICANCE, legend=alt.Legend(orient="bottom"))
+    enc_y = alt.Y("cell:N", title=None, sort=sort, axis=alt.Axis(labelLimit=0))
+    color = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(3))
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("delta:Q", title="Δ", format="+.4f"),
                alt.Tooltip("delta_lo:Q", title="95% CI low", format="+.4f"),
                alt.Tooltip("delta_hi:Q", title="95% CI high", format="+.4f"),
@@ -191,7 +231,7 @@ def delta_chart(df: pd.DataFrame, sort: list[str], x_title: str) -> alt.TopLevel
     base = alt.Chart(df)
     zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#888").encode(x="x:Q")
     bars = base.mark_rule(strokeWidth=2).encode(
-        x=alt.X("delta_lo:Q", title=x_title), x2="delta_hi:Q", y=enc_y, color=color, tooltip=tooltip)
+        x=alt.X("delta_lo:Q", title=x_title, axis=x_axis()), x2="delta_hi:Q", y=enc_y, color=color, tooltip=tooltip)
     dots = base.mark_point(filled=True, size=70).encode(x="delta:Q", y=enc_y, color=color, tooltip=tooltip)
     return alt.layer(zero, bars, dots).properties(height=max(120, min(900, 26 * len(sort))))
 
@@ -201,33 +241,57 @@ def delta_chart(df: pd.DataFrame, sort: list[str], x_title: str) -> alt.TopLevel
 
 def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: str | None,
                  log_x: bool, x_better: str, domain: list[str] | None = None) -> alt.TopLevelMixin:
-    """Quality (y, lower is better) against a cost; ``df`` has x, y, y_lo, y_hi, cell, front."""
+    """Quality (y, lower is better) against a cost; ``df`` has x, y, y_lo, y_hi, cell, front.
+
+    Optional columns: ``x_lo``/``x_hi`` (the cost's min and max over a cell's
+    seeds, drawn as a horizontal bar: a speed measured once per seed is a
+    spread, not a number) and ``contended`` (bool: a run measured on a
+    contended machine, or a cell with one; drawn with a red ring, in the legend
+    as "contended").
+    """
     field = color or "cell"
     domain = domain or sorted(df[field].astype(str).unique())
     pick = alt.selection_point(fields=[field], bind="legend")
     col = alt.Color(f"{field}:N", scale=alt.Scale(scheme=_scheme(len(domain)), domain=domain),
-                    legend=alt.Legend(orient="bottom", columns=1 if field == "cell" else 4, labelLimit=420,
-                                      symbolOpacity=1))
+                    legend=cell_legend(legend_columns(domain) if field == "cell" else 4))
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
                alt.Tooltip("y:Q", title=y_title, format=".4f"), alt.Tooltip("n:Q", title="runs"),
                alt.Tooltip("front:N", title="on the Pareto front")]
-    xs = alt.X("x:Q", title=x_title, scale=_scale(log_x), axis=alt.Axis(format=",.4~g"))
-    ys = alt.Y("y:Q", title=y_title, scale=alt.Scale(zero=False))
+    if "x_lo" in df:
+        tooltip += [alt.Tooltip("x_lo:Q", title=f"{x_title} (min)", format=",.4~g"),
+                    alt.Tooltip("x_hi:Q", title=f"{x_title} (max)", format=",.4~g")]
+    if "contended" in df:
+        tooltip.append(alt.Tooltip("contended_runs:N", title="contended") if "contended_runs" in df
+                       else alt.Tooltip("contended:N"))
+    xs = alt.X("x:Q", title=x_title, scale=_scale(log_x), axis=x_axis(",.4~s" if not log_x else ",.2~s"))
+    ys = alt.Y("y:Q", title=y_title, scale=alt.Scale(zero=False), axis=y_axis())
     base = alt.Chart(df)
     err = base.mark_rule(opacity=0.5).encode(x=xs, y=alt.Y("y_lo:Q", title=y_title, scale=alt.Scale(zero=False)),
                                               y2="y_hi:Q", color=col,
                                               opacity=alt.condition(pick, alt.value(0.5), alt.value(0.08)))
+    layers: list[Any] = []
+    if "x_lo" in df:
+        layers.append(base.mark_rule(strokeWidth=2).encode(
+            x=alt.X("x_lo:Q", title=x_title, scale=_scale(log_x)), x2="x_hi:Q", y=ys, color=col,
+            opacity=alt.condition(pick, alt.value(0.6), alt.value(0.08))))
     pts = base.mark_point(filled=True, size=110, stroke="#222", strokeWidth=0.6).encode(
         x=xs, y=ys, color=col,
         shape=alt.Shape("front:N", title="Pareto front", scale=alt.Scale(domain=[True, False],
-                                                                       range=["diamond", "circle"])),
+                                                                       range=["diamond", "circle"]),
+                        legend=alt.Legend(orient="top")),  # small legends above: the cells' take the bottom
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)), tooltip=tooltip)
+    if "contended" in df and df["contended"].astype(bool).any():
+        layers.append(base.transform_filter("datum.contended").mark_point(
+            filled=False, size=360, strokeWidth=2, shape="circle").encode(
+            x=xs, y=ys, stroke=alt.Stroke("speed:N", title=None, legend=alt.Legend(orient="top"),
+                                          scale=alt.Scale(domain=["contended"], range=[CONTENDED_COLOUR])),
+            tooltip=tooltip).transform_calculate(speed="'contended'"))
     front = df[df["front"]].sort_values("x")
     step = "step-after" if x_better == "lower" else "step-before"
     line = alt.Chart(front).mark_line(interpolate=step, color="#444", strokeDash=[6, 3]).encode(x=xs, y=ys)
-    n_legend = df[field].nunique() if field == "cell" else -(-df[field].nunique() // 4)
-    return (alt.layer(line, err, pts).add_params(pick, alt.selection_interval(bind="scales"))
-            .properties(height=_with_legend(n_legend)))
+    n_legend = -(-len(domain) // (legend_columns(domain) if field == "cell" else 4))
+    return (alt.layer(line, err, *layers, pts).add_params(pick, alt.selection_interval(bind="scales"))
+            .properties(height=_with_legend(n_legend + 2)))
 
 
 # ---------------------------------------------------------------- kernels
@@ -236,7 +300,7 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
 def bench_chart(df: pd.DataFrame, value: str, title: str, lo: str | None = None, hi: str | None = None,
                 rule: float | None = None) -> alt.TopLevelMixin:
     """Providers side by side for each case (``df``: case, provider and the value columns)."""
-    color = alt.Color("provider:N", scale=alt.Scale(scheme="tableau10"), legend=alt.Legend(orient="bottom"))
+    color = alt.Color("provider:N", scale=alt.Scale(scheme="tableau10"), legend=cell_legend(4))
     tooltip: list[Any] = [alt.Tooltip("case:N"), alt.Tooltip("provider:N"),
                           alt.Tooltip(f"{value}:Q", title=title, format=".4~g")]
     if lo and hi:

@@ -16,6 +16,8 @@ from typing import Any, Callable
 import pandas as pd
 import streamlit as st
 
+from abl import labels as abl_labels
+from abl import sections
 from abl.dashboard import queries as q
 
 ABSENT = "(absent)"
@@ -170,6 +172,11 @@ def runs_table(sel: q.Selection) -> pd.DataFrame:
     """Selected runs with a ``cell`` label and one column per varied axis (named by its label)."""
     axes = varied_axes(sel)
     df = load(q.runs, sel, tuple(axes["path"]))
+    if len(df):  # labels from the settings that differ between the cells shown (abl.labels)
+        stored = dict(zip(df["cell_key"].astype(str), df["label"]))
+        # no explicit order: the stored grid labels name the grid's axes, in the grid's order
+        names = abl_labels.cell_labels(load(q.cell_configs, sel), (), stored)
+        df["label"] = [names.get(str(k), lbl) for k, lbl in zip(df["cell_key"], df["label"])]
     multi = df["experiment"].nunique() > 1
     df["cell"] = [f"{e} · {lbl}" if multi else lbl for e, lbl in zip(df["experiment"], df["label"])]
     rename = {f"axis:{p}": lbl for p, lbl in zip(axes["path"], axes["label"])}
@@ -202,6 +209,26 @@ def no_runs(sel: q.Selection) -> bool:
                 "its runs appear here as they start.")
         return True
     return False
+
+
+# ---------------------------------------------------------------- contention
+
+CONTENDED_NOTE = ("measured while the machine was busy with other work (its load or the CPU time the run got "
+                  "says so): its speed figures are contention, not a property of the cell")
+
+
+def contended_runs(sel: q.Selection) -> set[str]:
+    """The selected runs whose speed was measured on a contended machine (abl.sections.is_contended)."""
+    if sections.CONTENDED not in load(q.metric_names, sel):
+        return set()
+    fin = load(q.finals, sel, (sections.CONTENDED,))
+    return {str(r) for r, v in zip(fin["run_id"], fin[sections.CONTENDED])
+            if pd.notna(v) and sections.is_contended({sections.CONTENDED: float(v)})}
+
+
+def contended_caption(n: int, total: int) -> str:
+    return (f"Red rings / ⚠: {n} of {total} run(s) were {CONTENDED_NOTE}. With several seeds the bar is "
+            "the min–max over seeds, not one number.")
 
 
 # ---------------------------------------------------------------- formatting

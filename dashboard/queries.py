@@ -91,7 +91,17 @@ KNOWN_METRICS: dict[str, MetricInfo] = {
     "flops": MetricInfo("training FLOPs", "max", "none", "FLOP"),
     "flops_per_token": MetricInfo("forward FLOPs/token", "last", "none", "FLOP"),
     "train_flops_per_token": MetricInfo("training FLOPs/token", "last", "none", "FLOP"),
+    "contended": MetricInfo("measured on a contended machine (1 = yes)", "last", "none"),
+    "cpu_util": MetricInfo("CPU share the run got", "last", "none"),
+    "load_per_core": MetricInfo("load average per core during the loop", "last", "none"),
 }
+
+# speed figures: what a contended machine falsifies
+SPEED_METRICS = ("tokens_per_s", "train_tokens_per_s", "decode_tokens_per_s", "mfu")
+
+
+def is_speed(name: str) -> bool:
+    return name in SPEED_METRICS or name.endswith("_per_s") or name.startswith("mfu")
 
 
 def metric_info(name: str) -> MetricInfo:
@@ -611,6 +621,20 @@ def run_row(store: Store, run_id: str) -> dict[str, Any] | None:
 def cell_config(store: Store, cell_key: str) -> str | None:
     df = store.query("SELECT config FROM runs WHERE cell_key = ? ORDER BY seed LIMIT 1", [cell_key])
     return None if df.empty else df["config"].iloc[0]
+
+
+def cell_configs(store: Store, sel: Selection) -> dict[str, Any]:
+    """``{cell_key: config}`` (one seed's) of the selected cells: the input of abl.labels."""
+    where, params = sel.where()
+    df = store.query(f"SELECT cell_key, arg_min(config, seed) AS config FROM runs r WHERE {where} "
+                     "GROUP BY cell_key", params)
+    out: dict[str, Any] = {}
+    for key, cfg in zip(df["cell_key"], df["config"]):
+        try:
+            out[str(key)] = json.loads(cfg) if isinstance(cfg, str) else (cfg or {})
+        except ValueError:
+            out[str(key)] = {}
+    return out
 
 
 def run_metric_summary(store: Store, run_id: str, live: Live | None = None) -> pd.DataFrame:

@@ -372,11 +372,17 @@ def ingest(run_dirs, db_path, runs_dir, wait):
 @click.option("--port", default=8501, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; the default serves this machine only.")
-def dashboard(db_path, runs_dir, port, host):
+@click.option("--snapshot", "snapshot_dir", default=None, type=click.Path(file_okay=False),
+              help="Instead of serving: save a full-page PNG of every page into this folder and exit "
+                   "(headless Chromium; a plain `chromium --screenshot` captures the page before it has drawn).")
+@click.option("--width", "widths", multiple=True, type=click.IntRange(320, 4000),
+              help="Window width in pixels for --snapshot (repeatable; default 1400).")
+def dashboard(db_path, runs_dir, port, host, snapshot_dir, widths):
     """Serve the Streamlit comparison dashboard (needs the 'dashboard' extra).
 
     It only reads the store, with short read-only connections, so it can stay
-    open while abl run writes to the same database.
+    open while abl run writes to the same database. With --snapshot it saves a
+    screenshot of every page instead.
     """
     import importlib.util
     import subprocess
@@ -384,6 +390,12 @@ def dashboard(db_path, runs_dir, port, host):
     if importlib.util.find_spec("streamlit") is None:
         fail("the dashboard needs Streamlit: pip install -e '.[dashboard]'")
     db = Path(db_path).resolve()
+    if snapshot_dir is not None:
+        _dashboard_snapshot(db, Path(runs_dir).resolve() if runs_dir else db.parent / "runs", Path(snapshot_dir),
+                            list(widths) or [1400])
+        return
+    if widths:
+        fail("--width applies to --snapshot only")
     if not db.exists():
         click.echo(f"note: no database at {db} yet; the dashboard shows it once abl run creates it", err=True)
     import abl.dashboard
@@ -401,6 +413,40 @@ def dashboard(db_path, runs_dir, port, host):
         sys.stderr.flush()
         os.execve(sys.executable, argv, env)
     sys.exit(subprocess.call(argv, env=env))
+
+
+def _dashboard_snapshot(db: Path, runs_dir: Path, out_dir: Path, widths: list[int]) -> None:
+    """abl dashboard --snapshot: every page as a PNG, or exit 2 with why not."""
+    import importlib.util
+
+    if not db.is_file():
+        fail(f"no database at {db}: nothing to take a snapshot of (pass --db)")
+    if importlib.util.find_spec("playwright") is None:
+        fail("--snapshot needs Playwright: pip install -e '.[dashboard]'")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".abl_write_test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        fail(f"cannot write into {out_dir}: {exc.strerror or exc}")
+    from abl.dashboard import snapshot
+
+    try:
+        snapshot.chromium()
+        shots = snapshot.snapshot(db, runs_dir, out_dir, widths, out_dir / "server.log")
+    except snapshot.SnapshotError as exc:
+        fail(f"{exc} (server log: {out_dir / 'server.log'})")
+    except Exception as exc:  # noqa: BLE001 - a browser that cannot start or a page that never settles
+        fail(f"the snapshot failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    broken = [s for s in shots if s.exceptions]
+    for s in shots:
+        click.echo(f"{s.path}  ({s.width} px wide, {s.content_height} px tall"
+                   + (f", {s.exceptions} exception(s) shown" if s.exceptions else "") + ")")
+    if broken:
+        click.echo(f"{len(broken)} page(s) show an exception: " + ", ".join(sorted({s.page for s in broken})),
+                   err=True)
+        sys.exit(1)
 
 
 def _si(x, unit: str = "") -> str:

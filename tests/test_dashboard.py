@@ -251,12 +251,18 @@ def test_curves_page_mean_band_seeds_axes_and_smoothing(fixture_store):
     specs = vega(at)
     assert len(specs) == 2
     marks = [layer["mark"]["type"] for layer in _layers(specs[0])]
-    assert marks == ["area", "line"]  # CI band, mean line
+    assert marks == ["line", "line"]  # 2 seeds: each seed's line and the mean, no CI band (a smear at n = 2)
+    assert find(at.toggle, "95% CI band").value is False and find(at.toggle, "individual seeds").value is True
     assert len(downloads(at)) >= 4 and {"CSV", "PNG"} <= set(downloads(at))
+    ok(find(at.toggle, "95% CI band").set_value(True))
+    ok(find(at.toggle, "individual seeds").set_value(False))
+    marks = [layer["mark"]["type"] for layer in _layers(vega(at)[0])]
+    assert marks == ["area", "line"]  # CI band, mean line
 
     # raw (no EMA): the mean at step 1 is the mean of the seeds' train_loss at step 1
     ok(find(at.slider, "EMA smoothing").set_value(0.0))
     data = next(iter(vega(at)[0]["_data"].values()))
+    data = data[data["kind"] == "mean"]
     raw = fixture_store.sql("""
         SELECT r.label, avg(m.value), count(*) FROM metrics m JOIN runs r USING (run_id)
         WHERE m.name = 'train_loss' AND m.step = 1 AND r.status = 'completed' GROUP BY r.label""")
@@ -273,13 +279,13 @@ def test_curves_page_mean_band_seeds_axes_and_smoothing(fixture_store):
     assert [layer["mark"]["type"] for layer in layers] == ["area", "line", "line"]
     assert layers[1]["encoding"]["detail"]["field"] == "seed"
     assert layers[2]["encoding"]["y"]["scale"]["type"] == "log"
-    mean = [d for d in spec["_data"].values() if "mean" in d][0]
+    mean = [d[d["kind"] == "mean"] for d in spec["_data"].values() if "mean" in d][0]
     assert (mean["x"] == mean["step"] * 4 * 32).all()  # tokens = step x batch_size x context
     if has_flops:  # FLOPs = step x the FLOPs of one training step
         ok(x_axis.set_value("flops"))
         per_step = dict(fixture_store.sql("SELECT r.label, avg(m.value) FROM metrics m JOIN runs r USING (run_id) "
                                           "WHERE m.name = 'flops_per_step_measured' GROUP BY r.label"))
-        mean = [d for d in vega(at)[0]["_data"].values() if "mean" in d][0]
+        mean = [d[d["kind"] == "mean"] for d in vega(at)[0]["_data"].values() if "mean" in d][0]
         assert np.allclose(mean["x"], mean["step"] * mean["cell"].map(per_step))
 
 
@@ -524,6 +530,7 @@ def test_running_runs_show_progress_from_their_run_folder(fixture_store, tmp_pat
     assert "updated" in row["activity"]
     ok(at.switch_page("views/curves.py"))
     data = next(iter(vega(at)[0]["_data"].values()))
+    data = data[data["kind"] == "mean"]  # the seeds' own lines are in the same frame
     label = row["cell"]
     n_by_step = dict(zip(data.loc[data["cell"] == label, "step"], data.loc[data["cell"] == label, "n"]))
     assert n_by_step[1] == 3 and n_by_step[16] == 2  # the running seed joins its cell's mean so far

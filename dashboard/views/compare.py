@@ -164,6 +164,11 @@ export = summ[[c for c in dict.fromkeys(table_cols + ["cell_key"]) if c in summ]
 st.subheader(f"{info.label}: mean and 95% CI per cell, {'lower' if lower_better else 'higher'} is better")
 charts.show(chart, export, f"compare_{metric}", key="compare", caption=caption,
             height=charts.rows_height(len(y_sort), facets=facet != NONE))
+if q.is_speed(metric):
+    hit = common.contended_runs(sel)
+    if hit:
+        st.warning(f"{len(hit)} run(s) of the selection were {common.CONTENDED_NOTE}: compare speeds of runs "
+                   "measured on a quiet machine (the runs table flags them).", icon=":material/warning:")
 
 st.subheader(f"Verdicts: {what}")
 if comp.empty:

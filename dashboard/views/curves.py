@@ -2,14 +2,19 @@
 
 The seeds of a cell are averaged at each step into one line, with the 95%
 t-interval of that mean as a band (where at least two seeds reached the step).
-Smoothing is a debiased EMA applied to each run before averaging.
+The bands are on by default only when every cell shown has at least 3 seeds
+(``abl.sections.bands_by_default``: at n = 2 the t multiplier is 12.7 and a
+band is a smear); otherwise each seed's line is drawn faintly instead, and a
+toggle turns the bands on. Smoothing is a debiased EMA applied to each run
+before averaging. More cells than the palette has distinct colours: one panel
+per value of the first grid axis.
 """
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from abl import stats
+from abl import sections, stats
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 
@@ -59,13 +64,20 @@ metrics = top[0].multiselect("Metrics", per_step, default=default_metrics, key="
 x_kind = top[1].radio("x axis", list(x_options), format_func=x_options.get, horizontal=True, key="curve_x")
 smooth = top[2].slider("EMA smoothing", 0.0, 0.99, 0.6, 0.01, key="curve_ema",
                        help="weight of the previous value; 0 = raw. Debiased like TensorBoard's.")
-opts = st.columns(4)
-log_x = opts[0].toggle("log x", key="curve_logx")
-log_y = opts[1].toggle("log y", key="curve_logy")
-show_seeds = opts[2].toggle("individual seeds", key="curve_seeds")
-show_band = opts[3].toggle("95% CI band", value=True, key="curve_band")
 keys = list(cells["cell_key"])
 default_cells = keys if len(keys) <= DEFAULT_CELLS else keys[:DEFAULT_CELLS]
+shown_keys = [k for k in st.session_state.get("curve_cells") or () if k in keys] or default_cells
+seeds_per_cell = runs[runs["cell_key"].isin(shown_keys)].groupby("cell_key")["seed"].nunique()
+bands = sections.bands_by_default(seeds_per_cell.tolist())
+row = st.container(horizontal=True, gap="large")  # toggles as wide as their labels, wrapping: none cut
+log_x = row.toggle("log x", key="curve_logx")
+log_y = row.toggle("log y", key="curve_logy")
+show_seeds = row.toggle("individual seeds", value=not bands, key="curve_seeds",
+                            help="A faint dashed line per seed (on by default when a cell has fewer than "
+                                 f"{sections.MIN_SEEDS_FOR_BANDS} seeds).")
+show_band = row.toggle("95% CI band", value=bands, key="curve_band",
+                           help=f"Off by default when a cell shown has fewer than {sections.MIN_SEEDS_FOR_BANDS} "
+                                "seeds: with 2 seeds the 95% t multiplier is 12.7, so the band says little.")
 if "curve_cells" in st.session_state:
     st.session_state["curve_cells"] = [k for k in st.session_state["curve_cells"] if k in keys]
 else:
@@ -80,7 +92,10 @@ if not chosen or not metrics:
 
 sub = runs[runs["cell_key"].isin(chosen)]
 run_ids = tuple(sub["run_id"])
-meta = sub.set_index("run_id")[["cell", "seed", "tokens_per_step", "cell_key"]]
+axes = runs.attrs.get("axes", [])
+facet = axes[0] if axes and len(chosen) > charts.MAX_COLOURS else None
+meta = sub.set_index("run_id")[["cell", "seed", "tokens_per_step", "cell_key", *([facet] if facet else [])]]
+contended = common.contended_runs(sel) & set(run_ids)
 
 flops_factor = None  # per run: FLOPs per step
 if x_kind == "flops" and not flops_cum:
@@ -114,13 +129,14 @@ def curve_frames(metric: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     # seeds of a cell share their steps; average per step (wall time: the mean x)
     g = df.groupby(["cell_key", "step"], sort=False)
     agg = g.agg(cell=("cell", "first"), x=("x", "mean"), mean=("y", "mean"), std=("y", "std"),
-                n=("y", "count")).reset_index()
+                n=("y", "count"), **({facet: (facet, "first")} if facet else {})).reset_index()
     hw = stats.t_halfwidth(agg["std"].fillna(0.0), agg["n"])
     agg["lo"] = np.where(agg["n"] >= 2, agg["mean"] - hw, agg["mean"])
     agg["hi"] = np.where(agg["n"] >= 2, agg["mean"] + hw, agg["mean"])
     agg = agg.sort_values(["cell_key", "step"])
     agg = stats.downsample(agg, "cell_key", MAX_POINTS)
-    seeds = stats.downsample(df[["run_id", "cell", "seed", "step", "x", "y"]], "run_id", MAX_POINTS)
+    seeds = stats.downsample(df[["run_id", "cell", "seed", "step", "x", "y", *([facet] if facet else [])]],
+                             "run_id", MAX_POINTS)
     return agg, seeds
 
 
@@ -130,11 +146,11 @@ for metric in metrics:
     if agg.empty:
         st.info(f"No {metric} rows for these cells yet.")
         continue
-    chart = charts.curve_chart(agg[["cell", "step", "x", "mean", "lo", "hi", "n"]],
+    chart = charts.curve_chart(agg[["cell", "step", "x", "mean", "lo", "hi", "n", *([facet] if facet else [])]],
                                seeds if show_seeds else None, x_options[x_kind], metric,
                                log_x=log_x, log_y=log_y, band=show_band,
                                x_format={"step": "d", "wall": ",.0f"}.get(x_kind, "~s"),
-                               domain=[labels[k] for k in chosen])
+                               domain=[labels[k] for k in chosen], facet=facet)
     # the x column under its own name (step is there already)
     x_col = {"tokens": "tokens", "flops": "flops", "wall": "elapsed_s"}.get(x_kind)
     cols = ["cell", "cell_key", "step", *(["x"] if x_col else []), "mean", "std", "n", "lo", "hi"]
@@ -143,9 +159,20 @@ for metric in metrics:
         per_seed = seeds[["cell", "seed", "step", *(["x"] if x_col else []), "y"]]
         export = pd.concat([export.assign(kind="mean over seeds"),
                             per_seed.rename(columns={"x": x_col, "y": "mean"}).assign(kind="one seed")])
+    what = ["solid: mean over seeds"]
+    if show_seeds:
+        what.append("dashed: each seed")
+    if show_band:
+        what.append("band: 95% t-interval across seeds")
     charts.show(chart, export, f"{metric}_vs_{x_kind}", key=f"curve_{metric}",
-                caption=f"mean over seeds, band: 95% t-interval across seeds; EMA {smooth:.2f}; "
+                caption="; ".join(what) + f"; EMA {smooth:.2f}; "
                         "drag to pan, scroll to zoom, click a legend entry to highlight a cell")
+    if q.is_speed(metric) and contended:
+        hit = sorted({labels.get(k, k) for k in sub.loc[sub["run_id"].isin(contended), "cell_key"]})
+        st.caption(f"⚠ {len(contended)} run(s) of these cells were {common.CONTENDED_NOTE}: " + "; ".join(hit))
+if not bands and not show_band:
+    st.caption(f"95% CI bands are off: a cell shown has fewer than {sections.MIN_SEEDS_FOR_BANDS} seeds "
+               f"(min {int(seeds_per_cell.min()) if len(seeds_per_cell) else 0}); each seed's line is drawn instead.")
 if x_kind == "flops" and not flops_cum:
     name, unit, factor = flops_run
     st.caption(f"training FLOPs = {'step' if unit == 'step' else 'tokens seen'} × {name}"

@@ -17,13 +17,13 @@ st.title("Experiments & runs")
 exps = common.load(q.experiments)
 if not exps.empty:
     totals = exps[["runs", "cells", "completed", "running", "not_completed"]].sum()
-    cols = st.columns(5)
-    cols[0].metric("experiments", len(exps))
-    cols[1].metric("runs", int(totals["runs"]))
-    cols[2].metric("completed", int(totals["completed"]))
-    cols[3].metric("running", int(totals["running"]))
-    cols[4].metric("did not complete", int(totals["not_completed"]),
-                   help="status " + ", ".join(NOT_COMPLETED))
+    tiles = st.container(horizontal=True, gap="small")  # each tile as wide as its label: none is cut
+    tiles.metric("experiments", len(exps), width="content")
+    tiles.metric("runs", int(totals["runs"]), width="content")
+    tiles.metric("completed", int(totals["completed"]), width="content")
+    tiles.metric("running", int(totals["running"]), width="content")
+    tiles.metric("did not complete", int(totals["not_completed"]), width="content",
+                 help="status " + ", ".join(NOT_COMPLETED))
     with st.expander("All experiments", expanded=False):
         st.dataframe(exps, hide_index=True, width="stretch", column_config={
             "not_completed": st.column_config.NumberColumn("did not complete"),
@@ -42,6 +42,8 @@ once = [n for n, per_step in zip(catalogue["name"], catalogue["per_step"]) if no
 names = [n for n in SUMMARY if n in present] + [n for n in once if n not in SUMMARY]
 fin = common.load(q.finals, sel, tuple(names))
 df = runs.merge(fin, on="run_id", how="left")
+contended = common.contended_runs(sel)
+df["contended"] = df["run_id"].isin(contended)
 
 # running cells: progress from their metrics files, and how long ago they last wrote
 progress = ctx.live.progress
@@ -87,6 +89,10 @@ column_config = {
     "run": st.column_config.LinkColumn("detail", display_text="open", help="Run detail in a new tab"),
     "run_id": st.column_config.TextColumn("run_id"),
     "activity": st.column_config.TextColumn("activity"),
+    "contended": st.column_config.CheckboxColumn("⚠ contended", help="Speed measured on a contended machine: "
+                                                 "its tokens/s and MFU are the machine's load, not a result"),
+    "contended seeds": st.column_config.NumberColumn("⚠ contended seeds", help="Seeds whose speed was measured "
+                                                     "on a contended machine"),
 }
 for n in metric_cols:
     info = q.metric_info(n)
@@ -100,7 +106,14 @@ if view == "one per cell (seeds aggregated)":
                        **{a: (a, "first") for a in axes}, seeds=("seed", "count"),
                        status=("status", lambda s: ", ".join(f"{k}×{v}" for k, v in s.value_counts().items())),
                        progress=("progress", "mean"), started=("started", "min"),
-                       **{n: (n, "mean") for n in metric_cols}).reset_index()
+                       **{n: (n, "mean") for n in metric_cols}, **{"contended seeds": ("contended", "sum")}
+                       ).reset_index()
+    speed_cols = [n for n in metric_cols if q.is_speed(n)]
+    for n in speed_cols:  # one speed per seed: the spread, not one number
+        lo, hi, k = groups[n].min(), groups[n].max(), groups[n].count()
+        spread = {c: (f"{common.fmt_num(lo[c])} – {common.fmt_num(hi[c])}" if k[c] > 1 else "")
+                  for c in lo.index}
+        table[f"{n} min–max"] = table["cell_key"].map(spread)
     if "val_loss" in df:
         summ = stats.summarize_groups(df.dropna(subset=["val_loss"]), "cell_key", "val_loss")
         summ["val_loss ±95% CI"] = (summ["ci_hi"] - summ["mean"]).round(4)
@@ -108,14 +121,15 @@ if view == "one per cell (seeds aggregated)":
     if "val_loss" in table:
         table = table.sort_values("val_loss", na_position="last")
     order = [*axes, "seeds", "status", "progress", *metric_cols[:1],
-             *(["val_loss ±95% CI"] if "val_loss ±95% CI" in table else []), *metric_cols[1:], "cell",
-             "started", "experiment"]
+             *(["val_loss ±95% CI"] if "val_loss ±95% CI" in table else []),
+             *[c for n in metric_cols[1:] for c in (n, f"{n} min–max") if c in table],
+             *(["contended seeds"] if contended else []), "cell", "started", "experiment"]
     column_config["val_loss"] = st.column_config.NumberColumn("val_loss (mean)", format="%.4f")
 else:
     table = df.copy()
     table["run"] = "run_detail?run=" + table["run_id"]
-    order = [*axes, "seed", "status", "progress", *metric_cols, "activity", "cell", "started", "experiment",
-             "run_id", "run"]
+    order = [*axes, "seed", "status", "progress", *metric_cols, *(["contended"] if contended else []),
+             "activity", "cell", "started", "experiment", "run_id", "run"]
     if not table["activity"].astype(bool).any():
         order.remove("activity")
 table = table.reset_index(drop=True)
@@ -131,7 +145,7 @@ def _use_selected_cells() -> None:
 
 
 rows = event.selection.rows if event is not None else []
-left, mid, right = st.columns([2, 2, 3])
+left = mid = right = st.container(horizontal=True)  # buttons as wide as their labels, wrapping
 left.button(f"Compare the {len(rows)} selected row(s)' cells", disabled=not rows, on_click=_use_selected_cells,
             icon=":material/compare_arrows:",
             help="Restricts every page to these cells (the sidebar's 'Cells to compare').")
@@ -144,6 +158,9 @@ right.download_button("Download this table (CSV)", data=lambda: table[shown].to_
 st.caption(f"{len(runs)} runs in {runs['cell_key'].nunique()} cells. Columns: the config axes that vary between "
            "the selected runs, then each run's final numbers (val_loss and train_loss at the last step, "
            "tokens/s the median over steps, memory the peak). Select rows to compare their cells.")
+if contended:
+    st.caption(f"⚠ {len(contended & set(df['run_id']))} run(s) were {common.CONTENDED_NOTE} "
+               "(column ⚠ contended). Per cell, speed shows its min–max over seeds.")
 
 problems = df[df["status"].isin(NOT_COMPLETED)]
 if len(problems):

@@ -76,7 +76,7 @@ else:
 summary = stats.summarize_groups(vals, ["panel", "mixer", "d_model"])
 base = alt.Chart(summary).encode(
     x=alt.X("d_model:Q", title="d_model", scale=alt.Scale(type="log", base=2)),
-    color=alt.Color("mixer:N", legend=alt.Legend(orient="bottom")))
+    color=alt.Color("mixer:N", legend=charts.cell_legend(4)))
 lines = base.mark_line(point=True).encode(
     y=alt.Y("mean:Q", title=f"final {metric}", scale=alt.Scale(domain=[0, 1])),
     tooltip=["mixer", "d_model", "panel", "n", alt.Tooltip("mean:Q", format=".3f"),

@@ -6,6 +6,7 @@ import math
 import pandas as pd
 import streamlit as st
 
+from abl import sections
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 from abl.tables import config_diff
@@ -52,15 +53,38 @@ st.markdown(f"### {row['label'] or run_id}\n"
 
 summary = common.load(q.run_metric_summary, run_id)
 last = dict(zip(summary["name"], summary["last"]))
-med = common.load(q.finals, q.Selection(cells=(row["cell_key"],)), ("tokens_per_s",))
-tps = med.set_index("run_id")["tokens_per_s"].get(run_id) if "tokens_per_s" in med else None
-cards = st.columns(6)
-cards[0].metric("final val_loss", common.fmt_num(last.get("val_loss")))
-cards[1].metric("final train_loss", common.fmt_num(last.get("train_loss")))
-cards[2].metric("tokens/s (median)", common.fmt_num(tps))
-cards[3].metric("peak memory", common.fmt_bytes(last.get("peak_mem_bytes")))
-cards[4].metric("parameters", common.fmt_num(last.get("n_params")))
-cards[5].metric("wall time", "–" if last.get("wall_s") is None else f"{last['wall_s']:.1f} s")
+speed = common.load(q.finals, q.Selection(cells=(row["cell_key"],)), ("tokens_per_s", sections.CONTENDED))
+speed = speed.set_index("run_id")
+tps = speed["tokens_per_s"].get(run_id)
+this_contended = sections.is_contended({sections.CONTENDED: speed[sections.CONTENDED].get(run_id)}) \
+    if pd.notna(speed[sections.CONTENDED].get(run_id)) else False
+cell_tps = speed["tokens_per_s"].dropna()
+
+
+def _wall(v) -> str:
+    return "–" if v is None or pd.isna(v) else f"{v:.1f} s"
+
+
+# key figures as a table, not metric tiles: a tile cuts a long value ("573.8 …") at a laptop width
+tps_text = common.fmt_num(tps)
+if this_contended:
+    tps_text += " ⚠ contended"
+if len(cell_tps) > 1:
+    tps_text += f" (cell: {common.fmt_num(cell_tps.min())} – {common.fmt_num(cell_tps.max())} over {len(cell_tps)} seeds)"
+figures = pd.DataFrame({
+    "final val_loss": [common.fmt_num(last.get("val_loss"))],
+    "final train_loss": [common.fmt_num(last.get("train_loss"))],
+    "tokens/s (median)": [tps_text],
+    "peak memory": [common.fmt_bytes(last.get("peak_mem_bytes"))],
+    "parameters": [common.fmt_num(last.get("n_params"))],
+    "wall time": [_wall(last.get("wall_s"))],
+})
+st.table(figures.set_index(pd.Index([""])))
+if this_contended:
+    st.caption(f"⚠ This run was {common.CONTENDED_NOTE}"
+               + (f" (CPU share {last['cpu_util']:.2f}" if last.get("cpu_util") is not None else "")
+               + (f", load per core {last['load_per_core']:.2f})" if last.get("load_per_core") is not None
+                  else ")" if last.get("cpu_util") is not None else "") + ".")
 
 if status == "running":
     p = ctx.live.progress.get(run_id, {})

@@ -3,6 +3,11 @@
 A cell is on the front when no other cell is at least as good on both axes
 and strictly better on one (lower loss; lower memory, KV cache and
 parameters; higher throughput).
+
+Speed axes (tokens/s, MFU) show the min–max over a cell's seeds as a
+horizontal bar, and ring in red the cells (or runs) measured on a contended
+machine (``abl.sections.is_contended``): their speed is the machine's load,
+not a result.
 """
 
 import pandas as pd
@@ -32,17 +37,19 @@ if not qualities:
     st.info("The selected runs have no metrics yet.")
     st.stop()
 
-top = st.columns([2, 2, 2, 2])
+top = st.columns(2)
 quality = top[0].selectbox("Quality (y, lower is better)", qualities, key="tr_quality")
 color = top[1].selectbox("Color by", ["cell", *axes], key="tr_color",
-                         index=0 if len(cells) <= 20 or not axes else 1)
-per_run = top[2].toggle("one point per run", key="tr_runs", help="Default: the mean of each cell's seeds")
-include_all = top[3].toggle("include runs that did not complete", key="tr_incomplete")
+                         index=0 if len(cells) <= charts.MAX_COLOURS or not axes else 1)
+row = st.container(horizontal=True, gap="large")  # toggles as wide as their labels, wrapping: none cut
+per_run = row.toggle("one point per run", key="tr_runs", help="Default: the mean of each cell's seeds")
+include_all = row.toggle("include runs that did not complete", key="tr_incomplete")
 extra = [n for n in names if n not in dict(((c[0], 0) for c in COSTS)) and n != quality]
 custom = st.multiselect("More cost axes", extra, key="tr_custom",
                         help="Any other metric, one plot each (lower is better unless its name ends in _per_s).")
 
 y = common.load(q.cell_values, sel, quality, not include_all)
+contended = common.contended_runs(sel)
 if y.empty:
     st.info(f"No {'' if include_all else 'completed '}run of the selection has {quality} yet.")
     st.stop()
@@ -54,13 +61,25 @@ def points(cost: str) -> pd.DataFrame:
     df = y.merge(x[["run_id", "value"]].rename(columns={"value": "x"}), on="run_id")
     if df.empty:
         return df
+    speed = q.is_speed(cost)
     if per_run:
         df = df.rename(columns={"value": "y"}).assign(y_lo=lambda d: d["y"], y_hi=lambda d: d["y"], n=1)
         df = df.merge(cells[["cell_key", "cell", *axes]], on="cell_key", how="left", suffixes=("_run", ""))
         df["cell"] = df["cell"] + " · seed " + df["seed"].astype(str)
+        if speed and contended:
+            df["contended"] = df["run_id"].isin(contended)
         return df
     s = stats.summarize_groups(df, "cell_key", "value").rename(columns={"mean": "y", "ci_lo": "y_lo", "ci_hi": "y_hi"})
-    s["x"] = df.groupby("cell_key", sort=False)["x"].mean().reindex(s["cell_key"]).to_numpy()
+    gx = df.groupby("cell_key", sort=False)["x"]
+    s["x"] = gx.mean().reindex(s["cell_key"]).to_numpy()
+    if speed and (gx.count() > 1).any():  # one speed per seed: show the spread, not one number
+        s["x_lo"] = gx.min().reindex(s["cell_key"]).to_numpy()
+        s["x_hi"] = gx.max().reindex(s["cell_key"]).to_numpy()
+    if speed and contended:
+        hit = df.assign(c=df["run_id"].isin(contended)).groupby("cell_key")["c"]
+        s["contended"] = hit.any().reindex(s["cell_key"]).fillna(False).to_numpy()
+        s["contended_runs"] = [f"{int(a)} of {int(b)} runs" for a, b in
+                               zip(hit.sum().reindex(s["cell_key"]).fillna(0), hit.count().reindex(s["cell_key"]).fillna(0))]
     s["y_lo"] = s["y_lo"].fillna(s["y"])
     s["y_hi"] = s["y_hi"].fillna(s["y"])
     return s.merge(cells[["cell_key", "cell", *axes]], on="cell_key", how="left")
@@ -68,9 +87,9 @@ def points(cost: str) -> pd.DataFrame:
 
 plots = [(c, b, lg) for c, b, lg in COSTS] + [(c, q.metric_info(c).better if q.metric_info(c).better != "none"
                                                else "lower", False) for c in custom]
-grid = st.columns(2)
+# one plot per row: side by side, a laptop-wide window leaves each plot too narrow for its legend
 for i, (cost, better, log_default) in enumerate(plots):
-    with grid[i % 2]:
+    with st.container():
         title = common.metric_title(cost)
         st.subheader(f"{quality} vs {cost}")
         if cost not in names:
@@ -83,7 +102,9 @@ for i, (cost, better, log_default) in enumerate(plots):
             continue
         scale = 2**20 if cost.endswith("_bytes") and df["x"].max() > 2**20 else 1
         if scale != 1:
-            df["x"] = df["x"] / scale
+            for c in ("x", "x_lo", "x_hi"):
+                if c in df:
+                    df[c] = df[c] / scale
             title = title.replace("[bytes]", "[MiB]")
         df["front"] = stats.pareto_mask(df["x"], df["y"], better)
         log_x = st.toggle("log x", value=log_default, key=f"tr_log_{cost}")
@@ -92,10 +113,16 @@ for i, (cost, better, log_default) in enumerate(plots):
             domain = sorted(df["cell"].unique())
         df[color] = df[color].astype(str)
         chart = charts.pareto_chart(df, "x", title, quality, color, log_x, better, domain=domain)
-        export = df[[c for c in ["cell", "cell_key", "seed", *axes, "x", "y", "y_lo", "y_hi", "n", "front"]
-                     if c in df]].rename(columns={"x": cost if scale == 1 else f"{cost}_MiB", "y": quality})
+        export = df[[c for c in ["cell", "cell_key", "seed", *axes, "x", "x_lo", "x_hi", "y", "y_lo", "y_hi", "n",
+                                 "front", "contended"]
+                     if c in df]].rename(columns={"x": cost if scale == 1 else f"{cost}_MiB", "y": quality,
+                                                  "x_lo": f"{cost}_min", "x_hi": f"{cost}_max"})
         front = df[df["front"]].sort_values("x", ascending=better == "lower")
         charts.show(chart, export, f"{quality}_vs_{cost}", key=f"tr_{cost}",
                     caption=f"{'Higher' if better == 'higher' else 'Lower'} {cost} is better. "
                             f"Pareto front ({len(front)} of {len(df)}, diamonds, dashed line), cheapest first: "
-                            + " → ".join(front["cell"]) + ". Bars: 95% CI of the mean across seeds.")
+                            + " → ".join(front["cell"]) + ". Vertical bars: 95% CI of the mean across seeds"
+                            + ("; horizontal bars: min–max over seeds." if "x_lo" in df else "."))
+        if "contended" in df and df["contended"].any():
+            n_hit = len(contended & set(y["run_id"]))
+            st.caption(f"⚠ Red rings: cells with a run {common.CONTENDED_NOTE} ({n_hit} run(s)).")

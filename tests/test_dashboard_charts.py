@@ -1,0 +1,245 @@
+"""What a researcher sees, on a norms-shaped store (13 cells x 2 seeds, built in place, no training).
+
+The chart specs the pages send (CI bands only from 3 seeds, one distinct
+colour per cell, legends below the plot and never cut, contended runs
+marked), the Run detail figures (a table: no value cut), and the bad input of
+``abl dashboard --snapshot``.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).parent / "dashboard"))
+import norms_store  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from abl import labels as abl_labels  # noqa: E402
+from abl.dashboard import charts  # noqa: E402
+
+APP = ROOT / "dashboard" / "app.py"
+CONTENDED_CELLS = {(n, b) for n, b, _ in norms_store.CONTENDED}
+
+
+@pytest.fixture(scope="module")
+def norms2(tmp_path_factory) -> Path:
+    return norms_store.build(tmp_path_factory.mktemp("norms2"))
+
+
+@pytest.fixture(scope="module")
+def norms3(tmp_path_factory) -> Path:
+    return norms_store.build(tmp_path_factory.mktemp("norms3"), seeds=(0, 1, 2))
+
+
+def app(db: Path, monkeypatch, page: str, **state) -> AppTest:
+    monkeypatch.setenv("ABL_DB", str(db))
+    monkeypatch.setenv("ABL_RUNS_DIR", str(db.parent / "runs"))
+    at = AppTest.from_file(str(APP), default_timeout=90)
+    for k, v in state.items():
+        at.session_state[k] = v
+    at.switch_page(f"views/{page}.py")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def specs(at: AppTest) -> list[dict]:
+    from streamlit import dataframe_util
+
+    out = []
+    for el in at.get("vega_lite_chart"):
+        spec = json.loads(el.proto.spec)
+        spec["_data"] = {d.name: dataframe_util.convert_arrow_bytes_to_pandas_df(d.data.data)
+                         for d in el.proto.datasets}
+        out.append(spec)
+    return out
+
+
+def layers(spec: dict) -> list[dict]:
+    return spec.get("layer") or layers(spec["spec"]) if "spec" in spec or "layer" in spec else [spec]
+
+
+def marks(spec: dict) -> list[str]:
+    return [m["mark"]["type"] if isinstance(m["mark"], dict) else m["mark"] for m in layers(spec)]
+
+
+def toggle(at: AppTest, label: str):
+    return next(t for t in at.toggle if t.label == label)
+
+
+def expected_labels() -> set[str]:
+    configs = {f"{n}/{b}": norms_store.config(n, b, 0) for n, b in norms_store.cells()}
+    stored = {f"{n}/{b}": f"norm={n}, block={b}" for n, b in norms_store.cells()}
+    out = set(abl_labels.cell_labels(configs, (), stored).values())
+    assert len(out) == 13 and "norm=none, block=pre" in out
+    return out
+
+
+# ---------------------------------------------------------------- Curves
+
+
+def test_curves_with_two_seeds_draw_seed_lines_not_bands(norms2, monkeypatch):
+    at = app(norms2, monkeypatch, "curves")
+    assert toggle(at, "95% CI band").value is False
+    assert toggle(at, "individual seeds").value is True
+    spec = specs(at)[0]
+    assert "area" not in marks(spec) and marks(spec).count("line") == 2  # seeds (faint), mean
+    seed_layer = layers(spec)[0]
+    assert seed_layer["encoding"]["detail"]["field"] == "seed"
+    assert seed_layer["encoding"]["opacity"]["value"] < 1  # faint (the unselected value is fainter still)
+    assert any("bands are off" in c.value for c in at.caption)
+    # the toggle brings the band back
+    toggle(at, "95% CI band").set_value(True)
+    at.run()
+    assert "area" in marks(specs(at)[0])
+
+
+def test_curves_with_three_seeds_draw_bands(norms3, monkeypatch):
+    at = app(norms3, monkeypatch, "curves")
+    assert toggle(at, "95% CI band").value is True
+    assert toggle(at, "individual seeds").value is False
+    assert marks(specs(at)[0]) == ["area", "line"]
+
+
+def test_curves_colours_legend_and_labels(norms2, monkeypatch):
+    at = app(norms2, monkeypatch, "curves")
+    for spec in specs(at):
+        color = layers(spec)[-1]["encoding"]["color"]
+        domain = color["scale"]["domain"]
+        assert len(domain) == len(set(domain)) == 12  # the default: the 12 best of 13 cells
+        assert color["scale"]["scheme"] == "category20"  # 20 distinct colours for 12 cells
+        legend = color["legend"]
+        assert legend["orient"] == "bottom" and legend["labelLimit"] == 0  # outside the plot, never cut
+        assert set(domain) <= expected_labels()
+        x_axis = layers(spec)[-1]["encoding"]["x"]["axis"]
+        assert x_axis["labelOverlap"] is True and x_axis["labelAngle"] == 0
+
+
+def test_more_cells_than_colours_are_faceted_by_the_first_axis():
+    n = charts.MAX_COLOURS + 1
+    mean = pd.DataFrame({"cell": [f"c{i}" for i in range(n)], "x": 1.0, "mean": 2.0, "lo": 1.5, "hi": 2.5,
+                         "n": 2, "step": 1, "norm": [f"n{i % 3}" for i in range(n)]})
+    spec = charts.curve_chart(mean, None, "step", "loss", band=False, facet="norm").to_dict()
+    assert spec["facet"]["field"] == "norm"
+    few = charts.curve_chart(mean.head(5), None, "step", "loss", band=False, facet="norm").to_dict()
+    assert "facet" not in few and few["layer"][-1]["encoding"]["color"]["scale"]["scheme"] == "tableau10"
+
+
+# ---------------------------------------------------------------- contention
+
+
+def _cell_of(label: str) -> tuple[str, str]:
+    parts = dict(p.split("=", 1) for p in label.split(", "))
+    return parts["norm"], parts.get("block", "pre")
+
+
+def test_tradeoffs_ring_contended_cells_and_show_the_speed_spread(norms2, monkeypatch):
+    at = app(norms2, monkeypatch, "tradeoffs")
+    speed = specs(at)[0]  # val_loss vs tokens_per_s
+    rings = [m for m in layers(speed) if m["encoding"].get("stroke", {}).get("field") == "speed"]
+    assert len(rings) == 1
+    ring = rings[0]
+    assert ring["mark"]["filled"] is False
+    assert ring["encoding"]["stroke"]["scale"] == {"domain": ["contended"], "range": [charts.CONTENDED_COLOUR]}
+    assert {"filter": "datum.contended"} in ring["transform"]
+    data = next(d for d in speed["_data"].values() if "contended" in d and len(d) == 13)
+    ringed = {_cell_of(c) for c in data.loc[data["contended"], "cell"]}
+    assert ringed == CONTENDED_CELLS
+    # two seeds: the min-max of tokens/s per cell, drawn as a horizontal bar
+    assert (data["x_lo"] <= data["x"]).all() and (data["x"] <= data["x_hi"]).all()
+    assert (data["x_hi"] > data["x_lo"]).all()
+    assert any(m["encoding"].get("x", {}).get("field") == "x_lo" and "x2" in m["encoding"] for m in layers(speed))
+    assert any("Red rings" in c.value for c in at.caption)
+    # a cost that is not a speed is never marked
+    memory = specs(at)[1]
+    assert not [m for m in layers(memory) if "stroke" in m.get("encoding", {})]
+
+
+def test_runs_table_flags_contended_runs(norms2, monkeypatch):
+    at = app(norms2, monkeypatch, "experiments")
+    table = at.dataframe[-1].value
+    flagged = {(n, b, int(s)) for n, b, s, c in zip(table["model.norm"], table["model.block"], table["seed"],
+                                                    table["contended"]) if c}
+    assert flagged == norms_store.CONTENDED
+    assert any("contended" in c.value for c in at.caption)
+    next(s for s in at.get("button_group") if s.label == "Rows").set_value("one per cell (seeds aggregated)")
+    at.run()
+    cells = at.dataframe[-1].value
+    assert "tokens_per_s min–max" in cells and cells["tokens_per_s min–max"].str.contains("–").all()
+    assert int(cells["contended seeds"].sum()) == len(norms_store.CONTENDED)
+
+
+# ---------------------------------------------------------------- Run detail
+
+
+def test_run_detail_figures_are_a_table_with_full_values(norms2, monkeypatch):
+    at = app(norms2, monkeypatch, "run_detail")
+    assert not at.metric  # no tiles: a tile cuts a long value at a laptop width ("573.8 …")
+    figures = at.table[0].value
+    assert list(figures.columns)[:4] == ["final val_loss", "final train_loss", "tokens/s (median)", "peak memory"]
+    assert figures["peak memory"].iloc[0].endswith("MiB") and "…" not in figures["peak memory"].iloc[0]
+    assert "over 2 seeds" in figures["tokens/s (median)"].iloc[0]  # the cell's spread beside the run's number
+    assert "contended" not in figures["tokens/s (median)"].iloc[0]
+
+
+def test_run_detail_marks_a_contended_run(norms2, monkeypatch):
+    run_id = next(r for r in _run_ids(norms2) if r.startswith("scalsand") and r.endswith("s0"))
+    at = app(norms2, monkeypatch, "run_detail", detail_run=run_id)
+    figures = at.table[0].value
+    assert "⚠ contended" in figures["tokens/s (median)"].iloc[0]
+    assert any("busy with other work" in c.value for c in at.caption)
+
+
+def _run_ids(db: Path) -> list[str]:
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+    finally:
+        con.close()
+
+
+# ---------------------------------------------------------------- abl dashboard --snapshot, bad input
+
+
+def _abl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "abl.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_snapshot_without_a_store_is_a_one_line_error(tmp_path):
+    r = _abl("dashboard", "--db", str(tmp_path / "none.duckdb"), "--snapshot", str(tmp_path / "shots"))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "no database" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_snapshot_into_an_unwritable_folder_is_a_one_line_error(norms2, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    r = _abl("dashboard", "--db", str(norms2), "--snapshot", str(blocker / "shots"))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "cannot write" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_width_without_snapshot_is_refused(norms2):
+    r = _abl("dashboard", "--db", str(norms2), "--width", "1024")
+    assert r.returncode == 2 and "--snapshot" in r.stderr
+
+
+def test_compare_warns_when_a_speed_was_measured_on_a_contended_machine(norms2, monkeypatch):
+    at = app(norms2, monkeypatch, "compare")
+    assert not [w for w in at.warning if "contended" in w.value or "busy" in w.value]  # val_loss: no warning
+    at = app(norms2, monkeypatch, "compare", cmp_metric="tokens_per_s")
+    assert [w for w in at.warning if "3 run(s)" in w.value and "busy with other work" in w.value]
