@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import click
 
 from . import stats, verdicts
-from .health import HEALTH_METRICS
+from .health import HEALTH_METRICS, MAX_LOAD_PER_CORE, MIN_CPU_UTIL
 from .labels import run_labels
 from .sections import CONTENDED, is_contended
 
@@ -66,8 +66,8 @@ class Presentation:
 
 # set by ``abl run --wide / --format`` before the grid runs (the summary is printed at its end)
 PRESENTATION = Presentation()
-CONTENDED_NOTE = ("* the machine was busy during this cell (load per core > 1 or the run got < 75% of its CPU "
-                  "time): its speed is not comparable")
+CONTENDED_NOTE = (f"* the machine was busy during this cell (load per core > {MAX_LOAD_PER_CORE:g} or the run got "
+                  f"< {MIN_CPU_UTIL:.0%} of its CPU time): its speed is not comparable")
 
 
 def is_speed(metric: str) -> bool:

@@ -315,8 +315,10 @@ def test_two_seeds_are_too_few_to_decide_and_detect_says_how_many(tmp_path, monk
 
 
 POST_LN = """
-# Post-LN at lr 1e-2 without warm-up: it sits at the unigram loss (3.26 nats on pystdlib) while the same
-# stack with pre-LN learns (issue 14). Seed 0; 100 steps are enough to tell them apart.
+# Post-LN at lr 2e-2 without warm-up: it sits at the unigram loss (3.26 nats on pystdlib) while the same
+# stack with pre-LN learns (issue 14). Seed 0; 100 steps are enough to tell them apart. At lr 1e-2 the
+# outcome is at the edge and depends on the CPU's arithmetic: on one machine post-LN stayed at the floor,
+# on another it reached 3.12 (2e-2: post-LN 3.28, pre-LN 2.87 there).
 [experiment]
 name = "post-ln-health"
 seeds = [0]
@@ -331,7 +333,7 @@ init_std = 0.02  # the issue's case was at the former default init (abl's defaul
 [train]
 steps = 100
 batch_size = 16
-lr = 1e-2
+lr = 2e-2
 warmup_steps = 0
 eval_every = 100
 eval_batches = 2
