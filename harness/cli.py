@@ -147,7 +147,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     """
     from .config import load_grid
 
-    from . import preflight, summary
+    from . import preflight, termlayout
     from .selection import cell_numbers as numbers_of, select
 
     registry = _registry()
@@ -157,7 +157,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         grid = select(full, only, cell_numbers)
     except _user_errors() as exc:
         fail(str(exc))
-    summary.PRESENTATION = summary.Presentation(layout="wide" if wide else "auto", fmt=fmt)
+    termlayout.PRESENTATION = termlayout.Presentation(layout="wide" if wide else "auto", fmt=fmt)
     if dry_run:
         if grid.cells[0].train.lr_sweep:  # abl.lr_sweep: phase 2's cells depend on phase 1's results
             from .lr_sweep import tuning_grid

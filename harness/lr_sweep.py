@@ -110,7 +110,7 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
     from rich.text import Text
 
     from .labels import cell_labels
-    from .summary import PRESENTATION, fits, pack, print_wide, wrap
+    from .termlayout import PRESENTATION, fits, pack, print_wide, wrap
 
     configs: dict[Hashable, dict] = {}
     for c in tuning.cells:  # one config per variant, all at the same learning rate
@@ -162,15 +162,15 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
     tuning = tuning_grid(grid, registry)
     console.print(f"[bold]lr sweep[/]: phase 1 tunes every cell at lr in {grid.cells[0].train.lr_sweep} on seed "
                   f"{grid.cells[0].experiment.seeds[0]} (experiment {tuning.cells[0].experiment.name})")
-    from . import summary
+    from . import termlayout
 
-    machine = summary.PRESENTATION  # phase 1's summary is a table on the console: only phase 2's is piped
-    summary.PRESENTATION = summary.Presentation(layout=machine.layout)
+    machine = termlayout.PRESENTATION  # phase 1's summary is a table on the console: only phase 2's is piped
+    termlayout.PRESENTATION = termlayout.Presentation(layout=machine.layout)
     try:
         failures = run_grid(tuning, registry, db_path, runs_dir, executor=executor, retry_failed=retry_failed,
                             console=console)
     finally:
-        summary.PRESENTATION = machine
+        termlayout.PRESENTATION = machine
     results = tuning_results(db_path, tuning)
     best, missing = best_lrs(results)
     print_tuning_table(console, tuning, results, best)

@@ -31,10 +31,11 @@ from typing import Any, Sequence
 
 import click
 
-from . import stats, verdicts
+from . import stats, termlayout, verdicts
 from .health import HEALTH_METRICS, MAX_LOAD_PER_CORE, MIN_CPU_UTIL
 from .labels import run_labels
 from .sections import CONTENDED, is_contended
+from .termlayout import Presentation, fits, pack, print_wide, wrap  # noqa: F401 - re-exported
 
 # shown after the grid's own summary metrics when the runs have them: the cell's true rate
 # (train_tokens_per_s: every token over the loop's wall time), the median step's rate, peak memory
@@ -55,17 +56,6 @@ def load(db_path: Path, *, run_ids: list[str] | None = None, experiment: str | N
                      final_names=_final_names(metrics))
 
 
-@dataclass
-class Presentation:
-    """How the summary is printed: ``layout`` auto (a table when it fits the terminal, else the stacked
-    layout), wide (the full tables) or stacked; ``fmt`` table (the terminal), json, csv or md."""
-
-    layout: str = "auto"
-    fmt: str = "table"
-
-
-# set by ``abl run --wide / --format`` before the grid runs (the summary is printed at its end)
-PRESENTATION = Presentation()
 CONTENDED_NOTE = (f"* the machine was busy during this cell (load per core > {MAX_LOAD_PER_CORE:g} or the run got "
                   f"< {MIN_CPU_UTIL:.0%} of its CPU time): its speed is not comparable")
 
@@ -186,25 +176,6 @@ def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | No
 # ---------------------------------------------------------------- printing
 
 
-def fits(console, renderable) -> bool:
-    from rich.measure import Measurement
-
-    return Measurement.get(console, console.options.update(width=10_000), renderable).maximum <= console.width
-
-
-def print_wide(console, renderable) -> None:
-    """Print at the renderable's full width, wider than the terminal if need be (the terminal wraps)."""
-    from rich.measure import Measurement
-
-    saved = console.width
-    need = Measurement.get(console, console.options.update(width=10_000), renderable).maximum
-    console.width = max(saved, need)
-    try:
-        console.print(renderable)
-    finally:
-        console.width = saved
-
-
 def _cells_table(view: View):
     texts = {m: {k: f.text() for k, f in ((k, cell[m]) for k, cell in view.figures.items())} for m in view.extra}
     return verdicts.cells_table(view.cells, view.analysis, f"{view.title}: {view.metric} by cell, best first",
@@ -215,33 +186,6 @@ def _cells_table(view: View):
 def _tables(view: View) -> list:
     return [_cells_table(view)] + [verdicts.comparisons_table(an, f"{view.title}: {m}, {what}")
                                    for m, an, what in view.tables]
-
-
-def wrap(text: str, width: int, indent: str, first: str | None = None) -> list[str]:
-    import textwrap
-
-    return textwrap.wrap(text, width=max(20, width), initial_indent=indent if first is None else first,
-                         subsequent_indent=indent, break_on_hyphens=False) or [indent.rstrip()]
-
-
-def pack(items: Sequence[str], width: int, indent: str) -> list[str]:
-    """Items on indented lines, as many per line as fit (an item too long for a line is wrapped)."""
-    lines: list[str] = []
-    cur = ""
-    for item in (i for i in items if i):
-        if cur and len(indent) + len(cur) + 3 + len(item) <= width:
-            cur += "   " + item
-            continue
-        if cur:
-            lines.append(indent + cur)
-        if len(indent) + len(item) <= width:
-            cur = item
-        else:
-            lines += wrap(item, width, indent + "  ", first=indent)
-            cur = ""
-    if cur:
-        lines.append(indent + cur)
-    return lines
 
 
 def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
@@ -412,7 +356,7 @@ def show(console, view: View, presentation: Presentation | None = None) -> None:
     """Print ``view``: as JSON / CSV / Markdown on stdout, else as tables or the stacked layout."""
     from rich.text import Text
 
-    p = presentation or PRESENTATION
+    p = presentation or termlayout.PRESENTATION
     if p.fmt == "json":
         click.echo(json.dumps(as_json(view), indent=1, default=str))
         return
@@ -442,7 +386,7 @@ def render(console, runs, *, metrics: Sequence[str], title: str, order: Sequence
            by: str | None = None, bootstrap: bool = False, correction: str = stats.HOLM,
            presentation: Presentation | None = None) -> list[stats.Analysis]:
     """Print the cell table (ranked by the first metric) and one verdict table per loss metric."""
-    p = presentation or PRESENTATION
+    p = presentation or termlayout.PRESENTATION
     view = build(runs, metrics=metrics, title=title, order=order, paths=paths, baseline=baseline, pairs=pairs,
                  by=by, bootstrap=bootstrap, correction=correction, every_metric=p.fmt == "json")
     show(console, view, p)

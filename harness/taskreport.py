@@ -107,7 +107,7 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
     from .labels import cell_labels
     from .rundir import COMPLETED
     from .store import statuses
-    from .summary import PRESENTATION, fits, pack, print_wide, wrap
+    from .termlayout import PRESENTATION, fits, pack, print_wide, wrap
     from .verdicts import display_name
 
     try:

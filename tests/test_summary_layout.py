@@ -217,10 +217,10 @@ def test_abl_run_format_json_puts_only_the_summary_on_stdout(tmp_path, monkeypat
     """The summary at the end of abl run, as JSON (the cells are stored already, so nothing trains)."""
     from abl.cli import cli
 
-    from abl import summary
+    from abl import termlayout
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(summary, "PRESENTATION", summary.Presentation())  # abl run sets it; put back after
+    monkeypatch.setattr(termlayout, "PRESENTATION", termlayout.Presentation())  # abl run sets it; put back after
     g, db = make_store(tmp_path, "norms")
     sets = [x for kv in [*SHORT, f"experiment.seeds={SEEDS}"] for x in ("--set", kv)]
     r = CliRunner().invoke(cli, ["run", "norms", "--db", str(db), *sets, "--format", "json"])
@@ -280,7 +280,7 @@ def test_a_grid_without_contention_records_has_no_mark(tmp_path):
 
 
 def test_the_task_accuracy_table_reads_at_80_columns(tmp_path):
-    from abl.summary import PRESENTATION
+    from abl.termlayout import PRESENTATION
     from abl.taskreport import print_summary
 
     g, db = make_store(tmp_path, "norms")
