@@ -475,10 +475,6 @@ def _pyplot():
     return plt
 
 
-def _footer(fig, text: str) -> None:
-    fig.text(0.01, -0.02, text, fontsize=6, color="0.35", ha="left", va="top", wrap=True)
-
-
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D")
 
@@ -510,8 +506,12 @@ def _legend_outside(fig, axes, extra: list | None = None) -> None:
         labels.append(h.get_label())
     if handles:
         width = max(len(lbl) for lbl in labels)
-        ncol = max(1, min(len(labels), int(110 // max(12, width + 6))))
-        fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=7, frameon=False)
+        across = fig.get_figwidth() * 72 / (0.6 * 7)  # characters of a 7 pt font across the figure
+        ncol = max(1, min(len(labels), int(across // max(12, width + 6))))
+        # below the figure's edge (the layout keeps every panel inside it; bbox_inches="tight" keeps the
+        # legend): not a constrained-layout "outside" legend, which a tight save moves over the footer
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=fig.transFigure,
+                   ncol=ncol, fontsize=7, frameon=False)
 
 
 def _overlapping(labels: list) -> bool:
@@ -551,9 +551,20 @@ def _thin_ticks(fig) -> None:
 
 
 def _finish(fig, axes, footer: str, extra: list | None = None):
+    """Legend below the panels, tick labels apart, then the footer below everything (figure coordinates
+    below 0 are kept by ``bbox_inches="tight"``)."""
     _legend_outside(fig, axes, extra)
-    _footer(fig, footer)
     _thin_ticks(fig)
+    if footer:
+        renderer = fig.canvas.get_renderer()
+        inv = fig.transFigure.inverted()
+        bottom = min([inv.transform((0, a.get_tightbbox(renderer).y0))[1] for a in list(fig.legends) + list(axes)]
+                     + [0.0])
+        import textwrap
+
+        width = int(fig.get_figwidth() * 72 / (0.6 * 6))  # characters of a 6 pt font across the figure
+        fig.text(0.01, bottom - 0.01, "\n".join(textwrap.wrap(footer, width)), fontsize=6, color="0.35",
+                 ha="left", va="top")
     return fig
 
 
@@ -615,8 +626,9 @@ def loss_curves_figure(cells: list[Cell], footer: str):
     differ between the cells. Seeds are drawn faintly, the mean over seeds boldly; no CI band."""
     plt = _pyplot()
     panels, _ = loss_curve_panels(cells)
-    rows = 1 if len(panels) <= 2 else 2
-    fig, grid = plt.subplots(rows, 2, figsize=(11, 3.9 * rows + 1.2), squeeze=False, layout="constrained")
+    rows, cols = (2, 2) if len(panels) == 4 else (1, len(panels))
+    fig, grid = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.9 * rows + 1.2), squeeze=False,
+                             layout="constrained")
     axes = dict(zip(panels, grid.flat))
     for ax in list(grid.flat)[len(panels):]:
         fig.delaxes(ax)
