@@ -294,3 +294,27 @@ def test_an_older_store_without_the_contended_metric_marks_nothing(norms_store, 
         r.final.pop("contended", None)
     md = build_report(runs, source="x", db_path=str(norms_store[1]), registry=get_registry()).doc.markdown()
     assert "contended" not in md
+
+
+def test_the_costs_page_follows_the_same_rules(norms_store, monkeypatch):
+    """The dashboard's Costs page on the same store: the summary and the one outlier, not 52 rows in view;
+    no scaling fit, with why; the contended runs counted."""
+    testing = pytest.importorskip("streamlit.testing.v1", reason="streamlit is in the dashboard extra")
+    from conftest import ROOT
+
+    grid, db, g = norms_store
+    monkeypatch.setenv("ABL_DB", str(db))
+    monkeypatch.setenv("ABL_RUNS_DIR", str(db.parent / "runs"))
+    at = testing.AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=120)
+    at.switch_page("views/costs.py")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    text = "\n".join(str(x.value) for kind in (at.warning, at.info, at.success, at.caption, at.markdown)
+                     for x in kind)
+    assert "1 of 52 compared checks disagree: norm=rmsnorm, block=post: train_peak_bytes" in text
+    assert "3 of 26 completed runs ran on a contended machine" in text
+    assert "No scaling fit of L(N, D)" in text and "model sizes" in text
+    summary, outliers = at.table[0].value, at.table[1].value
+    assert len(summary) == 4 and list(outliers["figure"]) == ["train_peak_bytes"]
+    assert len(at.dataframe[0].value) == 52  # the full table, folded in an expander
+    assert "Scaling fit" in {s.value for s in at.subheader}
