@@ -524,7 +524,7 @@ def tick_labels(axis) -> list:
     return [t for t in axis.get_ticklabels(which="both") if t.get_visible() and t.get_text()]
 
 
-def _thin_ticks(fig) -> None:
+def thin_ticks(fig) -> None:
     """No two tick labels of an axis overlap: drop the minor labels, then fewer ticks, then rotate the
     x labels, then show every other label, until none does."""
     from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter
@@ -550,21 +550,28 @@ def _thin_ticks(fig) -> None:
                 fig.canvas.draw()
 
 
-def _finish(fig, axes, footer: str, extra: list | None = None):
-    """Legend below the panels, tick labels apart, then the footer below everything (figure coordinates
-    below 0 are kept by ``bbox_inches="tight"``)."""
-    _legend_outside(fig, axes, extra)
-    _thin_ticks(fig)
-    if footer:
-        renderer = fig.canvas.get_renderer()
-        inv = fig.transFigure.inverted()
-        bottom = min([inv.transform((0, a.get_tightbbox(renderer).y0))[1] for a in list(fig.legends) + list(axes)]
-                     + [0.0])
-        import textwrap
+def add_footer(fig, footer: str) -> None:
+    """The conditions line below everything drawn (figure coordinates below 0 are kept by
+    ``bbox_inches="tight"``), wrapped to the figure's width."""
+    if not footer:
+        return
+    import textwrap
 
-        width = int(fig.get_figwidth() * 72 / (0.6 * 6))  # characters of a 6 pt font across the figure
-        fig.text(0.01, bottom - 0.01, "\n".join(textwrap.wrap(footer, width)), fontsize=6, color="0.35",
-                 ha="left", va="top")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    inv = fig.transFigure.inverted()
+    bottom = min([inv.transform((0, a.get_tightbbox(renderer).y0))[1] for a in list(fig.legends) + fig.axes]
+                 + [0.0])
+    width = int(fig.get_figwidth() * 72 / (0.6 * 6))  # characters of a 6 pt font across the figure
+    fig.text(0.01, bottom - 0.01, "\n".join(textwrap.wrap(footer, width)), fontsize=6, color="0.35",
+             ha="left", va="top")
+
+
+def finish_figure(fig, axes, footer: str, extra: list | None = None):
+    """One legend below the panels, tick labels apart, the footer below everything."""
+    _legend_outside(fig, axes, extra)
+    thin_ticks(fig)
+    add_footer(fig, footer)
     return fig
 
 
@@ -672,7 +679,7 @@ def loss_curves_figure(cells: list[Cell], footer: str):
         t, xl, yl = titles[name]
         ax.set(title=t, xlabel=xl, ylabel=yl)
         ax.grid(alpha=0.3)
-    return _finish(fig, list(axes.values()), footer, [_contended_handle()] if any_contended else None)
+    return finish_figure(fig, list(axes.values()), footer, [_contended_handle()] if any_contended else None)
 
 
 def plot_loss_curves(cells: list[Cell], footer: str) -> bytes:
@@ -741,7 +748,7 @@ def quality_vs_cost_figure(cells: list[Cell], stat_rows: list[dict], footer: str
         ax.set(xlabel=name, ylabel=ylabel)
         ax.grid(alpha=0.3)
     fig.suptitle("quality vs cost")
-    return _finish(fig, axes, footer, [_contended_handle()] if any_contended else None)
+    return finish_figure(fig, axes, footer, [_contended_handle()] if any_contended else None)
 
 
 def plot_quality_vs_cost(cells: list[Cell], stat_rows: list[dict], footer: str) -> bytes | None:
@@ -796,7 +803,7 @@ def predicted_vs_measured_figure(rows: list[dict], footer: str):
         ax.set(xscale=scale, yscale=scale, xlabel=f"predicted {name}", ylabel="measured",
                title=PLOTTED_CHECKS[name])
         ax.grid(alpha=0.3, which="both")
-    return _finish(fig, axes, footer)
+    return finish_figure(fig, axes, footer)
 
 
 def plot_predicted_vs_measured(rows: list[dict], footer: str) -> bytes | None:
@@ -822,7 +829,7 @@ def scaling_figure(points: list[tuple[float, float, float]], fit, footer: str):
     ax.set(xscale="log", xlabel="N (non-embedding parameters)", ylabel="final val_loss",
            title="scaling fit: L = E + A/N^α + B/D^β")
     ax.grid(alpha=0.3, which="both")
-    return _finish(fig, [ax], footer)
+    return finish_figure(fig, [ax], footer)
 
 
 def plot_scaling(points: list[tuple[float, float, float]], fit, footer: str) -> bytes:

@@ -318,3 +318,22 @@ def test_the_costs_page_follows_the_same_rules(norms_store, monkeypatch):
     assert len(summary) == 4 and list(outliers["figure"]) == ["train_peak_bytes"]
     assert len(at.dataframe[0].value) == 52  # the full table, folded in an expander
     assert "Scaling fit" in {s.value for s in at.subheader}
+
+
+def test_task_accuracy_figure_tells_thirteen_cells_apart_with_legends_beside_the_panels():
+    from abl.report import _pyplot
+    from abl.taskreport import accuracy_figure
+
+    rows, curves, runs_by_cell = [], {}, {}
+    for k in range(13):
+        cfg = {"model": {"d_model": 32 * 2 ** (k % 3), "mixer": ["mha", "ssm", "hybrid"][k % 3]},
+               "data": {"dataset": "task"}, "train": {"lr": 1e-3 * (1 + k // 3)}}
+        rows.append({"cell_key": f"c{k}", "label": f"mixer={cfg['model']['mixer']}, d_model="
+                     f"{cfg['model']['d_model']}, lr={cfg['train']['lr']:g}", "config": cfg,
+                     "mean": 0.1 + 0.06 * k, "ci_low": None, "ci_high": None})
+        runs_by_cell[f"c{k}"] = [f"r{k}"]
+        curves[f"r{k}"] = {"task_accuracy": [(s, min(1.0, 0.05 * k * s / 100)) for s in range(0, 1001, 100)]}
+    fig = accuracy_figure({"task_accuracy": rows}, curves, runs_by_cell, "conditions " * 40, _pyplot())
+    drawn, distinct = _distinct_styles(fig.axes[0])
+    assert drawn == distinct == 13
+    _assert_readable(fig)
