@@ -506,12 +506,12 @@ def _legend_outside(fig, axes, extra: list | None = None) -> None:
         labels.append(h.get_label())
     if handles:
         width = max(len(lbl) for lbl in labels)
-        across = fig.get_figwidth() * 72 / (0.6 * 7)  # characters of a 7 pt font across the figure
+        across = fig.get_figwidth() * 72 / (0.6 * 8)  # characters of an 8 pt font across the figure
         ncol = max(1, min(len(labels), int(across // max(12, width + 6))))
         # below the figure's edge (the layout keeps every panel inside it; bbox_inches="tight" keeps the
         # legend): not a constrained-layout "outside" legend, which a tight save moves over the footer
         fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=fig.transFigure,
-                   ncol=ncol, fontsize=7, frameon=False)
+                   ncol=ncol, fontsize=8, frameon=False)
 
 
 def _overlapping(labels: list) -> bool:
@@ -634,7 +634,7 @@ def loss_curves_figure(cells: list[Cell], footer: str):
     plt = _pyplot()
     panels, _ = loss_curve_panels(cells)
     rows, cols = (2, 2) if len(panels) == 4 else (1, len(panels))
-    fig, grid = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.9 * rows + 1.2), squeeze=False,
+    fig, grid = plt.subplots(rows, cols, figsize=(4.3 * cols + 0.5, 3.6 * rows + 0.6), squeeze=False,
                              layout="constrained")
     axes = dict(zip(panels, grid.flat))
     for ax in list(grid.flat)[len(panels):]:
@@ -687,7 +687,7 @@ def plot_loss_curves(cells: list[Cell], footer: str) -> bytes:
 
 
 def _cost_axes(cells: list[Cell]) -> tuple[list[tuple[str, dict[str, float | None]]], list[str]]:
-    """The cost axes of quality vs cost that differ between the cells, and why the others are left out."""
+    """The cost axes of quality vs cost that differ between the cells, and the names of those that do not."""
     def flops(c: Cell) -> float | None:
         steps = c.config["train"]["steps"]
         per_step = (c.predicted or {}).get("flops_per_step") or measured(c, "flops_per_step_measured")
@@ -702,7 +702,7 @@ def _cost_axes(cells: list[Cell]) -> tuple[list[tuple[str, dict[str, float | Non
         if sections.differs(xs.values()):
             keep.append((name, xs))
         else:
-            why.append(f"{name.split(' (')[0]}: the same for every cell (within {sections.REL_TOL:.0%})")
+            why.append(name.split(" (")[0])
     return keep, why
 
 
@@ -1102,8 +1102,8 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
                                        f"{sections.MIN_SEEDS_FOR_BANDS} seeds per cell, so no CI bars)")
                   + " against " + ", ".join(n.split(" (")[0] for n, _ in cost_axes) + f". {cond}")
     if same:
-        doc.p(("No quality-vs-cost plot: every cost is " if not png else "Not plotted, the same for every "
-               "cell: ") + "; ".join(same) + ".")
+        doc.p(("No quality-vs-cost plot: " if not png else "Not plotted against final val_loss: ")
+              + " and ".join(same) + f", the same for every cell (within {sections.REL_TOL:.0%}).")
 
     # 6. predicted vs measured
     doc.h(2, "Predicted vs measured costs")

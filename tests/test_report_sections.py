@@ -154,7 +154,7 @@ def test_equal_flops_give_no_flops_axis(norms_store, tmp_path):
     xlabels = [ax.get_xlabel() for ax in fig.axes]
     assert xlabels == ["wall time (s, measured)"], xlabels  # FLOPs and parameters are the same for every cell
     assert "No loss curve at equal FLOPs: every cell costs the same FLOPs per token" in md
-    assert "Not plotted, the same for every cell: training FLOPs" in md and "parameters: the same" in md
+    assert "Not plotted against final val_loss: training FLOPs and parameters, the same for every cell" in md
     # the predicted-vs-measured plot keeps only the figure that differs between cells (memory)
     fig = report.predicted_vs_measured_figure(rep.cost_rows, "")
     assert [ax.get_title() for ax in fig.axes] == ["training memory (peak tensor bytes)"]
