@@ -337,3 +337,28 @@ def test_task_accuracy_figure_tells_thirteen_cells_apart_with_legends_beside_the
     drawn, distinct = _distinct_styles(fig.axes[0])
     assert drawn == distinct == 13
     _assert_readable(fig)
+
+
+def test_crowded_tick_labels_are_thinned_until_none_overlap():
+    from matplotlib.ticker import FixedLocator, FuncFormatter
+
+    from abl.report import _pyplot, thin_ticks, tick_labels
+
+    plt = _pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(5, 3), layout="constrained")
+    a.plot([2.0e5, 2.6e5], [1, 2])
+    a.set_xscale("log")  # a narrow log range labels its minor ticks
+    b.plot([0, 1], [0, 1])
+    b.xaxis.set_major_locator(FixedLocator([i / 20 for i in range(21)]))
+    b.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x * 1e9:,.0f} FLOPs"))
+
+    def overlaps(ax) -> bool:
+        boxes = [t.get_window_extent() for t in tick_labels(ax.xaxis)]
+        return any(p.overlaps(q) for i, p in enumerate(boxes) for q in boxes[i + 1:])
+
+    fig.canvas.draw()
+    assert overlaps(a) and overlaps(b)  # the problem, as drawn without thinning
+    thin_ticks(fig)
+    assert not overlaps(a) and not overlaps(b)
+    assert len(tick_labels(b.xaxis)) >= 2  # thinned, not emptied
+    plt.close(fig)
