@@ -592,6 +592,11 @@ def _mean_curve(runs: list[Run], name: str) -> tuple[list[int], list[float]]:
     return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
 
 
+def _std(xs: list[float]) -> float:
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+
+
 def _smooth(ys: list[float], k: int) -> list[float]:
     if k <= 1 or len(ys) < 3:
         return ys
@@ -640,6 +645,7 @@ def loss_curves_figure(cells: list[Cell], footer: str):
     for ax in list(grid.flat)[len(panels):]:
         fig.delaxes(ax)
     styles = cell_styles(len(cells))
+    bands = sections.bands_by_default([len(c.completed) for c in cells])
     any_contended = False
     for c, st in zip(cells, styles):
         runs = c.completed or c.runs
@@ -654,7 +660,7 @@ def loss_curves_figure(cells: list[Cell], footer: str):
                                label=c.label)
         for r in runs:
             pts = r.curves.get("val_loss", [])
-            if len(runs) > 1 and pts:
+            if len(runs) > 1 and pts and not bands:
                 axes["tokens"].plot([s * tps for s, _ in pts], [v for _, v in pts], color=st["color"],
                                     alpha=0.3, lw=0.8)
             elapsed = dict(r.curves.get("elapsed_s", []))
@@ -668,11 +674,19 @@ def loss_curves_figure(cells: list[Cell], footer: str):
         steps, vl = _mean_curve(runs, "val_loss")
         if steps:
             axes["tokens"].plot([s * tps for s in steps], vl, **line, marker=st["marker"], ms=3, label=c.label)
+            if bands and len(runs) > 1:  # every cell has enough seeds: a 95% t-interval band
+                per_step = {s: [v for r in runs for st_, v in r.curves.get("val_loss", []) if st_ == s]
+                            for s in steps}
+                half = [float(stats.t_halfwidth(_std(per_step[s]), len(per_step[s]))) for s in steps]
+                axes["tokens"].fill_between([s * tps for s in steps], [m - h for m, h in zip(vl, half)],
+                                            [m + h for m, h in zip(vl, half)], color=st["color"], alpha=0.15,
+                                            lw=0)
             if fpt and "flops" in axes:
                 axes["flops"].plot([s * tps * fpt for s in steps], vl, **line, marker=st["marker"], ms=3,
                                    label=c.label)
     titles = {"train": ("train loss (EMA, mean over seeds)", "tokens", "cross-entropy (nats)"),
-              "tokens": ("val loss at equal tokens (mean; seeds faint)", "tokens", "val_loss"),
+              "tokens": ("val loss at equal tokens (mean, 95% CI band)" if bands else
+                         "val loss at equal tokens (mean; seeds faint)", "tokens", "val_loss"),
               "flops": ("val loss at equal training FLOPs (predicted)", "training FLOPs", "val_loss"),
               "wall": ("val loss at equal wall time (each seed)", "wall time (s)", "val_loss")}
     for name, ax in axes.items():
@@ -1086,7 +1100,10 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
     names = {"flops": "equal predicted training FLOPs", "wall": "equal wall time"}
     doc.image("loss_curves.png", plot_loss_curves(cells, cond),
               "loss curves at equal tokens" + "".join(f", {names[p]}" for p in panels if p in names)
-              + f"; each seed faint, the mean over seeds bold. {cond}")
+              + ("; val loss at equal tokens: the mean over seeds with a 95% t-interval band"
+                 if sections.bands_by_default([len(c.completed) for c in cells]) else
+                 f"; each seed faint, the mean over seeds bold (fewer than {sections.MIN_SEEDS_FOR_BANDS} seeds "
+                 "per cell: no CI band)") + f". {cond}")
     for sentence in why_not:
         doc.p(sentence)
     if contention and "wall" in panels:

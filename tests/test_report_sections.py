@@ -362,3 +362,27 @@ def test_crowded_tick_labels_are_thinned_until_none_overlap():
     assert not overlaps(a) and not overlaps(b)
     assert len(tick_labels(b.xaxis)) >= 2  # thinned, not emptied
     plt.close(fig)
+
+
+def test_loss_curves_band_only_with_three_seeds(norms_store, tmp_path):
+    """Two seeds: the seed lines faint and no band; three seeds (the ladder store): a CI band per cell."""
+    from matplotlib.collections import PolyCollection
+
+    from abl import report
+
+    rep, md = _report(norms_store, tmp_path)
+    ax = next(a for a in report.loss_curves_figure(rep.cells, "").axes if "equal tokens" in a.get_title())
+    assert not [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert sum(1 for ln in ax.get_lines() if ln.get_alpha() == 0.3) == 26
+    assert "(fewer than 3 seeds per cell: no CI band)" in md
+    runs = [r for c in rep.cells[:3] for r in c.completed]
+    for i, r in enumerate(list(runs)):  # a third seed for three cells
+        extra = report.Run(**{**r.__dict__, "run_id": r.run_id + "b", "seed": r.seed + 2,
+                              "curves": {k: [(s, v + 0.01 * (i % 3)) for s, v in pts] for k, pts in r.curves.items()}})
+        if r.seed == 0:
+            runs.append(extra)
+    cells = report.group_cells(runs)
+    assert [len(c.completed) for c in cells] == [3, 3, 3]
+    ax = next(a for a in report.loss_curves_figure(cells, "").axes if "equal tokens" in a.get_title())
+    assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 3
+    assert "95% CI band" in ax.get_title()
