@@ -1264,6 +1264,8 @@ def write_report(rep: Report, out_dir: str | Path, fmt: str = "md") -> Path:
         "comparison": rep.stat_rows,
         "predicted": {c.key: {k: v for k, v in (c.predicted or {}).items() if k != "parts"} for c in rep.cells},
         "predicted_vs_measured": rep.cost_rows,
+        "predicted_vs_measured_summary": cost_summary(rep.cost_rows)[0],
+        "contended_runs": [r.run_id for r in contended_runs([r for c in rep.cells for r in c.runs])],
         "scaling_fit": rep.fit.as_dict() if rep.fit is not None else None, "scaling_note": rep.fit_note,
     }
     (out / "report.json").write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")

@@ -386,3 +386,13 @@ def test_loss_curves_band_only_with_three_seeds(norms_store, tmp_path):
     ax = next(a for a in report.loss_curves_figure(cells, "").axes if "equal tokens" in a.get_title())
     assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 3
     assert "95% CI band" in ax.get_title()
+
+
+def test_report_json_carries_the_summary_and_the_contended_runs(norms_store, tmp_path):
+    rep, md = _report(norms_store, tmp_path)
+    data = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert len(data["predicted_vs_measured"]) == 52  # every row at full precision
+    mem = next(s for s in data["predicted_vs_measured_summary"] if s["figure"] == "train_peak_bytes")
+    assert (mem["agree"], mem["disagree"]) == (12, 1) and mem["worst_ratio"] == pytest.approx(2.0)
+    hot = {r.run_id for c in rep.cells for r in c.completed if r.final.get("contended") == 1.0}
+    assert set(data["contended_runs"]) == hot and len(hot) == len(CONTENDED_CELLS)
