@@ -728,7 +728,7 @@ def quality_vs_cost_figure(cells: list[Cell], stat_rows: list[dict], footer: str
     if not keep:
         return None
     plt = _pyplot()
-    fig, grid = plt.subplots(1, len(keep), figsize=(4.4 * len(keep) + 0.6, 4.6), squeeze=False,
+    fig, grid = plt.subplots(1, len(keep), figsize=(max(8.0, 4.4 * len(keep) + 0.6), 4.6), squeeze=False,
                              layout="constrained")
     axes = list(grid[0])
     by_key = {s["cell_key"]: s for s in stat_rows}
@@ -791,7 +791,7 @@ def predicted_vs_measured_figure(rows: list[dict], footer: str):
     if not figures:
         return None
     plt = _pyplot()
-    fig, grid = plt.subplots(1, len(figures), figsize=(4.4 * len(figures) + 0.6, 4.4), squeeze=False,
+    fig, grid = plt.subplots(1, len(figures), figsize=(max(8.0, 4.4 * len(figures) + 0.6), 4.4), squeeze=False,
                              layout="constrained")
     axes = list(grid[0])
     for ax, name in zip(axes, figures):
