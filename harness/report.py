@@ -911,8 +911,9 @@ class Doc:
                "table{border-collapse:collapse;font-size:13px;margin:.5em 0}.tw{overflow-x:auto;max-width:100%}"
                "td,th{border:1px solid #ccc;padding:3px 7px;text-align:left}th{background:#f3f3f3}"
                "caption{caption-side:bottom;font-size:12px;color:#555;text-align:left;padding-top:4px}"
-               "img{max-width:100%;height:auto}figure{margin:1em 0}figcaption{font-size:12px;color:#555}pre{background:#f6f6f6;padding:8px;"
-               "overflow-x:auto}</style></head><body>"]
+               "img{max-width:100%;height:auto}figure{margin:1em 0}figcaption{font-size:12px;color:#555}"
+               "pre{background:#f6f6f6;padding:8px;overflow-x:auto}details{margin:.5em 0}"
+               "summary{cursor:pointer}</style></head><body>"]
         for b in self.blocks:
             if b[0] == "h":
                 out.append(f"<h{b[1]}>{e(b[2])}</h{b[1]}>")
