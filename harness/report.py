@@ -14,8 +14,19 @@ plus ``report.json`` with every number at full precision. Contents:
 5. quality against cost;
 6. predicted (harness/costmodel.py) against measured costs, disagreements
    flagged, never hidden;
-7. a scaling-law fit (harness/scaling.py) when the cells span at least
-   ``MIN_SIZES_FOR_FIT`` distinct model sizes.
+7. a scaling-law fit (harness/scaling.py) when the cells span enough model
+   sizes (``abl.sections.scaling_fit_applies``).
+
+A section, panel or axis appears only when it means something for these cells
+(``abl.sections``): no scaling fit over one model size, no FLOPs (or other
+cost) axis where every cell costs the same, CI bars only with enough seeds
+(seed points and lines otherwise); a section left out says why in one
+sentence. Predicted against measured is a summary per figure with only the
+disagreements listed (the full table is folded away in HTML). Cells are named
+by ``abl.labels`` (the settings that differ between them), drawn in colours
+(and line styles past 20 cells) that tell them apart, with legends outside the
+data. Runs whose machine was contended (``abl.sections.is_contended``) are
+marked wherever a speed figure is shown.
 
 The store is opened read-only. Nothing here names a variant.
 """
@@ -33,18 +44,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import stats
+from . import sections, stats
 from .costmodel import CHECKS, MEMORY_BAND, agreement
 from .health import DID_NOT_LEARN_MARGIN
 from .rundir import COMPLETED
 from .tables import flatten
 
-MIN_SIZES_FOR_FIT = 4
+MIN_SIZES_FOR_FIT = sections.MIN_SIZES  # kept for callers; the rule is abl.sections.scaling_fit_applies
 FINAL_NAMES = ("n_params", "n_params_non_embedding", "peak_mem_bytes", "peak_tensor_bytes",
                "baseline_rss_bytes", "wall_s",
                "flops_per_step_measured", "device_peak_flops", "mfu", "hfu", "val_loss", "val_bpb",
                "train_tokens_per_s", "compile_s",
-               "unigram_floor", "did_not_learn", "loss_spikes", "max_loss_spike")  # the last 4: abl.health
+               "unigram_floor", "did_not_learn", "loss_spikes", "max_loss_spike",  # these 4: abl.health
+               sections.CONTENDED, "cpu_util", "load_per_core")  # these 3: the machine's contention
 
 
 class ReportError(Exception):
@@ -288,8 +300,16 @@ def condition_groups(runs: list[Run]) -> list[tuple[dict[str, str], list[Run]]]:
     return list(groups.values())
 
 
+def measured_runs(runs: list[Run]) -> list[Run]:
+    """The runs whose numbers are shown: the completed ones (all, when none is). A run still going, or
+    one that failed or was killed, may not have recorded its environment yet: it is no condition of
+    any number in the report."""
+    return [r for r in runs if r.status == COMPLETED] or list(runs)
+
+
 def conditions_line(runs: list[Run]) -> str:
-    """One line that says where every number came from."""
+    """One line that says where every number came from (the completed runs)."""
+    runs = measured_runs(runs)
     groups = condition_groups(runs)
     seeds = sorted({r.seed for r in runs})
     seed_txt = f"seeds {','.join(map(str, seeds))}"
@@ -392,6 +412,48 @@ def cost_rows(cells: list[Cell]) -> list[dict[str, Any]]:
     return rows
 
 
+def cost_summary(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(one summary per figure, the rows that disagree) from ``cost_rows``.
+
+    A summary: ``figure``, ``cells``, ``compared`` (both sides known), ``agree``,
+    ``disagree``, ``not_compared``, and ``worst_ratio`` (the measured / predicted
+    farthest from 1, as a factor either way). The outliers are the rows whose
+    agreement is a disagreement; every other row is counted, not listed."""
+    by_figure: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_figure.setdefault(r["figure"], []).append(r)
+    out = []
+    for figure, rs in by_figure.items():
+        ratios = [r["ratio"] for r in rs if r["ratio"] is not None and r["ratio"] > 0]
+        worst = max(ratios, key=lambda x: max(x, 1 / x)) if ratios else None
+        agree = sum(1 for r in rs if str(r["agreement"]).startswith("agrees"))
+        disagree = sum(1 for r in rs if str(r["agreement"]).startswith("DISAGREES"))
+        out.append({"figure": figure, "cells": len(rs), "compared": agree + disagree, "agree": agree,
+                    "disagree": disagree, "not_compared": len(rs) - agree - disagree, "worst_ratio": worst,
+                    "worst_cell": next((r["label"] for r in rs if r["ratio"] == worst), None)})
+    outliers = [r for r in rows if str(r["agreement"]).startswith("DISAGREES")]
+    return out, outliers
+
+
+def contended_runs(runs: list[Run]) -> list[Run]:
+    """The completed runs whose machine was contended during their loop (``abl.sections.is_contended``)."""
+    return [r for r in runs if r.status == COMPLETED and sections.is_contended(r.final)]
+
+
+def contention_note(runs: list[Run]) -> str:
+    """One sentence on the contended runs ("" when none is)."""
+    bad = contended_runs(runs)
+    if not bad:
+        return ""
+    done = [r for r in runs if r.status == COMPLETED]
+    return (f"{len(bad)} of {len(done)} completed runs ran on a contended machine (marked {CONTENDED_MARK}): "
+            "their tokens/s, wall time and MFU are not comparable with the other runs' (the loss at equal "
+            "tokens is).")
+
+
+CONTENDED_MARK = "‡"
+
+
 # ---------------------------------------------------------------- plots
 
 
@@ -413,8 +475,111 @@ def _pyplot():
     return plt
 
 
-def _footer(fig, text: str) -> None:
-    fig.text(0.01, -0.02, text, fontsize=6, color="0.35", ha="left", va="top", wrap=True)
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D")
+
+
+def cell_styles(n: int) -> list[dict[str, Any]]:
+    """A distinct (colour, line style, marker) per cell: tab10 up to 10 cells, tab20 (its dark shades
+    first) up to 20, past that tab20 again with the next line style and marker."""
+    import matplotlib
+
+    if n <= 10:
+        cols = list(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
+    else:
+        t = list(matplotlib.colormaps["tab20"].colors)  # type: ignore[attr-defined]
+        cols = t[0::2] + t[1::2]
+    return [{"color": cols[i % len(cols)], "ls": LINE_STYLES[(i // len(cols)) % len(LINE_STYLES)],
+             "marker": MARKERS[(i // len(cols)) % len(MARKERS)]} for i in range(n)]
+
+
+def _legend_outside(fig, axes, extra: list | None = None) -> None:
+    """One legend for the figure, below the panels (never over the data): every label once."""
+    handles, labels = [], []
+    for ax in axes:
+        for h, lbl in zip(*ax.get_legend_handles_labels()):
+            if lbl not in labels and not lbl.startswith("_"):
+                handles.append(h)
+                labels.append(lbl)
+    for h in extra or []:
+        handles.append(h)
+        labels.append(h.get_label())
+    if handles:
+        width = max(len(lbl) for lbl in labels)
+        across = fig.get_figwidth() * 72 / (0.6 * 8)  # characters of an 8 pt font across the figure
+        ncol = max(1, min(len(labels), int(across // max(12, width + 6))))
+        # below the figure's edge (the layout keeps every panel inside it; bbox_inches="tight" keeps the
+        # legend): not a constrained-layout "outside" legend, which a tight save moves over the footer
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=fig.transFigure,
+                   ncol=ncol, fontsize=8, frameon=False)
+
+
+def _overlapping(labels: list) -> bool:
+    boxes = [t.get_window_extent() for t in labels]
+    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def tick_labels(axis) -> list:
+    """The tick labels of an axis that are drawn (visible, with text)."""
+    return [t for t in axis.get_ticklabels(which="both") if t.get_visible() and t.get_text()]
+
+
+def thin_ticks(fig) -> None:
+    """No two tick labels of an axis overlap: drop the minor labels, then fewer ticks, then rotate the
+    x labels, then show every other label, until none does."""
+    from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter
+
+    fig.canvas.draw()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for step in range(5):
+                if not _overlapping(tick_labels(axis)):
+                    break
+                if step == 0:
+                    axis.set_minor_formatter(NullFormatter())
+                elif step == 1:
+                    axis.set_major_locator(LogLocator(numticks=4) if axis.get_scale() == "log"
+                                           else MaxNLocator(4))
+                elif step == 2 and axis is ax.xaxis:
+                    for t in axis.get_ticklabels():
+                        t.set_rotation(30)
+                        t.set_horizontalalignment("right")
+                else:
+                    for i, t in enumerate(tick_labels(axis)):
+                        t.set_visible(i % 2 == 0)
+                fig.canvas.draw()
+
+
+def add_footer(fig, footer: str) -> None:
+    """The conditions line below everything drawn (figure coordinates below 0 are kept by
+    ``bbox_inches="tight"``), wrapped to the figure's width."""
+    if not footer:
+        return
+    import textwrap
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    inv = fig.transFigure.inverted()
+    bottom = min([inv.transform((0, a.get_tightbbox(renderer).y0))[1] for a in list(fig.legends) + fig.axes]
+                 + [0.0])
+    width = int(fig.get_figwidth() * 72 / (0.6 * 6))  # characters of a 6 pt font across the figure
+    fig.text(0.01, bottom - 0.01, "\n".join(textwrap.wrap(footer, width)), fontsize=6, color="0.35",
+             ha="left", va="top")
+
+
+def finish_figure(fig, axes, footer: str, extra: list | None = None):
+    """One legend below the panels, tick labels apart, the footer below everything."""
+    _legend_outside(fig, axes, extra)
+    thin_ticks(fig)
+    add_footer(fig, footer)
+    return fig
+
+
+def _contended_handle():
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], color="0.4", marker="x", ls="none",
+                  label=f"{CONTENDED_MARK} contended run: its speed is not comparable")
 
 
 def _mean_curve(runs: list[Run], name: str) -> tuple[list[int], list[float]]:
@@ -425,6 +590,11 @@ def _mean_curve(runs: list[Run], name: str) -> tuple[list[int], list[float]]:
                 by_step.setdefault(step, []).append(v)
     steps = sorted(s for s, vs in by_step.items() if len(vs) == len(runs))
     return steps, [sum(by_step[s]) / len(by_step[s]) for s in steps]
+
+
+def _std(xs: list[float]) -> float:
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
 
 
 def _smooth(ys: list[float], k: int) -> list[float]:
@@ -438,95 +608,196 @@ def _smooth(ys: list[float], k: int) -> list[float]:
     return out
 
 
-def plot_loss_curves(cells: list[Cell], footer: str) -> bytes:
-    """train_loss and val_loss against tokens; val_loss against predicted FLOPs and wall time."""
+def _flops_per_token(c: Cell) -> float | None:
+    f = (c.predicted or {}).get("flops_per_step")
+    return f / c.runs[0].tokens_per_step if f else None
+
+
+def loss_curve_panels(cells: list[Cell]) -> tuple[list[str], list[str]]:
+    """(the panels of the loss-curve figure, one sentence per panel left out and why)."""
+    panels, why = ["train", "tokens"], []
+    fpt = [_flops_per_token(c) for c in cells]
+    if all(f is not None for f in fpt) and sections.differs(fpt):
+        panels.append("flops")
+    elif all(f is None for f in fpt):
+        why.append("No loss curve at equal FLOPs: no cell has a FLOPs prediction.")
+    else:
+        why.append("No loss curve at equal FLOPs: every cell costs the same FLOPs per token "
+                   f"(within {sections.REL_TOL:.0%}), so it is the curve at equal tokens.")
+    walls = [measured(c, "wall_s") for c in cells]
+    if sections.differs(walls):
+        panels.append("wall")
+    else:
+        why.append("No loss curve at equal wall time: the cells' wall times do not differ "
+                   f"(within {sections.REL_TOL:.0%}) or were not measured.")
+    return panels, why
+
+
+def loss_curves_figure(cells: list[Cell], footer: str):
+    """train_loss and val_loss against tokens; val_loss against predicted FLOPs and wall time when those
+    differ between the cells. Seeds are drawn faintly, the mean over seeds boldly; no CI band."""
     plt = _pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, c in enumerate(cells):
+    panels, _ = loss_curve_panels(cells)
+    rows, cols = (2, 2) if len(panels) == 4 else (1, len(panels))
+    fig, grid = plt.subplots(rows, cols, figsize=(4.3 * cols + 0.5, 3.6 * rows + 0.6), squeeze=False,
+                             layout="constrained")
+    axes = dict(zip(panels, grid.flat))
+    for ax in list(grid.flat)[len(panels):]:
+        fig.delaxes(ax)
+    styles = cell_styles(len(cells))
+    bands = sections.bands_by_default([len(c.completed) for c in cells])
+    any_contended = False
+    for c, st in zip(cells, styles):
         runs = c.completed or c.runs
         if not runs:
             continue
-        col = colors[i % len(colors)]
+        line = {"color": st["color"], "ls": st["ls"]}
         tps = runs[0].tokens_per_step
-        flops = c.predicted.get("flops_per_step") if c.predicted else None
+        fpt = _flops_per_token(c)
         steps, tl = _mean_curve(runs, "train_loss")
         if steps:
-            axes[0, 0].plot([s * tps for s in steps], _smooth(tl, max(1, len(steps) // 20)), color=col,
-                            label=c.label)
+            axes["train"].plot([s * tps for s in steps], _smooth(tl, max(1, len(steps) // 20)), **line,
+                               label=c.label)
         for r in runs:
             pts = r.curves.get("val_loss", [])
-            if len(runs) > 1 and pts:
-                axes[0, 1].plot([s * tps for s, _ in pts], [v for _, v in pts], color=col, alpha=0.25, lw=0.8)
+            if len(runs) > 1 and pts and not bands:
+                axes["tokens"].plot([s * tps for s, _ in pts], [v for _, v in pts], color=st["color"],
+                                    alpha=0.3, lw=0.8)
             elapsed = dict(r.curves.get("elapsed_s", []))
             tw = [(elapsed[s], v) for s, v in pts if s in elapsed]
-            if tw:
-                axes[1, 1].plot(*zip(*tw), color=col, alpha=0.6 if len(runs) > 1 else 1.0, lw=1,
-                                marker=".", label=c.label if r is runs[0] else None)
+            if tw and "wall" in axes:
+                hot = sections.is_contended(r.final)
+                any_contended |= hot
+                axes["wall"].plot(*zip(*tw), **line, alpha=0.6 if len(runs) > 1 else 1.0, lw=1,
+                                  marker="x" if hot else st["marker"], ms=4,
+                                  label=c.label if r is runs[0] else None)
         steps, vl = _mean_curve(runs, "val_loss")
         if steps:
-            axes[0, 1].plot([s * tps for s in steps], vl, color=col, marker="o", ms=3, label=c.label)
-            if flops:
-                axes[1, 0].plot([s * flops for s in steps], vl, color=col, marker="o", ms=3, label=c.label)
-    axes[0, 0].set(title="train loss (EMA, mean over seeds)", xlabel="tokens", ylabel="cross-entropy (nats)")
-    axes[0, 1].set(title="val loss at equal tokens (mean; seeds faint)", xlabel="tokens", ylabel="val_loss")
-    axes[1, 0].set(title="val loss at equal training FLOPs (predicted)", xlabel="training FLOPs",
-                   ylabel="val_loss")
-    axes[1, 1].set(title="val loss at equal wall time (each seed)", xlabel="wall time (s)", ylabel="val_loss")
-    for ax in axes.flat:
+            axes["tokens"].plot([s * tps for s in steps], vl, **line, marker=st["marker"], ms=3, label=c.label)
+            if bands and len(runs) > 1:  # every cell has enough seeds: a 95% t-interval band
+                per_step = {s: [v for r in runs for st_, v in r.curves.get("val_loss", []) if st_ == s]
+                            for s in steps}
+                half = [float(stats.t_halfwidth(_std(per_step[s]), len(per_step[s]))) for s in steps]
+                axes["tokens"].fill_between([s * tps for s in steps], [m - h for m, h in zip(vl, half)],
+                                            [m + h for m, h in zip(vl, half)], color=st["color"], alpha=0.15,
+                                            lw=0)
+            if fpt and "flops" in axes:
+                axes["flops"].plot([s * tps * fpt for s in steps], vl, **line, marker=st["marker"], ms=3,
+                                   label=c.label)
+    titles = {"train": ("train loss (EMA, mean over seeds)", "tokens", "cross-entropy (nats)"),
+              "tokens": ("val loss at equal tokens (mean, 95% CI band)" if bands else
+                         "val loss at equal tokens (mean; seeds faint)", "tokens", "val_loss"),
+              "flops": ("val loss at equal training FLOPs (predicted)", "training FLOPs", "val_loss"),
+              "wall": ("val loss at equal wall time (each seed)", "wall time (s)", "val_loss")}
+    for name, ax in axes.items():
+        t, xl, yl = titles[name]
+        ax.set(title=t, xlabel=xl, ylabel=yl)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    _footer(fig, footer)
-    return _fig_to_png(fig)
+    return finish_figure(fig, list(axes.values()), footer, [_contended_handle()] if any_contended else None)
 
 
-def plot_quality_vs_cost(cells: list[Cell], stat_rows: list[dict], footer: str) -> bytes:
-    """Final val_loss (mean, 95% CI bars) against training FLOPs, wall time and parameters."""
+def plot_loss_curves(cells: list[Cell], footer: str) -> bytes:
+    return _fig_to_png(loss_curves_figure(cells, footer))
+
+
+def _cost_axes(cells: list[Cell]) -> tuple[list[tuple[str, dict[str, float | None]]], list[str]]:
+    """The cost axes of quality vs cost that differ between the cells, and the names of those that do not."""
+    def flops(c: Cell) -> float | None:
+        steps = c.config["train"]["steps"]
+        per_step = (c.predicted or {}).get("flops_per_step") or measured(c, "flops_per_step_measured")
+        return per_step * steps if per_step else None
+
+    cands = [("training FLOPs (predicted, whole run)", {c.key: flops(c) for c in cells}),
+             ("wall time (s, measured)", {c.key: measured(c, "wall_s") for c in cells}),
+             ("parameters", {c.key: (c.predicted or {}).get("n_params") or measured(c, "n_params")
+                             for c in cells})]
+    keep, why = [], []
+    for name, xs in cands:
+        if sections.differs(xs.values()):
+            keep.append((name, xs))
+        else:
+            why.append(name.split(" (")[0])
+    return keep, why
+
+
+def quality_vs_cost_figure(cells: list[Cell], stat_rows: list[dict], footer: str):
+    """Final val_loss against each cost that differs between the cells (training FLOPs, wall time,
+    parameters); None when none does. Mean over seeds with 95% CI bars when every cell has enough
+    seeds (abl.sections.bands_by_default), else each seed faint beside the mean."""
+    keep, _ = _cost_axes(cells)
+    if not keep:
+        return None
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    fig, grid = plt.subplots(1, len(keep), figsize=(max(8.0, 4.4 * len(keep) + 0.6), 4.6), squeeze=False,
+                             layout="constrained")
+    axes = list(grid[0])
     by_key = {s["cell_key"]: s for s in stat_rows}
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, c in enumerate(cells):
+    bands = sections.bands_by_default([len(c.completed) for c in cells])
+    styles = cell_styles(len(cells))
+    any_contended = False
+    for c, st in zip(cells, styles):
         s = by_key[c.key]
         if s["mean"] is None:
             continue
-        err = None if s["ci_high"] is None else [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]]
-        steps = c.config["train"]["steps"]
-        xs = [
-            c.predicted["flops_per_step"] * steps if c.predicted else (
-                (measured(c, "flops_per_step_measured") or 0) * steps or None),
-            measured(c, "wall_s"),
-            (c.predicted or {}).get("n_params") or measured(c, "n_params"),
-        ]
-        for ax, x in zip(axes, xs):
-            if x:
-                ax.errorbar([x], [s["mean"]], yerr=err, fmt="o", color=colors[i % len(colors)], capsize=3,
-                            label=c.label)
-    for ax, xl in zip(axes, ("training FLOPs (predicted, whole run)", "wall time (s, measured)",
-                             "parameters")):
-        ax.set(xlabel=xl, ylabel="final val_loss (mean, 95% CI)")
+        err = None if (not bands or s["ci_high"] is None) else [[s["mean"] - s["ci_low"]],
+                                                                 [s["ci_high"] - s["mean"]]]
+        for ax, (name, xs) in zip(axes, keep):
+            x = xs[c.key]
+            if not x:
+                continue
+            ax.errorbar([x], [s["mean"]], yerr=err, fmt=st["marker"], color=st["color"], capsize=3,
+                        label=c.label)
+            if bands:
+                continue
+            for r in c.completed:
+                y = r.final.get("val_loss")
+                rx = r.final.get("wall_s") if name.startswith("wall") else x
+                hot = name.startswith("wall") and sections.is_contended(r.final)
+                any_contended |= hot
+                if y is not None and rx:
+                    ax.plot([rx], [y], "x" if hot else st["marker"], color=st["color"], alpha=0.35,
+                            ms=5 if hot else 4)
+    ylabel = "final val_loss (mean, 95% CI)" if bands else "final val_loss (mean; seeds faint)"
+    for ax, (name, _) in zip(axes, keep):
+        ax.set(xlabel=name, ylabel=ylabel)
         ax.grid(alpha=0.3)
-    if axes[0].get_legend_handles_labels()[0]:
-        axes[0].legend(fontsize=7)
     fig.suptitle("quality vs cost")
-    fig.tight_layout()
-    _footer(fig, footer)
-    return _fig_to_png(fig)
+    return finish_figure(fig, axes, footer, [_contended_handle()] if any_contended else None)
 
 
-def plot_predicted_vs_measured(rows: list[dict], footer: str) -> bytes | None:
-    plt = _pyplot()
-    figures = [f for f in ("n_params", "flops_per_step", "train_peak_bytes")
-               if any(r["figure"] == f and r["predicted"] and r["measured"] for r in rows)]
+def plot_quality_vs_cost(cells: list[Cell], stat_rows: list[dict], footer: str) -> bytes | None:
+    fig = quality_vs_cost_figure(cells, stat_rows, footer)
+    return None if fig is None else _fig_to_png(fig)
+
+
+PLOTTED_CHECKS = {"n_params": "parameters (exact)", "flops_per_step": "FLOPs per step (flop counter)",
+                  "train_peak_bytes": "training memory (peak tensor bytes)"}
+
+
+def predicted_vs_measured_panels(rows: list[dict]) -> list[str]:
+    """The figures worth a predicted-vs-measured panel: measured somewhere, and differing between cells
+    (one point repeated per cell says nothing the summary does not)."""
+    out = []
+    for name in PLOTTED_CHECKS:
+        pts = [(r["predicted"], r["measured"]) for r in rows if r["figure"] == name and r["predicted"]
+               and r["measured"]]
+        if pts and (sections.differs([p for p, _ in pts]) or sections.differs([m for _, m in pts])):
+            out.append(name)
+    return out
+
+
+def predicted_vs_measured_figure(rows: list[dict], footer: str):
+    figures = predicted_vs_measured_panels(rows)
     if not figures:
         return None
-    fig, axes = plt.subplots(1, len(figures), figsize=(4.3 * len(figures), 4), squeeze=False)
-    for ax, name in zip(axes[0], figures):
-        pts = [(r["predicted"], r["measured"], r["label"]) for r in rows
+    plt = _pyplot()
+    fig, grid = plt.subplots(1, len(figures), figsize=(max(8.0, 4.4 * len(figures) + 0.6), 4.4), squeeze=False,
+                             layout="constrained")
+    axes = list(grid[0])
+    for ax, name in zip(axes, figures):
+        pts = [(r["predicted"], r["measured"], str(r["agreement"]).startswith("DISAGREES")) for r in rows
                if r["figure"] == name and r["predicted"] and r["measured"]]
-        xs, ys, _ = zip(*pts)
+        xs, ys, bad = zip(*pts)
         lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.25
         ax.plot([lo, hi], [lo, hi], color="0.5", lw=1, label="measured = predicted")
         if name == "flops_per_step":
@@ -536,22 +807,29 @@ def plot_predicted_vs_measured(rows: list[dict], footer: str) -> bytes | None:
             b_lo, b_hi = MEMORY_BAND
             ax.fill_between([lo, hi], [lo * b_lo, hi * b_lo], [lo * b_hi, hi * b_hi], color="0.85",
                             label=f"band {b_lo:g}-{b_hi:g}x")
-        ax.scatter(xs, ys, s=18, zorder=3)
-        ax.set(xscale="log", yscale="log", xlabel=f"predicted {name}", ylabel="measured",
-               title={"n_params": "parameters (exact)", "flops_per_step": "FLOPs per step (flop counter)",
-                      "train_peak_bytes": "training memory (peak tensor bytes)"}[name])
+        ok = [(x, y) for x, y, b in pts if not b]
+        no = [(x, y) for x, y, b in pts if b]
+        if ok:
+            ax.scatter(*zip(*ok), s=18, zorder=3, color="tab:blue", label="agrees or not compared")
+        if no:
+            ax.scatter(*zip(*no), s=24, zorder=4, color="tab:red", marker="D", label="disagrees")
+        scale = "log" if hi / lo > 30 else "linear"
+        ax.set(xscale=scale, yscale=scale, xlabel=f"predicted {name}", ylabel="measured",
+               title=PLOTTED_CHECKS[name])
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    _footer(fig, footer)
-    return _fig_to_png(fig)
+    return finish_figure(fig, axes, footer)
 
 
-def plot_scaling(points: list[tuple[float, float, float]], fit, footer: str) -> bytes:
+def plot_predicted_vs_measured(rows: list[dict], footer: str) -> bytes | None:
+    fig = predicted_vs_measured_figure(rows, footer)
+    return None if fig is None else _fig_to_png(fig)
+
+
+def scaling_figure(points: list[tuple[float, float, float]], fit, footer: str):
     import numpy as np
 
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 5), layout="constrained")
     n, d, l = (np.array(v, dtype=float) for v in zip(*points))
     budgets = sorted(set(d))
     cmap = plt.get_cmap("viridis")
@@ -565,10 +843,11 @@ def plot_scaling(points: list[tuple[float, float, float]], fit, footer: str) -> 
     ax.set(xscale="log", xlabel="N (non-embedding parameters)", ylabel="final val_loss",
            title="scaling fit: L = E + A/N^α + B/D^β")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    _footer(fig, footer)
-    return _fig_to_png(fig)
+    return finish_figure(fig, [ax], footer)
+
+
+def plot_scaling(points: list[tuple[float, float, float]], fit, footer: str) -> bytes:
+    return _fig_to_png(scaling_figure(points, fit, footer))
 
 
 # ---------------------------------------------------------------- document
@@ -594,6 +873,11 @@ class Doc:
 
     def pre(self, text: str) -> None:
         self.blocks.append(("pre", text))
+
+    def details(self, summary: str, headers: list[str], rows: list[list[Any]], caption: str = "") -> None:
+        """A table folded away in HTML (a <details> block); left out of Markdown."""
+        self.blocks.append(("details", summary, headers,
+                            [[("-" if x is None else str(x)) for x in r] for r in rows], caption))
 
     def markdown(self) -> str:
         out = []
@@ -624,11 +908,12 @@ class Doc:
         e = html.escape
         out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>"
                "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}"
-               "table{border-collapse:collapse;font-size:13px;margin:.5em 0}"
+               "table{border-collapse:collapse;font-size:13px;margin:.5em 0}.tw{overflow-x:auto;max-width:100%}"
                "td,th{border:1px solid #ccc;padding:3px 7px;text-align:left}th{background:#f3f3f3}"
                "caption{caption-side:bottom;font-size:12px;color:#555;text-align:left;padding-top:4px}"
-               "img{max-width:100%}figcaption{font-size:12px;color:#555}pre{background:#f6f6f6;padding:8px;"
-               "overflow-x:auto}</style></head><body>"]
+               "img{max-width:100%;height:auto}figure{margin:1em 0}figcaption{font-size:12px;color:#555}"
+               "pre{background:#f6f6f6;padding:8px;overflow-x:auto}details{margin:.5em 0}"
+               "summary{cursor:pointer}</style></head><body>"]
         for b in self.blocks:
             if b[0] == "h":
                 out.append(f"<h{b[1]}>{e(b[2])}</h{b[1]}>")
@@ -636,16 +921,23 @@ class Doc:
                 out.append(f"<p>{e(b[1])}</p>")
             elif b[0] == "table":
                 _, headers, rows, caption = b
-                out.append("<table>" + (f"<caption>{e(caption)}</caption>" if caption else "")
+                out.append("<div class='tw'><table>" + (f"<caption>{e(caption)}</caption>" if caption else "")
                            + "<tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>"
                            + "".join("<tr>" + "".join(f"<td>{e(x)}</td>" for x in r) + "</tr>" for r in rows)
-                           + "</table>")
+                           + "</table></div>")
             elif b[0] == "img":
                 data = base64.b64encode(b[2]).decode()
                 out.append(f"<figure><img alt='{e(b[3])}' src='data:image/png;base64,{data}'>"
                            f"<figcaption>{e(b[3])}</figcaption></figure>")
             elif b[0] == "pre":
                 out.append(f"<pre>{e(b[1])}</pre>")
+            elif b[0] == "details":
+                _, summary, headers, rows, caption = b
+                out.append(f"<details><summary>{e(summary)}</summary><div class='tw'><table>"
+                           + (f"<caption>{e(caption)}</caption>" if caption else "")
+                           + "<tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>"
+                           + "".join("<tr>" + "".join(f"<td>{e(x)}</td>" for x in r) + "</tr>" for r in rows)
+                           + "</table></div></details>")
         out.append("</body></html>")
         return "\n".join(out)
 
@@ -720,6 +1012,7 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
         raise ReportError(f"no runs of {source} in {db_path}")
     cells = group_cells(runs, order)
     base = pick_baseline(cells, baseline)
+    label_cells(cells, grid_raw)
     if registry is not None:
         attach_predictions(cells, registry)
     metric = comparison_metric(cells)
@@ -736,16 +1029,28 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
           + f"). Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}.")
     doc.p(f"Conditions of every number below: {cond}.")
 
-    # 1. conditions
+    # 1. conditions: of the completed runs (a running, failed or killed run is no condition of a number)
     doc.h(2, "Conditions")
-    groups = condition_groups(runs)
+    shown_runs = measured_runs(runs)
+    groups = condition_groups(shown_runs)
     keys = list(groups[0][0])
     doc.table(keys + ["runs", "cells"],
               [[g[k] for k in keys] + [len(rs), len({r.cell_key for r in rs})] for g, rs in groups],
               "where and how the runs ran (from each run's info.json and meta.json)")
+    left = [r for r in runs if r not in shown_runs]
+    if left:
+        by_status: dict[str, int] = {}
+        for r in left:
+            by_status[r.status] = by_status.get(r.status, 0) + 1
+        doc.p(f"Not in the conditions above: {len(left)} run(s) that did not complete ("
+              + ", ".join(f"{n} {st}" for st, n in sorted(by_status.items()))
+              + "); no number in this report comes from them.")
     if len(groups) > 1:
-        doc.p("WARNING: the runs ran under different conditions; a difference between cells may come from "
-              "the environment rather than the variant.")
+        doc.p("WARNING: the completed runs ran under different conditions; a difference between cells may "
+              "come from the environment rather than the variant.")
+    contention = contention_note(runs)
+    if contention:
+        doc.p("WARNING: " + contention)
     env = report_environment()
     doc.table(list(env), [list(env.values())], "where this report was made (predicted costs are computed here)")
 
@@ -792,32 +1097,59 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
 
     # 4. curves, 5. quality vs cost
     doc.h(2, "Loss curves")
+    panels, why_not = loss_curve_panels(cells)
+    names = {"flops": "equal predicted training FLOPs", "wall": "equal wall time"}
     doc.image("loss_curves.png", plot_loss_curves(cells, cond),
-              f"loss curves at equal tokens, equal predicted training FLOPs and equal wall time. {cond}")
+              "loss curves at equal tokens" + "".join(f", {names[p]}" for p in panels if p in names)
+              + ("; val loss at equal tokens: the mean over seeds with a 95% t-interval band"
+                 if sections.bands_by_default([len(c.completed) for c in cells]) else
+                 f"; each seed faint, the mean over seeds bold (fewer than {sections.MIN_SEEDS_FOR_BANDS} seeds "
+                 "per cell: no CI band)") + f". {cond}")
+    for sentence in why_not:
+        doc.p(sentence)
+    if contention and "wall" in panels:
+        doc.p(f"At equal wall time, the contended runs are drawn with x: {contention}")
     doc.h(2, "Quality vs cost")
-    doc.image("quality_vs_cost.png", plot_quality_vs_cost(cells, stat_rows, cond),
-              f"final val_loss (mean over seeds, 95% CI bars) against cost. {cond}")
+    bands = sections.bands_by_default([len(c.completed) for c in cells])
+    cost_axes, same = _cost_axes(cells)
+    png = plot_quality_vs_cost(cells, stat_rows, cond)
+    if png:
+        doc.image("quality_vs_cost.png", png,
+                  "final val_loss " + ("(mean over seeds, 95% CI bars)" if bands else
+                                       f"(mean over seeds bold, each seed faint; fewer than "
+                                       f"{sections.MIN_SEEDS_FOR_BANDS} seeds per cell, so no CI bars)")
+                  + " against " + ", ".join(n.split(" (")[0] for n, _ in cost_axes) + f". {cond}")
+    if same:
+        doc.p(("No quality-vs-cost plot: " if not png else "Not plotted against final val_loss: ")
+              + " and ".join(same) + f", the same for every cell (within {sections.REL_TOL:.0%}).")
 
     # 6. predicted vs measured
     doc.h(2, "Predicted vs measured costs")
     prow = []
     for c in cells:
         pr = c.predicted or {}
+        hot = any(sections.is_contended(r.final) for r in c.completed)
+        mark = f" {CONTENDED_MARK}" if hot else ""
         prow.append([c.label, _num(pr.get("n_params")), _num(pr.get("n_params_non_embedding")),
                      _num(pr.get("flops_per_step")), _num(pr.get("useful_flops_per_step")),
                      _bytes(pr.get("static_bytes")), _bytes(pr.get("activation_bytes_per_step")),
                      _bytes(pr.get("kv_cache_bytes_per_token")),
-                     _num(measured(c, "tokens_per_s")), _pct(model_flops_utilization(c))])
+                     _num(measured(c, "tokens_per_s")) + mark, _pct(model_flops_utilization(c)) + mark])
     doc.table(["cell", "params", "non-emb. params", "train FLOPs/step", "useful FLOPs/step",
                "params+grads+AdamW", "activations/step", "KV cache/token", "tokens/s (measured)",
                "MFU (measured)"], prow,
               "predicted from the components' cost functions (harness/costmodel.py) at each cell's batch size, "
               "context and precision; tokens/s: median over steps, mean over seeds; MFU: useful (model) FLOPs "
               "per token x tokens/s / the device peak the run recorded (on CPU measured at start-up with a "
-              f"large matmul). {cond}")
-    doc.table(["cell", "figure", "predicted", "measured", "measured / predicted", "agreement"],
-              [[r["label"], r["figure"], _num(r["predicted"]), _num(r["measured"]),
-                "-" if r["ratio"] is None else f"{r['ratio']:.4f}", r["agreement"]] for r in rows],
+              f"large matmul)." + (f" {CONTENDED_MARK}: a seed of the cell ran on a contended machine."
+                                   if contention else "") + f" {cond}")
+    if contention:
+        doc.p(contention)
+    summary, outliers = cost_summary(rows)
+    doc.table(["figure", "cells", "agree", "disagree", "not compared", "worst measured / predicted"],
+              [[s["figure"], s["cells"], s["agree"], s["disagree"], s["not_compared"],
+                "-" if s["worst_ratio"] is None else f"{s['worst_ratio']:.4f} ({s['worst_cell']})"]
+               for s in summary],
               "required: parameters exact, FLOPs per step within 5% of torch.utils.flop_counter on one step. "
               "Memory: predicted = fp32 params + grads + AdamW moments (+ autocast weight copies) + activations "
               "saved for backward + the loss's fp32 logit gradient, on the torch reference path; measured = "
@@ -826,17 +1158,38 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
               f"{MEMORY_BAND[0]:g}-{MEMORY_BAND[1]:g} (the calibration is in harness/costmodel.py). The "
               "device's own peak (CUDA allocation, or CPU peak RSS, which adds the runtime's fixed overhead) "
               f"is in the runs table as peak_mem_bytes. {cond}")
+    cost_table = (["cell", "figure", "predicted", "measured", "measured / predicted", "agreement"],
+                  [[r["label"], r["figure"], _num(r["predicted"]), _num(r["measured"]),
+                    "-" if r["ratio"] is None else f"{r['ratio']:.4f}", r["agreement"]] for r in rows])
+    if outliers:
+        doc.p(f"{len(outliers)} of {sum(s['compared'] for s in summary)} compared checks disagree:")
+        doc.table(cost_table[0], [[r["label"], r["figure"], _num(r["predicted"]), _num(r["measured"]),
+                                   "-" if r["ratio"] is None else f"{r['ratio']:.4f}", r["agreement"]]
+                                  for r in outliers], f"the checks that disagree. {cond}")
+    else:
+        doc.p(f"Every compared check agrees ({sum(s['compared'] for s in summary)} of {len(rows)} checks have "
+              "both a prediction and a measurement).")
+    doc.details(f"every check, one row per cell and figure ({len(rows)} rows)", *cost_table,
+                "the full table is in report.json (predicted_vs_measured)")
     errs = sorted({c.predict_error for c in cells if c.predict_error})
     for e in errs:
         doc.p("Not predicted: " + e)
-    doc.image("predicted_vs_measured.png", plot_predicted_vs_measured(rows, cond),
-              f"predicted against measured costs (one point per cell). {cond}")
+    png = plot_predicted_vs_measured(rows, cond)
+    if png:
+        doc.image("predicted_vs_measured.png", png,
+                  f"predicted against measured costs (one point per cell; red: disagrees). {cond}")
+    plotted = predicted_vs_measured_panels(rows)
+    flat = [PLOTTED_CHECKS[f].split(" (")[0] for f in PLOTTED_CHECKS
+            if f not in plotted and any(r["figure"] == f and r["measured"] for r in rows)]
+    if flat:
+        doc.p("Not plotted against each other (the summary above says how they agree): "
+              + ", ".join(flat) + f", whose predicted and measured values are the same for every cell "
+              f"(within {sections.REL_TOL:.0%}).")
 
     # 7. scaling
     pts = scaling_points(cells)
-    n_sizes = len({p[0] for p in pts})
-    fit, fit_note = None, ""
-    if n_sizes >= MIN_SIZES_FOR_FIT:
+    fit, fit_note = None, sections.scaling_fit_applies(p[0] for p in pts) or ""
+    if not fit_note:
         from .scaling import ScalingFitError, fit as fit_scaling
 
         doc.h(2, "Scaling fit")
@@ -856,19 +1209,33 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
         else:
             doc.p(f"No fit: {fit_note}")
         doc.image("scaling.png", plot_scaling(pts, fit, cond), f"final val_loss against model size. {cond}")
-    else:
-        fit_note = f"{n_sizes} distinct model size(s); a scaling fit needs at least {MIN_SIZES_FOR_FIT}"
+    elif pts:
+        doc.p(f"No scaling fit: {fit_note}.")
 
     from .taskreport import report_section as task_accuracy_section
 
     task_accuracy_section(doc, cells, base, db_path, cond, _pyplot, _fig_to_png)
 
+    labels_by_key = {c.key: c.label for c in cells}
     run_notes = [(r, r.notes) for r in runs if r.notes]
     if run_notes or any(r.status != COMPLETED for r in runs):
         doc.h(2, "Run notes")
         doc.table(["cell", "seed", "status", "notes"],
-                  [[r.label, r.seed, r.status, r.notes] for r in runs if r.notes or r.status != COMPLETED])
+                  [[labels_by_key.get(r.cell_key, r.label), r.seed, r.status, r.notes] for r in runs
+                   if r.notes or r.status != COMPLETED])
     return Report(title, source, db_path, cells, base, stat_rows, rows, fit, pts, fit_note, doc)
+
+
+def label_cells(cells: list[Cell], grid_raw: dict | None = None) -> None:
+    """Every cell's display label from the settings that differ between these cells (abl.labels),
+    the grid's paths first when the grid is known."""
+    from .labels import run_labels
+
+    grid = (grid_raw or {}).get("grid")
+    order = [k for k in grid if k != "exclude"] if isinstance(grid, dict) else []
+    labels = run_labels([r for c in cells for r in c.runs], order)
+    for c in cells:
+        c.label = labels.get(c.key, c.label)
 
 
 def _flatten_get(config: dict, key: str) -> Any:
@@ -898,6 +1265,8 @@ def write_report(rep: Report, out_dir: str | Path, fmt: str = "md") -> Path:
         "comparison": rep.stat_rows,
         "predicted": {c.key: {k: v for k, v in (c.predicted or {}).items() if k != "parts"} for c in rep.cells},
         "predicted_vs_measured": rep.cost_rows,
+        "predicted_vs_measured_summary": cost_summary(rep.cost_rows)[0],
+        "contended_runs": [r.run_id for r in contended_runs([r for c in rep.cells for r in c.runs])],
         "scaling_fit": rep.fit.as_dict() if rep.fit is not None else None, "scaling_note": rep.fit_note,
     }
     (out / "report.json").write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")

@@ -168,38 +168,40 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
 # ---------------------------------------------------------------- abl report
 
 
-def plot_accuracy(rows_by_metric: dict[str, list[dict]], curves: dict, runs_by_cell: dict, footer: str,
-                  plt: Any, to_png: Any) -> bytes | None:
-    """Accuracy curves (mean over seeds) and final accuracy against model width per mixer."""
+def accuracy_figure(rows_by_metric: dict[str, list[dict]], curves: dict, runs_by_cell: dict, footer: str,
+                    plt: Any) -> Any:
+    """Accuracy curves (mean over seeds) and final accuracy against model width per mixer; None without
+    a metric. Cells in distinct styles (abl.report.cell_styles), legends to the right of each panel."""
+    from .report import add_footer, cell_styles, thin_ticks
+
     if not rows_by_metric:
         return None
     metrics = list(rows_by_metric)
     # panels of the width plot: every other varied setting (e.g. the number of pairs)
-    fig, axes = plt.subplots(len(metrics), 2, figsize=(12, 4.2 * len(metrics)), squeeze=False)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(len(metrics), 2, figsize=(14, 4.2 * len(metrics)), squeeze=False,
+                             layout="constrained")
     for m_i, metric in enumerate(metrics):
         rows = rows_by_metric[metric]
         ax_c, ax_w = axes[m_i]
-        for i, r in enumerate(rows):
+        for r, st in zip(rows, cell_styles(len(rows))):
             by_step: dict[int, list[float]] = {}
             for rid in runs_by_cell.get(r["cell_key"], []):
                 for step, v in curves.get(rid, {}).get(metric, []):
                     by_step.setdefault(step, []).append(v)
             steps = sorted(by_step)
             if steps:
-                ax_c.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], marker=".", lw=1,
-                          color=colors[i % len(colors)], label=r["label"])
+                ax_c.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], marker=st["marker"], ms=3,
+                          lw=1, color=st["color"], ls=st["ls"], label=r["label"])
         ax_c.set(title=f"{metric} during training (mean over seeds)", xlabel="step", ylabel="accuracy",
                  ylim=(-0.02, 1.02))
-        if len(rows) <= 12:
-            ax_c.legend(fontsize=6)
         groups = width_groups(rows)
-        styles = ["-", "--", ":", "-."]
         mixers = list(dict.fromkeys(g[1] for g in groups))
         panels = list(dict.fromkeys(g[0] for g in groups))
+        colors = [st["color"] for st in cell_styles(len(mixers))]
+        styles = ["-", "--", ":", "-."]
         for (panel, mixer), pts in groups.items():
             pts.sort()
-            col = colors[mixers.index(mixer) % len(colors)]
+            col = colors[mixers.index(mixer)]
             ls = styles[panels.index(panel) % len(styles)]
             xs = [p[0] for p in pts]
             ys = [p[1] for p in pts]
@@ -211,12 +213,21 @@ def plot_accuracy(rows_by_metric: dict[str, list[dict]], curves: dict, runs_by_c
                  ylim=(-0.02, 1.02))
         ax_w.set_xscale("log", base=2)
         ax_w.axhline(0.9, color="0.6", lw=0.8, ls=":")
-        ax_w.legend(fontsize=6)
         for ax in (ax_c, ax_w):
             ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.text(0.01, -0.02, footer, fontsize=6, color="0.35", ha="left", va="top", wrap=True)
-    return to_png(fig)
+            if ax.get_legend_handles_labels()[0]:  # beside the panel, never over the data
+                ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+                          frameon=False)
+    thin_ticks(fig)
+    add_footer(fig, footer)
+    return fig
+
+
+def plot_accuracy(rows_by_metric: dict[str, list[dict]], curves: dict, runs_by_cell: dict, footer: str,
+                  plt: Any, to_png: Any) -> bytes | None:
+    """``accuracy_figure`` as PNG bytes."""
+    fig = accuracy_figure(rows_by_metric, curves, runs_by_cell, footer, plt)
+    return None if fig is None else to_png(fig)
 
 
 def width_groups(rows: list[dict]) -> dict[tuple[str, str], list[tuple]]:

@@ -116,7 +116,7 @@ steps = 20
 batch_size = 4
 eval_every = 10
 [grid]
-"model.n_layers" = [1, 2, 3, 4]
+"model.n_layers" = [1, 2, 4, 8]
 """
 
 
@@ -194,9 +194,9 @@ def test_report_numbers_match_a_direct_computation_from_the_store(ladder_store, 
     # every figure and table carries its conditions
     assert md.count("cpu (test); torch 2.x, python 3.x; abl abc123; data ffffffffffff") >= 6
     # predicted vs measured: parameters are exact
-    costs = parse_table(md, "| cell | figure |")
-    assert {r["agreement"] for r in costs if r["figure"] == "n_params"} == {"agrees (exact)"}
-    # 4 model sizes: the scaling fit is there, with constants near the generating ones
+    summary = {r["figure"]: r for r in parse_table(md, "| figure | cells | agree |")}
+    assert summary["n_params"]["agree"] == summary["n_params"]["cells"] == "4"
+    # 4 model sizes over 8x: the scaling fit is there, with constants near the generating ones
     data = json.loads((tmp_path / "rep" / "report.json").read_text())
     fit = data["scaling_fit"]
     assert fit["n_sizes"] == 4 and "L(N)" in fit["form"]
@@ -209,8 +209,8 @@ def test_report_numbers_match_a_direct_computation_from_the_store(ladder_store, 
         [(r["label"], r["verdict"], r["p_value"]) for r in rep.stat_rows]
     # report.json carries the same statistics at full precision
     by_label = {r["label"]: r for r in data["comparison"]}
-    x = np.array(list(values["n_layers=3"].values()))
-    assert by_label["n_layers=3"]["mean"] == pytest.approx(x.mean(), rel=1e-12)
+    x = np.array(list(values["n_layers=4"].values()))
+    assert by_label["n_layers=4"]["mean"] == pytest.approx(x.mean(), rel=1e-12)
 
 
 def abl(args, cwd, monkeypatch):
@@ -314,5 +314,5 @@ def test_report_on_a_finished_tiny_grid(tmp_path):
     # 4 steps: no cell gets below its unigram floor, so none is ranked or tested
     assert stuck == set(values)
     check_comparison_table(md, values, baseline="norm=rmsnorm", stuck=stuck)  # the grid's first cell
-    costs = parse_table(md, "| cell | figure |")
-    assert {r["agreement"] for r in costs if r["figure"] == "n_params"} == {"agrees (exact)"}
+    summary = {r["figure"]: r for r in parse_table(md, "| figure | cells | agree |")}
+    assert summary["n_params"]["agree"] == summary["n_params"]["cells"] == "2"

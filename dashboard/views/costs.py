@@ -1,11 +1,14 @@
 """Costs: predicted against measured, per cell, and the scaling-law fit.
 
-The table is ``abl report``'s (harness/report.py ``cost_rows``): parameters
-must agree exactly, FLOPs per step within 5% of torch's flop counter, peak
-tensor memory within the band in harness/costmodel.py. Rows that disagree
-are listed first and counted in a warning: nothing is hidden. The scaling
-section fits L(N, D) = E + A/N^alpha + B/D^beta over the completed runs when
-the selection spans enough model sizes.
+The same rules as ``abl report`` (harness/report.py, abl.sections), from the
+same functions: parameters must agree exactly, FLOPs per step within 5% of
+torch's flop counter, peak tensor memory within the band in
+harness/costmodel.py. The page shows one summary row per figure (how many
+cells agree, the worst ratio) and lists only the checks that disagree; every
+row is in a folded table. A plot panel appears only for a figure that differs
+between the cells, and the scaling fit only over enough model sizes
+(``abl.sections.scaling_fit_applies``); what is left out says why. Cells are
+named by ``abl.labels``; runs on a contended machine are counted in a warning.
 """
 
 import pandas as pd
@@ -27,57 +30,76 @@ def _analyse(db: str, run_ids: tuple[str, ...], sig: tuple):
 
     runs = report.load_runs(db, run_ids=list(run_ids))
     cells = report.group_cells(runs)
+    report.label_cells(cells)
     report.attach_predictions(cells, get_registry())
     rows = report.cost_rows(cells)
     points = report.scaling_points(cells)
-    return rows, points, [c.label for c in cells]
+    return rows, points, report.contention_note(runs)
 
 
 runs = common.runs_table(sel)
 ctx = common.ctx()
 try:
-    rows, points, labels = _analyse(ctx.store.db, tuple(runs["run_id"]), ctx.sig)
+    rows, points, contention = _analyse(ctx.store.db, tuple(runs["run_id"]), ctx.sig)
 except Exception as exc:  # noqa: BLE001 - a busy or odd store is shown, not raised
     st.error(f"Could not read the runs for the cost check: {exc}")
     st.stop()
 
-from abl import report  # noqa: E402 - after the page's early exits
+from abl import report, sections  # noqa: E402 - after the page's early exits
 from abl.costmodel import MEMORY_BAND  # noqa: E402
 
 table = pd.DataFrame(rows)
 if table.empty:
     st.info("The selected runs have no cells to check.")
     st.stop()
-table["disagrees"] = table["agreement"].str.startswith("DISAGREES")
-bad = table[table["disagrees"]]
-if len(bad):
-    st.warning(f"{len(bad)} of {len(table)} predicted-vs-measured checks disagree: "
-               + "; ".join(f"{r.label}: {r.figure}" for r in bad.head(8).itertuples())
-               + (" ..." if len(bad) > 8 else ""), icon=":material/warning:")
+if contention:
+    st.warning(contention, icon=":material/speed:")
+summary, outliers = report.cost_summary(rows)
+compared = sum(s["compared"] for s in summary)
+if outliers:
+    st.warning(f"{len(outliers)} of {compared} compared checks disagree: "
+               + "; ".join(f"{r['label']}: {r['figure']}" for r in outliers[:8])
+               + (" ..." if len(outliers) > 8 else ""), icon=":material/warning:")
 else:
-    measured = table["measured"].notna().sum()
-    st.success(f"Every measured check agrees ({measured} of {len(table)} checks have a measurement).")
-
-figures = sorted(table["figure"].unique())
-pick = st.multiselect("Figures", figures, default=figures, key="costs_figures")
-shown = table[table["figure"].isin(pick)].sort_values(["disagrees", "label"], ascending=[False, True])
-st.dataframe(
-    shown[["label", "figure", "predicted", "measured", "ratio", "agreement"]].rename(
-        columns={"label": "cell", "ratio": "measured / predicted"}),
-    hide_index=True, width="stretch")
+    st.success(f"Every measured check agrees ({compared} of {len(table)} checks have a measurement).")
+st.table(pd.DataFrame([{
+    "figure": s["figure"], "cells": s["cells"], "agree": s["agree"], "disagree": s["disagree"],
+    "not compared": s["not_compared"],
+    "worst measured / predicted": "-" if s["worst_ratio"] is None else f"{s['worst_ratio']:.4f} ({s['worst_cell']})",
+} for s in summary]))
+if outliers:
+    st.markdown("**The checks that disagree**")
+    st.table(pd.DataFrame(outliers)[["label", "figure", "predicted", "measured", "ratio", "agreement"]].rename(
+        columns={"label": "cell", "ratio": "measured / predicted"}))
 st.caption("Required: parameters exact; FLOPs per step within 5% of torch.utils.flop_counter on one step; "
            f"peak tensor memory (one whole training step, torch's MemTracker) within {MEMORY_BAND[0]:g}-"
            f"{MEMORY_BAND[1]:g}x of the prediction, which models the torch reference path. Predictions come "
            "from the components' registered cost functions (harness/costmodel.py).")
+
+table["disagrees"] = table["agreement"].str.startswith("DISAGREES")
+with st.expander(f"Every check, one row per cell and figure ({len(table)} rows)", expanded=False):
+    figures = sorted(table["figure"].unique())
+    pick = st.multiselect("Figures", figures, default=figures, key="costs_figures")
+    shown = table[table["figure"].isin(pick)].sort_values(["disagrees", "label"], ascending=[False, True])
+    st.dataframe(
+        shown[["label", "figure", "predicted", "measured", "ratio", "agreement"]].rename(
+            columns={"label": "cell", "ratio": "measured / predicted"}),
+        hide_index=True, width="stretch")
+
 png = report.plot_predicted_vs_measured(rows, "")
 if png:
-    st.image(png, caption="predicted against measured, one point per cell")
+    st.image(png, caption="predicted against measured, one point per cell (red: disagrees)")
+plotted = report.predicted_vs_measured_panels(rows)
+flat = [name for name in report.PLOTTED_CHECKS if name not in plotted and (table["figure"] == name).any()
+        and table.loc[table["figure"] == name, "measured"].notna().any()]
+if flat:
+    st.caption(f"Not plotted (the summary says how they agree): {', '.join(flat)}, the same for every cell "
+               f"(within {sections.REL_TOL:.0%}).")
 
 st.subheader("Scaling fit")
-sizes = sorted({round(n) for n, _, _ in points})
-if len(sizes) < report.MIN_SIZES_FOR_FIT:
-    st.info(f"The selection spans {len(sizes)} model size(s); a fit of L(N, D) = E + A/N^α + B/D^β needs "
-            f"at least {report.MIN_SIZES_FOR_FIT} (e.g. a grid over `model.scale`).")
+why = sections.scaling_fit_applies(n for n, _, _ in points)
+if why:
+    st.info(f"No scaling fit of L(N, D) = E + A/N^α + B/D^β: {why} (e.g. a grid over `model.scale`).")
     st.stop()
 from abl.scaling import ScalingFitError, fit as fit_scaling  # noqa: E402
 
