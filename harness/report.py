@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import math
 import platform
@@ -46,6 +45,8 @@ from typing import Any
 
 from . import sections, stats
 from .costmodel import CHECKS, MEMORY_BAND, agreement
+from .figures import (LINE_STYLES, MARKERS, add_footer, cell_styles, fig_to_png,  # noqa: F401
+                      finish_figure, legend_outside, pyplot, thin_ticks, tick_labels)
 from .health import DID_NOT_LEARN_MARGIN
 from .rundir import COMPLETED
 from .tables import flatten
@@ -457,124 +458,6 @@ CONTENDED_MARK = "‡"
 # ---------------------------------------------------------------- plots
 
 
-def _fig_to_png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return buf.getvalue()
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-LINE_STYLES = ("-", "--", ":", "-.")
-MARKERS = ("o", "s", "^", "D")
-
-
-def cell_styles(n: int) -> list[dict[str, Any]]:
-    """A distinct (colour, line style, marker) per cell: tab10 up to 10 cells, tab20 (its dark shades
-    first) up to 20, past that tab20 again with the next line style and marker."""
-    import matplotlib
-
-    if n <= 10:
-        cols = list(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
-    else:
-        t = list(matplotlib.colormaps["tab20"].colors)  # type: ignore[attr-defined]
-        cols = t[0::2] + t[1::2]
-    return [{"color": cols[i % len(cols)], "ls": LINE_STYLES[(i // len(cols)) % len(LINE_STYLES)],
-             "marker": MARKERS[(i // len(cols)) % len(MARKERS)]} for i in range(n)]
-
-
-def _legend_outside(fig, axes, extra: list | None = None) -> None:
-    """One legend for the figure, below the panels (never over the data): every label once."""
-    handles, labels = [], []
-    for ax in axes:
-        for h, lbl in zip(*ax.get_legend_handles_labels()):
-            if lbl not in labels and not lbl.startswith("_"):
-                handles.append(h)
-                labels.append(lbl)
-    for h in extra or []:
-        handles.append(h)
-        labels.append(h.get_label())
-    if handles:
-        width = max(len(lbl) for lbl in labels)
-        across = fig.get_figwidth() * 72 / (0.6 * 8)  # characters of an 8 pt font across the figure
-        ncol = max(1, min(len(labels), int(across // max(12, width + 6))))
-        # below the figure's edge (the layout keeps every panel inside it; bbox_inches="tight" keeps the
-        # legend): not a constrained-layout "outside" legend, which a tight save moves over the footer
-        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=fig.transFigure,
-                   ncol=ncol, fontsize=8, frameon=False)
-
-
-def _overlapping(labels: list) -> bool:
-    boxes = [t.get_window_extent() for t in labels]
-    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
-
-
-def tick_labels(axis) -> list:
-    """The tick labels of an axis that are drawn (visible, with text)."""
-    return [t for t in axis.get_ticklabels(which="both") if t.get_visible() and t.get_text()]
-
-
-def thin_ticks(fig) -> None:
-    """No two tick labels of an axis overlap: drop the minor labels, then fewer ticks, then rotate the
-    x labels, then show every other label, until none does."""
-    from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter
-
-    fig.canvas.draw()
-    for ax in fig.axes:
-        for axis in (ax.xaxis, ax.yaxis):
-            for step in range(5):
-                if not _overlapping(tick_labels(axis)):
-                    break
-                if step == 0:
-                    axis.set_minor_formatter(NullFormatter())
-                elif step == 1:
-                    axis.set_major_locator(LogLocator(numticks=4) if axis.get_scale() == "log"
-                                           else MaxNLocator(4))
-                elif step == 2 and axis is ax.xaxis:
-                    for t in axis.get_ticklabels():
-                        t.set_rotation(30)
-                        t.set_horizontalalignment("right")
-                else:
-                    for i, t in enumerate(tick_labels(axis)):
-                        t.set_visible(i % 2 == 0)
-                fig.canvas.draw()
-
-
-def add_footer(fig, footer: str) -> None:
-    """The conditions line below everything drawn (figure coordinates below 0 are kept by
-    ``bbox_inches="tight"``), wrapped to the figure's width."""
-    if not footer:
-        return
-    import textwrap
-
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    inv = fig.transFigure.inverted()
-    bottom = min([inv.transform((0, a.get_tightbbox(renderer).y0))[1] for a in list(fig.legends) + fig.axes]
-                 + [0.0])
-    width = int(fig.get_figwidth() * 72 / (0.6 * 6))  # characters of a 6 pt font across the figure
-    fig.text(0.01, bottom - 0.01, "\n".join(textwrap.wrap(footer, width)), fontsize=6, color="0.35",
-             ha="left", va="top")
-
-
-def finish_figure(fig, axes, footer: str, extra: list | None = None):
-    """One legend below the panels, tick labels apart, the footer below everything."""
-    _legend_outside(fig, axes, extra)
-    thin_ticks(fig)
-    add_footer(fig, footer)
-    return fig
-
-
 def _contended_handle():
     from matplotlib.lines import Line2D
 
@@ -636,7 +519,7 @@ def loss_curve_panels(cells: list[Cell]) -> tuple[list[str], list[str]]:
 def loss_curves_figure(cells: list[Cell], footer: str):
     """train_loss and val_loss against tokens; val_loss against predicted FLOPs and wall time when those
     differ between the cells. Seeds are drawn faintly, the mean over seeds boldly; no CI band."""
-    plt = _pyplot()
+    plt = pyplot()
     panels, _ = loss_curve_panels(cells)
     rows, cols = (2, 2) if len(panels) == 4 else (1, len(panels))
     fig, grid = plt.subplots(rows, cols, figsize=(4.3 * cols + 0.5, 3.6 * rows + 0.6), squeeze=False,
@@ -697,7 +580,7 @@ def loss_curves_figure(cells: list[Cell], footer: str):
 
 
 def plot_loss_curves(cells: list[Cell], footer: str) -> bytes:
-    return _fig_to_png(loss_curves_figure(cells, footer))
+    return fig_to_png(loss_curves_figure(cells, footer))
 
 
 def _cost_axes(cells: list[Cell]) -> tuple[list[tuple[str, dict[str, float | None]]], list[str]]:
@@ -727,7 +610,7 @@ def quality_vs_cost_figure(cells: list[Cell], stat_rows: list[dict], footer: str
     keep, _ = _cost_axes(cells)
     if not keep:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, grid = plt.subplots(1, len(keep), figsize=(max(8.0, 4.4 * len(keep) + 0.6), 4.6), squeeze=False,
                              layout="constrained")
     axes = list(grid[0])
@@ -767,7 +650,7 @@ def quality_vs_cost_figure(cells: list[Cell], stat_rows: list[dict], footer: str
 
 def plot_quality_vs_cost(cells: list[Cell], stat_rows: list[dict], footer: str) -> bytes | None:
     fig = quality_vs_cost_figure(cells, stat_rows, footer)
-    return None if fig is None else _fig_to_png(fig)
+    return None if fig is None else fig_to_png(fig)
 
 
 PLOTTED_CHECKS = {"n_params": "parameters (exact)", "flops_per_step": "FLOPs per step (flop counter)",
@@ -790,7 +673,7 @@ def predicted_vs_measured_figure(rows: list[dict], footer: str):
     figures = predicted_vs_measured_panels(rows)
     if not figures:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, grid = plt.subplots(1, len(figures), figsize=(max(8.0, 4.4 * len(figures) + 0.6), 4.4), squeeze=False,
                              layout="constrained")
     axes = list(grid[0])
@@ -822,13 +705,13 @@ def predicted_vs_measured_figure(rows: list[dict], footer: str):
 
 def plot_predicted_vs_measured(rows: list[dict], footer: str) -> bytes | None:
     fig = predicted_vs_measured_figure(rows, footer)
-    return None if fig is None else _fig_to_png(fig)
+    return None if fig is None else fig_to_png(fig)
 
 
 def scaling_figure(points: list[tuple[float, float, float]], fit, footer: str):
     import numpy as np
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 5), layout="constrained")
     n, d, l = (np.array(v, dtype=float) for v in zip(*points))
     budgets = sorted(set(d))
@@ -847,7 +730,7 @@ def scaling_figure(points: list[tuple[float, float, float]], fit, footer: str):
 
 
 def plot_scaling(points: list[tuple[float, float, float]], fit, footer: str) -> bytes:
-    return _fig_to_png(scaling_figure(points, fit, footer))
+    return fig_to_png(scaling_figure(points, fit, footer))
 
 
 # ---------------------------------------------------------------- document
@@ -1214,7 +1097,7 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
 
     from .taskreport import report_section as task_accuracy_section
 
-    task_accuracy_section(doc, cells, base, db_path, cond, _pyplot, _fig_to_png)
+    task_accuracy_section(doc, cells, base, db_path, cond, pyplot, fig_to_png)
 
     labels_by_key = {c.key: c.label for c in cells}
     run_notes = [(r, r.notes) for r in runs if r.notes]

@@ -171,8 +171,8 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
 def accuracy_figure(rows_by_metric: dict[str, list[dict]], curves: dict, runs_by_cell: dict, footer: str,
                     plt: Any) -> Any:
     """Accuracy curves (mean over seeds) and final accuracy against model width per mixer; None without
-    a metric. Cells in distinct styles (abl.report.cell_styles), legends to the right of each panel."""
-    from .report import add_footer, cell_styles, thin_ticks
+    a metric. Cells in distinct styles (abl.figures.cell_styles), legends to the right of each panel."""
+    from .figures import add_footer, cell_styles, thin_ticks
 
     if not rows_by_metric:
         return None

@@ -77,6 +77,7 @@ def test_section_rules():
     assert sections.scaling_fit_applies([1e5, 1.5e5, 2e5, 3e5])  # 3x span
     assert sections.scaling_fit_applies([1e5, 2e5, 4e5, 8e5]) is None
     assert not sections.differs([1e9, 1e9 * 1.001, None]) and sections.differs([1e9, 1.2e9])
+    assert not sections.differs([212_992, 215_168])  # the norms grid's parameters: one size on an axis
     assert not sections.bands_by_default([2, 5]) and sections.bands_by_default([3, 3])
     assert sections.is_contended({"contended": 1.0}) and not sections.is_contended({"contended": 0.0})
     assert not sections.is_contended({})

@@ -321,7 +321,7 @@ def test_the_costs_page_follows_the_same_rules(norms_store, monkeypatch):
 
 
 def test_task_accuracy_figure_tells_thirteen_cells_apart_with_legends_beside_the_panels():
-    from abl.report import _pyplot
+    from abl.figures import pyplot as _pyplot
     from abl.taskreport import accuracy_figure
 
     rows, curves, runs_by_cell = [], {}, {}
@@ -342,7 +342,7 @@ def test_task_accuracy_figure_tells_thirteen_cells_apart_with_legends_beside_the
 def test_crowded_tick_labels_are_thinned_until_none_overlap():
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
-    from abl.report import _pyplot, thin_ticks, tick_labels
+    from abl.figures import pyplot as _pyplot, thin_ticks, tick_labels
 
     plt = _pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(5, 3), layout="constrained")
