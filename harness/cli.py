@@ -535,7 +535,9 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
     store) or an experiment name. The report holds the conditions, the grid,
     the comparison table with 95% CIs and verdicts against the baseline, loss
     curves, quality vs cost, predicted vs measured costs and, with at least 4
-    model sizes, a scaling-law fit.
+    model sizes spanning at least 4x in parameters, a scaling-law fit. A
+    section that would mean nothing for these cells is left out, with one
+    sentence saying why.
     """
     from .report import ReportError, build_report, experiments, load_runs, write_report
 
