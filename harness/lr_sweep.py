@@ -151,14 +151,12 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
               console=None, detect: float | None = None) -> int:
     """Both phases; returns the runs that did not complete plus the variants left without a usable learning
     rate (so ``abl run`` exits 1 for either). Prints which LR each variant got."""
-    from rich.console import Console
-
     from .runner import run_grid
 
     if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=max(console.width, 200))
+        from .termlayout import output_console
+
+        console = output_console()
     tuning = tuning_grid(grid, registry)
     console.print(f"[bold]lr sweep[/]: phase 1 tunes every cell at lr in {grid.cells[0].train.lr_sweep} on seed "
                   f"{grid.cells[0].experiment.seeds[0]} (experiment {tuning.cells[0].experiment.name})")

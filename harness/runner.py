@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column
 
-from . import health, rundir, store, tokenstore
+from . import health, rundir, store, termlayout, tokenstore
 from .admission import oom_kills
 from .config import Cell, Grid
 from .executors import Job, LocalExecutor
@@ -323,9 +323,7 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     Returns the number of runs that did not complete in this invocation.
     """
     if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=max(console.width, 200))
+        console = termlayout.output_console()
     executor = executor or LocalExecutor()
     cells = grid.cells
     # the data of every cell checked, and tokenised once into the store, before the store is touched

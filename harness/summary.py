@@ -449,8 +449,6 @@ def run_compare(source: str, *, db_path: str | None, default_db: str, registry, 
                 as_json: bool = False, overrides: Sequence[str] = (), fmt: str = "table",
                 layout: str = "auto") -> None:
     """``abl compare``: raises a user error (ConfigError, ReportError, VerdictError, ...) for bad input."""
-    from rich.console import Console
-
     from .config import load_grid, resolve_grid_path
     from .report import ReportError, experiments
 
@@ -480,9 +478,7 @@ def run_compare(source: str, *, db_path: str | None, default_db: str, registry, 
             raise ReportError(f"no runs of experiment {source!r} in {db}; experiments there: "
                               f"{', '.join(experiments(db)) or 'none'}")
     presentation = Presentation(layout=layout, fmt="json" if as_json else fmt)
-    console = Console()
-    if not console.is_terminal and presentation.layout == "auto":
-        console = Console(width=max(console.width, 200))
+    console = termlayout.output_console()
     view = build(runs, metrics=metrics, title=name, order=order, paths=paths, baseline=baseline or exp_baseline,
                  pairs=pairs, by=by, bootstrap=bootstrap, correction=correction,
                  every_metric=presentation.fmt == "json")

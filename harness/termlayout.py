@@ -63,3 +63,20 @@ def pack(items: Sequence[str], width: int, indent: str) -> list[str]:
     if cur:
         lines.append(indent + cur)
     return lines
+
+
+LOG_WIDTH = 200  # the width of output that is not a terminal (a log file, a pipe) unless COLUMNS says
+
+
+def output_console():
+    """The console for a command's output: the terminal's width in a terminal; elsewhere (a log
+    file, a pipe, CI) ``COLUMNS`` when it is set, else ``LOG_WIDTH``, so a log keeps the full tables."""
+    import os
+
+    from rich.console import Console
+
+    console = Console()
+    if console.is_terminal:
+        return console
+    cols = os.environ.get("COLUMNS", "")
+    return Console(width=int(cols) if cols.isdigit() and int(cols) > 0 else max(console.width, LOG_WIDTH))

@@ -325,3 +325,13 @@ def test_the_lr_sweep_table_reads_at_80_columns():
             assert sum("lr 0.003: 2.0000 *" in ln for ln in lines) == len(results)
         else:
             assert not heads and sum("2.0000 *" in ln for ln in lines) == len(results)
+
+
+def test_output_that_is_not_a_terminal_takes_columns_when_set(monkeypatch):
+    """A log file keeps the full tables; COLUMNS=80 (a narrow pager, a CI log viewer) gets the stacked layout."""
+    from abl.termlayout import LOG_WIDTH, output_console
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert output_console().width == 80
+    monkeypatch.delenv("COLUMNS")
+    assert output_console().width >= LOG_WIDTH
