@@ -112,14 +112,23 @@ _WRITTEN_DIGITS = 10
 
 
 def show_default(value: Any) -> str:
-    """A default as its source writes it: the shortest form that reads back exactly (``1e-06``,
-    ``10000.0``); a computed float (``8/3``) as 4 significant digits after ``≈``."""
+    """A default as a grid file writes it: a float in the shortest form that reads back exactly
+    (``1e-06``, ``10000.0``), a computed float (``8/3``) as 4 significant digits after ``≈``; booleans
+    ``true``/``false``, strings and lists as TOML (``"inside"``, ``[1, 2]``); no default as ``unset``."""
     if isinstance(value, float) and math.isfinite(value):
         text = repr(value)
         digits = len(re.sub(r"^0+", "", re.sub(r"[^0-9]", "", text.split("e")[0])).rstrip("0"))
         if digits > _WRITTEN_DIGITS:
             return f"≈{value:.4g}"
         return text
+    if isinstance(value, bool):  # as a grid file writes them (TOML)
+        return "true" if value else "false"
+    if isinstance(value, (str, list, tuple, dict)):
+        import json
+
+        return json.dumps(value)
+    if value is None:
+        return "unset"
     return repr(value)
 
 

@@ -47,8 +47,8 @@ def test_first_sentence_is_whole_and_has_no_note_references():
 
 
 def test_defaults_read_as_written():
-    assert [show_default(v) for v in (1e-6, 10000.0, 0.1, 4.0, 8 / 3, 2, "x", True)] == \
-        ["1e-06", "10000.0", "0.1", "4.0", "≈2.667", "2", "'x'", "True"]
+    assert [show_default(v) for v in (1e-6, 10000.0, 0.1, 4.0, 8 / 3, 2, "x", True, False, None, [1, 2])] == \
+        ["1e-06", "10000.0", "0.1", "4.0", "≈2.667", "2", '"x"', "true", "false", "unset", "[1, 2]"]
     assert Param(8 / 3).describe() == "float=≈2.667"
 
 
