@@ -477,7 +477,7 @@ SOAK_STEPS = 1500
 
 # figures that depend on the clock or the machine's load, not on the training
 TIMING = ("tokens_per_s", "train_tokens_per_s", "elapsed_s", "wall_s", "peak_mem_bytes", "baseline_rss_bytes", "mfu",
-          "device_peak_flops")
+          "device_peak_flops", "cpu_util", "load_per_core", "contended")  # the machine's share: not the model's
 
 
 def _live_workers(dirs):
