@@ -96,7 +96,10 @@ class Figure:
             return "-"
         out = verdicts.value_text(self.metric, self.mean)
         if is_speed(self.metric) and self.std is not None:
-            out += " ± " + verdicts.value_text(self.metric, self.std)
+            mean, std = self.mean or 0.0, self.std
+            # the spread at the mean's precision: 24,584 ± 431, not ± 430.7
+            out += " ± " + (f"{std:,.0f}" if abs(mean) >= 100 and self.metric not in ("mfu", "hfu")
+                            else verdicts.value_text(self.metric, std))
         return out + ("*" if self.contended and is_speed(self.metric) else "")
 
     def as_dict(self) -> dict[str, Any]:
