@@ -23,8 +23,8 @@ from typing import Iterable, Mapping
 
 MIN_SIZES = 4
 MIN_SPAN = 4.0
-REL_TOL = 0.01  # sizes closer than this are one model size
-AXIS_REL_TOL = 0.05
+REL_TOL = 0.05  # sizes (and costs) closer than this are one size (one model +- a norm's bias)
+AXIS_REL_TOL = REL_TOL
 MIN_SEEDS_FOR_BANDS = 3
 CONTENDED = "contended"  # a run's final metric: 1.0 when the machine was contended during its loop
 
@@ -33,7 +33,7 @@ def scaling_fit_applies(n_params: Iterable[float]) -> str | None:
     """None when a scaling fit means something over these model sizes; else why not (one sentence)."""
     sizes = sorted({float(n) for n in n_params if n is not None and math.isfinite(float(n)) and float(n) > 0})
     distinct: list[float] = []
-    for n in sizes:  # sizes within REL_TOL of each other are one size (one model +- a bias or two)
+    for n in sizes:  # sizes within REL_TOL of each other are one size (one model +- a norm's bias)
         if not distinct or n > distinct[-1] * (1 + REL_TOL):
             distinct.append(n)
     if len(distinct) < MIN_SIZES:
