@@ -440,6 +440,8 @@ def _dashboard_snapshot(db: Path, runs_dir: Path, out_dir: Path, widths: list[in
     except Exception as exc:  # noqa: BLE001 - a browser that cannot start or a page that never settles
         fail(f"the snapshot failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     broken = [s for s in shots if s.exceptions]
+    if not broken:  # the server's log is kept only to explain a failure
+        (out_dir / "server.log").unlink(missing_ok=True)
     for s in shots:
         click.echo(f"{s.path}  ({s.width} px wide, {s.content_height} px tall"
                    + (f", {s.exceptions} exception(s) shown" if s.exceptions else "") + ")")
