@@ -45,6 +45,15 @@ def _live_cached(db: str, runs_dir: str, ids: tuple, key: tuple, _store: q.Store
     return q.live_snapshot(_store, ids)
 
 
+
+def shown_path(path) -> str:
+    """A path as the sidebar shows it: relative to the working folder when it lies inside it
+    (``results/abl.duckdb``, as the user typed it), else whole."""
+    import os
+
+    rel = os.path.relpath(str(path))
+    return str(path) if rel == ".." or rel.startswith(".." + os.sep) else rel
+
 def _takes_live(fn: Callable) -> bool:
     return "live" in inspect.signature(fn).parameters
 
@@ -140,7 +149,7 @@ def sidebar() -> q.Selection:
     sel = replace(sel, cells=tuple(picked))
 
     sb.divider()
-    sb.caption(f"Store: `{c.store.db}`  \nRun folders: `{c.store.runs_dir}`")
+    sb.caption(f"Store: `{shown_path(c.store.db)}`  \nRun folders: `{shown_path(c.store.runs_dir)}`")
     left, right = sb.columns(2)
     if left.button("Refresh", icon=":material/refresh:", help="Re-read the store (new and running runs)"):
         clear_cache()

@@ -243,3 +243,12 @@ def test_compare_warns_when_a_speed_was_measured_on_a_contended_machine(norms2, 
     assert not [w for w in at.warning if "contended" in w.value or "busy" in w.value]  # val_loss: no warning
     at = app(norms2, monkeypatch, "compare", cmp_metric="tokens_per_s")
     assert [w for w in at.warning if "3 run(s)" in w.value and "busy with other work" in w.value]
+
+
+def test_the_sidebar_shows_a_store_inside_the_working_folder_as_typed(tmp_path, monkeypatch):
+    from abl.dashboard.common import shown_path
+
+    monkeypatch.chdir(tmp_path)
+    assert shown_path(tmp_path / "results" / "abl.duckdb") == str(Path("results") / "abl.duckdb")
+    outside = tmp_path.parent / "elsewhere.duckdb"
+    assert shown_path(outside) == str(outside)
