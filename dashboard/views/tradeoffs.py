@@ -4,7 +4,9 @@ A cell is on the front when no other cell is at least as good on both axes
 and strictly better on one (lower loss; lower memory, KV cache and
 parameters; higher throughput).
 
-Speed axes (tokens/s, MFU) show the min–max over a cell's seeds as a
+A cost that every cell shown shares within 5% (``abl.sections.differs``:
+one model size, one KV layout) gets one sentence instead of a plot; a cost
+chosen under "More cost axes" is always drawn. Speed axes (tokens/s, MFU) show the min–max over a cell's seeds as a
 horizontal bar, and ring in red the cells (or runs) measured on a contended
 machine (``abl.sections.is_contended``): their speed is the machine's load,
 not a result.
@@ -13,7 +15,7 @@ not a result.
 import pandas as pd
 import streamlit as st
 
-from abl import stats
+from abl import sections, stats
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 
@@ -99,6 +101,11 @@ for i, (cost, better, log_default) in enumerate(plots):
         df = points(cost)
         if df.empty:
             st.info(f"No run has both {quality} and {cost}.")
+            continue
+        if cost not in custom and not q.is_speed(cost) and not sections.differs(df["x"]):
+            # a cost every cell shares is no axis to trade against (the norms grid: one model size)
+            st.info(f"Every cell shown has the same {cost} (within {sections.AXIS_REL_TOL:.0%}: "
+                    f"{df['x'].min():,.6g} to {df['x'].max():,.6g}), so there is nothing to trade against it.")
             continue
         scale = 2**20 if cost.endswith("_bytes") and df["x"].max() > 2**20 else 1
         if scale != 1:
