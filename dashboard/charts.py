@@ -189,7 +189,7 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: s
     """Mean and 95% CI per cell; ``df`` has mean, ci_lo, ci_hi, n, marker, cell, and the fields named."""
     enc_y = alt.Y(f"{y}:N", title=y_title, sort=sort, axis=alt.Axis(labelLimit=0))
     if color == "significance":
-        col = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(3))
+        col = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(2))
     elif color:
         n = df[color].nunique()
         col = alt.Color(f"{color}:N", scale=alt.Scale(scheme=_scheme(n)), legend=cell_legend(1 if n < 5 else 2))
@@ -223,7 +223,7 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: s
 def delta_chart(df: pd.DataFrame, sort: list[str], x_title: str) -> alt.TopLevelMixin:
     """Difference to the baseline with its 95% Welch CI, colored by significance."""
     enc_y = alt.Y("cell:N", title=None, sort=sort, axis=alt.Axis(labelLimit=0))
-    color = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(3))
+    color = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(2))
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("delta:Q", title="Δ", format="+.4f"),
                alt.Tooltip("delta_lo:Q", title="95% CI low", format="+.4f"),
                alt.Tooltip("delta_hi:Q", title="95% CI high", format="+.4f"),
