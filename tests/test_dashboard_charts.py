@@ -117,8 +117,8 @@ def test_curves_colours_legend_and_labels(norms2, monkeypatch):
     for spec in specs(at):
         color = layers(spec)[-1]["encoding"]["color"]
         domain = color["scale"]["domain"]
-        assert len(domain) == len(set(domain)) == 12  # the default: the 12 best of 13 cells
-        assert color["scale"]["scheme"] == "category20"  # 20 distinct colours for 12 cells
+        assert len(domain) == len(set(domain)) == 13  # the default: every cell, up to the palette's 20
+        assert color["scale"]["scheme"] == "category20"  # 20 distinct colours for 13 cells
         legend = color["legend"]
         assert legend["orient"] == "bottom" and legend["labelLimit"] == 0  # outside the plot, never cut
         assert set(domain) <= expected_labels()

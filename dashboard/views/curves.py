@@ -19,7 +19,7 @@ from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 
 MAX_POINTS = 400  # per line, after smoothing
-DEFAULT_CELLS = 12
+DEFAULT_CELLS = charts.MAX_COLOURS  # as many as the palette tells apart (the best first when there are more)
 
 # The FLOPs axis, from the first of these a run records: cumulative training FLOPs at each
 # step; FLOPs of one training step (x step); forward FLOPs per token (x tokens x 3, backward
