@@ -242,7 +242,7 @@ def test_speed_shows_its_spread_and_contended_cells_are_marked(tmp_path):
     speeds = [_speed(c) for c in g.cells if c.model.norm == "rmsnorm"]
     mean = sum(speeds) / 3
     sd = math.sqrt(sum((x - mean) ** 2 for x in speeds) / 2)
-    assert f"tokens/s (loop) {mean:,.0f} ± {sd:.4g}" in calm_block
+    assert f"tokens/s (loop) {mean:,.0f} ± {sd:,.0f}" in calm_block
     assert "tokens/s (loop) " in busy_block and "*" in busy_block.split("tokens/s (loop) ")[1].split("   ")[0]
     assert "*" not in calm_block
     note = " ".join(text.split())
