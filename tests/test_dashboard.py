@@ -9,14 +9,11 @@
 """
 
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -590,28 +587,16 @@ def server(fixture_store, tmp_path_factory):
                              "--port", str(port)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
+    from abl.dashboard import snapshot  # the same wait and stop as abl dashboard --snapshot
+
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.read().strip() == b"ok":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"abl dashboard did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.3)
+        try:
+            snapshot.wait_healthy(url, proc)
+        except snapshot.SnapshotError:
+            raise AssertionError(f"abl dashboard did not start:\n{log.read_text()[-3000:]}") from None
         yield url, port, proc
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=15)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        snapshot.stop(proc)
         out.close()
 
 
