@@ -16,11 +16,16 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_cpu_matmul_peak_is_stable_within_20_percent_in_one_process():
-    first = cpupeak.measure_matmul_flops("fp32")
-    second = cpupeak.measure_matmul_flops("fp32")
+    # three measurements, of which the two closest must agree: another process that takes a core during one
+    # of them (seen: a second test run beside CI halved one) cannot fail the test, a measurement that does not
+    # hold still does
+    runs = [cpupeak.measure_matmul_flops("fp32") for _ in range(3)]
+    first = runs[0]
     assert first.median > 0 and first.bursts == cpupeak.BURSTS
-    assert first.p20 <= first.median <= first.p80
-    assert abs(second.median / first.median - 1) < 0.2, (first, second)
+    assert all(m.p20 <= m.median <= m.p80 for m in runs)
+    medians = sorted(m.median for m in runs)
+    closest = min(medians[1] / medians[0], medians[2] / medians[1])
+    assert closest - 1 < 0.2, runs
 
 
 def test_the_peak_is_measured_once_per_machine_then_read_from_the_cache(cache, monkeypatch):
