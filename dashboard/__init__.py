@@ -2,6 +2,6 @@
 
 ``app.py`` is the entry point (``abl dashboard`` starts it); ``views/`` holds
 one script per page; ``queries.py`` is every SQL statement the app runs and
-``charts.py`` the Altair charts. The statistics are ``abl.stats``, shared with
+``charts.py`` the Altair charts. The statistics are ``abl.analysis.stats``, shared with
 the CLI and the report.
 """

@@ -16,9 +16,9 @@ from typing import Any, Callable
 import pandas as pd
 import streamlit as st
 
-from abl import labels as abl_labels
-from abl import sections
+from abl.analysis import sections
 from abl.dashboard import queries as q
+from abl.grid import labels as abl_labels
 
 ABSENT = "(absent)"
 
@@ -181,7 +181,7 @@ def runs_table(sel: q.Selection) -> pd.DataFrame:
     """Selected runs with a ``cell`` label and one column per varied axis (named by its label)."""
     axes = varied_axes(sel)
     df = load(q.runs, sel, tuple(axes["path"]))
-    if len(df):  # labels from the settings that differ between the cells shown (abl.labels)
+    if len(df):  # labels from the settings that differ between the cells shown (abl.grid.labels)
         stored = dict(zip(df["cell_key"].astype(str), df["label"]))
         # no explicit order: the stored grid labels name the grid's axes, in the grid's order
         names = abl_labels.cell_labels(load(q.cell_configs, sel), (), stored)
@@ -227,7 +227,7 @@ CONTENDED_NOTE = ("measured while the machine was busy with other work (its load
 
 
 def contended_runs(sel: q.Selection) -> set[str]:
-    """The selected runs whose speed was measured on a contended machine (abl.sections.is_contended)."""
+    """The selected runs whose speed was measured on a contended machine (abl.analysis.sections.is_contended)."""
     if sections.CONTENDED not in load(q.metric_names, sel):
         return set()
     fin = load(q.finals, sel, (sections.CONTENDED,))

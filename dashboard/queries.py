@@ -37,12 +37,12 @@ from typing import Any, Iterable, Iterator, Sequence
 import duckdb
 import pandas as pd
 
-from abl import rundir
-from abl.health import HEALTH_METRICS
-from abl.stats import HOLM, Analysis, CellInput
-from abl.verdicts import RunRecord, analyse_runs
-from abl.rundir import COMPLETED, NOT_COMPLETED, RUNNING, STATUSES, TERMINAL
-from abl.store import FINAL_VALUE, LAST_STEP, final_values_sql
+from abl.analysis.health import HEALTH_METRICS
+from abl.analysis.stats import HOLM, Analysis, CellInput
+from abl.analysis.verdicts import RunRecord, analyse_runs
+from abl.store import rundir
+from abl.store.database import FINAL_VALUE, LAST_STEP, final_values_sql
+from abl.store.rundir import COMPLETED, NOT_COMPLETED, RUNNING, STATUSES, TERMINAL
 
 DEFAULT_DB = "results/abl.duckdb"
 
@@ -111,7 +111,7 @@ def metric_info(name: str) -> MetricInfo:
         return MetricInfo(name, "median", "higher")
     if name.endswith("_bytes"):
         return MetricInfo(name, "max", "lower", "bytes")
-    if "_accuracy" in name:  # task accuracy (abl.tasks): <task>_accuracy, ..._accuracy_<slice>
+    if "_accuracy" in name:  # task accuracy (abl.data.tasks): <task>_accuracy, ..._accuracy_<slice>
         return MetricInfo(name, "last", "higher")
     return MetricInfo(name)
 
@@ -546,7 +546,7 @@ def cell_values(store: Store, sel: Selection, metric: str, completed_only: bool 
 
 
 def verdict_runs(store: Store, sel: Selection, metric: str) -> list[RunRecord]:
-    """The selected runs as abl.verdicts records: each with its final ``metric`` and health figures."""
+    """The selected runs as abl.analysis.verdicts records: each with its final ``metric`` and health figures."""
     where, params = sel.where()
     runs_df = store.query(f"""
         SELECT r.run_id, r.cell_key, r.label, r.seed, r.status, r.config, r.data_fingerprint
@@ -578,7 +578,7 @@ def verdict_runs(store: Store, sel: Selection, metric: str) -> list[RunRecord]:
 def verdicts(store: Store, sel: Selection, metric: str = "val_loss", *, baseline: str | None = None,
              pairs: Sequence[str] = (), by: str | None = None, bootstrap: bool = False,
              correction: str = HOLM) -> tuple[list[CellInput], Analysis, str]:
-    """The verdict table of the selected runs: abl.verdicts.analyse_runs, as the CLI and the report do.
+    """The verdict table of the selected runs: abl.analysis.verdicts.analyse_runs, as the CLI and the report do.
 
     Cells in the order their first run started (the grid's order when one
     grid ran them); the baseline, pairs or axis as in ``abl compare``.
@@ -624,7 +624,7 @@ def cell_config(store: Store, cell_key: str) -> str | None:
 
 
 def cell_configs(store: Store, sel: Selection) -> dict[str, Any]:
-    """``{cell_key: config}`` (one seed's) of the selected cells: the input of abl.labels."""
+    """``{cell_key: config}`` (one seed's) of the selected cells: the input of abl.grid.labels."""
     where, params = sel.where()
     df = store.query(f"SELECT cell_key, arg_min(config, seed) AS config FROM runs r WHERE {where} "
                      "GROUP BY cell_key", params)

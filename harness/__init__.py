@@ -41,33 +41,33 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _PUBLIC: dict[str, str] = {
-    "hookimpl": "abl.hookspecs",
-    "hookspec": "abl.hookspecs",
-    "Param": "abl.registry",
-    "RegistryError": "abl.registry",
-    "AXES": "abl.registry",
-    "ModelConfig": "abl.config",
-    "ForwardContext": "abl.model",
-    "PositionEncoding": "abl.model",
-    "residual_out": "abl.model",
-    "KVCache": "abl.model",
+    "hookimpl": "abl.contracts.hookspecs",
+    "hookspec": "abl.contracts.hookspecs",
+    "Param": "abl.contracts.registry",
+    "RegistryError": "abl.contracts.registry",
+    "AXES": "abl.contracts.registry",
+    "ModelConfig": "abl.contracts.config",
+    "ForwardContext": "abl.model.decoder",
+    "PositionEncoding": "abl.model.decoder",
+    "residual_out": "abl.model.decoder",
+    "KVCache": "abl.model.decoder",
     "use_triton": "abl.kernels",
-    "Cost": "abl.cost",
-    "linear_flops": "abl.cost",
-    "linear_params": "abl.cost",
-    "Precision": "abl.precision",
-    "TokenData": "abl.data",
-    "TextCorpus": "abl.data",
-    "Tokenizer": "abl.tokenstore",
-    "DataError": "abl.data",
-    "from_documents": "abl.data",
-    "from_text_file": "abl.data",
-    "from_token_bin": "abl.data",
-    "byte_tokens": "abl.data",
-    "register_evaluation": "abl.evaluations",
-    "Task": "abl.tasks",
-    "Examples": "abl.tasks",
-    "IGNORE_INDEX": "abl.tasks",
+    "Cost": "abl.contracts.cost",
+    "linear_flops": "abl.contracts.cost",
+    "linear_params": "abl.contracts.cost",
+    "Precision": "abl.contracts.precision",
+    "TokenData": "abl.data.corpus",
+    "TextCorpus": "abl.data.corpus",
+    "Tokenizer": "abl.data.tokenstore",
+    "DataError": "abl.data.corpus",
+    "from_documents": "abl.data.corpus",
+    "from_text_file": "abl.data.corpus",
+    "from_token_bin": "abl.data.corpus",
+    "byte_tokens": "abl.data.corpus",
+    "register_evaluation": "abl.run.evaluations",
+    "Task": "abl.data.tasks",
+    "Examples": "abl.data.tasks",
+    "IGNORE_INDEX": "abl.data.tasks",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]
@@ -87,14 +87,22 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and editors
-    from .config import ModelConfig
-    from .cost import Cost, linear_flops, linear_params
-    from .data import DataError, TextCorpus, TokenData, byte_tokens, from_documents, from_text_file, from_token_bin
-    from .evaluations import register_evaluation
-    from .hookspecs import hookimpl, hookspec
+    from .contracts.config import ModelConfig
+    from .contracts.cost import Cost, linear_flops, linear_params
+    from .contracts.hookspecs import hookimpl, hookspec
+    from .contracts.precision import Precision
+    from .contracts.registry import AXES, Param, RegistryError
+    from .data.corpus import (
+        DataError,
+        TextCorpus,
+        TokenData,
+        byte_tokens,
+        from_documents,
+        from_text_file,
+        from_token_bin,
+    )
+    from .data.tasks import IGNORE_INDEX, Examples, Task
+    from .data.tokenstore import Tokenizer
     from .kernels import use_triton
-    from .model import ForwardContext, KVCache, PositionEncoding, residual_out
-    from .precision import Precision
-    from .registry import AXES, Param, RegistryError
-    from .tokenstore import Tokenizer
-    from .tasks import IGNORE_INDEX, Examples, Task
+    from .model.decoder import ForwardContext, KVCache, PositionEncoding, residual_out
+    from .run.evaluations import register_evaluation

@@ -18,20 +18,20 @@ def fail(message: str) -> None:
 
 
 def _user_errors():
-    from .admission import AdmissionError
-    from .config import ConfigError
-    from .data import DataError
-    from .lock import StoreBusy
-    from .plugin_manager import PluginLoadError
-    from .registry import RegistryError
-    from .store import StoreError
+    from .contracts.config import ConfigError
+    from .contracts.plugin_manager import PluginLoadError
+    from .contracts.registry import RegistryError
+    from .data.corpus import DataError
+    from .run.admission import AdmissionError
+    from .store.database import StoreError
+    from .store.lock import StoreBusy
 
     return (ConfigError, RegistryError, PluginLoadError, DataError, StoreError, StoreBusy, AdmissionError)
 
 
 def _store_lock(db: Path, wait: bool):
     """Take the store's single-writer lock (harness/lock.py), or exit 2 naming its holder."""
-    from .lock import StoreBusy, StoreLock
+    from .store.lock import StoreBusy, StoreLock
 
     try:
         return StoreLock(db).acquire(wait=wait, on_wait=lambda msg: click.echo(msg, err=True))
@@ -53,7 +53,7 @@ def _untouched(db: Path, lock_file: Path, fresh: list[Path]) -> None:
 
 
 def _registry():
-    from .plugin_manager import get_registry
+    from .contracts.plugin_manager import get_registry
 
     try:
         return get_registry()
@@ -70,7 +70,7 @@ class AblGroup(click.Group):
         cmd = super().get_command(ctx, name)
         if cmd is None and not AblGroup._plugins_loaded:
             AblGroup._plugins_loaded = True
-            from .plugin_manager import load_plugins
+            from .contracts.plugin_manager import load_plugins
 
             try:
                 load_plugins().hook.register_commands(cli=self)
@@ -145,10 +145,11 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     train.checkpoint_every is set), failed and diverged ones re-run only with
     --retry failed.
     """
-    from .config import load_grid
-
-    from . import preflight, termlayout
-    from .selection import cell_numbers as numbers_of, select
+    from .grid.gridfile import load_grid
+    from .grid.selection import cell_numbers as numbers_of
+    from .grid.selection import select
+    from .present import termlayout
+    from .run import preflight
 
     registry = _registry()
     try:
@@ -159,8 +160,8 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         fail(str(exc))
     termlayout.PRESENTATION = termlayout.Presentation(layout="wide" if wide else "auto", fmt=fmt)
     if dry_run:
-        if grid.cells[0].train.lr_sweep:  # abl.lr_sweep: phase 2's cells depend on phase 1's results
-            from .lr_sweep import tuning_grid
+        if grid.cells[0].train.lr_sweep:  # abl.run.lr_sweep: phase 2's cells depend on phase 1's results
+            from .run.lr_sweep import tuning_grid
 
             seeds = grid.cells[0].experiment.seeds
             click.echo(f"lr sweep: phase 1 (below) trains every cell at each lr of train.lr_sweep on seed "
@@ -169,11 +170,11 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         else:
             _print_cells(grid, numbers_of(full))
         if detect is not None:
-            from .summary import print_detect
+            from .present.summary import print_detect
 
             print_detect(grid, Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB), detect)
         return
-    from .runner import run_grid
+    from .run.runner import run_grid
 
     db = Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB)
     runs = Path(runs_dir) if runs_dir else db.parent / "runs"
@@ -195,7 +196,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     fresh = [p for p in (db.parent, *db.parent.parents) if not p.exists()]  # folders the lock will create
     lock = _store_lock(db, wait)  # held until this process exits, however it exits
     try:
-        from .admission import check_run
+        from .run.admission import check_run
 
         too_big = check_run(grid.cells, registry, runs, engine, retry_failed=retry == "failed")
         if too_big and not force:
@@ -203,7 +204,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         if too_big:
             click.echo("warning (--force): " + "\n".join(too_big), err=True)
         if grid.cells[0].train.lr_sweep:
-            from .lr_sweep import run_sweep
+            from .run.lr_sweep import run_sweep
 
             failures = run_sweep(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed",
                                  detect=detect, console=console)
@@ -229,7 +230,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
 
 
 def _make_executor(kind, workers, runs_dir, partition, time_min, cluster, gpus, ray_address):
-    from . import executors
+    from .run import executors
 
     if kind == "slurm":
         return executors.SlurmExecutor(runs_dir / "_slurm", partition=partition, time_min=time_min,
@@ -244,8 +245,8 @@ def _print_cells(grid, numbers: dict[str, int] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .labels import show
-    from .selection import cell_numbers
+    from .grid.labels import show
+    from .grid.selection import cell_numbers
 
     numbers = numbers or cell_numbers(grid)
     table = Table(title=f"{grid.path}: {len(grid.cells)} runs ({len({c.cell_key for c in grid.cells})} cells; "
@@ -275,7 +276,7 @@ def plugins(as_json):
     import shutil
     import textwrap
 
-    from .registry import AXES, show_default
+    from .contracts.registry import AXES, show_default
 
     registry = _registry()
     comps = registry.all()
@@ -309,7 +310,7 @@ def plugins(as_json):
 
 def _origin(package: str, version: str, plugin: str) -> str:
     """Where a component came from, for a reader: built-in, a package's entry point, a plugin file."""
-    from .plugin_manager import SELF_DIST
+    from .contracts.plugin_manager import SELF_DIST
 
     if package == SELF_DIST:
         return f"built-in ({package} {version})"
@@ -332,7 +333,8 @@ def ingest(run_dirs, db_path, runs_dir, wait):
     garbled metrics.jsonl, a missing last step) is stored as incomplete, with
     what is missing; ingesting it again after a repair restores it.
     """
-    from . import preflight, store
+    from .run import preflight
+    from .store import database as store
 
     db = Path(db_path)
     dirs = [Path(d) for d in run_dirs]
@@ -354,7 +356,7 @@ def ingest(run_dirs, db_path, runs_dir, wait):
         counts[state] = counts.get(state, 0) + 1
     by_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     click.echo(f"ingested {len(result)} run folder(s) into {db}" + (f" ({by_status})" if by_status else ""))
-    from . import rundir
+    from .store import rundir
 
     damaged = [d for d in dirs if result.get(d.name) == rundir.INCOMPLETE]
     for d in damaged:
@@ -474,9 +476,9 @@ def cost(grid_file, overrides, as_json):
     """
     import json
 
-    from .config import load_grid
-    from .costmodel import predict
-    from .runner import fmt_bytes
+    from .grid.gridfile import load_grid
+    from .model.costmodel import predict
+    from .run.runner import fmt_bytes
 
     registry = _registry()
     try:
@@ -541,12 +543,12 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
     section that would mean nothing for these cells is left out, with one
     sentence saying why.
     """
-    from .report import ReportError, build_report, experiments, load_runs, write_report
+    from .present.report import ReportError, build_report, experiments, load_runs, write_report
 
     registry = _registry()
     user_errors = _user_errors() + (ReportError,)
     try:
-        from .config import load_grid, resolve_grid_path
+        from .grid.gridfile import load_grid, resolve_grid_path
 
         if Path(source).is_file() or (source.endswith(".toml") and resolve_grid_path(source).is_file()):
             grid = load_grid(source, registry, list(overrides))
@@ -560,7 +562,7 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
                         else f": abl run {source} first")
                 fail(f"no run of {source} as it resolves now is in {db}{hint}")
             order = list(dict.fromkeys(c.cell_key for c in grid.cells))
-            baseline = baseline or grid.cells[0].experiment.baseline or None  # a display choice (abl.verdicts)
+            baseline = baseline or grid.cells[0].experiment.baseline or None  # a display choice (abl.analysis.verdicts)
             missing = len(set(run_ids) - {r.run_id for r in runs})
             name, raw = grid.cells[0].experiment.name, grid.raw
         else:
@@ -614,8 +616,8 @@ def bench_kernels(ops, providers, dtypes, passes, size, device, as_json, db_path
     """
     import json
 
-    from .bench import run_bench, store_rows
-    from .train import resolve_device
+    from .bench.kernelbench import run_bench, store_rows
+    from .run.train import resolve_device
 
     try:
         dev = resolve_device(device)
@@ -692,9 +694,9 @@ def compare(source, db_path, metrics, baseline, pairs, by, bootstrap, correction
     comparisons shown; fewer than 3 seeds: too few to decide, with the minimum
     detectable difference; cells that did not learn are not ranked.
     """
-    from .report import ReportError
-    from .summary import run_compare
-    from .verdicts import VerdictError
+    from .analysis.verdicts import VerdictError
+    from .present.report import ReportError
+    from .present.summary import run_compare
 
     if as_json and fmt not in ("table", "json"):
         fail(f"give --json or --format {fmt}, not both (--json is --format json)")
@@ -724,7 +726,7 @@ def bench_harness(steps, overrides, cells, as_json):
     """
     import json
 
-    from .benchharness import run_harness_bench
+    from .bench.harness import run_harness_bench
 
     try:
         out = run_harness_bench(steps, list(overrides), cells=cells)

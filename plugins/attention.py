@@ -6,7 +6,7 @@ window). Every factory is ``factory(config, position, **params)`` and returns
 a module with ``forward(x, ctx)``; positions act only through ``ctx.position``
 (``rotate`` on q/k, ``score_bias`` on the scores; ``embed`` happened before).
 
-Decoding follows the ForwardContext contract through ``abl.model.KVCache``:
+Decoding follows the ForwardContext contract through ``abl.model.decoder.KVCache``:
 the softmax mixers append K/V (MLA: its latent) with ``KVCache(ctx).append``,
 linear attention keeps its recurrent state with ``state`` / ``set_state``;
 ``ctx.start`` is the absolute position of the first of the ``x`` tokens.

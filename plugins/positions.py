@@ -1,4 +1,4 @@
-"""Position encodings (axis ``position``), through ``abl.model.PositionEncoding``.
+"""Position encodings (axis ``position``), through ``abl.model.decoder.PositionEncoding``.
 
 Seeds 002 sec. 1.5 (sinusoidal, learned absolute, relative, RoPE derivation)
 and 004 (relative encodings, position interpolation, ALiBi). Every factory is

@@ -4,7 +4,7 @@ Seeds 000 sec. 6 ("Precisions"): FP32 master weights and optimizer state in
 every policy; TF32 as a matmul mode; FP16 with dynamic loss scaling; BF16
 without; FP8 with E4M3 for forward weights/activations, E5M2 for gradients and
 per-tensor or per-channel scaling. Every factory is ``factory(**params)`` and
-returns a ``abl.precision.Precision``.
+returns a ``abl.contracts.precision.Precision``.
 
 What ran is recorded, never what was asked for: ``tf32`` on a device without
 TF32 records ``effective_precision = "fp32"``; ``fp8`` off H100-class GPUs runs

@@ -12,7 +12,7 @@ CPU the torch providers only (the Triton interpreter is not a timing path).
 import pytest
 import torch
 
-from abl.bench import available_providers, build_cases
+from abl.bench.kernelbench import available_providers, build_cases
 
 pytestmark = pytest.mark.bench
 

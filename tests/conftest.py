@@ -6,7 +6,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# machine-wide caches (abl.cpupeak's measured peaks) go to a folder of this test session:
+# machine-wide caches (abl.store.cpupeak's measured peaks) go to a folder of this test session:
 # a test never reads figures a developer's earlier runs left behind
 if "ABL_CACHE_DIR" not in os.environ:
     import tempfile
@@ -16,14 +16,14 @@ if "ABL_CACHE_DIR" not in os.environ:
 
 @pytest.fixture(scope="session")
 def registry():
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
 
     return get_registry()
 
 
 @pytest.fixture
 def tiny_model_config():
-    from abl.config import ModelConfig
+    from abl.contracts.config import ModelConfig
 
     return ModelConfig(d_model=32, n_layers=2, n_heads=4, context=16, vocab_size=64)
 

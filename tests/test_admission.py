@@ -7,10 +7,10 @@ import types
 import pytest
 from click.testing import CliRunner
 
-from abl import admission
 from abl.cli import cli
-from abl.config import expand
-from abl.costmodel import MEMORY_BAND, predict
+from abl.grid.gridfile import expand
+from abl.model.costmodel import MEMORY_BAND, predict
+from abl.run import admission
 
 GiB = 1024**3
 
@@ -139,7 +139,7 @@ def test_the_cli_refuses_a_grid_that_cannot_fit_with_exit_2_and_an_untouched_sto
     grid = tmp_path / "huge.toml"
     grid.write_text(HUGE_GRID)
     db = tmp_path / "x.duckdb"
-    from abl.config import load_grid
+    from abl.grid.gridfile import load_grid
 
     peaks = [predict(c, registry)["train_peak_bytes"] for c in load_grid(grid, registry).cells]
     free = admission.ram_free_bytes()
@@ -196,7 +196,7 @@ max_bytes = 300000
     (ValueError("out of memory"), False),
 ])
 def test_the_worker_records_allocation_failures_as_oom(exc, oom):
-    from abl.worker import _is_oom
+    from abl.run.worker import _is_oom
 
     assert _is_oom(exc) is oom
 
@@ -205,7 +205,7 @@ def test_a_real_cpu_allocation_failure_reads_as_oom():
     """What torch actually raises when the CPU allocator fails (the issue's run ended failed, not oom)."""
     import torch
 
-    from abl.worker import _is_oom
+    from abl.run.worker import _is_oom
 
     with pytest.raises(Exception) as err:
         torch.empty(2**62, dtype=torch.uint8)

@@ -1,4 +1,4 @@
-"""The shape of the house: the import graph of abl's own modules has no cycle.
+"""The shape of the house: abl's modules stand in layers, import only downward, and form no cycle.
 
 Every ``import`` and ``from ... import`` in harness/ (``abl``), plugins/
 (``abl.plugins``) and dashboard/ (``abl.dashboard``) counts, including the ones
@@ -9,10 +9,27 @@ imports under ``if TYPE_CHECKING:`` are left out: they never run.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = {"abl": ROOT / "harness", "abl.plugins": ROOT / "plugins", "abl.dashboard": ROOT / "dashboard"}
+# the one package-dir mapping: pyproject.toml's (harness/ is installed as abl, plugins/ as abl.plugins ...)
+_PACKAGE_DIR = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+SOURCES = {package: ROOT / folder for package, folder in _PACKAGE_DIR.items() if package != "abl.ablations"}
+
+# The layers of harness/ (abl), lowest first. A module may import its own layer and the layers below;
+# an import from a lower layer into a higher one is a defect. ``abl`` itself (harness/__init__.py) is the
+# public face: it hands names on lazily and stands outside the order. The built-in plugins (abl.plugins)
+# are clients of the face: they import ``abl``, ``abl.kernels`` and each other, exactly as a third-party
+# plugin could.
+LAYERS = ["abl.kernels", "abl.contracts", "abl.analysis", "abl.data", "abl.model", "abl.grid", "abl.store",
+          "abl.present", "abl.run", "abl.bench", "abl.dashboard", "abl.cli"]
+PLUGIN_MAY_IMPORT = ("abl", "abl.kernels", "abl.plugins")
 
 
 def _modules() -> dict[str, Path]:
@@ -109,8 +126,8 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_lazy_and_relative_imports():
     graph = import_graph()
-    assert "abl.plugin_manager" in graph["abl.cli"]  # a function-level relative import
-    assert "abl.kernels" in graph["abl.model"] or "abl.kernels.rmsnorm" in graph["abl.plugins.norms"]
+    assert "abl.contracts.plugin_manager" in graph["abl.cli"]  # a function-level relative import
+    assert "abl.kernels" in graph["abl.model.decoder"] or "abl.kernels.rmsnorm" in graph["abl.plugins.norms"]
 
 
 def test_the_cycle_finder_finds_a_planted_cycle():
@@ -120,3 +137,79 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 def test_no_import_cycle_among_abl_modules():
     found = cycles(import_graph())
     assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def layer_of(module: str) -> int | None:
+    for i, layer in enumerate(LAYERS):
+        if module == layer or module.startswith(layer + "."):
+            return i
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a lower layer into a higher one, and every plugin import past the public face."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        if module == "abl.plugins" or module.startswith("abl.plugins."):
+            for t in sorted(targets):
+                if not any(t == p or t.startswith(p + ".") for p in PLUGIN_MAY_IMPORT[1:]) and t != "abl":
+                    found.append(f"{module} -> {t} (a built-in plugin imports only the public face abl and abl.kernels)")
+            continue
+        here = layer_of(module)
+        if here is None:
+            continue
+        for t in sorted(targets):
+            there = layer_of(t)
+            if there is not None and there > here:
+                found.append(f"{module} ({LAYERS[here]}) -> {t} ({LAYERS[there]})")
+    return found
+
+
+def test_every_harness_module_sits_in_a_layer():
+    loose = [m for m in import_graph() if m.startswith("abl.") and layer_of(m) is None
+             and not m.startswith("abl.plugins")]
+    assert not loose, f"modules outside every layer of LAYERS: {loose}"
+
+
+def test_the_layer_check_finds_a_planted_upward_import():
+    graph = {"abl.analysis.stats": {"abl.store.database"}, "abl.store.database": {"abl.analysis.stats"},
+             "abl.plugins.norms": {"abl.run.train"}}
+    found = upward_imports(graph)
+    assert len(found) == 2
+    assert found[0].startswith("abl.analysis.stats (abl.analysis) -> abl.store.database")
+    assert "abl.plugins.norms -> abl.run.train" in found[1]
+
+
+def test_no_import_runs_up_the_layers():
+    found = upward_imports(import_graph())
+    assert not found, "imports that run up the layers:\n" + "\n".join(found)
+
+
+def test_each_subpackage_says_what_it_holds_and_what_it_may_import():
+    for folder in sorted(p for p in (ROOT / "harness").iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+        assert len(doc.split()) >= 20, f"harness/{folder.name}/__init__.py: no paragraph on what lives there"
+        if folder.name != "kernels":
+            assert "import" in doc, f"harness/{folder.name}/__init__.py does not say what it may import"
+
+
+def test_harness_is_rooms_not_one_flat_folder():
+    loose = sorted(p.name for p in (ROOT / "harness").glob("*.py"))
+    assert len(loose) <= 8, f"{len(loose)} modules directly in harness/: {loose}"
+
+
+# Modules above this many lines read as several rooms in one; kernels/ keeps each op's launchers,
+# autograd.Function and reference together and is exempt.
+MAX_LINES = 520
+
+
+def test_no_module_outgrows_its_room():
+    big = []
+    for package, folder in SOURCES.items():
+        for path in sorted(folder.rglob("*.py")):
+            if "kernels" in path.relative_to(folder).parts:
+                continue
+            n = len(path.read_text().splitlines())
+            if n > MAX_LINES:
+                big.append(f"{path.relative_to(ROOT)}: {n} lines")
+    assert not big, "modules above %d lines:\n" % MAX_LINES + "\n".join(big)

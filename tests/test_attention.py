@@ -12,10 +12,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from abl.config import ConfigError, ModelConfig, expand
-from abl.model import ForwardContext, PositionEncoding
-from abl.plugins.attention import (LinearAttention, MultiHeadAttention, MultiHeadLatentAttention,
-                               grouped_query_attention, multi_query_attention, sliding_window_attention)
+from abl.contracts.config import ConfigError, ModelConfig
+from abl.grid.gridfile import expand
+from abl.model.decoder import ForwardContext, PositionEncoding
+from abl.plugins.attention import (
+    LinearAttention,
+    MultiHeadAttention,
+    MultiHeadLatentAttention,
+    grouped_query_attention,
+    multi_query_attention,
+    sliding_window_attention,
+)
 from abl.plugins.positions import ALiBiPosition, RotaryPosition, T5RelativeBias
 
 

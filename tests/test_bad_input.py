@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from abl.cli import cli
-from abl.config import ConfigError, expand, parse_toml_text
+from abl.contracts.config import ConfigError
+from abl.grid.gridfile import expand, parse_toml_text
 
 GOOD = """[experiment]
 name = "bad"
@@ -170,7 +171,7 @@ def test_mutated_toml_only_raises_config_errors(registry, data):
 
 
 def _float_fields():
-    from abl.config import SECTIONS, section_params
+    from abl.contracts.config import SECTIONS, section_params
 
     for section, cls in SECTIONS.items():
         for key, p in section_params(cls).items():
@@ -192,7 +193,7 @@ def test_every_float_config_field_refuses_non_finite_values(registry, value):
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_every_float_component_parameter_refuses_non_finite_values(registry, value):
-    from abl.registry import AXES
+    from abl.contracts.registry import AXES
 
     seen = 0
     for comp in registry.all():
@@ -249,7 +250,7 @@ def test_only_a_held_lock_is_retried_when_opening_the_store(tmp_path, monkeypatc
     """A bad database used to take 50 lock retries (5 s) before its error."""
     import duckdb
 
-    from abl import store
+    from abl.store import database as store
 
     calls = []
     real = duckdb.connect
@@ -271,7 +272,7 @@ def test_only_a_held_lock_is_retried_when_opening_the_store(tmp_path, monkeypatc
         import subprocess
         import sys
 
-        code = ("import sys; from abl import store\n"
+        code = ("import sys; from abl.store import database as store\n"
                 "try:\n    store.connect(sys.argv[1], retries=3)\nexcept store.StoreError as e:\n    print(e)")
         out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "held.duckdb")], capture_output=True,
                              text=True, timeout=120)
@@ -312,7 +313,7 @@ def test_the_shipped_norms_grid_refuses_a_misspelled_swept_set():
 
 def test_a_sweep_that_only_some_cells_feel_is_allowed(registry):
     """README's example: norm.rmsnorm.eps applies only where rmsnorm is selected; that collapse is expected."""
-    from abl import preflight
+    from abl.run import preflight
 
     raw = parse_toml_text(GOOD + '"norm.rmsnorm.eps" = [1e-6, 1e-5]\n', "g.toml")
     grid = expand(raw, registry)
@@ -324,8 +325,8 @@ def test_a_sweep_that_only_some_cells_feel_is_allowed(registry):
 
 
 def test_the_shipped_grids_pass_the_preflight(registry):
-    from abl import preflight
-    from abl.config import load_grid, packaged_grids
+    from abl.grid.gridfile import load_grid, packaged_grids
+    from abl.run import preflight
 
     for name, path in packaged_grids().items():
         assert preflight.grid_problems(load_grid(path, registry), registry) == [], name

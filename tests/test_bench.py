@@ -9,7 +9,7 @@ from conftest import run_abl
 
 def test_run_bench_rows_on_cpu(tmp_path):
     torch = pytest.importorskip("torch")
-    from abl.bench import BENCH_COLUMNS, run_bench, store_rows
+    from abl.bench.kernelbench import BENCH_COLUMNS, run_bench, store_rows
 
     rows = run_bench(torch.device("cpu"), ops=["rmsnorm", "flash_attention"], providers=["torch", "triton"],
                      passes=["fwd", "fwd+bwd"])
@@ -61,7 +61,7 @@ def test_bench_kernels_cli_json(tmp_path):
 
 def test_gpu_peak_table_matches_the_most_specific_name():
     pytest.importorskip("torch")
-    from abl.provenance import gpu_peak
+    from abl.store.provenance import gpu_peak
 
     cases = {"NVIDIA H100 80GB HBM3": "h100", "NVIDIA H100 PCIe": "h100 pcie", "NVIDIA GH200 480GB": "gh200",
              "NVIDIA A100-SXM4-40GB": "a100", "NVIDIA A10G": "a10g", "NVIDIA L40S": "l40s", "NVIDIA L4": "l4",
@@ -75,7 +75,7 @@ def test_gpu_peak_table_matches_the_most_specific_name():
 def test_cpu_timing_is_calibrated_on_warmed_calls_not_a_cold_one():
     import time
 
-    from abl.bench import time_cpu
+    from abl.bench.kernelbench import time_cpu
 
     calls = []
 
@@ -90,8 +90,8 @@ def test_cpu_timing_is_calibrated_on_warmed_calls_not_a_cold_one():
 
 
 def test_a_fraction_of_peak_is_never_above_one():
-    from abl.bench import bandwidth_peak, peak_fraction
-    from abl.provenance import Peak
+    from abl.bench.kernelbench import bandwidth_peak, peak_fraction
+    from abl.store.provenance import Peak
 
     assert peak_fraction(50.0, 100.0) == (0.5, "")
     frac, why = peak_fraction(610.0, 100.0)

@@ -3,7 +3,7 @@
 import torch
 import torch.nn as nn
 
-from abl.config import ModelConfig
+from abl.contracts.config import ModelConfig
 from abl.plugins.blocks import PostBranchNorm, PostNorm, PreNorm, SandwichNorm
 
 

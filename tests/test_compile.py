@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from abl.config import expand  # noqa: E402
-from abl.train import train  # noqa: E402
+from abl.grid.gridfile import expand  # noqa: E402
+from abl.run.train import train  # noqa: E402
 
 
 def grid(compile_):
@@ -89,7 +89,7 @@ def test_one_abl_run_compares_eager_and_compiled_with_compile_time_apart(tmp_pat
     r = run_abl(["run", str(g), "--db", str(tmp_path / "x.duckdb")], env={"COLUMNS": "250"})
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("torch.compile time")]
-    assert len(lines) == 1 and "compile=true" in lines[0], r.stdout  # labels as the grid writes values (abl.labels)
+    assert len(lines) == 1 and "compile=true" in lines[0], r.stdout  # labels as the grid writes values (abl.grid.labels)
     import duckdb
 
     con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)

@@ -1,6 +1,7 @@
 import pytest
 
-from abl.config import ConfigError, expand, load_grid, parse_toml_text
+from abl.contracts.config import ConfigError
+from abl.grid.gridfile import expand, load_grid, parse_toml_text
 
 BASE = """
 [experiment]
@@ -124,7 +125,7 @@ def test_layer_pattern_tiles_mixers_over_layers(registry):
 
 
 def test_scale_presets_and_token_budgets(registry):
-    from abl.config import SCALES
+    from abl.contracts.config import SCALES
 
     text = BASE.replace("d_model = 32", 'scale = "s"').replace("n_heads = 4", "") + ""
     text = text.replace("[grid]", "[train]\ntokens = 100000\nbatch_size = 8\n[grid]")
@@ -141,7 +142,7 @@ def test_scale_presets_and_token_budgets(registry):
 def test_match_resizes_cells_to_the_first_within_one_percent(registry, what):
     import dataclasses
 
-    from abl.costmodel import predict_model
+    from abl.model.costmodel import predict_model
 
     text = BASE.replace('"model.norm" = ["rmsnorm", "layernorm"]',
                         '"model.ffn" = ["gelu", "swiglu"]\n"ffn.gelu.ratio" = [4.0, 2.0]')
@@ -163,7 +164,8 @@ def test_match_resizes_cells_to_the_first_within_one_percent(registry, what):
 
 
 def test_eval_switches_are_a_typed_section_of_the_resolved_config(registry, tmp_path):
-    from abl.config import EvalConfig, cell_from_config
+    from abl.contracts.config import EvalConfig
+    from abl.grid.gridfile import cell_from_config
 
     base = grid_of(BASE, registry).cells[0]
     assert base.eval == EvalConfig(decode=True, extrapolation=False)  # extrapolation: off unless asked for

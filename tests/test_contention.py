@@ -6,11 +6,12 @@ import os
 import duckdb
 import pytest
 
-from abl import rundir, store
-from abl.config import expand
-from abl.health import contended, derived_rows
-from abl.sections import CONTENDED, is_contended
-from abl.train import train
+from abl.analysis.health import contended, derived_rows
+from abl.analysis.sections import CONTENDED, is_contended
+from abl.grid.gridfile import expand
+from abl.run.train import train
+from abl.store import database as store
+from abl.store import rundir
 
 GRID = {
     "experiment": {"name": "c", "seeds": [0]},

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from abl import costmodel
-from abl.config import expand
-from abl.cost import Cost
-from abl.model import DecoderLM, ForwardContext, PositionEncoding, residual_out
-from abl.registry import AXES, Registry
+from abl.contracts.cost import Cost
+from abl.contracts.registry import AXES, Registry
+from abl.grid.gridfile import expand
+from abl.model import costmodel
+from abl.model.decoder import DecoderLM, ForwardContext, PositionEncoding, residual_out
 
 MODEL_AXES = ("norm", "block", "position", "mixer", "ffn")
 BASE_MODEL = {"d_model": 32, "n_layers": 2, "n_heads": 4, "context": 16, "vocab_size": 64}
@@ -99,7 +99,7 @@ def _with_costs(reg):
 @pytest.fixture(scope="module")
 def reg():
     """The real registry plus stubs: a stub mixer always (for hybrids), others where no component has a cost."""
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
 
     base = get_registry()
     r = Registry(components=dict(base.components))
@@ -137,7 +137,7 @@ def make_cell(reg, select=None, model=None, train=None, params=None):
 
 def cost_components():
     """(axis, name) of every registered model component that declares a cost (collection time)."""
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
 
     reg = get_registry()
     return [(a, n) for a in MODEL_AXES for n in reg.names(a) if reg.get(a, n).cost is not None]
@@ -147,7 +147,7 @@ COMPONENTS = cost_components()
 
 
 def _cell_or_skip(reg, axis, name, **kw):
-    from abl.config import ConfigError
+    from abl.contracts.config import ConfigError
 
     try:
         return make_cell(reg, select={axis: name}, **kw)
@@ -170,13 +170,13 @@ def test_predicted_params_equal_the_built_models(reg, axis, name, tie):
 
 @pytest.mark.parametrize("axis,name", COMPONENTS, ids=[f"{a}-{n}" for a, n in COMPONENTS])
 def test_predicted_flops_per_step_within_5_percent_of_the_flop_counter(reg, axis, name):
-    flops = pytest.importorskip("harness.flops", reason="the measured side (harness/flops.py) is not there")
+    from abl.model import flops
     cell = _cell_or_skip(reg, axis, name)
     pred = costmodel.predict(cell, reg)
     torch.manual_seed(0)
     model = DecoderLM(cell.model, cell.components, reg)
     x = torch.randint(0, cell.model.vocab_size, (cell.train.batch_size, cell.model.context))
-    # torch's counter plus the CPU flash-attention formulas it lacks (harness/flops.py)
+    # torch's counter plus the CPU flash-attention formulas it lacks (abl.model.flops)
     with flops.flop_counter() as fc:
         _, loss, _ = model(x, x)
         loss.backward()
@@ -188,8 +188,8 @@ def test_predicted_flops_per_step_within_5_percent_of_the_flop_counter(reg, axis
 
 def _measured_step_peak(reg, cell):
     """peak_tensor_bytes of one training step after a first one (the optimizer state exists), as train() does."""
-    from abl.memory import StepMemory
-    from abl.train import make_optimizer
+    from abl.model.memory import StepMemory
+    from abl.run.train import make_optimizer
 
     torch.manual_seed(0)
     model = DecoderLM(cell.model, cell.components, reg)
@@ -294,7 +294,7 @@ def test_memory_accounting_follows_the_seeds(reg):
 
 def test_activation_dtype_comes_from_the_precision_policy(reg):
     """One answer: the policy's compute_dtype decides autocast, activation bytes and the peak format."""
-    from abl.precision import Precision
+    from abl.contracts.precision import Precision
 
     class Half(Precision):
         name = "test_half"
@@ -337,7 +337,7 @@ def test_a_cost_function_returning_the_wrong_type_is_named(reg):
 
 
 def test_cost_model_errors_are_user_errors():
-    from abl.registry import RegistryError
+    from abl.contracts.registry import RegistryError
 
     assert issubclass(costmodel.CostModelError, RegistryError)
 
@@ -396,7 +396,7 @@ def test_abl_cost_names_a_component_without_cost_and_exits_2(tmp_path):
     plug.mkdir()
     (plug / "nocost.py").write_text(
         "import torch.nn as nn\n"
-        "from abl.hookspecs import hookimpl\n"
+        "from abl.contracts.hookspecs import hookimpl\n"
         "class M(nn.Module):\n"
         "    def __init__(self, cfg, position):\n"
         "        super().__init__()\n"

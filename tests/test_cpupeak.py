@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from abl import cpupeak, provenance  # noqa: E402
+from abl.store import cpupeak, provenance  # noqa: E402
 
 
 @pytest.fixture
@@ -65,14 +65,14 @@ def test_no_cpu_peak_for_a_format_without_cpu_matmuls():
 
 
 def test_mfu_above_one_is_not_stored(monkeypatch):
-    from abl.train import mfu
+    from abl.run.train import mfu
 
     assert mfu({"useful_flops_per_step": 1e9, "device_peak_flops": 1e10}, [0.5, 0.2, 0.3]) == pytest.approx(1 / 3)
 
 
 def test_a_trained_cells_mfu_is_between_0_and_1(registry, cache):
-    from abl.config import expand
-    from abl.train import train
+    from abl.grid.gridfile import expand
+    from abl.run.train import train
 
     grid = {"experiment": {"name": "t", "seeds": [0]},
             "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32},
@@ -90,8 +90,8 @@ def test_a_trained_cells_mfu_is_between_0_and_1(registry, cache):
 
 
 def test_an_mfu_above_one_is_a_note_not_a_figure(registry, cache, monkeypatch):
-    from abl.config import expand
-    from abl.train import train
+    from abl.grid.gridfile import expand
+    from abl.run.train import train
 
     # a peak that does not hold (e.g. measured while the machine was busy)
     monkeypatch.setattr(cpupeak, "measure_matmul_flops", lambda fmt, *a, **k: cpupeak.Measurement(1.0, 1.0, 1.0, 7))

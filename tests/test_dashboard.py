@@ -20,7 +20,6 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pytest
-
 from conftest import ROOT
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
@@ -30,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from abl.dashboard import charts as dash_charts  # noqa: E402
 from abl.dashboard import queries  # noqa: E402
-from abl import store as abl_store  # noqa: E402
+from abl.store import database as abl_store  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the fixture store trains a grid through the CLI
 
@@ -153,9 +152,8 @@ def find(widgets, label):
 
 def vega(at: AppTest) -> list[dict]:
     """Each chart's spec, with its datasets as DataFrames under '_data'."""
-    from streamlit import dataframe_util
-
     import altair as alt
+    from streamlit import dataframe_util
 
     out = []
     for el in at.get("vega_lite_chart"):
@@ -366,7 +364,7 @@ def test_tradeoffs_page_pareto_fronts(fixture_store):
     recorded = [c for c in costs if fixture_store.sql("SELECT 1 FROM metrics WHERE name = ? LIMIT 1", [c])]
     for c in set(costs) - set(recorded):
         assert f"No run of the selection records {c} yet" in text_of(at)
-    # a cost every cell shares within 5% (abl.sections.differs) is a sentence, not a plot; speed is always drawn
+    # a cost every cell shares within 5% (abl.analysis.sections.differs) is a sentence, not a plot; speed is always drawn
     same = [c for c in recorded if f"Every cell shown has the same {c}" in text_of(at)]
     assert "tokens_per_s" not in same
     specs = vega(at)

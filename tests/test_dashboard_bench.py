@@ -12,7 +12,6 @@ import sys
 import time
 
 import pytest
-
 from conftest import ROOT
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
@@ -31,7 +30,7 @@ def build_synthetic_store(db) -> int:
     """A store shaped like a real grid: runs with resolved configs, metrics every step."""
     import duckdb
 
-    from abl import store
+    from abl.store import database as store
 
     store.open_store(db).close()  # the real schema, through the migrations
     con = duckdb.connect(str(db))

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
@@ -24,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent / "dashboard"))
 import norms_store  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from abl import labels as abl_labels  # noqa: E402
 from abl.dashboard import charts  # noqa: E402
+from abl.grid import labels as abl_labels  # noqa: E402
 
 APP = ROOT / "dashboard" / "app.py"
 CONTENDED_CELLS = {(n, b) for n, b, _ in norms_store.CONTENDED}

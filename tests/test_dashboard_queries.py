@@ -8,18 +8,18 @@ import time
 import duckdb
 import numpy as np
 import pytest
-
 from conftest import ROOT
 
 pd = pytest.importorskip("pandas", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
 pytest.importorskip("scipy")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from abl.dashboard import queries as q  # noqa: E402
-from abl import stats  # noqa: E402
-from abl.tables import config_diff  # noqa: E402
-from abl import store as abl_store  # noqa: E402
 from scipy import stats as sps  # noqa: E402
+
+from abl.analysis import stats  # noqa: E402
+from abl.analysis.tables import config_diff  # noqa: E402
+from abl.dashboard import queries as q  # noqa: E402
+from abl.store import database as abl_store  # noqa: E402
 
 APP = ROOT / "dashboard" / "app.py"
 

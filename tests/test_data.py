@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from abl.data import Batches, DataError, from_documents, from_text_file, from_token_bin
+from abl.data.corpus import Batches, DataError, from_documents, from_text_file, from_token_bin
 from abl.plugins.datasets import python_stdlib
 
 

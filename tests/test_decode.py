@@ -7,13 +7,20 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from abl.config import ConfigError, EvalConfig, ModelConfig, expand
-from abl.decode import (analytic_state_bytes, cache_bytes, decode_metrics, extrapolation_metrics,
-                        greedy_generate, recompute_generate)
-from abl.evaluations import TrainedRun, run_evaluations
-from abl.model import DecoderLM, ForwardContext
-from abl.precision import Precision
-from abl.registry import Registry
+from abl.contracts.config import ConfigError, EvalConfig, ModelConfig
+from abl.contracts.precision import Precision
+from abl.contracts.registry import Registry
+from abl.grid.gridfile import expand
+from abl.model.decode import (
+    analytic_state_bytes,
+    cache_bytes,
+    decode_metrics,
+    extrapolation_metrics,
+    greedy_generate,
+    recompute_generate,
+)
+from abl.model.decoder import DecoderLM, ForwardContext
+from abl.run.evaluations import TrainedRun, run_evaluations
 
 CPU = torch.device("cpu")
 FP32 = Precision()
@@ -197,8 +204,8 @@ def test_extrapolation_needs_enough_validation_tokens(registry):
 
 def test_extrapolation_at_1x_would_be_the_regular_val_loss(registry):
     """Why val_loss_x1 is not recorded: on the same windows it equals the final val_loss."""
-    from abl.data import Batches, TokenData
-    from abl.train import evaluate
+    from abl.data.corpus import Batches, TokenData
+    from abl.run.train import evaluate
 
     _, _, model = build(registry, "gqa", "rope")
     data = TokenData(torch.randint(0, VOCAB, (5000,)).numpy(), torch.randint(0, VOCAB, (3000,)).numpy(),
@@ -209,8 +216,8 @@ def test_extrapolation_at_1x_would_be_the_regular_val_loss(registry):
 
 
 def test_post_training_evaluations_skip_the_1x_window(registry):
-    from abl.data import Batches, TokenData
-    from abl.train import evaluate
+    from abl.data.corpus import Batches, TokenData
+    from abl.run.train import evaluate
 
     _, comps, model = build(registry, "gqa", "learned")
     data = TokenData(torch.randint(0, VOCAB, (5000,)).numpy(), torch.randint(0, VOCAB, (3000,)).numpy(),
@@ -229,7 +236,7 @@ def test_post_training_evaluations_skip_the_1x_window(registry):
 
 
 def test_training_run_records_decode_and_extrapolation(registry):
-    from abl.train import train
+    from abl.run.train import train
 
     grid = {
         "experiment": {"name": "t", "seeds": [0]},

@@ -5,8 +5,9 @@ SiLU are almost linear and a gated unit (a product of two projections) is second
 import pytest
 import torch
 
-from abl.config import ModelConfig, expand
-from abl.model import DecoderLM
+from abl.contracts.config import ModelConfig
+from abl.grid.gridfile import expand
+from abl.model.decoder import DecoderLM
 
 
 def model(registry, ffn="gelu", d_model=64, **extra):

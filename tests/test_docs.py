@@ -1,7 +1,8 @@
 import inspect
 
 from conftest import ROOT
-from abl import hookspecs
+
+from abl.contracts import hookspecs
 
 
 def test_every_hook_is_documented_in_the_readme():
@@ -15,7 +16,7 @@ def test_every_hook_is_documented_in_the_readme():
 
 
 def test_every_axis_is_documented_in_the_readme():
-    from abl.registry import AXES
+    from abl.contracts.registry import AXES
 
     readme = (ROOT / "README.md").read_text()
     for axis in AXES:

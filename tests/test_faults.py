@@ -10,7 +10,6 @@ from pathlib import Path
 
 import duckdb
 import pytest
-
 from conftest import ROOT, run_abl
 
 GRID = """
@@ -72,8 +71,8 @@ def n_steps(run_dir):
 
 
 def cell_dirs(tmp_path, grid):
-    from abl.config import load_grid
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
 
     return [tmp_path / "runs" / c.run_id for c in load_grid(grid, get_registry()).cells]
 
@@ -175,8 +174,8 @@ def test_a_code_change_between_attempts_is_recorded_and_flagged(tmp_path):
     grid = tmp_path / "g.toml"
     grid.write_text(GRID.format(steps=5, ckpt=0).replace('["rmsnorm", "none"]', '["rmsnorm"]'))
     db = tmp_path / "x.duckdb"
-    from abl.config import load_grid
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
 
     (cell,) = load_grid(grid, get_registry()).cells
     run_dir = tmp_path / "runs" / cell.run_id
@@ -223,7 +222,7 @@ def test_remote_executors_run_a_two_cell_grid_into_the_store(tmp_path, executor)
 
 
 def test_worker_truncates_metrics_to_the_checkpoint(tmp_path):
-    from abl.rundir import truncate_metrics
+    from abl.store.rundir import truncate_metrics
 
     p = tmp_path / "metrics.jsonl"
     p.write_text("".join(json.dumps({"step": s, "train_loss": 1.0}) + "\n" for s in range(10)) + '{"step": 10, "tr')
@@ -234,8 +233,8 @@ def test_worker_truncates_metrics_to_the_checkpoint(tmp_path):
 
 
 def test_checkpoint_round_trip_continues_identically(registry, tmp_path):
-    from abl.config import expand
-    from abl.train import train
+    from abl.grid.gridfile import expand
+    from abl.run.train import train
 
     raw = {"experiment": {"name": "t", "seeds": [3]},
            "model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "context": 32},
@@ -275,8 +274,8 @@ TINY = {"experiment": {"name": "tiny", "seeds": [0]},
 
 
 def tiny_folder(tmp_path, registry, name="run"):
-    from abl import rundir
-    from abl.config import expand
+    from abl.grid.gridfile import expand
+    from abl.store import rundir
 
     cell = expand(json.loads(json.dumps(TINY)), registry).cells[0]
     d = tmp_path / name
@@ -286,7 +285,7 @@ def tiny_folder(tmp_path, registry, name="run"):
 
 def start_worker(run_dir, env=None):
     log = open(run_dir / "worker.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "abl.worker", str(run_dir)], cwd=ROOT, stdout=log,
+    return subprocess.Popen([sys.executable, "-m", "abl.run.worker", str(run_dir)], cwd=ROOT, stdout=log,
                             stderr=log, env={**os.environ, **(env or {})})
 
 
@@ -303,7 +302,7 @@ def test_a_signal_during_worker_start_up_is_recorded_killed(tmp_path, registry, 
     assert proc.wait(timeout=120) == 5  # EXIT_CODES["killed"]
     st = json.loads((d / "status.json").read_text())
     assert st["status"] == "killed" and "SIGTERM" in st["error"], st
-    from abl import rundir
+    from abl.store import rundir
 
     assert rundir.runs_again(st["status"])  # a plain re-run restarts it
 
@@ -424,7 +423,7 @@ def test_ingest_stores_a_cut_or_garbled_run_as_incomplete_and_a_repair_restores_
     status, error = rows(db, "SELECT status, error FROM runs")[0]
     assert status == "incomplete" and "1 damaged line(s) (line 8)" in error
     # the summary shows no final val_loss for it, and the run summary counts it as not completed
-    from abl import store
+    from abl.store import database as store
 
     (cell,) = store.cell_summary(db, [run_dir.name])
     assert cell["completed"] == 0 and cell["not_completed"] == 1 and cell["val_loss_mean"] is None

@@ -5,12 +5,13 @@ import math
 
 import pytest
 import torch
+from conftest import ROOT
 from torch.utils.flop_counter import FlopCounterMode
 
-from abl.config import ModelConfig, load_grid
-from abl.model import DecoderLM
+from abl.contracts.config import ModelConfig
+from abl.grid.gridfile import load_grid
+from abl.model.decoder import DecoderLM
 from tests.kernels.helpers import triton_device
-from conftest import ROOT
 
 
 def _relu(x):

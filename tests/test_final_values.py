@@ -1,10 +1,10 @@
-"""A run's final metric is one SQL fragment (abl.store.final_values_sql) shared by the CLI summary, the report
+"""A run's final metric is one SQL fragment (abl.store.database.final_values_sql) shared by the CLI summary, the report
 and the dashboard: the value at the run's highest step, whatever order the rows were stored in."""
 
 import duckdb
 import pytest
 
-from abl import store
+from abl.store import database as store
 
 # (run, step, value) of val_loss, deliberately out of step order; the final value is at the highest step
 VAL = [("a0", 4, 3.0), ("a0", 2, 3.5), ("a0", 3, 3.2),
@@ -41,7 +41,7 @@ def test_the_fragment_takes_the_value_at_the_highest_step(db):
 
 
 def test_cli_summary_and_report_use_the_final_value(db):
-    from abl.report import load_runs
+    from abl.present.report import load_runs
 
     rows = {r["cell_key"]: r for r in store.cell_summary(db, ["a0", "a1", "b0"])}
     assert rows["A"]["val_loss_mean"] == pytest.approx((3.0 + 3.4) / 2)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from abl import provenance
+from abl.store import provenance
 
 CUDA = torch.device("cuda", 0)
 H100 = "NVIDIA H100 80GB HBM3"
@@ -146,7 +146,7 @@ class _FakePopen:
 def _jobs(tmp_path, n, devices=1):
     from types import SimpleNamespace
 
-    from abl.executors import Job
+    from abl.run.executors import Job
 
     jobs = []
     for i in range(n):
@@ -158,7 +158,7 @@ def _jobs(tmp_path, n, devices=1):
 
 
 def test_local_executor_places_one_cell_per_visible_gpu(tmp_path, monkeypatch, fake_gpu):
-    from abl import executors
+    from abl.run import executors
 
     fake_gpu.count = 2
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -182,7 +182,7 @@ def test_local_executor_places_one_cell_per_visible_gpu(tmp_path, monkeypatch, f
 
 
 def test_local_executor_gives_a_multi_gpu_cell_that_many_devices(tmp_path, monkeypatch):
-    from abl import executors
+    from abl.run import executors
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     monkeypatch.setattr(subprocess, "Popen", _FakePopen)
@@ -200,7 +200,7 @@ def test_local_executor_gives_a_multi_gpu_cell_that_many_devices(tmp_path, monke
 
 def test_mfu_on_a_gpu_divides_by_the_policy_formats_datasheet_peak(fake_gpu, monkeypatch):
     from abl.plugins import precision as prec
-    from abl.train import mfu, mfu_peak
+    from abl.run.train import mfu, mfu_peak
 
     bf16 = prec.BF16()
     bf16.setup(nn.Linear(2, 2), CUDA)

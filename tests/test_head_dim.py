@@ -6,11 +6,12 @@ import json
 import pytest
 import torch
 
-from abl import costmodel
-from abl.config import ConfigError, ModelConfig, expand
-from abl.decode import analytic_state_bytes, cache_bytes, decode_metrics, greedy_generate, recompute_generate
-from abl.model import DecoderLM, ForwardContext
-from abl.precision import Precision
+from abl.contracts.config import ConfigError, ModelConfig
+from abl.contracts.precision import Precision
+from abl.grid.gridfile import expand
+from abl.model import costmodel
+from abl.model.decode import analytic_state_bytes, cache_bytes, decode_metrics, greedy_generate, recompute_generate
+from abl.model.decoder import DecoderLM, ForwardContext
 from tests.conftest import run_abl
 
 ATTENTION = ["mha", "gqa", "mqa", "sliding_window", "linear", "mla"]
@@ -91,7 +92,7 @@ def test_decoding_and_kv_accounting_at_an_independent_head_dim(registry, mixer, 
 
 
 def test_flops_follow_the_head_dim(registry):
-    flops = pytest.importorskip("abl.flops")
+    flops = pytest.importorskip("abl.model.flops")
     c = cell(registry, "mha", head_dim=20)
     pred = costmodel.predict(c, registry)
     torch.manual_seed(0)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from abl import kernels
-from abl.config import ModelConfig
+from abl.contracts.config import ModelConfig
 from abl.kernels import TORCH, KernelBackend, resolve
-from abl.model import DecoderLM, ForwardContext
+from abl.model.decoder import DecoderLM, ForwardContext
 
 TRITON = KernelBackend("triton")
 
@@ -113,7 +113,7 @@ def test_the_model_activates_its_backend_only_during_its_forward(registry):
 
 
 def test_the_flop_counter_counts_on_the_torch_path_and_leaves_the_backend(registry):
-    from abl.flops import count_step_flops
+    from abl.model.flops import count_step_flops
 
     model = tiny_model(registry, TRITON)
     seen = []

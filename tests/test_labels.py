@@ -1,12 +1,12 @@
-"""Display labels (abl.labels): built from what differs between the cells shown, always distinct."""
+"""Display labels (abl.grid.labels): built from what differs between the cells shown, always distinct."""
 
 from __future__ import annotations
 
 import pytest
 
-from abl.config import load_grid
-from abl.labels import cell_labels, short_names, show
-from abl.plugin_manager import get_registry
+from abl.contracts.plugin_manager import get_registry
+from abl.grid.gridfile import load_grid
+from abl.grid.labels import cell_labels, short_names, show
 
 SHIPPED = ["norms", "position", "ffn", "attention", "moe", "precision", "ssm", "tokenizers", "recall"]
 
@@ -66,11 +66,11 @@ def test_short_names_grow_only_where_ambiguous():
 def test_values_show_as_a_grid_file_writes_them():
     assert [show(v) for v in (True, False, 0.003, 1e-6, 2.0, "rope", None)] == \
         ["true", "false", "0.003", "1e-06", "2.0", "rope", "none"]
-    assert show("true") == "true" and show('"rope"') == "rope"  # JSON text from abl.verdicts.settings
+    assert show("true") == "true" and show('"rope"') == "rope"  # JSON text from abl.analysis.verdicts.settings
 
 
 def test_section_rules():
-    from abl import sections
+    from abl.analysis import sections
 
     assert sections.scaling_fit_applies([1e5 + i * 500 for i in range(9)])  # one model +- 4k: no fit
     assert sections.scaling_fit_applies([1e5, 2e5, 3e5])  # three sizes

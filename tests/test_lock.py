@@ -10,12 +10,12 @@ import time
 import duckdb
 import pytest
 from click.testing import CliRunner
-
-from abl.lock import StoreBusy, StoreLock, lock_path, read_holder
 from conftest import ROOT
 
+from abl.store.lock import StoreBusy, StoreLock, lock_path, read_holder
+
 HOLD = """import sys, time
-from abl.lock import StoreLock
+from abl.store.lock import StoreLock
 lock = StoreLock(sys.argv[1], command="abl run holder.toml").acquire()
 print("held", flush=True)
 if len(sys.argv) > 3:  # a child that outlives this holder

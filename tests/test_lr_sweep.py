@@ -63,9 +63,9 @@ class FakeExecutor:
 def test_each_variant_is_compared_at_its_own_best_lr(tmp_path, monkeypatch):
     from rich.console import Console
 
-    from abl.config import load_grid
-    from abl.lr_sweep import run_sweep
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
+    from abl.run.lr_sweep import run_sweep
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "g.toml").write_text(GRID)
@@ -116,8 +116,9 @@ def test_each_variant_is_compared_at_its_own_best_lr(tmp_path, monkeypatch):
     (['experiment.summary="val_loss"'], "experiment.summary"),
 ])
 def test_bad_sweeps_and_summaries_are_refused_before_training(tmp_path, sets, message):
-    from abl.config import ConfigError, load_grid
-    from abl.plugin_manager import get_registry
+    from abl.contracts.config import ConfigError
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
 
     (tmp_path / "g.toml").write_text(GRID)
     with pytest.raises(ConfigError) as exc:
@@ -126,8 +127,8 @@ def test_bad_sweeps_and_summaries_are_refused_before_training(tmp_path, sets, me
 
 
 def test_shipped_grids_name_their_summary_metrics():
-    from abl.config import load_grid
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
 
     reg = get_registry()
     assert load_grid("ablations/position.toml", reg).cells[0].experiment.summary == \
@@ -151,9 +152,9 @@ def test_dry_run_shows_the_tuning_phase(tmp_path, monkeypatch):
 def test_no_variant_that_learned_means_no_phase_2(tmp_path, monkeypatch):
     from rich.console import Console
 
-    from abl.config import load_grid
-    from abl.lr_sweep import run_sweep
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
+    from abl.run.lr_sweep import run_sweep
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "g.toml").write_text(GRID)

@@ -4,10 +4,10 @@ import itertools
 import pytest
 import torch
 
-from abl.config import ModelConfig
-from abl.hookspecs import hookimpl
-from abl.model import DecoderLM, ForwardContext
-from abl.plugin_manager import build_registry, pm
+from abl.contracts.config import ModelConfig
+from abl.contracts.hookspecs import hookimpl
+from abl.contracts.plugin_manager import build_registry, pm
+from abl.model.decoder import DecoderLM, ForwardContext
 
 
 def components(norm="rmsnorm", block="pre", position="rope", mixer="mha", ffn="gelu", registry=None):
@@ -104,7 +104,7 @@ def test_residual_projections_get_scaled_init(registry):
 
 
 def test_kv_cache_passes_through_in_training():
-    from abl.model import KVCache
+    from abl.model.decoder import KVCache
 
     ctx = ForwardContext(position=None, start=0)
     k = torch.randn(1, 2, 5, 4)
@@ -118,7 +118,7 @@ def test_kv_cache_passes_through_in_training():
 
 
 def test_kv_cache_appends_keeps_a_window_and_restarts_on_a_prefill():
-    from abl.model import KVCache
+    from abl.model.decoder import KVCache
 
     cache: dict = {}
     seq = torch.arange(8.0).view(1, 1, 8, 1)
@@ -138,7 +138,7 @@ def test_kv_cache_appends_keeps_a_window_and_restarts_on_a_prefill():
 
 
 def test_kv_cache_recurrent_state():
-    from abl.model import KVCache
+    from abl.model.decoder import KVCache
 
     cache: dict = {}
     s = torch.ones(2, 2)
@@ -157,7 +157,7 @@ class WindowAttention(torch.nn.Module):
         self.qkv = torch.nn.Linear(cfg.d_model, 3 * cfg.d_model)
 
     def forward(self, x, ctx):
-        from abl.model import KVCache
+        from abl.model.decoder import KVCache
 
         q, k, v = self.qkv(x).unsqueeze(1).chunk(3, dim=-1)
         kv, k_start = KVCache(ctx).append(k=k, v=v, window=self.window)
@@ -169,8 +169,8 @@ class WindowAttention(torch.nn.Module):
 
 
 def test_a_third_party_mixer_decodes_with_kv_cache_like_it_recomputes(registry, tiny_model_config):
-    from abl.decode import cache_bytes, greedy_generate, recompute_generate
-    from abl.registry import Registry
+    from abl.contracts.registry import Registry
+    from abl.model.decode import cache_bytes, greedy_generate, recompute_generate
 
     reg = Registry(components=dict(registry.components))
     reg.register("mixer", "window3", WindowAttention)

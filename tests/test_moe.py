@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from abl.config import ConfigError, ModelConfig, expand
-from abl.model import DecoderLM, ForwardContext, PositionEncoding
+from abl.contracts.config import ConfigError, ModelConfig
+from abl.grid.gridfile import expand
+from abl.model.decoder import DecoderLM, ForwardContext, PositionEncoding
 from abl.plugins.moe import MixtureOfExperts
 
 D = 16
@@ -203,7 +204,8 @@ def test_cost_matches_module_and_flop_counter(registry, routing, expert, shared)
 
 def test_moe_grid_matches_active_parameters(registry):
     from conftest import ROOT
-    from abl.config import load_grid
+
+    from abl.grid.gridfile import load_grid
 
     grid = load_grid(ROOT / "ablations" / "moe.toml", registry)
     ffn = {c.components["ffn"]["name"] for c in grid.cells}

@@ -2,9 +2,9 @@
 
 import re
 
-from abl.registry import Param, first_sentence, show_default
-
 from conftest import run_abl
+
+from abl.contracts.registry import Param, first_sentence, show_default
 
 PLUGIN = '''"""Centred RMSNorm: subtract the mean, then divide by the root mean square.
 

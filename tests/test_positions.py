@@ -3,9 +3,17 @@ import math
 import pytest
 import torch
 
-from abl.config import ModelConfig
-from abl.plugins.positions import (ALiBiPosition, LearnedPosition, NoPosition, RotaryPosition,
-                               SinusoidalPosition, T5RelativeBias, alibi_slopes, t5_bucket)
+from abl.contracts.config import ModelConfig
+from abl.plugins.positions import (
+    ALiBiPosition,
+    LearnedPosition,
+    NoPosition,
+    RotaryPosition,
+    SinusoidalPosition,
+    T5RelativeBias,
+    alibi_slopes,
+    t5_bucket,
+)
 
 
 def ref_rope(x, start, theta, scale, layout):

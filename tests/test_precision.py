@@ -6,8 +6,19 @@ import pytest
 import torch
 import torch.nn as nn
 
-from abl.plugins.precision import (BF16, E4M3, E5M2, FP8, FP16, FP32, TF32, FP8Linear, fp8_dequantize,
-                               fp8_matmul, fp8_quantize)
+from abl.plugins.precision import (
+    BF16,
+    E4M3,
+    E5M2,
+    FP8,
+    FP16,
+    FP32,
+    TF32,
+    FP8Linear,
+    fp8_dequantize,
+    fp8_matmul,
+    fp8_quantize,
+)
 
 CPU = torch.device("cpu")
 
@@ -150,8 +161,8 @@ def test_fp8_zero_tensor_and_matmul_rules():
 
 
 def _tiny_lm(registry):
-    from abl.config import ModelConfig
-    from abl.model import DecoderLM
+    from abl.contracts.config import ModelConfig
+    from abl.model.decoder import DecoderLM
 
     cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, context=16, vocab_size=64)
     comps = {axis: {"name": name, "params": registry.get(axis, name).resolve_params({}, axis)[0]}
@@ -219,8 +230,8 @@ class _Sink:
 @pytest.mark.parametrize("precision,params", [("fp16", {}), ("fp8", {"scaling": "per_channel"}),
                                               ("tf32", {})])
 def test_precisions_train_and_record_what_ran(registry, precision, params):
-    from abl.config import expand
-    from abl.train import train
+    from abl.grid.gridfile import expand
+    from abl.run.train import train
 
     grid = copy.deepcopy(GRID)
     grid["train"]["precision"] = precision

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from abl.data import DataError
+from abl.data.corpus import DataError
+from abl.data.tasks import IGNORE_INDEX, Examples
 from abl.plugins.probes import MQAR, Copy, Induction, SelectiveCopy
-from abl.tasks import IGNORE_INDEX, Examples
 
 T = 64
 

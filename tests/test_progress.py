@@ -8,12 +8,11 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from conftest import ROOT
 from rich.console import Console
 
-from abl.executors import Job
-from abl.runner import BarProgress, LineProgress, contention_note, fmt_duration, heartbeat_interval
-
-from conftest import ROOT
+from abl.run.executors import Job
+from abl.run.runner import BarProgress, LineProgress, contention_note, fmt_duration, heartbeat_interval
 
 GRID = """
 [experiment]

@@ -1,8 +1,8 @@
 import pytest
 
-from abl.hookspecs import hookimpl
-from abl.plugin_manager import build_registry, pm
-from abl.registry import AXES, Param, Registry, RegistryError
+from abl.contracts.hookspecs import hookimpl
+from abl.contracts.plugin_manager import build_registry, pm
+from abl.contracts.registry import AXES, Param, Registry, RegistryError
 
 
 def test_every_required_axis_and_builtin(registry):

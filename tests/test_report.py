@@ -7,9 +7,8 @@ import time
 
 import numpy as np
 import pytest
-from scipy import stats as sps
-
 from conftest import run_abl
+from scipy import stats as sps
 
 
 def parse_table(md: str, heading: str) -> list[dict[str, str]]:
@@ -122,9 +121,9 @@ eval_every = 10
 
 def write_fake_runs(grid, runs_dir, loss_of) -> None:
     """Run folders as a worker leaves them, with metrics from ``loss_of(cell, model_params)``."""
-    from abl.config import load_grid
-    from abl.model import DecoderLM
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
+    from abl.model.decoder import DecoderLM
 
     reg = get_registry()
     g = load_grid(grid, reg)
@@ -162,7 +161,7 @@ def chinchilla_loss(cell, n_ne):
 
 @pytest.fixture
 def ladder_store(tmp_path):
-    from abl import store
+    from abl.store import database as store
 
     grid = tmp_path / "ladder.toml"
     grid.write_text(LADDER)
@@ -174,9 +173,9 @@ def ladder_store(tmp_path):
 
 
 def test_report_numbers_match_a_direct_computation_from_the_store(ladder_store, tmp_path):
-    from abl.config import load_grid
-    from abl.plugin_manager import get_registry
-    from abl.report import build_report, load_runs, write_report
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
+    from abl.present.report import build_report, load_runs, write_report
 
     grid, db = ladder_store
     reg = get_registry()
@@ -202,7 +201,7 @@ def test_report_numbers_match_a_direct_computation_from_the_store(ladder_store, 
     assert fit["n_sizes"] == 4 and "L(N)" in fit["form"]
     assert fit["alpha"] == pytest.approx(0.4, abs=0.15)
     # the API the run summary uses gives the same statistics
-    from abl.report import statistics_for_runs
+    from abl.present.report import statistics_for_runs
 
     again = statistics_for_runs(db, [c.run_id for c in g.cells], order=list(dict.fromkeys(c.cell_key for c in g.cells)))
     assert [(r["label"], r["verdict"], r["p_value"]) for r in again] == \

@@ -37,8 +37,8 @@ def test_html_report_renders_at_desktop_and_laptop_width(norms_store, tmp_path):
     import numpy as np
     from PIL import Image
 
-    from abl.plugin_manager import get_registry
-    from abl.report import build_report, load_runs, write_report
+    from abl.contracts.plugin_manager import get_registry
+    from abl.present.report import build_report, load_runs, write_report
 
     grid, db, g = norms_store
     rep = build_report(load_runs(db, experiment="normslike"), source="normslike", db_path=str(db),

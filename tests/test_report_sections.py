@@ -72,10 +72,10 @@ def _write_run(d, cell, *, status, info, final, loss, tokens_per_s, wall, starte
 def norms_store(tmp_path_factory):
     """(grid path, db path, grid): 13 cells x 2 seeds completed, plus a third seed of the first cell still
     running (no info.json yet, as a worker that has just started leaves it)."""
-    from abl import store
-    from abl.config import cell_from_config, load_grid
-    from abl.costmodel import predict
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import cell_from_config, load_grid
+    from abl.model.costmodel import predict
+    from abl.store import database as store
 
     tmp = tmp_path_factory.mktemp("norms")
     grid = tmp / "normslike.toml"
@@ -108,8 +108,8 @@ def norms_store(tmp_path_factory):
 
 
 def _report(norms_store, tmp_path, fmt="md"):
-    from abl.plugin_manager import get_registry
-    from abl.report import build_report, load_runs, write_report
+    from abl.contracts.plugin_manager import get_registry
+    from abl.present.report import build_report, load_runs, write_report
 
     grid, db, g = norms_store
     runs = load_runs(db, experiment="normslike")
@@ -119,8 +119,8 @@ def _report(norms_store, tmp_path, fmt="md"):
 
 
 def test_the_store_is_one_model_of_slightly_different_sizes_at_equal_flops(norms_store):
-    from abl.plugin_manager import get_registry
-    from abl.report import attach_predictions, group_cells, load_runs
+    from abl.contracts.plugin_manager import get_registry
+    from abl.present.report import attach_predictions, group_cells, load_runs
 
     grid, db, g = norms_store
     runs = load_runs(db, experiment="normslike")
@@ -142,8 +142,8 @@ def test_one_model_size_has_no_scaling_fit_and_says_why(norms_store, tmp_path):
 
 
 def test_equal_flops_give_no_flops_axis(norms_store, tmp_path):
-    from abl import report
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.present import report
 
     rep, md = _report(norms_store, tmp_path)
     fig = report.loss_curves_figure(rep.cells, "")
@@ -182,7 +182,7 @@ def test_predicted_vs_measured_is_a_summary_with_the_outliers(norms_store, tmp_p
 
 
 def test_a_running_run_gives_no_different_conditions_warning(norms_store, tmp_path):
-    from abl.report import conditions_line, load_runs
+    from abl.present.report import conditions_line, load_runs
 
     rep, md = _report(norms_store, tmp_path)
     assert "different conditions" not in md
@@ -192,8 +192,8 @@ def test_a_running_run_gives_no_different_conditions_warning(norms_store, tmp_pa
 
 
 def test_a_failed_run_with_another_device_is_ignored_but_two_completed_devices_warn(norms_store, tmp_path):
-    from abl.plugin_manager import get_registry
-    from abl.report import build_report, load_runs
+    from abl.contracts.plugin_manager import get_registry
+    from abl.present.report import build_report, load_runs
 
     runs = load_runs(norms_store[1], experiment="normslike")
     runs[0].status, runs[0].device = "failed", "other"
@@ -232,7 +232,7 @@ def _assert_readable(fig):
 
 
 def test_thirteen_cells_are_told_apart_named_by_their_settings_with_the_legend_outside(norms_store, tmp_path):
-    from abl import report
+    from abl.present import report
 
     rep, md = _report(norms_store, tmp_path)
     labels = [c.label for c in rep.cells]
@@ -251,14 +251,14 @@ def test_thirteen_cells_are_told_apart_named_by_their_settings_with_the_legend_o
 
 @pytest.mark.parametrize("n", [3, 10, 13, 20, 27, 45])
 def test_cell_styles_are_distinct(n):
-    from abl.report import cell_styles
+    from abl.present.report import cell_styles
 
     styles = cell_styles(n)
     assert len({(s["color"], s["ls"], s["marker"]) for s in styles}) == n
 
 
 def test_two_seeds_draw_seed_points_not_ci_bars(norms_store, tmp_path):
-    from abl import report
+    from abl.present import report
 
     rep, md = _report(norms_store, tmp_path)
     fig = report.quality_vs_cost_figure(rep.cells, rep.stat_rows, "")
@@ -270,7 +270,7 @@ def test_two_seeds_draw_seed_points_not_ci_bars(norms_store, tmp_path):
 
 
 def test_contended_runs_are_marked_where_speed_is_shown(norms_store, tmp_path):
-    from abl import report
+    from abl.present import report
 
     rep, md = _report(norms_store, tmp_path)
     assert "WARNING: 3 of 26 completed runs ran on a contended machine" in md
@@ -286,8 +286,8 @@ def test_contended_runs_are_marked_where_speed_is_shown(norms_store, tmp_path):
 
 
 def test_an_older_store_without_the_contended_metric_marks_nothing(norms_store, tmp_path):
-    from abl.plugin_manager import get_registry
-    from abl.report import build_report, load_runs
+    from abl.contracts.plugin_manager import get_registry
+    from abl.present.report import build_report, load_runs
 
     runs = load_runs(norms_store[1], experiment="normslike")
     for r in runs:
@@ -321,8 +321,8 @@ def test_the_costs_page_follows_the_same_rules(norms_store, monkeypatch):
 
 
 def test_task_accuracy_figure_tells_thirteen_cells_apart_with_legends_beside_the_panels():
-    from abl.figures import pyplot as _pyplot
-    from abl.taskreport import accuracy_figure
+    from abl.present.figures import pyplot as _pyplot
+    from abl.present.taskreport import accuracy_figure
 
     rows, curves, runs_by_cell = [], {}, {}
     for k in range(13):
@@ -342,7 +342,8 @@ def test_task_accuracy_figure_tells_thirteen_cells_apart_with_legends_beside_the
 def test_crowded_tick_labels_are_thinned_until_none_overlap():
     from matplotlib.ticker import FixedLocator, FuncFormatter
 
-    from abl.figures import pyplot as _pyplot, thin_ticks, tick_labels
+    from abl.present.figures import pyplot as _pyplot
+    from abl.present.figures import thin_ticks, tick_labels
 
     plt = _pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(5, 3), layout="constrained")
@@ -368,7 +369,7 @@ def test_loss_curves_band_only_with_three_seeds(norms_store, tmp_path):
     """Two seeds: the seed lines faint and no band; three seeds (the ladder store): a CI band per cell."""
     from matplotlib.collections import PolyCollection
 
-    from abl import report
+    from abl.present import report
 
     rep, md = _report(norms_store, tmp_path)
     ax = next(a for a in report.loss_curves_figure(rep.cells, "").axes if "equal tokens" in a.get_title())

@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from abl import rundir, runner, store
-from abl.rundir import STATUSES
-
+from abl.run import runner
+from abl.store import database as store
+from abl.store import rundir
+from abl.store.rundir import STATUSES
 
 # ---------------------------------------------------------------- the vocabulary
 
@@ -102,7 +103,7 @@ def test_worker_exit_status_matches_the_status_it_writes(tmp_path):
     d = tmp_path / "r"
     d.mkdir()
     rundir.write_json(d / rundir.CONFIG, {"experiment": "e", "seed": 0, "model": {"d_model": "wide"}})
-    r = subprocess.run([sys.executable, "-m", "abl.worker", str(d)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "abl.run.worker", str(d)], capture_output=True, text=True, timeout=300)
     st = rundir.read_status(d)
     assert st["status"] == "failed" and st["error"] and st["finished"] >= st["started"]
     assert r.returncode == rundir.EXIT_CODES["failed"] == 1, r.stderr
@@ -112,7 +113,7 @@ def test_worker_exit_status_matches_the_status_it_writes(tmp_path):
 def test_runner_does_not_import_the_worker():
     from test_architecture import import_graph
 
-    assert "abl.worker" not in import_graph()["abl.runner"]
+    assert "abl.run.worker" not in import_graph()["abl.run.runner"]
 
 
 # ---------------------------------------------------------------- JSON files
@@ -194,7 +195,7 @@ def test_tail_reads_complete_lines_as_they_arrive_and_restarts_after_a_truncatio
 
 
 def test_the_executor_follows_progress_through_the_tail(tmp_path):
-    from abl.executors import Job, tail
+    from abl.run.executors import Job, tail
 
     job = Job(cell=None, run_dir=tmp_path, index=0)
     (tmp_path / rundir.METRICS).write_text(DAMAGED)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from abl.scaling import ScalingFitError, fit
+from abl.analysis.scaling import ScalingFitError, fit
 
 # Hoffmann et al. 2022 eq. (10) / seeds 003 eq. (9.2)
 TRUE = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}

@@ -4,9 +4,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from abl.config import expand  # noqa: E402
-from abl.shapecache import ShapeCache  # noqa: E402
-from abl.train import train  # noqa: E402
+from abl.grid.gridfile import expand  # noqa: E402
+from abl.model.shapecache import ShapeCache  # noqa: E402
+from abl.run.train import train  # noqa: E402
 
 
 def grid(**train_kw):
@@ -35,8 +35,8 @@ def run(cell, registry, root):
 
 
 def test_the_second_seed_reuses_the_first_seeds_flop_count_and_tracked_memory(registry, tmp_path, monkeypatch):
-    import abl.flops
-    import abl.memory
+    import abl.model.flops
+    import abl.model.memory
 
     first_cell, second_cell = expand(grid(), registry).cells
     a, info_a = run(first_cell, registry, tmp_path)
@@ -46,8 +46,8 @@ def test_the_second_seed_reuses_the_first_seeds_flop_count_and_tracked_memory(re
     def refuse(*args, **kwargs):
         raise AssertionError("measured again")
 
-    monkeypatch.setattr(abl.flops, "count_step_flops", refuse)
-    monkeypatch.setattr(abl.memory, "StepMemory", refuse)
+    monkeypatch.setattr(abl.model.flops, "count_step_flops", refuse)
+    monkeypatch.setattr(abl.model.memory, "StepMemory", refuse)
     b, info_b = run(second_cell, registry, tmp_path)
     assert info_b["shape_cache"] == {"flops": "reused", "memory": "reused"}
     assert b.at(0)["flops_per_step_measured"] == a.at(0)["flops_per_step_measured"] > 0

@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from abl.config import ConfigError, ModelConfig, expand
+from abl.contracts.config import ConfigError, ModelConfig
+from abl.grid.gridfile import expand
 from abl.kernels.ssd_scan import segsum, ssd_chunked, ssd_sequential, ssd_step
-from abl.model import DecoderLM, ForwardContext, PositionEncoding
+from abl.model.decoder import DecoderLM, ForwardContext, PositionEncoding
 from abl.plugins.ssm import LinearScan, Mamba, Mamba2, selective_scan, selective_scan_sequential
 from tests.kernels.helpers import triton_device
 
@@ -312,7 +313,8 @@ def test_mamba2_head_dim_must_divide_the_inner_width(registry):
 
 def test_ssm_grid_compares_attention_mamba_mamba2_and_a_hybrid(registry):
     from conftest import ROOT
-    from abl.config import load_grid
+
+    from abl.grid.gridfile import load_grid
 
     grid = load_grid(ROOT / "ablations" / "ssm.toml", registry)
     layers = {tuple(s["name"] for s in c.components["layer_mixers"]) for c in grid.cells}

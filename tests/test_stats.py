@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from abl import stats
+from abl.analysis import stats
 
 
 def test_summary_matches_a_t_interval():

@@ -39,8 +39,8 @@ def grid_file(tmp_path, monkeypatch):
 
 
 def full_grid(path):
-    from abl.config import load_grid
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
 
     return load_grid(path, get_registry())
 
@@ -57,7 +57,7 @@ def listed(output):
 
 
 def test_the_dry_run_numbers_cells_and_cells_selects_them_by_number(grid_file):
-    from abl.selection import cell_numbers
+    from abl.grid.selection import cell_numbers
 
     g = full_grid(grid_file)
     numbers = cell_numbers(g)

@@ -31,8 +31,8 @@ def _speed(cell) -> float:
 
 def write_runs(grid, runs_dir, overrides=(), contended=lambda cell: False):
     """Run folders as a worker leaves them, for every run of ``grid`` (a shipped grid name or a file)."""
-    from abl.config import load_grid
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
 
     g = load_grid(grid, get_registry(), [*SHORT, *overrides])
     now = time.time()
@@ -58,7 +58,7 @@ def write_runs(grid, runs_dir, overrides=(), contended=lambda cell: False):
             lines.append(row)
         lines.append({"step": 10, "wall_s": 1.0, "peak_mem_bytes": 3e8, "train_tokens_per_s": _speed(cell),
                       "contended": 1.0 if contended(cell) else 0.0,
-                      # a task's accuracy and its per-slice parts (abl.taskreport)
+                      # a task's accuracy and its per-slice parts (abl.present.taskreport)
                       "pystdlib_accuracy": 0.5 + 0.1 * (final - 2.0) + 0.01 * cell.seed,
                       "pystdlib_accuracy_4": 0.6, "pystdlib_accuracy_16": 0.4 + 0.01 * cell.seed})
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
@@ -66,7 +66,7 @@ def write_runs(grid, runs_dir, overrides=(), contended=lambda cell: False):
 
 
 def make_store(tmp_path, grid, overrides=(), contended=lambda cell: False):
-    from abl import store
+    from abl.store import database as store
 
     runs = tmp_path / "results" / "runs"
     g = write_runs(grid, runs, [f"experiment.seeds={SEEDS}", *overrides], contended)
@@ -76,7 +76,7 @@ def make_store(tmp_path, grid, overrides=(), contended=lambda cell: False):
 
 
 def summary_text(db, g, width, layout="auto"):
-    from abl.summary import Presentation, print_run_summary
+    from abl.present.summary import Presentation, print_run_summary
 
     console = Console(record=True, width=width)
     print_run_summary(console, db, g, presentation=Presentation(layout=layout))
@@ -84,8 +84,8 @@ def summary_text(db, g, width, layout="auto"):
 
 
 def cell_labels_of(db, g):
-    from abl.labels import run_labels
-    from abl.summary import load
+    from abl.grid.labels import run_labels
+    from abl.present.summary import load
 
     runs = load(db, run_ids=[c.run_id for c in g.cells])
     return list(run_labels(runs, g.grid_paths).values())
@@ -139,8 +139,8 @@ def test_the_position_grid_tests_each_extrapolation_loss_at_80_columns(tmp_path)
 
 
 def test_cells_that_differ_only_in_a_component_parameter_get_distinct_labels(tmp_path):
-    from abl import store
-    from abl.summary import Presentation, render
+    from abl.present.summary import Presentation, render
+    from abl.store import database as store
 
     runs = tmp_path / "runs"
     write_runs("position", runs, ["experiment.seeds=[0, 1]", "grid.model.position=['sinusoidal', 'rope']"])
@@ -148,7 +148,7 @@ def test_cells_that_differ_only_in_a_component_parameter_get_distinct_labels(tmp
                                   "position.sinusoidal.embed_scale=false"])
     db = tmp_path / "abl.duckdb"
     store.ingest_dirs(db, sorted(runs.iterdir()))
-    from abl.summary import load
+    from abl.present.summary import load
 
     loaded = load(db, experiment="position")
     console = Console(record=True, width=80)
@@ -216,8 +216,7 @@ def test_format_json_csv_md_for_piping(tmp_path, monkeypatch):
 def test_abl_run_format_json_puts_only_the_summary_on_stdout(tmp_path, monkeypatch):
     """The summary at the end of abl run, as JSON (the cells are stored already, so nothing trains)."""
     from abl.cli import cli
-
-    from abl import termlayout
+    from abl.present import termlayout
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(termlayout, "PRESENTATION", termlayout.Presentation())  # abl run sets it; put back after
@@ -231,7 +230,7 @@ def test_abl_run_format_json_puts_only_the_summary_on_stdout(tmp_path, monkeypat
 
 
 def test_speed_shows_its_spread_and_contended_cells_are_marked(tmp_path):
-    from abl.summary import CONTENDED_NOTE
+    from abl.present.summary import CONTENDED_NOTE
 
     busy = {"layernorm": True}
     g, db = make_store(tmp_path, "norms", ["grid.model.norm=['layernorm', 'rmsnorm']", "grid.model.block=['pre']"],
@@ -253,14 +252,14 @@ def test_speed_shows_its_spread_and_contended_cells_are_marked(tmp_path):
     assert "*" in row and CONTENDED_NOTE[:40] in wide
     assert "*" not in next(ln for ln in wide.splitlines() if "│ norm=rmsnorm " in ln)
     # and in Markdown, escaped so the mark is not read as emphasis
-    from abl.summary import as_md, build, load
+    from abl.present.summary import as_md, build, load
 
     md = as_md(build(load(db, run_ids=[c.run_id for c in g.cells]), metrics=["val_loss"], title="norms",
                      paths=g.grid_paths))
     row = next(ln for ln in md.splitlines() if "| norm=layernorm |" in ln)
     assert "\\*" in row and "\\*" not in next(ln for ln in md.splitlines() if "| norm=rmsnorm |" in ln)
     # a single seed: no spread to show
-    from abl.summary import Figure
+    from abl.present.summary import Figure
 
     assert Figure("train_tokens_per_s", [12345.0]).text() == "12,345"
     assert Figure("train_tokens_per_s", [12345.0], contended=True).text() == "12,345*"
@@ -280,8 +279,8 @@ def test_a_grid_without_contention_records_has_no_mark(tmp_path):
 
 
 def test_the_task_accuracy_table_reads_at_80_columns(tmp_path):
-    from abl.termlayout import PRESENTATION
-    from abl.taskreport import print_summary
+    from abl.present.taskreport import print_summary
+    from abl.present.termlayout import PRESENTATION
 
     g, db = make_store(tmp_path, "norms")
     assert PRESENTATION.layout == "auto"
@@ -302,9 +301,9 @@ def test_the_task_accuracy_table_reads_at_80_columns(tmp_path):
 
 
 def test_the_lr_sweep_table_reads_at_80_columns():
-    from abl.config import load_grid
-    from abl.lr_sweep import print_tuning_table, tuning_grid, variant
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
+    from abl.run.lr_sweep import print_tuning_table, tuning_grid, variant
 
     reg = get_registry()
     g = load_grid("ffn", reg, ["train.lr_sweep=[1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 3e-2]",
@@ -329,7 +328,7 @@ def test_the_lr_sweep_table_reads_at_80_columns():
 
 def test_output_that_is_not_a_terminal_takes_columns_when_set(monkeypatch):
     """A log file keeps the full tables; COLUMNS=80 (a narrow pager, a CI log viewer) gets the stacked layout."""
-    from abl.termlayout import LOG_WIDTH, output_console
+    from abl.present.termlayout import LOG_WIDTH, output_console
 
     monkeypatch.setenv("COLUMNS", "80")
     assert output_console().width == 80

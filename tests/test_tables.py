@@ -1,10 +1,10 @@
-"""Config flattening (abl.tables): one function for the report's grid tables and the dashboard's config diff."""
+"""Config flattening (abl.analysis.tables): one function for the report's grid tables and the dashboard's config diff."""
 
 import json
 
 import pytest
 
-from abl.tables import ABSENT, flatten
+from abl.analysis.tables import ABSENT, flatten
 
 CONFIG = {"seed": 1, "model": {"d_model": 64, "norm": "rmsnorm", "sizes": [1, 2]},
           "train": {"lr": 1e-3, "schedule": {}},
@@ -26,7 +26,7 @@ def test_diff_flattening_names_each_list_element():
 
 def test_config_diff_reads_json_text_ignores_the_seed_and_shows_absent_keys():
     pytest.importorskip("pandas")
-    from abl.tables import config_diff
+    from abl.analysis.tables import config_diff
 
     other = json.loads(json.dumps(CONFIG))
     other["seed"] = 2

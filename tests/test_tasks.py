@@ -1,4 +1,4 @@
-"""Tasks in the harness (abl.tasks): batches with a loss mask, the loss on the marked positions
+"""Tasks in the harness (abl.data.tasks): batches with a loss mask, the loss on the marked positions
 only, accuracy metrics at every evaluation, eval.probes, and a tiny grid end to end."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import duckdb
 import numpy as np
 import pytest
 import torch
-
-from abl.config import ConfigError, expand
-from abl.plugins.probes import MQAR
-from abl.precision import Precision
-from abl.taskdata import TaskBatches, accuracy_metrics, make_batches
-from abl.tasks import IGNORE_INDEX
-from abl.train import train
-
 from conftest import run_abl
 from test_train import ListSink
+
+from abl.contracts.config import ConfigError
+from abl.contracts.precision import Precision
+from abl.data.tasks import IGNORE_INDEX
+from abl.grid.gridfile import expand
+from abl.plugins.probes import MQAR
+from abl.run.taskdata import TaskBatches, accuracy_metrics, make_batches
+from abl.run.train import train
 
 TASK_GRID = {
     "experiment": {"name": "probe_t", "seeds": [0]},
@@ -51,7 +51,7 @@ def test_task_batches_are_seeded_and_masked():
 
 
 def test_make_batches_dispatches_on_the_dataset_kind():
-    from abl.data import Batches, from_documents
+    from abl.data.corpus import Batches, from_documents
 
     text = from_documents([("a", b"x" * 500), ("b", b"y" * 500)], 0.5, "t")
     assert type(make_batches(text, 16, 2, 0)) is Batches
@@ -59,7 +59,7 @@ def test_make_batches_dispatches_on_the_dataset_kind():
 
 
 def test_the_loss_is_taken_on_the_marked_positions_only(registry):
-    from abl.model import DecoderLM, ForwardContext
+    from abl.model.decoder import DecoderLM, ForwardContext
 
     cell = expand(TASK_GRID, registry).cells[0]
     cell.model.vocab_size = 64
@@ -203,9 +203,9 @@ extrapolation = false
 
 
 def test_the_recall_grid(registry):
-    from abl.config import load_grid
-
     from conftest import ROOT
+
+    from abl.grid.gridfile import load_grid
 
     grid = load_grid(ROOT / "ablations" / "recall.toml", registry)
     assert len(grid.cells) == 30

@@ -9,14 +9,13 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import run_abl
 
-from abl import tokenstore
-from abl.config import expand
-from abl.data import DataError
+from abl.data import tokenstore
+from abl.data.corpus import DataError
+from abl.grid.gridfile import expand
 from abl.plugins.datasets import python_stdlib
 from abl.plugins.tokenizers import ByteLevelBPE, ByteTokenizer, PretrainedTokenizer
-
-from conftest import run_abl
 
 UNICODE_DOC = "déjà vu: naïve café, 漢字 and 🙂 emoji\n\ttabs  and   spaces\r\nend".encode()
 
@@ -98,7 +97,7 @@ def test_pretrained_tokenizer_from_a_file_or_a_folder(tmp_path, corpus, bpe):
 
 def test_byte_tokenizer_is_todays_byte_stream(corpus):
     """The byte tokenizer through the store gives the stream (and fingerprint) bytes always gave."""
-    from abl.data import fingerprint
+    from abl.data.corpus import fingerprint
 
     sep = ByteTokenizer().encode([b"\0"])[0]
     train, _ = tokenstore._join(ByteTokenizer().encode(corpus.train_docs), sep)
@@ -189,7 +188,7 @@ def test_token_bin_goes_through_the_store_as_pretokenised(tmp_path, registry):
 
 
 def test_model_vocab_follows_the_tokenizer(tmp_path, registry):
-    from abl.costmodel import dataset_vocab_size
+    from abl.model.costmodel import dataset_vocab_size
 
     for tok, params, vocab in (("byte", {}, 256), ("bpe", {"bpe": {"vocab_size": 1000}}, 1000)):
         cell = expand(grid(tmp_path, tok, tokenizer=params), registry).cells[0]
@@ -211,7 +210,7 @@ class ListSink:
 
 
 def test_bits_per_byte_of_a_byte_level_run_is_val_loss_over_ln2(tmp_path, registry):
-    from abl.train import train
+    from abl.run.train import train
 
     cell = expand(grid(tmp_path), registry).cells[0]
     sink = ListSink()
@@ -225,8 +224,8 @@ def test_bits_per_byte_of_a_byte_level_run_is_val_loss_over_ln2(tmp_path, regist
 def test_bits_per_byte_of_a_subword_run_divides_by_the_bytes_its_tokens_cover(tmp_path, registry):
     """bpb = nats over the validation targets / (ln 2 x bytes those targets cover), counted here
     independently by decoding each target window back to text."""
-    from abl.data import Batches
-    from abl.train import train
+    from abl.data.corpus import Batches
+    from abl.run.train import train
 
     cell = expand(grid(tmp_path, "bpe", tokenizer={"bpe": {"vocab_size": 300}}), registry).cells[0]
     infos: list[dict] = []
@@ -448,7 +447,7 @@ vocab_size = 300
 
 
 def test_cells_with_different_tokenizers_are_compared_in_bits_per_byte():
-    from abl.report import Cell, Run, cell_statistics, comparison_metric
+    from abl.present.report import Cell, Run, cell_statistics, comparison_metric
 
     def run(key, seed, tok, loss, bpb):
         cfg = {"components": {"dataset": {"name": "pystdlib", "params": {}}, "tokenizer": {"name": tok, "params": {}}},

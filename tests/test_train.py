@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from abl.config import expand
-from abl.train import Diverged, lr_at, train
+from abl.grid.gridfile import expand
+from abl.run.train import Diverged, lr_at, train
 
 GRID = {
     "experiment": {"name": "t", "seeds": [0]},
@@ -84,7 +84,7 @@ TINY = {
 
 @pytest.mark.parametrize("off", ["decode", "extrapolation"])
 def test_a_switched_off_evaluation_records_none_of_its_metrics(registry, off):
-    from abl.evaluations import EVALUATIONS
+    from abl.run.evaluations import EVALUATIONS
 
     (on,) = {"decode", "extrapolation"} - {off}
     cell = expand({**TINY, "eval": {off: False, on: True}}, registry).cells[0]
@@ -100,7 +100,7 @@ def test_a_switched_off_evaluation_records_none_of_its_metrics(registry, off):
 
 
 def test_with_every_evaluation_off_training_still_records_its_own_metrics(registry):
-    from abl.evaluations import EVALUATIONS
+    from abl.run.evaluations import EVALUATIONS
 
     cell = expand({**TINY, "eval": {"decode": False, "extrapolation": False, "probes": []}}, registry).cells[0]
     sink = ListSink()
@@ -113,7 +113,7 @@ def test_with_every_evaluation_off_training_still_records_its_own_metrics(regist
 
 
 def test_the_trainer_builds_the_model_on_the_resolved_kernel_backend(registry, monkeypatch):
-    import abl.train as trainer
+    import abl.run.train as trainer
     from abl.kernels import TORCH
 
     built = []

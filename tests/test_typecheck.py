@@ -31,7 +31,7 @@ def test_mypy_passes_over_harness_and_plugins(tmp_path):
 
 def test_mypy_flags_the_wrong_arity_gpu_peak_call_in_a_gpu_only_branch(tmp_path):
     planted = tmp_path / "provenance.py"
-    planted.write_text((ROOT / "harness" / "provenance.py").read_text() + '''
+    planted.write_text((ROOT / "harness" / "store" / "provenance.py").read_text() + '''
 
 def _mfu_peak(device: torch.device, dtype: torch.dtype) -> float:
     if device.type == "cuda":  # the GPU-only branch no CPU test reached
@@ -39,7 +39,7 @@ def _mfu_peak(device: torch.device, dtype: torch.dtype) -> float:
         return peak * 1e12
     return cpu_peak_flops()
 ''')
-    r = typecheck(tmp_path, f"abl.provenance={planted}")
+    r = typecheck(tmp_path, f"abl.store.provenance={planted}")
     assert r.returncode != 0
     assert 'Too many arguments for "gpu_peak"' in r.stdout, r.stdout
     assert "Unsupported operand types" in r.stdout, r.stdout

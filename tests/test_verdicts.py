@@ -43,8 +43,8 @@ def loss_of(cell) -> float:
 
 
 def write_runs(grid_path, runs_dir, spiky=("relu", "layernorm")):
-    from abl.config import load_grid
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
 
     g = load_grid(grid_path, get_registry())
     now = time.time()
@@ -68,7 +68,7 @@ def write_runs(grid_path, runs_dir, spiky=("relu", "layernorm")):
             if step % 10 == 0:
                 row["val_loss"] = final + (0.3 if step == 10 else 0.0)
             lines.append(row)
-        # a whole run folder (abl.rundir.check_complete): the first and the last rows too
+        # a whole run folder (abl.store.rundir.check_complete): the first and the last rows too
         lines = [{"step": 0, "n_params": 1000.0}] + lines + [{"step": 20, "wall_s": 1.0, "peak_mem_bytes": 1e6}]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     return g
@@ -76,7 +76,7 @@ def write_runs(grid_path, runs_dir, spiky=("relu", "layernorm")):
 
 @pytest.fixture
 def ffn_store(tmp_path, monkeypatch):
-    from abl import store
+    from abl.store import database as store
 
     monkeypatch.chdir(tmp_path)
     grid = tmp_path / "ffn.toml"
@@ -145,8 +145,8 @@ def _same(got, want):
 
 
 def test_cli_report_and_dashboard_give_the_verdicts_computed_from_the_store(ffn_store):
-    from abl.report import build_report, load_runs
     from abl.dashboard import queries
+    from abl.present.report import build_report, load_runs
 
     grid, db, g = ffn_store
     labels = list(dict.fromkeys(c.label for c in g.cells))
@@ -182,7 +182,7 @@ def test_cli_report_and_dashboard_give_the_verdicts_computed_from_the_store(ffn_
     # the abl run summary prints the same table
     from rich.console import Console
 
-    from abl.summary import print_run_summary
+    from abl.present.summary import print_run_summary
 
     console = Console(record=True, width=300)
     print_run_summary(console, db, g)
@@ -191,7 +191,7 @@ def test_cli_report_and_dashboard_give_the_verdicts_computed_from_the_store(ffn_
         line = next(ln for ln in text.splitlines() if ln.startswith("│ " + a + " "))
         assert verdict in line
         if pa is not None:
-            from abl.stats import fmt_p
+            from abl.analysis.stats import fmt_p
 
             assert fmt_p(p) in line and fmt_p(pa) in line
 
@@ -258,7 +258,7 @@ def test_health_rows_are_derived_at_ingest(ffn_store):
 
 
 def test_unigram_floor_and_spikes():
-    from abl import health
+    from abl.analysis import health
 
     rng = np.random.default_rng(0)
     p = np.array([0.5, 0.25, 0.125, 0.125])
@@ -279,8 +279,8 @@ def test_unigram_floor_and_spikes():
 
 
 def test_display_baseline_never_changes_a_run_id(tmp_path):
-    from abl.config import load_grid
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
 
     reg = get_registry()
     grid = tmp_path / "g.toml"
@@ -294,8 +294,8 @@ def test_display_baseline_never_changes_a_run_id(tmp_path):
 
 
 def test_two_seeds_are_too_few_to_decide_and_detect_says_how_many(tmp_path, monkeypatch):
-    from abl import store
     from abl.cli import cli
+    from abl.store import database as store
 
     monkeypatch.chdir(tmp_path)
     grid = tmp_path / "two.toml"
@@ -349,7 +349,6 @@ extrapolation = false
 @pytest.mark.slow
 def test_post_ln_at_a_high_lr_without_warmup_did_not_learn_and_is_not_ranked(tmp_path):
     import duckdb
-
     from conftest import run_abl
 
     (tmp_path / "grid.toml").write_text(POST_LN)
@@ -377,8 +376,8 @@ def test_post_ln_at_a_high_lr_without_warmup_did_not_learn_and_is_not_ranked(tmp
 def test_the_summary_shows_the_grids_metrics_and_tests_each_loss():
     from rich.console import Console
 
-    from abl.summary import render
-    from abl.verdicts import RunRecord
+    from abl.analysis.verdicts import RunRecord
+    from abl.present.summary import render
 
     runs = []
     for pos, x2 in (("rope", 2.6), ("alibi", 2.1), ("learned", None)):

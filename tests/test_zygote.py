@@ -6,7 +6,6 @@ import signal
 import time
 
 import pytest
-
 from conftest import run_abl
 
 GRID = """
@@ -60,10 +59,10 @@ def test_cells_run_in_forked_or_spawned_workers_alike(tmp_path, zygote):
 
 
 def test_a_forked_worker_stopped_by_its_process_group_is_recorded_killed(tmp_path):
-    from abl import rundir
-    from abl.config import expand, parse_toml_text
-    from abl.plugin_manager import get_registry
-    from abl.zygote import Zygote
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import expand, parse_toml_text
+    from abl.run.zygote import Zygote
+    from abl.store import rundir
 
     cell = expand(parse_toml_text(GRID.format(steps=100000), "g"), get_registry()).cells[0]
     run_dir = rundir.prepare(tmp_path / cell.run_id, cell.config, {})
@@ -83,10 +82,10 @@ def test_a_forked_worker_stopped_by_its_process_group_is_recorded_killed(tmp_pat
 
 
 def test_when_the_zygote_dies_its_workers_stop_too(tmp_path):
-    from abl import rundir
-    from abl.config import expand, parse_toml_text
-    from abl.plugin_manager import get_registry
-    from abl.zygote import Zygote
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import expand, parse_toml_text
+    from abl.run.zygote import Zygote
+    from abl.store import rundir
 
     cell = expand(parse_toml_text(GRID.format(steps=100000), "g"), get_registry()).cells[0]
     run_dir = rundir.prepare(tmp_path / cell.run_id, cell.config, {})
@@ -107,7 +106,7 @@ def test_when_the_zygote_dies_its_workers_stop_too(tmp_path):
 def test_the_zygote_never_forks_after_cuda_was_initialised_or_a_thread_started(monkeypatch):
     import torch
 
-    from abl import zygote
+    from abl.run import zygote
 
     monkeypatch.setattr(zygote.threading, "active_count", lambda: 1)  # the zygote after its preload: one thread
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
@@ -120,7 +119,7 @@ def test_the_zygote_never_forks_after_cuda_was_initialised_or_a_thread_started(m
 
 
 def test_a_zygote_that_cannot_start_leaves_the_executor_spawning_fresh_workers(monkeypatch):
-    from abl import executors, zygote
+    from abl.run import executors, zygote
 
     class Broken:
         def __init__(self, env):

@@ -1,6 +1,6 @@
 """Compare: one final number per cell with its 95% CI across seeds, and any comparison between cells.
 
-The numbers come from abl.verdicts / abl.stats.analyse, the engine of the
+The numbers come from abl.analysis.verdicts / abl.analysis.stats.analyse, the engine of the
 ``abl run`` summary, ``abl compare`` and ``abl report``, with the same
 defaults: paired t-test by seed when two cells ran the same seeds on the same
 data order, else Welch; Holm over the comparisons shown; fewer than 3 seeds:
@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from abl import stats
+from abl.analysis import stats
+from abl.analysis.verdicts import health_text
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
-from abl.verdicts import health_text
 
 NONE = "(none)"
 PREFERRED = ("val_loss", "train_loss", "tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token",

@@ -1,14 +1,14 @@
 """Costs: predicted against measured, per cell, and the scaling-law fit.
 
-The same rules as ``abl report`` (harness/report.py, abl.sections), from the
+The same rules as ``abl report`` (harness/report.py, abl.analysis.sections), from the
 same functions: parameters must agree exactly, FLOPs per step within 5% of
 torch's flop counter, peak tensor memory within the band in
 harness/costmodel.py. The page shows one summary row per figure (how many
 cells agree, the worst ratio) and lists only the checks that disagree; every
 row is in a folded table. A plot panel appears only for a figure that differs
 between the cells, and the scaling fit only over enough model sizes
-(``abl.sections.scaling_fit_applies``); what is left out says why. Cells are
-named by ``abl.labels``; runs on a contended machine are counted in a warning.
+(``abl.analysis.sections.scaling_fit_applies``); what is left out says why. Cells are
+named by ``abl.grid.labels``; runs on a contended machine are counted in a warning.
 """
 
 import pandas as pd
@@ -25,8 +25,8 @@ if common.no_runs(sel):
 
 @st.cache_data(max_entries=32, show_spinner="Predicting costs...")
 def _analyse(db: str, run_ids: tuple[str, ...], sig: tuple):
-    from abl import report
-    from abl.plugin_manager import get_registry
+    from abl.contracts.plugin_manager import get_registry
+    from abl.present import report
 
     runs = report.load_runs(db, run_ids=list(run_ids))
     cells = report.group_cells(runs)
@@ -45,8 +45,9 @@ except Exception as exc:  # noqa: BLE001 - a busy or odd store is shown, not rai
     st.error(f"Could not read the runs for the cost check: {exc}")
     st.stop()
 
-from abl import report, sections  # noqa: E402 - after the page's early exits
-from abl.costmodel import MEMORY_BAND  # noqa: E402
+from abl.analysis import sections  # noqa: E402 - after the page's early exits
+from abl.model.costmodel import MEMORY_BAND  # noqa: E402
+from abl.present import report
 
 table = pd.DataFrame(rows)
 if table.empty:
@@ -101,7 +102,8 @@ why = sections.scaling_fit_applies(n for n, _, _ in points)
 if why:
     st.info(f"No scaling fit of L(N, D) = E + A/N^α + B/D^β: {why} (e.g. a grid over `model.scale`).")
     st.stop()
-from abl.scaling import ScalingFitError, fit as fit_scaling  # noqa: E402
+from abl.analysis.scaling import ScalingFitError  # noqa: E402
+from abl.analysis.scaling import fit as fit_scaling
 
 try:
     fit = fit_scaling(*zip(*points))

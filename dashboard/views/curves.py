@@ -3,7 +3,7 @@
 The seeds of a cell are averaged at each step into one line, with the 95%
 t-interval of that mean as a band (where at least two seeds reached the step).
 The bands are on by default only when every cell shown has at least 3 seeds
-(``abl.sections.bands_by_default``: at n = 2 the t multiplier is 12.7 and a
+(``abl.analysis.sections.bands_by_default``: at n = 2 the t multiplier is 12.7 and a
 band is a smear); otherwise each seed's line is drawn faintly instead, and a
 toggle turns the bands on. Smoothing is a debiased EMA applied to each run
 before averaging. More cells than the palette has distinct colours: one panel
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from abl import sections, stats
+from abl.analysis import sections, stats
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 

@@ -2,10 +2,10 @@
 
 import streamlit as st
 
-from abl import stats
+from abl.analysis import stats
 from abl.dashboard import common
 from abl.dashboard import queries as q
-from abl.rundir import COMPLETED, NOT_COMPLETED, RUNNING
+from abl.store.rundir import COMPLETED, NOT_COMPLETED, RUNNING
 
 SUMMARY = ("val_loss", "train_loss", "tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token",
            "decode_tokens_per_s", "n_params", "wall_s")

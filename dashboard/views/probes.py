@@ -1,4 +1,4 @@
-"""Probes: task accuracy (abl.tasks) during training, and against model width per mixer.
+"""Probes: task accuracy (abl.data.tasks) during training, and against model width per mixer.
 
 A run that trained on a task records ``<task>_accuracy`` at every evaluation;
 ``eval.probes`` adds ``probe_<task>_accuracy`` after training. The first chart
@@ -14,7 +14,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from abl import stats
+from abl.analysis import stats
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 

@@ -6,10 +6,10 @@ import math
 import pandas as pd
 import streamlit as st
 
-from abl import sections
+from abl.analysis import sections
+from abl.analysis.tables import config_diff
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
-from abl.tables import config_diff
 
 sel: q.Selection = st.session_state["selection"]
 ctx = common.ctx()

@@ -4,18 +4,18 @@ A cell is on the front when no other cell is at least as good on both axes
 and strictly better on one (lower loss; lower memory, KV cache and
 parameters; higher throughput).
 
-A cost that every cell shown shares within 5% (``abl.sections.differs``:
+A cost that every cell shown shares within 5% (``abl.analysis.sections.differs``:
 one model size, one KV layout) gets one sentence instead of a plot; a cost
 chosen under "More cost axes" is always drawn. Speed axes (tokens/s, MFU) show the min–max over a cell's seeds as a
 horizontal bar, and ring in red the cells (or runs) measured on a contended
-machine (``abl.sections.is_contended``): their speed is the machine's load,
+machine (``abl.analysis.sections.is_contended``): their speed is the machine's load,
 not a result.
 """
 
 import pandas as pd
 import streamlit as st
 
-from abl import sections, stats
+from abl.analysis import sections, stats
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 

@@ -39,7 +39,7 @@ def config(norm: str, block: str, seed: int, seeds=SEEDS) -> dict:
 
 def build(folder: Path, seeds=SEEDS) -> Path:
     """Write ``folder/abl.duckdb`` (and an empty ``folder/runs``); returns the database path."""
-    from abl import store as abl_store
+    from abl.store import database as abl_store
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "runs").mkdir(exist_ok=True)

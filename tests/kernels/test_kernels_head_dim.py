@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from abl import kernels
-from abl.config import expand
-from abl.model import DecoderLM, ForwardContext
+from abl.grid.gridfile import expand
+from abl.model.decoder import DecoderLM, ForwardContext
 from tests.kernels.helpers import assert_close
 from tests.kernels.test_kernels_wiring import Calls, loss_and_grads
 

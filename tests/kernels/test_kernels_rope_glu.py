@@ -42,7 +42,7 @@ def test_rope(case, device):
 
 
 def test_rope_matches_the_position_plugin(device):
-    from abl.config import ModelConfig
+    from abl.contracts.config import ModelConfig
     from abl.plugins.positions import RotaryPosition
 
     cfg = ModelConfig(d_model=64, n_layers=1, n_heads=2, context=32, vocab_size=16)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from abl import kernels
-from abl.config import ModelConfig
-from abl.model import DecoderLM, ForwardContext
+from abl.contracts.config import ModelConfig
+from abl.model.decoder import DecoderLM, ForwardContext
 from tests.conftest import run_abl
 from tests.kernels.helpers import assert_close
 
@@ -145,7 +145,7 @@ def test_cached_decoding_with_the_flash_kernel(registry, monkeypatch, device, mi
 def test_flop_count_is_taken_on_the_reference_path(registry, device):
     """torch's counter cannot see inside a Triton kernel: the harness counts on the torch path,
     so the measured FLOPs do not depend on train.kernels."""
-    from abl.flops import count_step_flops
+    from abl.model.flops import count_step_flops
 
     x = torch.randint(0, 50, (2, 24), device=device)
     counts = []

@@ -1,0 +1,64 @@
+"""The pluggy hook specifications of abl (project name ``"abl"``).
+
+A plugin is any module or object with functions decorated by ``hookimpl``.
+The host owns every registry; a plugin only calls the callbacks it is handed.
+pluggy lets an implementation accept fewer arguments than its spec, so specs
+can grow without breaking plugins.
+
+Every hook here must be documented in the README ("Writing a plugin");
+``tests/test_docs.py`` fails otherwise.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("abl")
+hookimpl = pluggy.HookimplMarker("abl")
+
+
+@hookspec
+def register_components(register):
+    """Register model, training and data components.
+
+    Call ``register(axis, name, factory, params=..., doc=..., cost=...,
+    reference=..., check=...)`` once per component:
+
+    - ``axis``: one of ``abl.contracts.registry.AXES`` (norm, block, position, mixer,
+      ffn, precision, dataset);
+    - ``name``: unique within the axis; a second plugin registering the same
+      (axis, name) is an error naming both plugins;
+    - ``factory``: a callable that builds the component; its signature depends
+      on the axis (see ``abl.contracts.registry.AXES``);
+    - ``params``: mapping of parameter name to a default value (the type is
+      inferred from it) or to a ``abl.contracts.registry.Param`` for ranges,
+      choices and docs. Configs are validated against it before training;
+    - ``cost``: optional analytic cost function (parameters, FLOPs, memory);
+    - ``reference``: optional plain reference implementation used by tests;
+    - ``check``: optional ``check(model_config, params) -> list[str]`` that
+      returns cross-axis incompatibilities (e.g. head dims) as messages.
+
+    A ``cost`` or ``check`` function that names a ``position`` parameter is
+    handed the configured position's class (``Registry.call_with_position``).
+    """
+
+
+@hookspec
+def register_commands(cli):
+    """Add click commands to the ``abl`` command group.
+
+    ``cli`` is the top-level ``click.Group``; call ``cli.command()`` or
+    ``cli.add_command(...)``. Plugin commands are loaded on first use, so
+    ``abl --help`` stays fast and lists only the built-in commands.
+    """
+
+
+@hookspec
+def run_finished(run_id, status, config, summary):
+    """Called in the ``abl run`` parent after a cell ends and is stored.
+
+    ``status`` is the final status ("completed", "diverged", "failed", ...),
+    ``config`` the fully resolved cell config (a dict) and ``summary`` a dict of
+    the once-per-run metrics. Use it for notifications or extra bookkeeping;
+    the return value is ignored.
+    """

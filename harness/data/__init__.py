@@ -1,0 +1,7 @@
+"""Where tokens come from: corpora, tokenizers and the token store, synthetic tasks.
+
+Text and token corpora with their fingerprints (corpus), the token store that
+tokenizes a corpus once per tokenizer and shares it between cells (tokenstore),
+and the synthetic tasks with marked answer positions (tasks). May import
+``abl.contracts``, ``abl.analysis`` and ``abl.kernels``.
+"""

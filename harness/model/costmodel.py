@@ -1,0 +1,314 @@
+"""Model-level cost prediction from the components' declared cost functions.
+
+Every component declares the cost of ONE instance (``harness/cost.py``); this
+module assembles the whole model the way ``abl.model.decoder.DecoderLM`` builds it:
+
+    embedding + position + n_layers x (block + block.norms x norm + mixer + ffn)
+              + final norm (when the block wants one) + LM head (unless tied)
+
+and turns the per-instance figures into per-token and per-step predictions:
+
+- parameters, exact (``n_params_non_embedding`` leaves out the token embedding
+  and the LM head, as ``DecoderLM.n_params(non_embedding=True)`` does);
+- forward and training FLOPs. As executed: forward x (1 + backward_factor) per
+  component, which is what ``torch.utils.flop_counter`` sees for one training
+  step. Useful (model FLOPs, for MFU): useful forward x (1 + min(backward_factor,
+  2)), so recomputation counts as hardware FLOPs only (seeds 003 sec. 8, MFU vs
+  HFU). The LM head's 2·D·V per token is included (seeds 003 sec. 7, note 45);
+- activation memory saved for backward (seeds 003 sec. 6.1.3), at the run's
+  activation dtype (the precision policy's autocast dtype);
+- decoding cache: KV bytes per token and fixed state bytes per sequence
+  (seeds 002, KV-cache accounting);
+- parameter, gradient and optimizer memory (seeds 003 sec. 6.1.1-6.1.2) as abl
+  trains: fp32 master weights, fp32 gradients, two fp32 AdamW moments. Under
+  mixed precision the low-precision weight copies that autocast saves for
+  backward (sec. 6.1.1, note 38) are counted too: 4 + 4 + 8 + 2 = 18 bytes per
+  parameter, the same total as the notes' eqs. (6.3) + (6.4).
+
+Nothing here names a variant; a component without a cost function is an error
+that names it (``CostModelError``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..contracts.cost import Cost
+from ..contracts.registry import Registry, RegistryError
+
+FP32_BYTES = 4
+ADAM_STATES = 2  # AdamW keeps two running moments per parameter (seeds 003 note 36)
+
+# Peak training memory: measured/predicted must lie in this band. Measured is
+# ``peak_tensor_bytes`` (harness/memory.py: live tensor storages over one whole
+# training step, on the torch reference path); predicted is ``train_peak_bytes``.
+# Calibration (CPU, every cell of the seven shipped grids, one step each, and
+# every built-in at the tests' tiny shapes): fp32 cells 1.01-1.04 (the residue
+# is the batch, RNG and bookkeeping tensors), bf16/fp16 1.14 and fp8 (emulated)
+# 1.16 (the reference norms, RoPE and loss upcast to fp32 copies that the model
+# counts at the autocast width). The band leaves ~10% either side.
+MEMORY_BAND = (0.9, 1.25)
+
+# (predicted key, measured metric name, agreement required) - the issue's table.
+# A float is a relative tolerance; "exact" means equal; a (lo, hi) tuple bounds
+# measured / predicted.
+CHECKS: list[tuple[str, str, Any]] = [
+    ("n_params", "n_params", "exact"),
+    ("n_params_non_embedding", "n_params_non_embedding", "exact"),
+    ("flops_per_step", "flops_per_step_measured", 0.05),
+    ("train_peak_bytes", "peak_tensor_bytes", MEMORY_BAND),
+]
+
+
+class CostModelError(RegistryError):
+    """A component has no cost function, or its cost function misbehaves (a user error)."""
+
+
+@dataclass
+class Part:
+    """One kind of instance in the model: its cost and how many the model has."""
+
+    name: str  # e.g. "layers 0-3: mixer 'mha'"
+    axis: str  # norm, block, position, mixer, ffn, or "skeleton"
+    component: str
+    count: int
+    cost: Cost
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "axis": self.axis, "component": self.component, "count": self.count,
+                **{f.name: getattr(self.cost, f.name) for f in fields(self.cost)}}
+
+
+def component_cost(registry: Registry, axis: str, spec: dict[str, Any], *args) -> Cost:
+    """Call the registered cost function of ``spec`` ({"name", "params"}) on ``args``."""
+    comp = registry.get(axis, spec["name"])
+    if comp.cost is None:
+        raise CostModelError(
+            f"{axis} {spec['name']!r} (plugin {comp.plugin!r}, {comp.package} {comp.version}) declares no "
+            f"cost function, so its cost cannot be predicted; pass cost=... to register() "
+            f"(see harness/cost.py for the signature and conventions)")
+    try:
+        out = registry.call_with_position(comp.cost, *args, **dict(spec.get("params") or {}))
+    except Exception as exc:  # noqa: BLE001 - name the component whatever went wrong
+        raise CostModelError(f"the cost function of {axis} {spec['name']!r} (plugin {comp.plugin!r}) "
+                             f"failed: {exc!r}") from exc
+    if not isinstance(out, Cost):
+        raise CostModelError(f"the cost function of {axis} {spec['name']!r} (plugin {comp.plugin!r}) "
+                             f"returned {type(out).__name__}, not a harness.cost.Cost")
+    return out
+
+
+def block_wants_final_norm(registry: Registry, model, spec: dict[str, Any]) -> bool:
+    """The block's ``final_norm`` flag: a class attribute, or read off one block built with stubs."""
+    factory = registry.get("block", spec["name"]).factory
+    if isinstance(factory, type):
+        return bool(getattr(factory, "final_norm", True))
+    import torch.nn as nn
+
+    block = factory(model, lambda dim: nn.Identity(), lambda: nn.Identity(), lambda: nn.Identity(),
+                    **dict(spec.get("params") or {}))
+    return bool(getattr(block, "final_norm", True))
+
+
+def _spec_key(spec: dict[str, Any]) -> str:
+    return json.dumps([spec["name"], spec.get("params") or {}], sort_keys=True, default=str)
+
+
+def _layer_ranges(idx: list[int]) -> str:
+    if not idx:
+        return "none"
+    runs, start, prev = [], idx[0], idx[0]
+    for i in idx[1:] + [None]:  # type: ignore[list-item]
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        runs.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return "layer " + ",".join(runs) if len(idx) == 1 else "layers " + ",".join(runs)
+
+
+def model_parts(model, components: dict[str, Any], registry: Registry) -> list[Part]:
+    """Every kind of instance the model builds, with its cost (``model.vocab_size`` must be set)."""
+    if model.vocab_size <= 0:
+        raise CostModelError("model.vocab_size must be known to predict costs (0 = from the dataset; "
+                             "use predict(), which resolves it)")
+    d, v, n = model.d_model, model.vocab_size, model.n_layers
+    parts: list[Part] = []
+    norm_spec = components["norm"]
+    norm_cost = component_cost(registry, "norm", norm_spec, d)
+    block_spec = components["block"]
+    block_cost = component_cost(registry, "block", block_spec, model)
+    parts.append(Part("token embedding", "skeleton", "embedding", 1, Cost(params=v * d)))
+    pos_spec = components["position"]
+    parts.append(Part(f"position {pos_spec['name']!r}", "position", pos_spec["name"], 1,
+                      component_cost(registry, "position", pos_spec, model)))
+    parts.append(Part(f"layers 0-{n - 1}: block {block_spec['name']!r}" if n > 1 else
+                      f"layer 0: block {block_spec['name']!r}", "block", block_spec["name"], n, block_cost))
+    if block_cost.norms:
+        parts.append(Part(f"{block_cost.norms} x {n} norms {norm_spec['name']!r} in blocks", "norm",
+                          norm_spec["name"], block_cost.norms * n, norm_cost))
+    # mixers: one spec per layer for hybrids (layer_pattern), else model.mixer everywhere
+    layer_specs = components.get("layer_mixers") or [components["mixer"]] * n
+    if len(layer_specs) != n:
+        raise CostModelError(f"components['layer_mixers'] has {len(layer_specs)} entries for {n} layers")
+    groups: dict[str, list[int]] = {}
+    for i, spec in enumerate(layer_specs):
+        groups.setdefault(_spec_key(spec), []).append(i)
+    for key, idx in groups.items():
+        spec = layer_specs[idx[0]]
+        parts.append(Part(f"{_layer_ranges(idx)}: mixer {spec['name']!r}", "mixer", spec["name"], len(idx),
+                          component_cost(registry, "mixer", spec, model)))
+    ffn_spec = components["ffn"]
+    parts.append(Part(f"layers 0-{n - 1}: ffn {ffn_spec['name']!r}" if n > 1 else
+                      f"layer 0: ffn {ffn_spec['name']!r}", "ffn", ffn_spec["name"], n,
+                      component_cost(registry, "ffn", ffn_spec, model)))
+    if block_wants_final_norm(registry, model, block_spec):
+        parts.append(Part(f"final norm {norm_spec['name']!r}", "norm", norm_spec["name"], 1, norm_cost))
+    # LM head: its matmul always runs; its weight is the embedding's when tied.
+    # It saves its input (D) for backward; the loss's log-softmax output is
+    # saved in fp32 (logits.float()), V per token - added as bytes in predict_model.
+    parts.append(Part("LM head" + (" (tied to the embedding)" if model.tie_embeddings else ""), "skeleton",
+                      "lm_head", 1, Cost(params=0 if model.tie_embeddings else v * d,
+                                         flops_per_token=2.0 * d * v, activation_elements_per_token=d)))
+    return parts
+
+
+def predict_model(model, components: dict[str, Any], registry: Registry, *, batch_size: int,
+                  activation_bytes: int = FP32_BYTES) -> dict[str, Any]:
+    """Predictions for a model config with a known vocab size (cheap: nothing is built).
+
+    ``components`` is a cell's resolved ``components`` dict. Use this to size
+    models (e.g. budget matching); ``predict`` resolves the vocab size and the
+    activation dtype for a cell.
+    """
+    parts = model_parts(model, components, registry)
+    d, v = model.d_model, model.vocab_size
+    tokens = batch_size * model.context
+    tot = {k: 0.0 for k in ("params", "fwd", "useful_fwd", "train", "useful_train", "act", "kv", "state")}
+    for p in parts:
+        c, k = p.cost, p.count
+        tot["params"] += c.params * k
+        tot["fwd"] += c.flops_per_token * k
+        tot["useful_fwd"] += c.useful * k
+        tot["train"] += c.flops_per_token * (1 + c.backward_factor) * k
+        tot["useful_train"] += c.useful * (1 + min(c.backward_factor, 2.0)) * k
+        tot["act"] += c.activation_elements_per_token * k
+        tot["kv"] += c.state_elements_per_token * k
+        tot["state"] += c.state_elements_per_sequence * k
+    n_params = int(round(tot["params"]))
+    n_embedding = v * d * (1 if model.tie_embeddings else 2)
+    act_per_token = tot["act"] * activation_bytes + v * FP32_BYTES  # + fp32 log-softmax output of the loss
+    static = {
+        "param_bytes": FP32_BYTES * n_params,
+        "grad_bytes": FP32_BYTES * n_params,
+        "optimizer_bytes": ADAM_STATES * FP32_BYTES * n_params,
+        "autocast_copy_bytes": activation_bytes * n_params if activation_bytes < FP32_BYTES else 0,
+    }
+    static_bytes = sum(static.values())
+    # the loss's backward forms the fp32 gradient of the logits while the saved
+    # log-softmax output is still alive: one more V-wide fp32 row per token;
+    # a component may declare a larger transient of its own backward
+    loss_backward = v * FP32_BYTES * tokens
+    transient = max([p.cost.transient_elements_per_token * activation_bytes * tokens for p in parts] + [0.0])
+    kv_per_token = tot["kv"] * activation_bytes
+    state_per_seq = tot["state"] * activation_bytes
+    return {
+        "vocab_size": v,
+        "tokens_per_step": tokens,
+        "activation_dtype_bytes": activation_bytes,
+        "n_params": n_params,
+        "n_params_embedding": n_embedding,
+        "n_params_non_embedding": n_params - n_embedding,
+        "flops_per_token": tot["fwd"],
+        "useful_flops_per_token": tot["useful_fwd"],
+        "train_flops_per_token": tot["train"],
+        "useful_train_flops_per_token": tot["useful_train"],
+        "flops_6n_per_token": 6.0 * (n_params - n_embedding),
+        "forward_flops_per_step": tot["fwd"] * tokens,
+        "flops_per_step": tot["train"] * tokens,
+        "useful_flops_per_step": tot["useful_train"] * tokens,
+        "activation_bytes_per_token": act_per_token,
+        "activation_bytes_per_step": act_per_token * tokens,
+        "kv_cache_bytes_per_token": kv_per_token,
+        "state_bytes_per_sequence": state_per_seq,
+        "decode_cache_bytes_per_sequence": kv_per_token * model.context + state_per_seq,
+        **static,
+        "static_bytes": static_bytes,
+        "loss_backward_bytes": loss_backward,
+        "backward_transient_bytes": max(loss_backward, transient),
+        "train_peak_bytes": static_bytes + act_per_token * tokens + max(loss_backward, transient),
+        "parts": [p.as_dict() for p in parts],
+    }
+
+
+_dtype_cache: dict[str, int] = {}
+
+
+def dataset_vocab_size(cell, registry: Registry) -> int:
+    """The cell's vocab size: ``model.vocab_size`` or, when 0, its tokenizer's (or a pre-tokenised
+    dataset's; the dataset is loaded once per process, nothing is trained)."""
+    if cell.model.vocab_size > 0:
+        return cell.model.vocab_size
+    from ..data.tokenstore import vocab_size
+
+    return vocab_size(cell, registry)
+
+
+def activation_dtype_bytes(cell, registry: Registry) -> int:
+    """Bytes per activation element under the cell's precision policy (its ``compute_dtype``)."""
+    spec = cell.components["precision"]
+    key = _spec_key(spec)
+    if key not in _dtype_cache:
+        policy = registry.get("precision", spec["name"]).factory(**spec["params"])
+        _dtype_cache[key] = policy.compute_dtype.itemsize
+    return _dtype_cache[key]
+
+
+def predict(cell, registry: Registry, *, vocab_size: int | None = None,
+            activation_bytes: int | None = None) -> dict[str, Any]:
+    """Predicted costs of one cell (a ``abl.contracts.config.Cell``). Raises CostModelError.
+
+    ``vocab_size`` overrides the dataset lookup (pass the recorded one for a
+    finished run); ``activation_bytes`` overrides the precision policy's dtype.
+    """
+    v = vocab_size or dataset_vocab_size(cell, registry)
+    model = dataclasses.replace(cell.model, vocab_size=v)
+    ab = activation_bytes or activation_dtype_bytes(cell, registry)
+    return predict_model(model, cell.components, registry, batch_size=cell.train.batch_size,
+                         activation_bytes=ab)
+
+
+def missing_costs(components: dict[str, Any], registry: Registry) -> list[str]:
+    """'axis name' of every model component of a cell that declares no cost function."""
+    layers = components.get("layer_mixers")
+    specs = [(a, components[a]) for a in ("norm", "block", "position", "ffn")]
+    specs += [("mixer", s) for s in layers] if layers else [("mixer", components["mixer"])]
+    out = []
+    for axis, spec in specs:
+        if registry.get(axis, spec["name"]).cost is None:
+            label = f"{axis} {spec['name']!r}"
+            if label not in out:
+                out.append(label)
+    return out
+
+
+def agreement(predicted: float | None, measured: float | None, required: Any) -> tuple[float | None, str]:
+    """(measured / predicted, verdict) for one row of ``CHECKS``."""
+    if predicted is None or measured is None:
+        return None, "not measured" if measured is None else "not predicted"
+    ratio = measured / predicted if predicted else None
+    if required == "exact":
+        return ratio, "agrees (exact)" if round(measured) == round(predicted) else "DISAGREES"
+    if isinstance(required, float):
+        ok = ratio is not None and abs(ratio - 1) <= required
+        return ratio, f"agrees (within {required:.0%})" if ok else f"DISAGREES (outside {required:.0%})"
+    if isinstance(required, tuple):
+        lo, hi = required
+        ok = ratio is not None and lo <= ratio <= hi
+        band = f"{lo:g}-{hi:g}x"
+        return ratio, f"agrees (within {band})" if ok else f"DISAGREES (outside {band})"
+    raise ValueError(f"unknown agreement requirement {required!r}")

@@ -1,0 +1,126 @@
+"""Matplotlib helpers shared by the report's figures (abl.present.report) and the task-accuracy figure
+(abl.present.taskreport): a distinct style per cell, one legend outside the panels, tick labels that never
+overlap, the conditions footer below everything. Imports nothing of abl."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+
+def fig_to_png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D")
+
+
+def cell_styles(n: int) -> list[dict[str, Any]]:
+    """A distinct (colour, line style, marker) per cell: tab10 up to 10 cells, tab20 (its dark shades
+    first) up to 20, past that tab20 again with the next line style and marker."""
+    import matplotlib
+
+    if n <= 10:
+        cols = list(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
+    else:
+        t = list(matplotlib.colormaps["tab20"].colors)  # type: ignore[attr-defined]
+        cols = t[0::2] + t[1::2]
+    return [{"color": cols[i % len(cols)], "ls": LINE_STYLES[(i // len(cols)) % len(LINE_STYLES)],
+             "marker": MARKERS[(i // len(cols)) % len(MARKERS)]} for i in range(n)]
+
+
+def legend_outside(fig, axes, extra: list | None = None) -> None:
+    """One legend for the figure, below the panels (never over the data): every label once."""
+    handles, labels = [], []
+    for ax in axes:
+        for h, lbl in zip(*ax.get_legend_handles_labels()):
+            if lbl not in labels and not lbl.startswith("_"):
+                handles.append(h)
+                labels.append(lbl)
+    for h in extra or []:
+        handles.append(h)
+        labels.append(h.get_label())
+    if handles:
+        width = max(len(lbl) for lbl in labels)
+        across = fig.get_figwidth() * 72 / (0.6 * 8)  # characters of an 8 pt font across the figure
+        ncol = max(1, min(len(labels), int(across // max(12, width + 6))))
+        # below the figure's edge (the layout keeps every panel inside it; bbox_inches="tight" keeps the
+        # legend): not a constrained-layout "outside" legend, which a tight save moves over the footer
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=fig.transFigure,
+                   ncol=ncol, fontsize=8, frameon=False)
+
+
+def _overlapping(labels: list) -> bool:
+    boxes = [t.get_window_extent() for t in labels]
+    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def tick_labels(axis) -> list:
+    """The tick labels of an axis that are drawn (visible, with text)."""
+    return [t for t in axis.get_ticklabels(which="both") if t.get_visible() and t.get_text()]
+
+
+def thin_ticks(fig) -> None:
+    """No two tick labels of an axis overlap: drop the minor labels, then fewer ticks, then rotate the
+    x labels, then show every other label, until none does."""
+    from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter
+
+    fig.canvas.draw()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            for step in range(5):
+                if not _overlapping(tick_labels(axis)):
+                    break
+                if step == 0:
+                    axis.set_minor_formatter(NullFormatter())
+                elif step == 1:
+                    axis.set_major_locator(LogLocator(numticks=4) if axis.get_scale() == "log"
+                                           else MaxNLocator(4))
+                elif step == 2 and axis is ax.xaxis:
+                    for t in axis.get_ticklabels():
+                        t.set_rotation(30)
+                        t.set_horizontalalignment("right")
+                else:
+                    for i, t in enumerate(tick_labels(axis)):
+                        t.set_visible(i % 2 == 0)
+                fig.canvas.draw()
+
+
+def add_footer(fig, footer: str) -> None:
+    """The conditions line below everything drawn (figure coordinates below 0 are kept by
+    ``bbox_inches="tight"``), wrapped to the figure's width."""
+    if not footer:
+        return
+    import textwrap
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    inv = fig.transFigure.inverted()
+    bottom = min([inv.transform((0, a.get_tightbbox(renderer).y0))[1] for a in list(fig.legends) + fig.axes]
+                 + [0.0])
+    width = int(fig.get_figwidth() * 72 / (0.6 * 6))  # characters of a 6 pt font across the figure
+    fig.text(0.01, bottom - 0.01, "\n".join(textwrap.wrap(footer, width)), fontsize=6, color="0.35",
+             ha="left", va="top")
+
+
+def finish_figure(fig, axes, footer: str, extra: list | None = None):
+    """One legend below the panels, tick labels apart, the footer below everything."""
+    legend_outside(fig, axes, extra)
+    thin_ticks(fig)
+    add_footer(fig, footer)
+    return fig

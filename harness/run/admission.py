@@ -1,0 +1,255 @@
+"""Memory admission: refuse a grid that cannot fit before any cell starts allocating.
+
+For every cell to run, the cost model's predicted training peak
+(``costmodel.predict``'s ``train_peak_bytes``: weights, gradients, AdamW
+moments, autocast copies, saved activations and the largest backward
+transient) is taken at the top of its calibrated band (``MEMORY_BAND``: the
+measured peak lies within 0.9-1.25x the prediction), plus what a worker
+process holds that the model does not count (``PROCESS_BYTES``). That need is
+compared with the free memory of the device the cell will use:
+
+- CPU: the machine's available RAM (``MemAvailable``, and the cgroup's limit
+  when one is set); the cells that run at once (``--workers N``, and every
+  process of a multi-process cell) share it, so the N largest needs must fit
+  together;
+- CUDA: ``torch.cuda.mem_get_info`` of each GPU the cells may get (one cell per
+  GPU at once), asked in a child process so the ``abl run`` parent never holds
+  a CUDA context of its own.
+
+A grid that does not fit is refused (``AdmissionError``, exit status 2) with
+each cell that does not fit and its predicted peak; ``--force`` runs it anyway.
+Memory that does run out is recorded as ``oom``: the worker classifies its
+allocation errors (harness/worker.py), and ``oom_kills`` tells the parent when
+the kernel's OOM killer ended a worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..contracts.config import Cell
+from ..contracts.registry import Registry, RegistryError
+from ..data.corpus import DataError
+from ..model.costmodel import MEMORY_BAND, predict
+
+MiB = 1024**2
+GiB = 1024**3
+
+# What one worker process holds besides the model's tensors. CPU: the Python
+# interpreter, torch's libraries and the dataset; measured as baseline_rss_bytes
+# (the worker's RSS just before the model is built) at 369 MiB on torch 2.13 CPU
+# with the default dataset, rounded up. CUDA: the device memory of a CUDA context
+# and its library workspaces, which the cost model does not see; an estimate
+# (typically 0.3-0.6 GiB on CUDA 12 with lazy module loading), rounded up.
+PROCESS_BYTES = {"cpu": 512 * MiB, "cuda": 1 * GiB}
+
+
+class AdmissionError(Exception):
+    """The grid's predicted memory does not fit the free memory (a user error)."""
+
+
+@dataclass
+class Need:
+    cell: Cell
+    predicted: float  # the cost model's train_peak_bytes of one process of the cell
+    processes: int  # processes of the cell (train.devices)
+    device: str  # "cpu" or "cuda"
+
+    @property
+    def per_process(self) -> float:
+        """Bytes one process may reach: the top of the calibrated band, plus its overhead."""
+        return self.predicted * MEMORY_BAND[1] + PROCESS_BYTES[self.device]
+
+    @property
+    def host_bytes(self) -> float:
+        """What the cell needs of the machine's RAM (every process of a CPU cell)."""
+        return self.per_process * self.processes if self.device == "cpu" else 0.0
+
+
+def fmt(n: float) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
+
+
+def cell_device(cell: Cell, gpus: list[int]) -> str:
+    dev = cell.train.device
+    if dev == "cpu" or not gpus:
+        return "cpu"
+    return "cuda"
+
+
+def cell_need(cell: Cell, registry: Registry, gpus: list[int]) -> Need | None:
+    """The cell's predicted per-process peak; None when the cost model cannot predict it."""
+    per_rank = cell
+    if cell.train.devices > 1:  # each process trains batch_size / devices sequences
+        per_rank = dataclasses.replace(cell, train=dataclasses.replace(
+            cell.train, batch_size=max(1, cell.train.batch_size // cell.train.devices)))
+    try:
+        peak = float(predict(per_rank, registry)["train_peak_bytes"])
+    except RegistryError:
+        return None  # a component without a cost function: nothing to admit on (abl cost says why)
+    except (DataError, OSError):
+        # the dataset (read for its vocabulary size) cannot be loaded: the dataset checks
+        # report that; memory admission has nothing to go on for this cell
+        return None
+    return Need(cell=cell, predicted=peak, processes=cell.train.devices, device=cell_device(cell, gpus))
+
+
+# ---------------------------------------------------------------- free memory
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        text = Path(path).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def cgroup_free_bytes() -> int | None:
+    """Room left under this process's cgroup memory limit (v2, else v1); None without a limit."""
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < 2**60:  # v1 says "no limit" as ~2**63
+            return max(0, limit - usage)
+    return None
+
+
+def ram_free_bytes() -> int | None:
+    """Available RAM: /proc/meminfo's MemAvailable (Linux) or free pages, capped by the cgroup limit."""
+    free: int | None = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+                break
+    except (OSError, ValueError, IndexError):
+        pass
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            free = None
+    cg = cgroup_free_bytes()
+    if cg is not None:
+        free = cg if free is None else min(free, cg)
+    return free
+
+
+def cuda_free_bytes(indices: list[int]) -> dict[int, int]:
+    """Free bytes of each GPU, as ``torch.cuda.mem_get_info`` reports it (creates a CUDA context:
+    run it in a child process, ``gpu_free_bytes``)."""
+    import torch
+
+    return {i: int(torch.cuda.mem_get_info(i)[0]) for i in indices}
+
+
+def gpu_free_bytes(indices: list[int]) -> dict[int, int] | None:
+    """``cuda_free_bytes`` of the visible GPUs ``indices``, asked in a child process; None if it fails."""
+    code = "import json, sys; from abl.run.admission import cuda_free_bytes; " \
+           "print(json.dumps(cuda_free_bytes(json.loads(sys.argv[1]))))"
+    try:
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(indices)], capture_output=True,
+                             text=True, timeout=120, stdin=subprocess.DEVNULL)
+        return {int(k): int(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+# ---------------------------------------------------------------- admission
+
+
+def admit(cells: list[Cell], registry: Registry, *, slots: int, gpus: list[int],
+          ram_free: Callable[[], int | None] | None = None,
+          gpu_free: Callable[[list[int]], dict[int, int] | None] | None = None) -> list[str]:
+    """Messages for a set of cells that cannot fit (empty when they fit).
+
+    ``slots``: cells the executor runs at once; ``gpus``: the GPU indices it
+    hands out (empty: CPU). Raises nothing; the caller refuses or, with
+    ``--force``, warns.
+    """
+    ram_free = ram_free or ram_free_bytes
+    gpu_free = gpu_free or gpu_free_bytes
+    needs = [n for c in cells if (n := cell_need(c, registry, gpus)) is not None]
+    problems: list[str] = []
+    cpu = sorted((n for n in needs if n.device == "cpu"), key=lambda n: -n.host_bytes)
+    if cpu:
+        free = ram_free()
+        if free is not None:
+            at_once = cpu[:max(1, slots)]
+            total = sum(n.host_bytes for n in at_once)
+            alone = [n for n in cpu if n.host_bytes > free]
+            if alone:
+                problems.append(f"{len(alone)} cell(s) need more memory than this machine has free "
+                                f"({fmt(free)} RAM available):")
+                problems += [_line(n) for n in alone[:10]]
+                if len(alone) > 10:
+                    problems.append(f"  ... and {len(alone) - 10} more")
+            elif total > free and len(at_once) > 1:
+                problems.append(f"{len(at_once)} cells at once (--workers {slots}) need {fmt(total)}, more than "
+                                f"the {fmt(free)} RAM available; the largest:")
+                problems += [_line(n) for n in at_once[:10]]
+                problems.append("  pass a smaller --workers (each cell alone fits)")
+    gpu_needs = sorted((n for n in needs if n.device == "cuda"), key=lambda n: -n.per_process)
+    if gpu_needs:
+        free_by_gpu = gpu_free(gpus)
+        if free_by_gpu:
+            room = min(free_by_gpu.values())  # a cell may get any of them
+            over = [n for n in gpu_needs if n.per_process > room]
+            if over:
+                where = ", ".join(f"GPU {i}: {fmt(b)}" for i, b in sorted(free_by_gpu.items()))
+                problems.append(f"{len(over)} cell(s) need more GPU memory than is free ({where}):")
+                problems += [_line(n) for n in over[:10]]
+                if len(over) > 10:
+                    problems.append(f"  ... and {len(over) - 10} more")
+    if problems:
+        problems.append(f"(predicted peak: abl cost's est. peak, times {MEMORY_BAND[1]} for the top of its "
+                        f"calibrated band, plus {fmt(PROCESS_BYTES['cpu'])} per CPU process or "
+                        f"{fmt(PROCESS_BYTES['cuda'])} per CUDA context; make the cells smaller "
+                        f"(train.batch_size, model.context, model size) or pass --force to run anyway)")
+    return problems
+
+
+def _line(n: Need) -> str:
+    c = n.cell
+    procs = f" x {n.processes} processes" if n.processes > 1 else ""
+    return (f"  {c.label} seed={c.seed} (run {c.run_id}): predicted peak {fmt(n.predicted)}, up to "
+            f"{fmt(n.per_process)} per process{procs} on {n.device}")
+
+
+# ---------------------------------------------------------------- memory that ran out
+
+
+def oom_kills() -> int | None:
+    """How many times the kernel's OOM killer has struck in this process's cgroup (None if unknown)."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
+
+
+def check_run(cells: list[Cell], registry: Registry, runs_dir: Path, executor, retry_failed: bool) -> list[str]:
+    """``admit`` for the cells ``abl run`` will start (their folders say they run again) on a
+    local executor. Cells sent to Slurm or Ray run on other machines, whose memory abl cannot see."""
+    from ..store import rundir
+
+    if getattr(executor, "name", "local") != "local":
+        return []
+    todo = [c for c in cells
+            if rundir.runs_again((rundir.read_status(runs_dir / c.run_id) or {}).get("status"), retry_failed)]
+    gpus = list(getattr(executor, "free_gpus", [])) if getattr(executor, "use_gpus", False) else []
+    return admit(todo, registry, slots=int(getattr(executor, "slots", 1)), gpus=gpus)

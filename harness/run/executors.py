@@ -1,0 +1,357 @@
+"""Executors: where cells run. Every cell is its own worker process.
+
+All executors share one shape: the parent launches a worker per cell
+(``python -m abl.run.worker RUN_DIR``, or torchrun around it for a multi-device
+cell), watches the run folder's ``metrics.jsonl`` for progress, and calls
+``on_done`` when the worker ends; the parent then ingests the folder (it is
+the only database writer). Scale-out goes to existing engines:
+
+- ``local``: up to ``workers`` cells at once on this machine; on CUDA one cell
+  per free GPU (``CUDA_VISIBLE_DEVICES``);
+- ``slurm``: one Slurm job per cell through submitit (a requeued job resumes
+  from the cell's checkpoint); submitit's local backend runs the same path
+  without a cluster;
+- ``ray``: one Ray task per cell (``num_gpus`` per cell) on an existing
+  cluster (``address``) or a local one.
+
+Run folders must be on a file system the workers and the parent share.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..contracts.config import Cell
+from ..store import rundir
+
+
+@dataclass
+class Job:
+    cell: Cell
+    run_dir: Path
+    index: int
+    handle: Any = None  # Popen, submitit job or Ray ObjectRef
+    offset: int = 0  # bytes of metrics.jsonl already read
+    step: int = 0
+    train_loss: float | None = None
+    val_loss: float | None = None
+    returncode: int | None = None
+    killed: bool = False
+    gpus: list[int] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+
+
+def tail(job: Job) -> bool:
+    """Read new complete lines of the job's metrics file; True if the progress changed."""
+    job.offset, objs = rundir.tail_metrics(job.run_dir / rundir.METRICS, job.offset)
+    changed = False
+    for obj in objs:
+        if "train_loss" in obj:
+            job.step, job.train_loss, changed = int(obj["step"]), obj["train_loss"], True
+        if "val_loss" in obj:
+            job.val_loss = obj["val_loss"]
+    return changed
+
+
+def worker_command(run_dir: Path, devices: int) -> list[str]:
+    """The command that trains one cell: the worker, under torchrun if it spans devices."""
+    if devices <= 1:
+        return [sys.executable, "-m", "abl.run.worker", str(run_dir)]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={devices}",
+            "-m", "abl.run.worker", str(run_dir)]
+
+
+def run_worker_process(run_dir: str, devices: int = 1, env: dict[str, str] | None = None) -> int:
+    """Run one cell's worker to the end in a child process; returns its exit status.
+
+    This is what remote executors (submitit, Ray) execute: the extra process
+    keeps a crashing cell from taking the engine's own worker down.
+    """
+    path = Path(run_dir)
+    with open(path / rundir.LOG, "ab") as log:
+        proc = subprocess.Popen(worker_command(path, devices), stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+        try:
+            return proc.wait()
+        except BaseException:
+            proc.terminate()
+            proc.wait()
+            raise
+
+
+class Executor:
+    """Base: subclasses implement launch / poll / stop for one job."""
+
+    name = "base"
+    slots = 1
+
+    def __init__(self) -> None:
+        self.running: list[Job] = []
+
+    def launch(self, job: Job) -> None:
+        raise NotImplementedError
+
+    def poll(self, job: Job) -> int | None:
+        """The worker's exit status once it has ended, else None."""
+        raise NotImplementedError
+
+    def stop(self, job: Job) -> None:
+        raise NotImplementedError
+
+    def can_launch(self, job: Job) -> bool:
+        return len(self.running) < self.slots
+
+    def release(self, job: Job) -> None:
+        pass
+
+    def stop_all(self) -> None:
+        for job in self.running:
+            if job.returncode is None:
+                job.killed = True
+                self.stop(job)
+
+    def run(self, jobs: list[Job], on_progress: Callable[[Job], None], on_done: Callable[[Job], None],
+            poll_s: float = 0.2, on_launch: Callable[[Job], None] | None = None) -> None:
+        """Launch every job as a slot frees up; ``on_launch`` runs just before each launch."""
+        pending = list(jobs)
+        while pending or self.running:
+            while pending and self.can_launch(pending[0]):
+                job = pending.pop(0)
+                if on_launch is not None:
+                    on_launch(job)
+                self.launch(job)
+                self.running.append(job)
+                on_progress(job)
+            time.sleep(poll_s)
+            for job in list(self.running):
+                if tail(job):
+                    on_progress(job)
+                code = self.poll(job)
+                if code is not None:
+                    tail(job)
+                    job.returncode = code
+                    self.running.remove(job)
+                    self.release(job)
+                    on_done(job)
+
+
+def zygote_enabled() -> bool:
+    """Workers fork from a pre-imported zygote (abl.run.zygote) unless ``ABL_ZYGOTE=0``."""
+    return os.environ.get("ABL_ZYGOTE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class LocalExecutor(Executor):
+    """Cells as worker processes on this machine: ``workers`` at once, or one per free GPU.
+
+    A one-process cell's worker is forked from a zygote that has torch and the
+    plugins imported already (abl.run.zygote), so a cell does not pay seconds of
+    imports; a multi-device cell runs under torchrun as its own process tree.
+    If the zygote cannot start or fork, workers are spawned as fresh
+    processes (and ``ABL_ZYGOTE=0`` asks for that).
+    """
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None, gpus: list[int] | None = None):
+        super().__init__()
+        if gpus is None:
+            gpus = _visible_gpus()
+        self.free_gpus = list(gpus)
+        self.use_gpus = bool(gpus)
+        self.slots = max(1, workers if workers else (len(gpus) or 1))
+        self.zygote: Any = None
+        self.use_zygote = zygote_enabled()
+        self.zygote_note = ""
+
+    def _zygote(self):
+        """The running zygote, started on first use; None when workers must be spawned."""
+        if not self.use_zygote:
+            return None
+        if self.zygote is not None and self.zygote.alive:
+            return self.zygote
+        from .zygote import Zygote, ZygoteError
+
+        env = dict(os.environ)
+        if not self.use_gpus:  # Triton decides at import whether it interprets; on a CPU it must
+            env.setdefault("TRITON_INTERPRET", "1")
+        try:
+            self.zygote = Zygote(env)
+        except (ZygoteError, OSError) as exc:
+            self.use_zygote, self.zygote_note = False, f"workers spawned fresh: {exc}"
+            return None
+        return self.zygote
+
+    def run(self, jobs: list[Job], on_progress: Callable[[Job], None], on_done: Callable[[Job], None],
+            poll_s: float = 0.2, on_launch: Callable[[Job], None] | None = None) -> None:
+        try:
+            super().run(jobs, on_progress, on_done, poll_s, on_launch)
+        finally:
+            if self.zygote is not None:
+                self.zygote.close()
+                self.zygote = None
+
+    def can_launch(self, job: Job) -> bool:
+        if len(self.running) >= self.slots:
+            return False
+        need = job.cell.train.devices
+        return not self.use_gpus or len(self.free_gpus) >= need
+
+    def launch(self, job: Job) -> None:
+        env = dict(os.environ)
+        if self.use_gpus:
+            job.gpus, self.free_gpus = self.free_gpus[: job.cell.train.devices], \
+                self.free_gpus[job.cell.train.devices:]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
+        elif self.slots > 1 and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
+        zygote = self._zygote() if job.cell.train.devices <= 1 else None
+        if zygote is not None:
+            from .zygote import ZygoteError
+
+            try:
+                job.handle = zygote.spawn(job.run_dir, env)
+                job.started = time.time()
+                return
+            except ZygoteError as exc:  # spawn this one and the rest
+                self.use_zygote, self.zygote_note = False, f"workers spawned fresh: {exc}"
+        log = open(job.run_dir / rundir.LOG, "ab")
+        job.handle = subprocess.Popen(
+            worker_command(job.run_dir, job.cell.train.devices), stdout=log, stderr=log,
+            stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,  # Ctrl-C reaches the parent only; it stops the workers
+        )
+        log.close()
+        job.started = time.time()
+
+    def poll(self, job: Job) -> int | None:
+        return job.handle.poll()
+
+    def release(self, job: Job) -> None:
+        self.free_gpus = sorted(self.free_gpus + job.gpus)
+
+    def stop(self, job: Job) -> None:
+        try:
+            os.killpg(job.handle.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def stop_all(self) -> None:
+        super().stop_all()
+        deadline = time.time() + 10
+        for job in self.running:
+            try:
+                job.returncode = job.handle.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(job.handle.pid, signal.SIGKILL)
+                job.returncode = job.handle.wait()
+
+
+def _visible_gpus() -> list[int]:
+    """GPU indices this process may use, without importing torch when there is no GPU runtime."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return [i for i, v in enumerate(vis.split(",")) if v.strip() and v.strip() != "-1"]
+    try:
+        import torch
+
+        return list(range(torch.cuda.device_count()))
+    except Exception:  # noqa: BLE001
+        return []
+
+
+class _SubmititCell:
+    """What a Slurm job executes; checkpointable so a preempted job requeues and resumes."""
+
+    def __init__(self, run_dir: str, devices: int):
+        self.run_dir, self.devices = run_dir, devices
+
+    def __call__(self) -> int:
+        return run_worker_process(self.run_dir, self.devices)
+
+    def checkpoint(self, *args, **kwargs):
+        # The worker checkpoints itself (train.checkpoint_every); requeueing
+        # the same call makes the new worker resume from that checkpoint.
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(_SubmititCell(self.run_dir, self.devices))
+
+
+class SlurmExecutor(Executor):
+    """One Slurm job per cell through submitit (``cluster="local"`` runs it without Slurm)."""
+
+    name = "slurm"
+
+    def __init__(self, folder: Path, partition: str | None = None, time_min: int = 60,
+                 gpus_per_cell: int = 0, cpus_per_cell: int | None = None, max_jobs: int = 64,
+                 cluster: str | None = None):
+        super().__init__()
+        import submitit
+
+        self.slots = max_jobs
+        self.executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
+        params: dict[str, Any] = {"timeout_min": time_min}
+        if cluster != "local":
+            params["slurm_partition"] = partition
+            if gpus_per_cell:
+                params["gpus_per_node"] = gpus_per_cell
+            if cpus_per_cell:
+                params["cpus_per_task"] = cpus_per_cell
+        self.executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
+        if cluster == "local":
+            self.name = "slurm-local"
+
+    def launch(self, job: Job) -> None:
+        job.handle = self.executor.submit(_SubmititCell(str(job.run_dir), job.cell.train.devices))
+
+    def poll(self, job: Job) -> int | None:
+        if not job.handle.done():
+            return None
+        try:
+            return int(job.handle.result())
+        except Exception:  # noqa: BLE001 - the job itself failed (node loss, timeout...)
+            return 1
+
+    def stop(self, job: Job) -> None:
+        job.handle.cancel(check=False)
+
+
+class RayExecutor(Executor):
+    """One Ray task per cell, ``gpus_per_cell`` GPUs each, on ``address`` or a local Ray."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, gpus_per_cell: float = 0, cpus_per_cell: float = 1,
+                 max_tasks: int = 64):
+        super().__init__()
+        import ray
+
+        self.ray = ray
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {k: v for k, v in os.environ.items()
+                                               if k.startswith("ABL_")}})
+        self.remote = ray.remote(num_gpus=gpus_per_cell, num_cpus=cpus_per_cell, max_retries=0)(
+            run_worker_process)
+        self.slots = max_tasks
+
+    def launch(self, job: Job) -> None:
+        job.handle = self.remote.remote(str(job.run_dir), job.cell.train.devices)  # type: ignore[call-arg]
+
+    def poll(self, job: Job) -> int | None:
+        ready, _ = self.ray.wait([job.handle], timeout=0)
+        if not ready:
+            return None
+        try:
+            return int(self.ray.get(job.handle))
+        except Exception:  # noqa: BLE001 - the task itself failed
+            return 1
+
+    def stop(self, job: Job) -> None:
+        self.ray.cancel(job.handle, force=True)

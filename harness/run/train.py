@@ -1,0 +1,738 @@
+"""One training run: data, model, AdamW, warm-up + cosine schedule, precision, eval, metrics.
+
+``train`` reads as its parts: ``prepare`` the run (device, kernel backend,
+data, precision, model, optimizer), ``begin`` it (resume from a checkpoint,
+or measure and record its costs at step 0), ``train_loop`` (one
+``train_step`` per step, with memory tracking, evaluation and checkpoints),
+then the post-training evaluations (abl.run.evaluations, each switchable under
+``[eval]``) and the summary (peak memory, ``mfu``).
+
+Metrics go to a ``MetricSink`` (in the worker: an append-only JSONL file that
+is flushed as each line is written); the trainer never touches the database.
+
+Recorded names:
+- every step: train_loss, lr, grad_norm, tokens_per_s, elapsed_s (+ any a
+  component or the precision policy adds); step 2 runs under the tensor
+  tracker (harness/memory.py) and records peak_tensor_bytes and its parts
+  instead of tokens_per_s (eager cells only);
+- last step: train_tokens_per_s, the cell's true rate (every token trained
+  in the loop over the loop's wall time, evaluations and checkpoints
+  included; the per-step median of tokens_per_s is the kernel-speed figure);
+- with train.compile: compile_s (before the first step, apart from every
+  step time);
+- every evaluation: val_loss, and val_bpb (bits per byte) when the data says which bytes
+  its tokens cover (on a task dataset, the loss on its marked positions, plus the
+  task's accuracy metrics: abl.data.tasks);
+- once: n_params, n_params_non_embedding and the measured/predicted costs
+  (step 0); the post-training evaluations' metrics, peak_mem_bytes,
+  baseline_rss_bytes, wall_s and mfu (last step);
+- last step, what the machine gave the loop (``LoopShare``): cpu_util, the
+  process's CPU seconds over the loop / (the loop's wall seconds x the torch
+  threads the run was given), and load_per_core, the mean 1-minute load
+  average sampled at the loop's start, each evaluation step and its end, over
+  the CPU count. At ingest they become ``contended`` (abl.analysis.health).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+
+from ..analysis.health import unigram_floor
+from ..contracts.config import Cell
+from ..contracts.precision import Precision
+from ..contracts.registry import Registry
+from ..data.corpus import Batches, TokenData, bits_per_byte
+from ..data.tasks import Task
+from ..kernels import KernelBackend
+from ..kernels import resolve as resolve_kernels
+from ..model.decoder import DecoderLM, ForwardContext
+from ..model.memory import StepMemory, step_memory
+from ..model.shapecache import ShapeCache, shape_key
+from ..store.provenance import device_name
+from .evaluations import TrainedRun, run_evaluations
+from .taskdata import make_batches, task_metrics
+
+
+class Diverged(Exception):
+    """The loss became non-finite or exceeded ``train.diverge_loss``."""
+
+
+class MetricSink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"train.device={name!r} but no CUDA device is available")
+    return dev
+
+
+def lr_at(step: int, cfg) -> float:
+    """Linear warm-up to lr over warmup_steps, then cosine down to lr * min_lr_ratio."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not norms, biases, gains, scalars)."""
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
+    seen: set[int] = set()
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+
+
+def cpu_peak_rss_bytes() -> int:
+    """Peak resident set size of this process (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@torch.no_grad()
+def evaluate(model: DecoderLM, batches: Batches, n_batches: int, precision: Precision,
+             device: torch.device) -> float:
+    """Mean cross-entropy over the first ``n_batches`` validation batches (the same for every cell)."""
+    model.eval()
+    total = 0.0
+    for x, y in batches.val_batches(n_batches):
+        x, y = x.to(device), y.to(device)
+        with precision.autocast(device):
+            ctx = ForwardContext(position=model.position)
+            model(x, y, ctx)
+        total += float(ctx.metrics["ce_loss"])
+    model.train()
+    return total / n_batches
+
+
+def save_checkpoint(path: Path, step: int, model, optimizer, precision: Precision,
+                    data_states: list[torch.Tensor]) -> None:
+    """Everything needed to continue bit-for-bit: written to a temp file, then renamed.
+
+    ``data_states`` holds the data-order generator state of every rank.
+    """
+    import random
+
+    import numpy as np
+
+    state = {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "precision": precision.state_dict(),
+        "data_rng": data_states,
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "numpy_rng": np.random.get_state(),
+        "python_rng": random.getstate(),
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, model, optimizer, precision: Precision, batches: Batches, rank: int = 0) -> int:
+    """Restore a checkpoint written by save_checkpoint; returns its step."""
+    import random
+
+    import numpy as np
+
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    precision.load_state_dict(state["precision"])
+    batches.gen.set_state(state["data_rng"][rank])
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    np.random.set_state(state["numpy_rng"])
+    random.setstate(state["python_rng"])
+    return int(state["step"])
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of the checkpoint at ``path`` (None if there is none or it is unreadable)."""
+    if not path.exists():
+        return None
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=False)["step"])
+    except Exception:  # noqa: BLE001 - a torn checkpoint is as good as none
+        return None
+
+
+def mfu_peak(device: torch.device, precision: Precision, world: int) -> float | None:
+    """The peak FLOP/s MFU divides by: the device's, in the format the policy's matmuls
+    run in (after ``precision.setup``), times the processes of the cell; None if unknown."""
+    from ..store.provenance import peak_flops
+
+    peak = peak_flops(device, precision.peak_format())
+    return float(peak * world) if peak else None
+
+
+def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batches, precision: Precision,
+                  device: torch.device, world: int, counted: float | None = None) -> dict[str, float]:
+    """FLOPs of one training step counted by torch (on a validation batch, so the
+    training data order is untouched; ``counted``: the count of an identical
+    shape, abl.model.shapecache), the device peak used for MFU, and the cost model's
+    predictions. A ``_note`` entry says why predictions are missing."""
+    from ..model.flops import count_step_flops
+
+    if counted is None:
+        x, y = next(iter(batches.val_batches(1)))
+        x, y = x.to(device), y.to(device)
+        measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, need_logits=False),
+                                    lambda: precision.autocast(device))
+        counted = float(measured * world)
+    out: dict[str, float] = {"flops_per_step_measured": counted}
+    peak = mfu_peak(device, precision, world)
+    if peak is not None:
+        out["device_peak_flops"] = peak
+    from ..contracts.registry import RegistryError
+    from ..model.costmodel import predict
+
+    try:
+        pred = predict(cell, registry, vocab_size=cell.model.vocab_size)
+    except RegistryError as exc:  # a component without a cost model: say so, record the rest
+        out["_note"] = f"no cost prediction: {exc}"  # type: ignore[assignment]
+        return out
+    out["flops_per_step_predicted"] = float(pred["flops_per_step"])
+    out["useful_flops_per_step"] = float(pred["useful_flops_per_step"])
+    out["n_params_predicted"] = float(pred["n_params"])
+    return out
+
+
+def _to_float(v: Any) -> float:
+    return float(v.item()) if isinstance(v, torch.Tensor) else float(v)
+
+
+class Distributed:
+    """DDP bookkeeping for a cell spanning several processes (torchrun sets WORLD_SIZE).
+
+    One process per GPU with NCCL on CUDA, gloo on CPU. ``train.batch_size`` is
+    the global batch: each rank draws ``batch_size / world`` sequences from its
+    own seeded stream. Only rank 0 evaluates, logs and checkpoints. With one
+    process every method is a no-op.
+    """
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.enabled = self.world > 1
+        self.is_main = self.rank == 0
+
+    def setup(self, device: torch.device) -> torch.device:
+        if not self.enabled:
+            return device
+        import torch.distributed as dist
+
+        if device.type == "cuda":
+            device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return device
+
+    def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        if not self.enabled:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    def mean(self, value: float, device: torch.device) -> float:
+        if not self.enabled:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return float(t.item()) / self.world
+
+    def gather(self, obj: Any) -> list[Any]:
+        if not self.enabled:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        if self.enabled:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+
+class Compiled(torch.nn.Module):
+    """``train.compile``: the training forward (model and loss) through ``torch.compile``.
+
+    The model's kernel backend is activated outside the compiled region, and the
+    backend queries (``abl.kernels.active`` / ``use_triton``) are constants to
+    dynamo: a cell's backend is fixed for its whole run. Evaluation, decoding
+    and FLOP counting call the eager model.
+    """
+
+    def __init__(self, core: DecoderLM):
+        super().__init__()
+        from abl import kernels
+
+        for query in (kernels.active, kernels.use_triton):
+            torch.compiler.assume_constant_result(query)
+        self.core = core
+        self.compiled = torch.compile(core._forward)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, ctx: ForwardContext | None = None):
+        with self.core.kernel_backend.activate():
+            return self.compiled(idx, targets, ctx)
+
+
+def compile_warmup(run: TrainingRun) -> float:
+    """Compile before the first timed step: one forward and backward on a validation
+    batch, after which the model, its gradients and every RNG are as they were.
+    Returns the seconds it took (``compile_s``)."""
+    import random
+
+    import numpy as np
+
+    t0 = time.perf_counter()
+    saved_model = {k: v.detach().clone() for k, v in run.core.state_dict().items()}
+    saved_precision = run.precision.state_dict()
+    rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+           np.random.get_state(), random.getstate())
+    x, y = next(iter(run.batches.val_batches(1)))
+    x, y = x[: run.batches.batch_size].to(run.device), y[: run.batches.batch_size].to(run.device)
+    ctx = ForwardContext(position=run.core.position, need_logits=False)
+    with run.precision.autocast(run.device):
+        _, loss, _ = run.model(x, y, ctx)
+    loss.backward()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.core.load_state_dict(saved_model)
+    run.precision.load_state_dict(saved_precision)
+    torch.set_rng_state(rng[0])
+    if rng[1] is not None:
+        torch.cuda.set_rng_state_all(rng[1])
+    np.random.set_state(rng[2])
+    random.setstate(rng[3])
+    run.synchronize()
+    return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- one run, in parts
+
+
+class LoopShare:
+    """What the machine gave the training loop: CPU seconds per thread-second, and the load."""
+
+    def __init__(self) -> None:
+        self.threads = max(1, torch.get_num_threads())
+        self.loads: list[float] = []
+        self.t0, self.cpu0 = time.perf_counter(), time.process_time()
+        self.sample()
+
+    def sample(self) -> None:
+        try:
+            self.loads.append(float(os.getloadavg()[0]))
+        except (OSError, AttributeError):  # no load average on this platform
+            pass
+
+    def metrics(self) -> dict[str, float]:
+        """``cpu_util`` and ``load_per_core`` of the loop so far (the end's load sampled now)."""
+        self.sample()
+        wall, cpu = time.perf_counter() - self.t0, time.process_time() - self.cpu0
+        out: dict[str, float] = {}
+        if wall > 0:
+            out["cpu_util"] = cpu / (wall * self.threads)
+        if self.loads:
+            out["load_per_core"] = sum(self.loads) / len(self.loads) / (os.cpu_count() or 1)
+        return out
+
+
+@dataclass
+class TrainingRun:
+    """Everything one training run holds, built by ``prepare``."""
+
+    cell: Cell
+    registry: Registry
+    dist: Distributed
+    device: torch.device
+    kernels: KernelBackend
+    data: TokenData | Task
+    precision: Precision
+    core: DecoderLM  # the model itself
+    model: torch.nn.Module  # what a training step calls: ``core``, or ``core`` wrapped for DDP
+    optimizer: torch.optim.Optimizer
+    batches: Batches
+    baseline_rss_bytes: int
+    shapes: ShapeCache = field(default_factory=lambda: ShapeCache(None, ""))
+    notes: list[str] = field(default_factory=list)
+    share: dict[str, float] = field(default_factory=dict)  # LoopShare.metrics of the loop
+    params: list[torch.nn.Parameter] = field(init=False)  # what the optimizer steps and grad clipping sees
+
+    def __post_init__(self) -> None:
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.batches.next_train()
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def synchronize(self) -> None:
+        """Wait for the device, so a step's wall time is the step's."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def load_data(cell: Cell, registry: Registry) -> TokenData | Task:
+    """The cell's tokens (mapped from the token store the parent prepared) or its task (a
+    generator of examples, abl.data.tasks), checked against the context; fills ``model.vocab_size``
+    when it is 0."""
+    from ..data.tasks import is_task_factory
+    from ..data.tokenstore import cell_tokens
+
+    mc = cell.model
+    ds = cell.components["dataset"]
+    factory = registry.get("dataset", ds["name"]).factory
+    data: TokenData | Task = factory(**ds["params"]) if is_task_factory(factory) else cell_tokens(cell, registry)
+    data.check(mc.context)
+    if mc.vocab_size == 0:
+        mc.vocab_size = data.vocab_size
+    elif mc.vocab_size < data.vocab_size:
+        raise ValueError(f"model.vocab_size={mc.vocab_size} < the dataset's {data.vocab_size}")
+    return data
+
+
+def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> TrainingRun:
+    """Device, kernel backend, seeds, data, precision, model, optimizer, batches: ready for step 1."""
+    tc, mc = cell.train, cell.model
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    dist = Distributed()
+    device = dist.setup(resolve_device(tc.device))
+    # before anything imports triton: on CPU it may switch the interpreter on
+    kernels = resolve_kernels(tc.kernels, device)
+    seed_everything(cell.seed)
+    torch.use_deterministic_algorithms(tc.deterministic, warn_only=False)
+    data = load_data(cell, registry)
+    pc = cell.components["precision"]
+    precision: Precision = registry.get("precision", pc["name"]).factory(**pc["params"])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    baseline_rss = cpu_peak_rss_bytes()
+    core = DecoderLM(mc, cell.components, registry, kernel_backend=kernels).to(device)
+    precision.setup(core, device)
+    optimizer = make_optimizer(core, tc)
+    model = Compiled(core) if tc.compile else dist.wrap(core, device)
+    run = TrainingRun(cell=cell, registry=registry, dist=dist, device=device, kernels=kernels, data=data,
+                      precision=precision, core=core, model=model, optimizer=optimizer,
+                      batches=make_batches(data, mc.context, tc.batch_size // dist.world, cell.seed,
+                                           stream=dist.rank),
+                      baseline_rss_bytes=baseline_rss,
+                      shapes=ShapeCache(shape_cache, shape_key(cell, tc.batch_size // dist.world, dist.world,
+                                                               kernels.name, device_name(device),
+                                                               torch.__version__)))
+    if kernels.interpreted:
+        run.notes.append("Triton kernels ran in the Triton interpreter on CPU (a correctness path: its "
+                         "timings say nothing about the kernels' speed)")
+    return run
+
+
+def run_info(run: TrainingRun) -> dict[str, Any]:
+    """The environment stored with the run (info.json)."""
+    device, mc = run.device, run.cell.model
+    return {
+        "device": device_name(device),
+        "device_type": device.type,
+        "kernels": run.kernels.name,
+        "data_fingerprint": run.data.fingerprint,
+        "data_description": run.data.description,
+        "tokenizer": run.data.tokenizer,
+        # tokenizer params and fingerprint, corpus fingerprint, token store entry (a task has none)
+        **(run.data.meta if isinstance(run.data, TokenData) else {}),
+        "vocab_size": mc.vocab_size,
+        # abl.analysis.health; a task's loss is on its answer positions only, where a unigram floor means nothing
+        "unigram_floor": unigram_floor(run.data.train, run.data.val, mc.vocab_size)
+        if isinstance(run.data, TokenData) else None,
+        "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss",
+        "device_count": torch.cuda.device_count() if device.type == "cuda" else 1,
+        "processes": run.dist.world,
+        "shape_cache": {part: "reused" if run.shapes.has(part) else "measured" for part in ("flops", "memory")},
+        "seed": run.cell.seed,
+        "determinism": {
+            "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "data_order": "depends only on the seed (and train.devices)",
+        },
+        **run.precision.info(),
+    }
+
+
+def begin(run: TrainingRun, sink: MetricSink, checkpoint_path: Path | None) -> tuple[int, dict[str, float]]:
+    """Resume from the checkpoint at ``checkpoint_path`` if there is one; else measure the
+    run's costs and record them with the parameter counts at step 0.
+
+    Returns (the first step to run, the costs). A resumed run recorded its costs
+    when it started; it gets back the two that ``mfu`` needs, without recording them again.
+    """
+    if checkpoint_path is not None and checkpoint_path.exists():
+        step = load_checkpoint(checkpoint_path, run.core, run.optimizer, run.precision, run.batches, run.dist.rank)
+        return step + 1, mfu_costs(run)
+    cached = run.shapes.get("flops")
+    costs = measure_costs(run.core, run.cell, run.registry, run.batches, run.precision, run.device, run.dist.world,
+                          counted=cached["flops_per_step_measured"] if cached else None)
+    if cached is None:
+        run.shapes.put("flops", {"flops_per_step_measured": costs["flops_per_step_measured"]})
+    if "_note" in costs:
+        run.notes.append(str(costs.pop("_note")))
+    sink.log(0, {"n_params": run.core.n_params(), "n_params_non_embedding": run.core.n_params(non_embedding=True),
+                 **costs})
+    return 1, costs
+
+
+def mfu_costs(run: TrainingRun) -> dict[str, float]:
+    """useful_flops_per_step and device_peak_flops, as ``measure_costs`` gives them, without the flop count."""
+    from ..contracts.registry import RegistryError
+    from ..model.costmodel import predict
+
+    out: dict[str, float] = {}
+    peak = mfu_peak(run.device, run.precision, run.dist.world)
+    if peak is not None:
+        out["device_peak_flops"] = peak
+    try:
+        out["useful_flops_per_step"] = float(predict(run.cell, run.registry, vocab_size=run.cell.model.vocab_size)
+                                             ["useful_flops_per_step"])
+    except RegistryError:
+        pass
+    return out
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    return lr
+
+
+def train_step(run: TrainingRun, x: torch.Tensor, y: torch.Tensor, step: int, lr: float,
+               sink: MetricSink) -> tuple[float, dict[str, Any], ForwardContext]:
+    """Forward, divergence check, backward, optimizer step.
+
+    Returns (the training loss averaged over ranks, the precision policy's step
+    metrics, the forward's context). Raises Diverged after recording the loss.
+    """
+    tc = run.cell.train
+    ctx = ForwardContext(position=run.core.position, need_logits=False)
+    with run.precision.autocast(run.device):
+        _, loss, ctx = run.model(x, y, ctx)
+    train_loss = run.dist.mean(_to_float(ctx.metrics["ce_loss"]), run.device)
+    if not math.isfinite(train_loss) or train_loss > tc.diverge_loss:
+        sink.log(step, {"train_loss": train_loss, "lr": lr})
+        raise Diverged(f"diverged at step {step}: train_loss={train_loss}")
+    run.optimizer.zero_grad(set_to_none=True)
+    run.precision.backward(loss)
+    return train_loss, run.precision.step(run.optimizer, run.params, tc.grad_clip), ctx
+
+
+def memory_tracked(run: TrainingRun, step: int) -> bool:
+    """Is ``step`` the one run under the tensor-memory tracker? The second (the optimizer
+    state exists by then), in single-process eager cells only (a compiled step's
+    memory is inductor's, not the eager model's the cost model predicts)."""
+    return run.dist.world == 1 and not run.cell.train.compile and step == min(2, run.cell.train.steps)
+
+
+def memory_metrics(mem: StepMemory | None, notes: list[str]) -> dict[str, float]:
+    """peak_tensor_bytes and its non-zero parts; a note when the tracker could not run."""
+    if mem is None:
+        return {}
+    if mem.peak is None:
+        if mem.why:
+            notes.append(mem.why)
+        return {}
+    return {"peak_tensor_bytes": mem.peak,
+            **{f"peak_tensor_{k}_bytes": v for k, v in mem.breakdown.items() if v}}
+
+
+def reported_metrics(step_metrics: dict[str, Any], ctx: ForwardContext) -> dict[str, float]:
+    """What the precision policy and the components reported for a step (aux losses summed)."""
+    row = {k: _to_float(v) for k, v in step_metrics.items()}
+    row.update({k: _to_float(v) for k, v in ctx.metrics.items() if k != "ce_loss"})
+    if len(ctx.aux_losses):
+        row["aux_loss"] = sum(_to_float(v) for v in ctx.aux_losses.values())
+    return row
+
+
+def maybe_checkpoint(run: TrainingRun, checkpoint_path: Path | None, step: int) -> None:
+    """Every ``train.checkpoint_every`` steps but the last (the finished run needs none)."""
+    every, last = run.cell.train.checkpoint_every, run.cell.train.steps
+    if checkpoint_path is None or not every or step % every or step >= last:
+        return
+    data_states = run.dist.gather(run.batches.gen.get_state())  # every rank takes part
+    if run.dist.is_main:
+        save_checkpoint(checkpoint_path, step, run.core, run.optimizer, run.precision, data_states)
+
+
+def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: float,
+               checkpoint_path: Path | None) -> list[float]:
+    """Steps ``start_step`` .. ``train.steps``; returns the wall times of the steps timed for throughput."""
+    tc = run.cell.train
+    tokens_per_step = tc.batch_size * run.cell.model.context
+    step_times: list[float] = []
+    run.model.train()
+    if tc.compile and start_step <= tc.steps:
+        sink.log(start_step - 1, {"compile_s": compile_warmup(run)})
+    cached_memory = run.shapes.get("memory") if any(
+        memory_tracked(run, s) for s in range(start_step, tc.steps + 1)) else None
+    t_loop = time.perf_counter()
+    share = LoopShare()
+    for step in range(start_step, tc.steps + 1):
+        t0 = time.perf_counter()
+        lr = set_lr(run.optimizer, lr_at(step - 1, tc))
+        x, y = run.next_batch()
+        tracked = memory_tracked(run, step) and cached_memory is None
+        with step_memory(tracked, run.core, run.optimizer, x, y) as mem:
+            train_loss, step_metrics, ctx = train_step(run, x, y, step, lr, sink)
+        run.synchronize()
+        dt = time.perf_counter() - t0
+        row = {"train_loss": train_loss, "lr": lr, "elapsed_s": time.perf_counter() - t_start}
+        if tracked:  # the tracker slows the step: it gives no throughput figure
+            measured = memory_metrics(mem, run.notes)
+            run.shapes.put("memory", measured)
+            row.update(measured)
+        else:
+            if cached_memory is not None and memory_tracked(run, step):
+                row.update(cached_memory)  # an identical shape's tracked step (abl.model.shapecache)
+            step_times.append(dt)
+            row["tokens_per_s"] = tokens_per_step / dt
+        row.update(reported_metrics(step_metrics, ctx))
+        if step % tc.eval_every == 0:
+            share.sample()
+        if run.dist.is_main and (step % tc.eval_every == 0 or step == tc.steps):
+            row["val_loss"] = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device)
+            bpb = bits_per_byte(row["val_loss"], run.batches.val_target_counts(tc.eval_batches)) \
+                if getattr(run.batches, "val_bytes", None) is not None else None  # a task's batches: no text
+            if bpb is not None:
+                row["val_bpb"] = bpb
+            row.update(task_metrics(run.core, run.batches, tc.eval_batches, run.precision, run.device,
+                                    run.cell.data.dataset))
+        if step == tc.steps:  # the cell's true rate: every token of the loop over its wall time
+            row["train_tokens_per_s"] = (tc.steps - start_step + 1) * tokens_per_step / (time.perf_counter() - t_loop)
+        sink.log(step, row)
+        maybe_checkpoint(run, checkpoint_path, step)
+    if start_step <= tc.steps:
+        run.share = share.metrics()
+    return step_times
+
+
+def post_training(run: TrainingRun, sink: MetricSink) -> None:
+    """The switched-on post-training evaluations (rank 0), logged at the last step."""
+    if not run.dist.is_main:
+        return
+    trained = TrainedRun(model=run.core, cell=run.cell, registry=run.registry, batches=run.batches,
+                         precision=run.precision, device=run.device)
+    metrics, notes = run_evaluations(trained, run.cell.eval)
+    if metrics:
+        sink.log(run.cell.train.steps, metrics)
+    run.notes += notes
+
+
+def peak_mem_bytes(device: torch.device) -> int:
+    """CUDA's peak allocated bytes, or on CPU the process's peak resident set (README: What is recorded)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return cpu_peak_rss_bytes()
+
+
+def mfu(costs: dict[str, float], step_times: list[float]) -> float | None:
+    """Model FLOPs utilisation: variant-aware useful FLOPs per step over the median step
+    time, over the device peak. None without a prediction, a device peak or a timed step."""
+    useful, peak = costs.get("useful_flops_per_step"), costs.get("device_peak_flops")
+    if not (useful and peak and step_times):
+        return None
+    median_dt = sorted(step_times)[len(step_times) // 2]
+    return useful / median_dt / peak
+
+
+def train(cell: Cell, registry: Registry, sink: MetricSink,
+          on_info: Callable[[dict], None] | None = None,
+          checkpoint_path: Path | None = None, shape_cache: Path | None = None) -> dict[str, Any]:
+    """Train one cell. Returns the once-per-run summary. Raises Diverged.
+
+    ``summary["notes"]`` lists human-readable remarks about the run (e.g. an
+    evaluation that could not run and why); the worker stores them with it.
+
+    With ``train.checkpoint_every`` and a ``checkpoint_path``, the full
+    training state (model, optimizer, precision, RNGs, data order, step) is
+    saved atomically every N steps, and training resumes from it if the file
+    exists when ``train`` starts.
+
+    ``shape_cache``: a folder of abl.model.shapecache entries (the worker passes its
+    store's); FLOP counting and memory tracking are then done once per model
+    shape and reused.
+    """
+    t_start = time.perf_counter()
+    run = prepare(cell, registry, shape_cache)
+    try:
+        if on_info and run.dist.is_main:
+            on_info(run_info(run))
+        start_step, costs = begin(run, sink, checkpoint_path)
+        step_times = train_loop(run, sink, start_step, t_start, checkpoint_path)
+        post_training(run, sink)
+        summary: dict[str, Any] = {
+            "n_params": run.core.n_params(),
+            "peak_mem_bytes": peak_mem_bytes(run.device),
+            "baseline_rss_bytes": run.baseline_rss_bytes,
+            "wall_s": time.perf_counter() - t_start,
+            **run.share,
+        }
+        utilisation = mfu(costs, step_times)
+        if utilisation is not None and utilisation > 1 and run.device.type == "cpu":
+            # the cached CPU peak was measured while the machine was busier than now: measure it again
+            from ..store.cpupeak import matmul_flops
+
+            fresh = matmul_flops(run.precision.peak_format(), refresh=True)
+            if fresh:
+                costs["device_peak_flops"] = fresh * run.dist.world
+                utilisation = mfu(costs, step_times)
+                sink.log(cell.train.steps, {"device_peak_flops": costs["device_peak_flops"]})
+        if utilisation is not None and utilisation > 1:  # never stored: a peak that does not hold
+            run.notes.append(f"mfu not recorded: {utilisation:.3f} exceeds 1, so the device peak "
+                             f"({costs.get('device_peak_flops', 0):.3g} FLOP/s) does not hold on this machine")
+        elif utilisation is not None:
+            summary["mfu"] = utilisation
+        # n_params was recorded at step 0; the summary row carries only what is new
+        sink.log(cell.train.steps, {k: v for k, v in summary.items() if k != "n_params"})
+        summary["notes"] = run.notes
+        return summary
+    finally:
+        run.dist.close()

@@ -1,0 +1,327 @@
+"""The DuckDB store: schema, numbered migrations, ingest of run folders, queries.
+
+Only one process writes the database: the ``abl run`` parent (or ``abl
+ingest``). Workers write run folders (see harness/rundir.py); the folders are
+the source of truth and the database can be rebuilt from them with
+``abl ingest``. Connections are opened briefly so readers are not blocked for
+long.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import duckdb
+
+from ..analysis import health
+from . import rundir
+
+# Each migration runs once, in order, inside a transaction; never edit one
+# that has shipped: append a new one.
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (1, "runs and metrics", """
+        CREATE TABLE runs (
+            run_id VARCHAR PRIMARY KEY,
+            experiment VARCHAR NOT NULL,
+            cell_key VARCHAR,
+            label VARCHAR,
+            seed INTEGER,
+            status VARCHAR NOT NULL,
+            config JSON,
+            started TIMESTAMP,
+            finished TIMESTAMP,
+            git_commit VARCHAR,
+            versions JSON,
+            device VARCHAR,
+            env JSON,
+            data_fingerprint VARCHAR,
+            grid_file VARCHAR,
+            notes VARCHAR,
+            error VARCHAR
+        );
+        CREATE TABLE metrics (
+            run_id VARCHAR NOT NULL,
+            step INTEGER NOT NULL,
+            name VARCHAR NOT NULL,
+            value DOUBLE
+        );
+        CREATE INDEX metrics_run ON metrics (run_id, name);
+    """),
+    (3, "resume bookkeeping", """
+        ALTER TABLE runs ADD COLUMN attempts INTEGER DEFAULT 1;
+        ALTER TABLE runs ADD COLUMN code_changed BOOLEAN DEFAULT false;
+        ALTER TABLE runs ADD COLUMN executor VARCHAR
+    """),
+    (5, "kernel benchmarks", """
+        CREATE TABLE bench (
+            bench_id VARCHAR NOT NULL,
+            created TIMESTAMP,
+            op VARCHAR NOT NULL,
+            provider VARCHAR NOT NULL,
+            shape VARCHAR,
+            dtype VARCHAR,
+            pass VARCHAR,
+            p20 DOUBLE,
+            p50 DOUBLE,
+            p80 DOUBLE,
+            gbps DOUBLE,
+            tflops DOUBLE,
+            peak_fraction DOUBLE,
+            peak_basis VARCHAR,
+            device VARCHAR,
+            versions JSON,
+            git_commit VARCHAR,
+            timing VARCHAR,
+            notes VARCHAR
+        );
+        CREATE INDEX bench_op ON bench (op, provider)
+    """),
+]
+
+class StoreError(Exception):
+    """The database cannot be opened or migrated (reported to the user)."""
+
+
+def is_lock_conflict(exc: Exception) -> bool:
+    """DuckDB's own file lock is held by another process (a reader such as the dashboard)."""
+    return "Could not set lock" in str(exc) or "Conflicting lock" in str(exc)
+
+
+def connect(path: str | Path, read_only: bool = False, retries: int = 50) -> duckdb.DuckDBPyConnection:
+    """Open the database, retrying briefly while another process holds DuckDB's file lock.
+
+    Any other failure (a folder, a file that is not a database, no such
+    folder) is reported at once.
+    """
+    p = Path(path)
+    if not read_only:
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the folder of database {path}: {exc.strerror or exc}") from None
+    last: Exception | None = None
+    for _ in range(retries):
+        try:
+            return duckdb.connect(str(p), read_only=read_only)
+        except duckdb.IOException as exc:
+            if not is_lock_conflict(exc):
+                raise StoreError(f"cannot open database {path}: {exc}") from None
+            last = exc
+            time.sleep(0.1)
+    raise StoreError(f"cannot open database {path}: {last}")
+
+
+def applied_versions(con) -> set[int]:
+    con.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP)")
+    return {int(r[0]) for r in con.execute("SELECT version FROM schema_migrations").fetchall()}
+
+
+def migrate(con) -> int:
+    """Apply every migration not applied yet, in version order; returns the schema version."""
+    done = applied_versions(con)
+    current = max(done, default=0)
+    for version, name, sql in sorted(MIGRATIONS):
+        if version in done:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for stmt in [s for s in sql.split(";") if s.strip()]:
+                con.execute(stmt)
+            con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                        [version, name, datetime.now(timezone.utc).replace(tzinfo=None)])
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        current = max(current, version)
+    return current
+
+
+def open_store(path: str | Path) -> duckdb.DuckDBPyConnection:
+    con = connect(path)
+    migrate(con)
+    return con
+
+
+# ---------------------------------------------------------------- run folders
+
+
+def _ts(t: float | None) -> datetime | None:
+    return None if t is None else datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None)
+
+
+def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
+    """Copy one run folder into the store (idempotent). Returns the run's status."""
+    config = rundir.read_json(run_dir / rundir.CONFIG)
+    if not isinstance(config, dict) or not {"experiment", "seed"} <= set(config):
+        raise StoreError(f"{run_dir}: no readable config.json; not a run folder")
+    meta = rundir.read_json(run_dir / rundir.META, {})
+    status = rundir.read_status(run_dir) or {"status": rundir.QUEUED}
+    info = rundir.read_json(run_dir / rundir.INFO, {})
+    state = status_override or status.get("status", rundir.QUEUED)
+    run_id = run_dir.name
+    scan = rundir.scan_metrics(run_dir / rundir.METRICS)
+    rows = scan.rows
+    # unigram floor, did_not_learn, loss spikes, contended (from load_per_core and cpu_util): abl.analysis.health
+    rows += health.derived_rows(rows, info)
+    error = status.get("error")
+    damage = None
+    if state == rundir.COMPLETED:
+        problems = rundir.check_complete(scan, _int(config.get("train", {}).get("steps")))
+        if problems:
+            state = rundir.INCOMPLETE
+            error = ("the worker completed, but its run folder is not whole: " + "; ".join(problems)
+                     + f". Repair {run_dir / rundir.METRICS} and run abl ingest, or run the grid again")
+    elif scan.damaged_lines:
+        damage = f"metrics.jsonl: {len(scan.damaged_lines)} damaged line(s) skipped"
+    notes = "; ".join(n for n in (meta.get("notes"), status.get("notes"), damage) if n) or None
+    seed = config["seed"]
+    if not isinstance(seed, int) or not INT32[0] <= seed <= INT32[1]:
+        raise StoreError(f"{run_dir}: seed {seed!r} does not fit the store's INTEGER column")
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
+        con.execute(
+            "INSERT INTO runs (run_id, experiment, cell_key, label, seed, status, config, started,"
+            " finished, git_commit, versions, device, env, data_fingerprint, grid_file, notes, error,"
+            " attempts, code_changed, executor)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [run_id, config["experiment"], meta.get("cell_key"), meta.get("label"), config["seed"], state,
+             json.dumps(config, sort_keys=True), _ts(status.get("started")), _ts(status.get("finished")),
+             meta.get("git_commit"), json.dumps(meta.get("versions", {}), sort_keys=True),
+             info.get("device"), json.dumps(info, sort_keys=True), info.get("data_fingerprint"),
+             meta.get("grid_file"), notes, error, meta.get("attempts", 1),
+             bool(meta.get("code_changed", False)), meta.get("executor")],
+        )
+        con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
+        if rows:
+            steps, names, values = zip(*rows)
+            con.execute(
+                "INSERT INTO metrics SELECT ?, s, n, v FROM "
+                "(SELECT unnest(?) AS s, unnest(?) AS n, unnest(?) AS v)",
+                [run_id, list(steps), list(names), list(values)],
+            )
+        con.execute("COMMIT")
+    except duckdb.Error as exc:
+        con.execute("ROLLBACK")
+        raise StoreError(f"{run_dir}: cannot store the run: {exc}") from None
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    return state
+
+
+# the range of the store's INTEGER columns (runs.seed, runs.attempts, metrics.step)
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def ingest_dirs(db_path: str | Path, run_dirs: Iterable[Path]) -> dict[str, str]:
+    con = open_store(db_path)
+    try:
+        return {d.name: ingest_run(con, d) for d in run_dirs}
+    finally:
+        con.close()
+
+
+# ---------------------------------------------------------------- queries
+
+
+def statuses(db_path: str | Path, run_ids: list[str]) -> dict[str, str]:
+    """Status of each given run id that is in the store (read-only; empty if no store)."""
+    if not Path(db_path).exists() or not run_ids:
+        return {}
+    con = connect(db_path, read_only=True)
+    try:
+        if "runs" not in {r[0] for r in con.execute("SHOW TABLES").fetchall()}:
+            return {}
+        rows = con.execute("SELECT run_id, status FROM runs WHERE list_contains(?, run_id)",
+                           [run_ids]).fetchall()
+        return dict(rows)
+    finally:
+        con.close()
+
+
+# A run's final value of a metric: the value logged at its highest step (a resumed run
+# stores each step once, so the highest step is the last one written).
+FINAL_VALUE = "arg_max(value, step)"
+# the highest step a metric was logged at
+LAST_STEP = "max(step)"
+
+
+def final_values_sql(where: str = "TRUE", *, metrics: str = "metrics", agg: str = FINAL_VALUE) -> str:
+    """A query of ``(run_id, name, value)``: one row per run and metric among the rows matching ``where``.
+
+    ``value`` is the run's final value of the metric, or ``agg`` of its rows
+    (e.g. ``median(value)``, ``LAST_STEP``). ``metrics``: the table or
+    subquery to read (the dashboard passes one that adds running cells' rows).
+    """
+    return f"SELECT run_id, name, {agg} AS value FROM {metrics} WHERE {where} GROUP BY run_id, name"
+
+
+SUMMARY_SQL = f"""
+WITH final_val AS (
+    SELECT run_id, value AS val_loss FROM ({final_values_sql("name = 'val_loss'")})
+), final_bpb AS (
+    SELECT run_id, value AS val_bpb FROM ({final_values_sql("name = 'val_bpb'")})
+), speed AS (
+    SELECT run_id, median(value) AS tokens_per_s FROM metrics
+    WHERE name = 'tokens_per_s' GROUP BY run_id
+), compiled AS (
+    SELECT run_id, max(value) AS compile_s FROM metrics WHERE name = 'compile_s' GROUP BY run_id
+), true_rate AS (
+    SELECT run_id, value AS train_tokens_per_s FROM ({final_values_sql("name = 'train_tokens_per_s'")})
+), mem AS (
+    SELECT run_id, max(value) AS peak_mem_bytes FROM metrics
+    WHERE name = 'peak_mem_bytes' GROUP BY run_id
+), decode AS (
+    SELECT run_id,
+           max(value) FILTER (WHERE name = 'kv_bytes_per_token') AS kv_bytes_per_token,
+           max(value) FILTER (WHERE name = 'decode_tokens_per_s') AS decode_tokens_per_s
+    FROM metrics WHERE name IN ('kv_bytes_per_token', 'decode_tokens_per_s') GROUP BY run_id
+)
+SELECT r.cell_key, any_value(r.label) AS label,
+       count(*) AS runs,
+       count(*) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS completed,
+       count(*) FILTER (WHERE list_contains($not_completed, r.status)) AS not_completed,
+       string_agg(DISTINCT r.status, ',') AS statuses,
+       avg(v.val_loss) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_loss_mean,
+       stddev_samp(v.val_loss) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_loss_std,
+       avg(b.val_bpb) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_bpb_mean,
+       stddev_samp(b.val_bpb) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_bpb_std,
+       avg(s.tokens_per_s) AS tokens_per_s,
+       avg(t.train_tokens_per_s) AS train_tokens_per_s,
+       avg(c.compile_s) AS compile_s,
+       max(m.peak_mem_bytes) AS peak_mem_bytes,
+       avg(d.kv_bytes_per_token) AS kv_bytes_per_token,
+       avg(d.decode_tokens_per_s) AS decode_tokens_per_s
+FROM runs r
+LEFT JOIN final_val v USING (run_id)
+LEFT JOIN final_bpb b USING (run_id)
+LEFT JOIN speed s USING (run_id)
+LEFT JOIN true_rate t USING (run_id)
+LEFT JOIN compiled c USING (run_id)
+LEFT JOIN mem m USING (run_id)
+LEFT JOIN decode d USING (run_id)
+WHERE list_contains($run_ids, r.run_id)
+GROUP BY r.cell_key
+ORDER BY val_loss_mean ASC NULLS LAST
+"""
+
+
+def cell_summary(db_path: str | Path, run_ids: list[str]) -> list[dict[str, Any]]:
+    con = connect(db_path, read_only=True)
+    try:
+        cur = con.execute(SUMMARY_SQL, {"run_ids": run_ids, "not_completed": list(rundir.NOT_COMPLETED)})
+        cols = [d[0] for d in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]
+    finally:
+        con.close()

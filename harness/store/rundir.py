@@ -1,0 +1,313 @@
+"""The run folder ``runs/<run_id>/``: the one protocol between a worker, ``abl run``, the store and the dashboard.
+
+Files (the folders are the source of truth; the store is rebuilt from them):
+
+- ``config.json``: the resolved cell config; ``meta.json``: the attempts'
+  bookkeeping. Both written by the ``abl run`` parent before launch
+  (``prepare``);
+- ``status.json``: ``{"status": one of STATUSES, ...}``, written atomically by
+  the worker as it starts and ends, and by the parent when a worker died
+  without saying how;
+- ``metrics.jsonl``: one JSON object per line, ``{"step": N, name: value,
+  ...}``, appended and flushed per line by the worker (``JsonlSink``), so it is
+  safe to read while it grows. Readers skip a torn last line (a killed writer)
+  and lines that are not a metrics object;
+- ``info.json`` (worker), ``worker.log`` (the worker's output),
+  ``checkpoint.pt`` (kept until the cell completes).
+
+Everything here is plain Python: the worker, the parent and the dashboard all
+import it, and it imports nothing of abl.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.json"
+META = "meta.json"
+STATUS = "status.json"
+INFO = "info.json"
+METRICS = "metrics.jsonl"
+CHECKPOINT = "checkpoint.pt"
+LOG = "worker.log"
+SHAPES_DIR = "shapes"  # beside the database, like the token store: abl.model.shapecache (meta.json names it)
+
+def pid_alive(pid: Any) -> bool:
+    """Does a process with this PID exist on this machine (one of another user's counts)?"""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# ---------------------------------------------------------------- statuses
+
+QUEUED, RUNNING, COMPLETED = "queued", "running", "completed"
+DIVERGED, OOM, FAILED, KILLED = "diverged", "oom", "failed", "killed"
+# The worker said completed, but its folder does not hold a whole run (a cut or
+# garbled metrics.jsonl, a missing final step or summary row): decided by the
+# store at ingest (``check_complete``), never written by a worker. The folder keeps
+# saying completed, so an ingest after a repair restores the run.
+INCOMPLETE = "incomplete"
+
+STATUSES = (QUEUED, RUNNING, COMPLETED, DIVERGED, OOM, FAILED, KILLED, INCOMPLETE)
+# the worker has ended
+TERMINAL = (COMPLETED, DIVERGED, OOM, FAILED, KILLED, INCOMPLETE)
+# ended without completing: what summaries and the dashboard count as "did not complete"
+NOT_COMPLETED = (DIVERGED, OOM, FAILED, KILLED, INCOMPLETE)
+# re-run only with ``--retry failed``: run again as they are, they would end the same way.
+# Not killed: a kill says nothing about the cell, so a plain re-run restarts it, like a
+# running one whose worker is gone (README, "When things go wrong"). Not incomplete:
+# the training ended, its record was damaged; a re-run gives the whole record.
+RETRY_FAILED = (DIVERGED, OOM, FAILED)
+# statuses only the store gives (from what a folder holds); no worker ends with one
+STORE_ONLY = (INCOMPLETE,)
+# the worker's exit status for each final status
+EXIT_CODES = {COMPLETED: 0, FAILED: 1, DIVERGED: 3, OOM: 4, KILLED: 5}
+
+
+def runs_again(status: str | None, retry_failed: bool = False) -> bool:
+    """Whether ``abl run`` runs a cell whose last status is ``status`` (None: it never started)."""
+    if status == COMPLETED:
+        return False
+    if status in RETRY_FAILED:
+        return retry_failed
+    return True
+
+
+# ---------------------------------------------------------------- JSON files
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write atomically: a reader sees the old file or the new one, never half of one."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    """The folder's status.json, or None when it is missing or unreadable."""
+    st = read_json(run_dir / STATUS)
+    return st if isinstance(st, dict) else None
+
+
+def write_status(run_dir: Path, status: dict[str, Any]) -> None:
+    write_json(run_dir / STATUS, status)
+
+
+def prepare(run_dir: Path, config: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """Set a folder up for a fresh attempt: config and meta written, the old status gone.
+
+    The previous attempt's metrics stay: the worker keeps the rows up to its
+    checkpoint (``truncate_metrics``) and drops the rest.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / CONFIG, config)
+    write_json(run_dir / META, meta)
+    (run_dir / STATUS).unlink(missing_ok=True)
+    return run_dir
+
+
+def log_tail(run_dir: Path, n: int = 12) -> str:
+    """The last ``n`` lines of the worker's log (what a worker that died silently left)."""
+    try:
+        lines = (run_dir / LOG).read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return "worker exited without a status"
+    return "\n".join(lines[-n:]) or "worker exited without a status"
+
+
+# ---------------------------------------------------------------- metrics.jsonl
+
+
+def parse_line(line: str | bytes) -> dict[str, Any] | None:
+    """One complete metrics line as a dict with an int ``step`` (0 if absent); None if damaged."""
+    try:
+        obj = json.loads(line)
+    except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+        return None
+    if not isinstance(obj, dict):
+        return None
+    step = obj.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
+        return None
+    obj["step"] = int(step)
+    return obj
+
+
+def _complete_lines(path: Path):
+    """The file's complete lines; a torn last line (no newline yet) ends the iteration."""
+    with open(path) as f:
+        for line in f:
+            if not line.endswith("\n"):
+                return
+            yield line
+
+
+def read_metrics(path: Path) -> list[tuple[int, str, float]]:
+    """Long rows (step, name, value) of the numeric values in a metrics file (none if it is missing)."""
+    return scan_metrics(path).rows
+
+
+@dataclass
+class MetricsScan:
+    """What a metrics file holds: its rows, and the damage a reader skipped."""
+
+    rows: list[tuple[int, str, float]] = field(default_factory=list)
+    damaged_lines: list[int] = field(default_factory=list)  # 1-based numbers of complete lines that do not parse
+    torn_tail: bool = False  # the last line has no newline (its writer was stopped mid-line)
+    exists: bool = True
+
+
+def scan_metrics(path: Path) -> MetricsScan:
+    """Read a metrics file, keeping count of the lines that had to be skipped."""
+    scan = MetricsScan()
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        scan.exists = False
+        return scan
+    lines = data.split(b"\n")
+    scan.torn_tail = lines[-1] != b""
+    for number, line in enumerate(lines[:-1], 1):
+        obj = parse_line(line)
+        if obj is None or not -(2**31) <= obj["step"] < 2**31:  # the store's step column is INTEGER
+            scan.damaged_lines.append(number)
+            continue
+        step = obj.pop("step")
+        for name, value in obj.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                scan.rows.append((step, name, float(value)))
+    return scan
+
+
+# what a run that completed has always written (harness/train.py): the parameter count at
+# step 0, one train_loss per step, and at the last step its val_loss and the summary row
+FIRST_ROW = ("n_params",)
+LAST_ROW = ("val_loss", "wall_s", "peak_mem_bytes")
+
+
+def check_complete(scan: MetricsScan, steps: int) -> list[str]:
+    """Why a run that says completed is not whole (empty when it is): damaged lines,
+    missing or repeated steps, a missing first or last row."""
+    problems: list[str] = []
+    if not scan.exists:
+        return ["metrics.jsonl is missing"]
+    if scan.damaged_lines:
+        shown = ", ".join(map(str, scan.damaged_lines[:5])) + (", ..." if len(scan.damaged_lines) > 5 else "")
+        problems.append(f"metrics.jsonl has {len(scan.damaged_lines)} damaged line(s) (line {shown})")
+    if scan.torn_tail:
+        problems.append("metrics.jsonl ends in a cut line")
+    seen: dict[int, int] = {}
+    names_at: dict[int, set[str]] = {}
+    for step, name, _ in scan.rows:
+        names_at.setdefault(step, set()).add(name)
+        if name == "train_loss":
+            seen[step] = seen.get(step, 0) + 1
+    missing = [s for s in range(1, steps + 1) if s not in seen]
+    repeated = sorted(s for s, n in seen.items() if n > 1)
+    if missing:
+        problems.append(f"train_loss of {len(missing)} of {steps} steps is missing ({_ranges(missing)})")
+    if repeated:
+        problems.append(f"train_loss of {len(repeated)} step(s) is written more than once ({_ranges(repeated)})")
+    for step, wanted in ((0, FIRST_ROW), (steps, LAST_ROW)):
+        absent = [n for n in wanted if n not in names_at.get(step, set())]
+        if absent:
+            problems.append(f"no {', '.join(absent)} at step {step}")
+    return problems
+
+
+def _ranges(steps: list[int]) -> str:
+    out, start, prev = [], steps[0], steps[0]
+    for s in steps[1:] + [None]:  # type: ignore[list-item]
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if s is not None:
+            start = prev = s
+    return ", ".join(out[:6]) + (", ..." if len(out) > 6 else "")
+
+
+def tail_metrics(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:
+    """The complete lines written after byte ``offset``: (the new offset, their parsed objects).
+
+    A file shorter than ``offset`` was truncated (a resumed worker) and is read
+    from the start again.
+    """
+    try:
+        if path.stat().st_size < offset:
+            offset = 0
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return offset, []
+    end = chunk.rfind(b"\n")
+    if end < 0:
+        return offset, []
+    objs = [obj for line in chunk[: end + 1].splitlines() if (obj := parse_line(line)) is not None]
+    return offset + end + 1, objs
+
+
+def truncate_metrics(path: Path, last_step: int | None) -> None:
+    """Keep rows up to ``last_step`` (all of them dropped if None): the rows a resumed run will write again.
+
+    Damaged lines and a torn last line go too.
+    """
+    if not path.exists():
+        return
+    if last_step is None:
+        path.unlink()
+        return
+    kept = [line for line in _complete_lines(path)
+            if (obj := parse_line(line)) is not None and obj["step"] <= last_step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
+
+
+class JsonlSink:
+    """The worker's metrics sink: appends one line per ``log`` and flushes it at once."""
+
+    def __init__(self, path: Path):
+        self.f = open(path, "a", buffering=1)
+
+    def log(self, step: int, metrics: dict) -> None:
+        self.f.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        os.fsync(self.f.fileno())
+        self.f.close()
+
+
+class NullSink:
+    """Ranks other than 0 of a multi-process cell record nothing."""
+
+    def log(self, step: int, metrics: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
