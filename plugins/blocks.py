@@ -1,7 +1,9 @@
 """Block layouts (axis ``block``): where the norms sit around each sublayer.
 
-Seeds 002 sec. 1.1 (pre vs post, "double norm" of Grok / Gemma 2, OLMo 2's
-post-branch norm) and 000 sec. 3.7 / 5. Every factory is
+Pre- vs post-norm: Xiong et al. 2020, "On Layer Normalization in the
+Transformer Architecture", arXiv:2002.04745; "double norm": Gemma 2 (Gemma
+Team 2024, arXiv:2408.00118, sec. 2) and Grok-1's released code; post-branch
+norm: OLMo 2 (Team OLMo 2024, "2 OLMo 2 Furious", arXiv:2501.00656). Every factory is
 ``factory(config, make_norm, make_mixer, make_ffn, **params)`` and returns a
 module with ``forward(x, ctx)`` and a ``final_norm`` flag telling the skeleton
 whether a norm follows the last block.
@@ -80,7 +82,7 @@ def _cost(norms):
     """A block owns no weights and no matmuls; it says how many norm layers it builds.
 
     With dropout on, each of the two sublayer outputs keeps its mask for
-    backward (seeds 003 sec. 6.1.3); counted at activation width, which
+    backward (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.1); counted at activation width, which
     overstates torch's 1-byte bool masks.
     """
 
@@ -96,7 +98,8 @@ def _cost(norms):
 class ParallelBlock(_Block):
     """x = x + mixer(norm(x)) + ffn(norm(x)): one norm, both branches read it (GPT-J, PaLM).
 
-    Seeds 003 sec. 2.4, eq. (2.4): the branches run side by side instead of
+    GPT-J (Wang & Komatsuzaki 2021, mesh-transformer-jax) and PaLM (Chowdhery
+    et al. 2022, arXiv:2204.02311, sec. 2, "Parallel Layers"): the branches run side by side instead of
     in series, so one norm per block is removed and the two input matmuls
     can be fused (PaLM sec. 2 reports ~15% faster training at scale).
     """

@@ -1,13 +1,15 @@
 """Feed-forward sublayers (axis ``ffn``): dense activations and the GLU family.
 
-Seeds 000 sec. 7.4 (dense FFN, ReLU / GELU / SiLU), sec. 7.5 (gated linear
-units), 002 sec. 2.1 (FFN sizing) and Shazeer 2020, "GLU Variants Improve
-Transformer". Every factory is ``factory(config, **params)``.
+The dense FFN of Vaswani et al. 2017 (arXiv:1706.03762, sec. 3.3, eq. 2) with
+ReLU, GELU (Hendrycks & Gimpel 2016, arXiv:1606.08415) or SiLU (Elfwing et
+al. 2018, arXiv:1702.03118); gated linear units (Dauphin et al. 2017,
+arXiv:1612.08083) and their variants and sizing from Shazeer 2020, "GLU
+Variants Improve Transformer", arXiv:2002.05202. Every factory is ``factory(config, **params)``.
 
 Sizing rule. A dense FFN has two matrices, d x d_ff and d_ff x d, with
 d_ff = ratio * d_model and ratio 4 by default. A gated FFN has three (gate,
 up, down), so its default ratio is 2/3 of that, 8/3: 3 * 8/3 d^2 = 2 * 4 d^2,
-and the parameter counts match (Shazeer 2020 sec. 2; seeds 002 sec. 2.1).
+and the parameter counts match (Shazeer 2020 sec. 2).
 Hidden sizes are rounded up to a multiple of ``multiple_of``.
 """
 
@@ -45,7 +47,7 @@ KERNELS = {"swiglu": "swiglu", "geglu": "geglu"}
 # et al. 2017; "bilinear" has none).
 VARIANTS: dict[str, tuple] = {
     "relu": (F.relu, False),
-    "gelu": (F.gelu, False),  # exact erf form, seeds 000 sec. 7.4
+    "gelu": (F.gelu, False),  # exact erf form, Hendrycks & Gimpel 2016 sec. 2
     "silu": (F.silu, False),  # swish with beta = 1
     "relu2": (relu2, False),
     "glu": (torch.sigmoid, True),
@@ -57,7 +59,7 @@ VARIANTS: dict[str, tuple] = {
 
 
 class DenseFFN(nn.Module):
-    """y = W2 act(W1 x + b1) + b2 (seeds 000 sec. 7.4)."""
+    """y = W2 act(W1 x + b1) + b2 (Vaswani et al. 2017, eq. 2)."""
 
     def __init__(self, cfg, activation, ratio: float = DENSE_RATIO, bias: bool = False,
                  multiple_of: int = 8, hidden: int | None = None):
@@ -72,7 +74,7 @@ class DenseFFN(nn.Module):
 
 
 class GatedFFN(nn.Module):
-    """y = W2 (act(W_gate x + b_g) * (W_up x + b_u)) + b2 (Shazeer 2020; seeds 000 sec. 7.5).
+    """y = W2 (act(W_gate x + b_g) * (W_up x + b_u)) + b2 (Shazeer 2020, sec. 2).
 
     The gate and up projections are one matmul; the first half is the gate.
     ``kernel`` names the fused Triton op of harness/kernels/swiglu.py for
@@ -116,7 +118,7 @@ def ffn_cost(d_model: int, hidden: int, gated: bool, bias: bool, act_keeps: int 
     """Cost of one FFN (harness/cost.py conventions).
 
     FLOPs: the two (dense) or three (gated) projections. Saved for backward
-    (seeds 003 sec. 6.1.3): the input, the up (and gate) projection's output,
+    (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.1): the input, the up (and gate) projection's output,
     what the activation keeps (``act_keeps`` hidden-wide tensors, see
     ``ACT_KEEPS``) and, gated, the product that the down projection reads.
     """

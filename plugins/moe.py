@@ -1,8 +1,12 @@
 """Mixture-of-Experts FFN (axis ``ffn``, name ``moe``).
 
-Seeds 000 sec. 7.6 (router, top-k, renormalisation, dispatch, capacity,
-dropping, load-balancing loss), 003 part VII (token vs expert choice,
-dropless MoE, shared experts) and 004 (noisy gating). Each expert is any FFN
+Sources: Shazeer et al. 2017, arXiv:1701.06538 (the sparsely-gated MoE layer);
+GShard, Lepikhin et al. 2020, arXiv:2006.16668 (top-2 routing, capacity,
+dropping); Switch Transformer, Fedus et al. 2022, arXiv:2101.03961
+(load-balancing loss); expert choice, Zhou et al. 2022, arXiv:2202.09368;
+dropless MoE, MegaBlocks, Gale et al. 2022, arXiv:2211.15841; shared
+experts, DeepSeekMoE, Dai et al. 2024, arXiv:2401.06066; router z-loss,
+ST-MoE, Zoph et al. 2022, arXiv:2202.08906. Each expert is any FFN
 of ``abl.plugins.ffn`` (``expert`` names it).
 """
 
@@ -29,15 +33,15 @@ def expert_hidden(d_model: int, expert: str, expert_ratio: float, top_k: int, n_
 
 
 class MixtureOfExperts(nn.Module):
-    """Router + E experts (+ always-on shared experts); y = sum_e G[s, e] FFN_e(x_s) (seeds 003 eq. 13.1).
+    """Router + E experts (+ always-on shared experts); y = sum_e G[s, e] FFN_e(x_s) (Shazeer et al. 2017, eq. 1).
 
-    Routing (seeds 003 sec. 14.1):
+    Routing (token choice vs expert choice as Zhou et al. 2022 contrast them):
 
     - ``token_choice``: P = softmax(x W_r); each token keeps its top_k experts
-      and renormalises their probabilities to sum to 1 (seeds 000 sec. 7.6
-      (iii)). With ``capacity_factor`` c > 0 an expert takes at most
+      and renormalises their probabilities to sum to 1 (as GShard's top-2
+      gating, Algorithm 1). With ``capacity_factor`` c > 0 an expert takes at most
       C = max(1, floor(c * top_k * N / E)) of the N tokens of the batch (the
-      seeds' floor(c N / E) with top_k assignments per token, GShard); first
+      capacity c N / E of Switch sec. 2.2 with top_k assignments per token, GShard); first
       choices are served before second choices, then by position (GShard
       sec. 2.2). An assignment over capacity is dropped: that expert adds
       nothing for the token, so a token dropped by all its experts leaves the
@@ -45,17 +49,19 @@ class MixtureOfExperts(nn.Module):
     - ``expert_choice`` (Zhou et al. 2022, eq. 1): P = softmax over experts as
       above; each expert takes the C tokens with the highest P[:, e] (c = 0
       means c = 1, i.e. top_k * N / E tokens per expert: the compute of token
-      choice) and weights them by P. (Seeds 003 eq. 14.2 writes the softmax over
+      choice) and weights them by P. (Some write-ups take the softmax over
       tokens; we follow the paper.) Selection looks across the whole batch,
       future tokens included, so it is not causal; see Zhou et al. sec. 5.
 
-    ``router_noise`` alpha is the noisy gating of seeds 004 (slide "noising the
-    probabilities"): in training, P <- (1 - alpha) P + alpha eps with eps
-    uniform on the simplex; routing and gates use the noisy P.
+    ``router_noise`` alpha is noisy gating in its simplest form: in training,
+    P <- (1 - alpha) P + alpha eps with eps uniform on the simplex, a mixture
+    of the router's probabilities with random ones that keeps every expert
+    chosen now and then (Shazeer et al. 2017, sec. 2.1, add Gaussian noise to
+    the logits instead); routing and gates use the noisy P.
 
     Losses (added with ``ctx.add_aux_loss``, already weighted):
 
-    - load balancing (Switch eq. 4 / GShard; seeds 000 sec. 7.6):
+    - load balancing (Switch eq. 4 / GShard):
       L_aux = E * sum_e f_e m_e, f_e = (tokens routed to e) / N counted before
       capacity, m_e = mean router probability of e. With top_k assignments per
       token sum_e f_e = top_k, so a perfectly balanced router gives top_k (1

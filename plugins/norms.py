@@ -1,8 +1,10 @@
 """Normalisation layers (axis ``norm``).
 
-Definitions: ../shared/seeds 000 sec. 3.7 (LayerNorm) and 4.2 (RMSNorm),
-002 sec. 1.2; ScaleNorm from Nguyen & Salazar 2019, "Transformers without
-Tears", sec. 2.3. Every factory is ``factory(dim, **params)``.
+Definitions: LayerNorm from Ba et al. 2016, "Layer Normalization",
+arXiv:1607.06450, sec. 3; RMSNorm from Zhang & Sennrich 2019, "Root Mean
+Square Layer Normalization", arXiv:1910.07467, eq. 4; ScaleNorm from Nguyen
+& Salazar 2019, "Transformers without Tears", arXiv:1910.05895, sec. 2.3.
+Every factory is ``factory(dim, **params)``.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from abl import Param, hookimpl
 class LayerNorm(nn.Module):
     """y = (x - E[x]) / sqrt(Var[x] + eps) * gamma + beta  (Ba et al. 2016).
 
-    The seeds disagree on where eps goes: 002 sec. 1.2 and torch put it
-    inside the square root (``eps_placement="inside"``, the default); 000
-    sec. 3.7 writes sqrt(Var) + eps (``"outside"``). Variance is the biased
-    (1/d) estimate in both.
+    The paper (Ba et al. 2016, arXiv:1607.06450, sec. 3) has no eps, and
+    write-ups disagree on where it goes: torch puts it inside the square root
+    (``eps_placement="inside"``, the default); some write sqrt(Var) + eps
+    (``"outside"``). Variance is the biased (1/d) estimate in both.
     """
 
     def __init__(self, dim: int, eps: float = 1e-5, gain: bool = True, bias: bool = True,
@@ -55,7 +57,7 @@ class LayerNorm(nn.Module):
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * gamma  (Zhang & Sennrich 2019).
 
-    Notes: seeds 000 sec. 4.2. The statistic is computed in fp32 whatever the input dtype. The paper's
+    arXiv:1910.07467, eq. 4. The statistic is computed in fp32 whatever the input dtype. The paper's
     optional bias is the ``bias`` parameter (off by default, as in LLaMA).
     """
 
@@ -111,8 +113,8 @@ class NoNorm(nn.Identity):
 
 
 # Cost functions (harness/cost.py conventions). A norm is elementwise work, so it
-# adds no counted FLOPs; for backward it saves its input (seeds 003 sec. 6.1.3,
-# "LayerNorm ... each have BDS inputs") plus its per-token statistics, and
+# adds no counted FLOPs; for backward it saves its input (Korthikanti et al. 2022,
+# arXiv:2205.05198, sec. 4.1: each LayerNorm keeps its input) plus its per-token statistics, and
 # whatever else the reference implementation keeps (the Triton kernels keep
 # only the input and the statistics).
 

@@ -1,18 +1,18 @@
 """Position encodings (axis ``position``), through ``abl.model.decoder.PositionEncoding``.
 
-Seeds 002 sec. 1.5 (sinusoidal, learned absolute, relative, RoPE derivation)
-and 004 (relative encodings, position interpolation, ALiBi). Every factory is
+Sources per encoding in the table below (authors, year, arXiv id, section).
+Every factory is
 ``factory(config, **params)``. Each encoding uses exactly one of the three
 hooks of the interface, so it works with every mixer that calls all three:
 
 | name | hook | source |
 |---|---|---|
-| learned | embed | GPT-2; seeds 002 sec. 1.5.2 |
-| sinusoidal | embed | Vaswani et al. 2017 sec. 3.5; seeds 002 sec. 1.5.1 |
-| rope | rotate | Su et al. 2021; seeds 002 sec. 1.5.4, 004 (interpolation) |
-| alibi | score_bias | Press et al. 2022; seeds 004 "ALiBi" |
-| t5 | score_bias | Raffel et al. 2020 sec. 2.1; seeds 004 "Relative Position Encodings" |
-| nope | none | Kazemnejad et al. 2023 |
+| learned | embed | GPT-1 (Radford et al. 2018, OpenAI report), sec. 4.1; kept by GPT-2 |
+| sinusoidal | embed | Vaswani et al. 2017, arXiv:1706.03762, sec. 3.5 |
+| rope | rotate | Su et al. 2021, arXiv:2104.09864, sec. 3.2; interpolation: Chen et al. 2023, arXiv:2306.15595 |
+| alibi | score_bias | Press et al. 2022, arXiv:2108.12409, sec. 3 |
+| t5 | score_bias | Raffel et al. 2020, arXiv:1910.10683, sec. 2.1 |
+| nope | none | Kazemnejad et al. 2023, arXiv:2305.19466 |
 
 An encoding that cannot run past some length says so with ``max_positions``
 (the harness reads it generically, e.g. to skip length extrapolation).
@@ -52,7 +52,7 @@ class LearnedPosition(PositionEncoding):
 class SinusoidalPosition(PositionEncoding):
     """x_p <- x_p + PE[p], PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(same).
 
-    Vaswani et al. 2017 sec. 3.5, seeds 002 sec. 1.5.1. Fixed, defined for any
+    Vaswani et al. 2017, arXiv:1706.03762, sec. 3.5. Fixed, defined for any
     position. ``embed_scale`` (default on) multiplies the token embeddings by
     sqrt(d_model) first, as the paper does (sec. 3.4): with embeddings at the
     default init std 1/sqrt(d) the token part then has RMS 1 against the
@@ -82,12 +82,12 @@ class SinusoidalPosition(PositionEncoding):
 class RotaryPosition(PositionEncoding):
     """RoPE (Su et al. 2021): rotate each pair of q/k dims by p * theta_k.
 
-    Notes: seeds 002 sec. 1.5.4. theta_k = theta^(-2k/d) for k < d/2, d the size of the rotated dims (the
+    Su et al. 2021, arXiv:2104.09864, sec. 3.2. theta_k = theta^(-2k/d) for k < d/2, d the size of the rotated dims (the
     head dim; MLA rotates only its decoupled RoPE dims). ``interpolation_factor``
-    s > 1 is position interpolation (Chen et al. 2023; seeds 004): position p
+    s > 1 is position interpolation (Chen et al. 2023, arXiv:2306.15595): position p
     is rotated as p / s, to stretch a model to s times its trained context.
     ``layout`` picks which dims form a pair: "interleaved" (2k, 2k+1) as in the
-    paper and the seeds, or "half" (k, k + d/2) as in GPT-NeoX / LLaMA code.
+    paper, or "half" (k, k + d/2) as in GPT-NeoX / LLaMA code.
     The rotation is computed in fp32.
     """
 
@@ -150,8 +150,8 @@ def alibi_slopes(n_heads: int) -> list[float]:
     """Per-head ALiBi slopes (Press et al. 2022 sec. 3 and their reference code).
 
     For n a power of two: the geometric sequence starting at 2^(-8/n) with
-    ratio 2^(-8/n) (n = 8: 1/2, 1/4, ..., 1/256; seeds 004 writes the n = 16
-    case as m_h = 2^(-h/2)). Otherwise: the slopes of the closest smaller power
+    ratio 2^(-8/n) (n = 8: 1/2, 1/4, ..., 1/256; for n = 16 this is
+    m_h = 2^(-h/2)). Otherwise: the slopes of the closest smaller power
     of two 2^k, then every other slope of the 2^(k+1) sequence, n - 2^k of them.
     """
 
@@ -168,9 +168,9 @@ def alibi_slopes(n_heads: int) -> list[float]:
 class ALiBiPosition(PositionEncoding):
     """ALiBi: score_ij += -m_h (i - j) for key j <= query i (Press et al. 2022).
 
-    Notes: seeds 004. No parameters and nothing added to the embeddings. The bias is added to
-    the already scaled scores q.k / sqrt(d), as in the paper's code (the
-    slides write it inside the 1/sqrt(d)); the slopes are ``alibi_slopes``.
+    Press et al. 2022, arXiv:2108.12409, sec. 3. No parameters and nothing added to the embeddings. The bias is added to
+    the already scaled scores q.k / sqrt(d), as in the paper's code (added
+    inside the 1/sqrt(d), every slope would shrink by sqrt(d)); the slopes are ``alibi_slopes``.
     """
 
     slopes: torch.Tensor  # a buffer
@@ -222,8 +222,9 @@ class T5RelativeBias(PositionEncoding):
     """T5 relative attention bias: score_ij += b[bucket(j - i), h] (Raffel et al. 2020 sec. 2.1).
 
     One learned scalar per (bucket, head), shared by every layer as in T5.
-    Seeds 004 ("Relative Position Encodings": clip the distance so the model
-    applies to longer texts) is this idea with log-spaced buckets.
+    It is the clipped relative distance of Shaw et al. 2018 (arXiv:1803.02155,
+    sec. 3.2: clip the distance so the model applies to longer texts) with
+    log-spaced buckets and a scalar bias instead of an embedding.
     """
 
     def __init__(self, cfg, num_buckets: int = 32, max_distance: int = 128):

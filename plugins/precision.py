@@ -1,9 +1,12 @@
 """Numeric precision policies (axis ``precision``).
 
-Seeds 000 sec. 6 ("Precisions"): FP32 master weights and optimizer state in
-every policy; TF32 as a matmul mode; FP16 with dynamic loss scaling; BF16
-without; FP8 with E4M3 for forward weights/activations, E5M2 for gradients and
-per-tensor or per-channel scaling. Every factory is ``factory(**params)`` and
+FP32 master weights and optimizer state in every policy and FP16 with
+dynamic loss scaling (Micikevicius et al. 2018, "Mixed Precision Training",
+arXiv:1710.03740, sec. 3); TF32 as a matmul mode (NVIDIA A100 Tensor Core GPU
+Architecture whitepaper, 2020); BF16 without loss scaling (Kalamkar et al.
+2019, arXiv:1905.12322); FP8 with E4M3 for forward weights/activations, E5M2
+for gradients and per-tensor or per-channel scaling (Micikevicius et al.
+2022, "FP8 Formats for Deep Learning", arXiv:2209.05433). Every factory is ``factory(**params)`` and
 returns a ``abl.contracts.precision.Precision``.
 
 What ran is recorded, never what was asked for: ``tf32`` on a device without
@@ -31,7 +34,7 @@ class TF32(Precision):
     """fp32 tensors, matmuls in TF32 (fp32 range, 10-bit mantissa) on GPUs that have it.
 
     TF32 is a compute mode of NVIDIA tensor cores from Ampere (compute
-    capability 8.0) on (seeds 000 sec. 6): ``torch.set_float32_matmul_precision
+    capability 8.0) on (NVIDIA A100 whitepaper, 2020): ``torch.set_float32_matmul_precision
     ("high")`` plus cuDNN's TF32 switch. Elsewhere the run is exactly fp32 and
     info() says so (``tf32_active = False``, ``effective_precision = "fp32"``).
     """
@@ -76,7 +79,7 @@ class FP16(Precision):
 
     fp16's range (6e-5 .. 6.5e4 normal) lets small gradients underflow, so the
     loss is multiplied by S before backward and the gradients divided by S
-    before the step (seeds 000 sec. 6). S is dynamic (as NVIDIA AMP): a step
+    before the step (Micikevicius et al. 2018, arXiv:1710.03740, sec. 3.2). S is dynamic (as NVIDIA AMP): a step
     whose gradients contain inf/nan is skipped and S *= backoff_factor; after
     ``growth_interval`` good steps in a row S *= growth_factor.
 
@@ -151,7 +154,7 @@ E5M2 = torch.float8_e5m2    # backward: gradients (max 57344, 2 mantissa bits)
 
 
 def fp8_quantize(x: torch.Tensor, dtype: torch.dtype, dim: int | None = None):
-    """Scale into fp8's range and cast (seeds 000 sec. 6, "Scaling is not optional").
+    """Scale into fp8's range and cast (fp8's range is too narrow to cast unscaled; Micikevicius et al. 2022).
 
     S = fp8_max / amax, x_q = fp8(saturate(x * S)), and x ~= x_q / S. ``dim``
     None: one S for the tensor (per-tensor); else amax is taken along ``dim``
@@ -276,7 +279,7 @@ def real_fp8_available(device: torch.device) -> tuple[bool, str]:
 class FP8(Precision):
     """fp8 GEMMs in every linear layer: E4M3 weights/activations forward, E5M2 gradients backward.
 
-    Seeds 000 sec. 6 ("How they (FP8) are used on H100"): fp32 master weights
+    Micikevicius et al. 2022, "FP8 Formats for Deep Learning", arXiv:2209.05433: fp32 master weights
     (the parameters never change dtype; each forward quantizes a copy);
     ``scaling`` "per_tensor" (one S per operand) or "per_channel" (one S per
     output feature of W and per token of x, and correspondingly in the

@@ -1,7 +1,9 @@
 """State-space mixers (axis ``mixer``): Mamba (Gu & Dao 2023) and Mamba-2 (Dao & Gu 2024).
 
-Seeds 003 part II: sec. 5 (Mamba, algorithms 4-5), sec. 5.1-5.3 (Mamba-2,
-algorithms 6-7 and the chunked SSD scan). Every factory is
+Mamba: Gu & Dao 2023, "Mamba: Linear-Time Sequence Modeling with Selective
+State Spaces", arXiv:2312.00752, sec. 3 (the selective scan, Algorithm 2, and
+the block, fig. 3). Mamba-2: Dao & Gu 2024, "Transformers are SSMs",
+arXiv:2405.21060, sec. 6 (the chunked SSD algorithm) and sec. 7 (the block). Every factory is
 ``factory(config, position, **params)``; SSMs carry order in their recurrence
 and use no position encoding, so ``position`` is ignored.
 
@@ -81,7 +83,7 @@ def _blelloch_scan_(a: torch.Tensor, b: torch.Tensor, reverse: bool = False) -> 
     Blelloch's (1990) work-efficient scan, the one the Mamba paper uses (sec.
     3.3.2), with the associative operator (a1, b1) . (a2, b2) = (a1 a2, a2 b1 + b2)
     that composes two affine steps (associative because the recurrence is
-    linear in h, seeds 003 sec. 5.4). The up-sweep leaves in every node the
+    linear in h). The up-sweep leaves in every node the
     composition of its block; the down-sweep then hands each block the prefix
     of the block before it. O(T) work, 2 log2(T) parallel steps; each step
     reads and writes disjoint elements, so it works in place.
@@ -147,14 +149,14 @@ class LinearScan(torch.autograd.Function):
 
 
 def _discretise(u, dt, A, Bm):
-    """exp(dt A) and dt B u (zero-order hold for A, Euler for B: Mamba sec. 2, seeds 003 eq. 5.1)."""
+    """exp(dt A) and dt B u (zero-order hold for A, Euler for B: Mamba sec. 2, eq. 4, and its reference code)."""
     decay = torch.exp(dt[..., None] * A)                  # [B, T, E, N]
     inp = (dt * u)[..., None] * Bm[:, :, None, :]          # [B, T, E, N]
     return decay, inp
 
 
 def selective_scan(u, dt, A, Bm, Cm, initial_state=None):
-    """Mamba-1 selective scan, parallel form (seeds 003 algorithm 5, eq. 5.1; D is added by the caller).
+    """Mamba-1 selective scan, parallel form (Gu & Dao 2023, Algorithm 2; D is added by the caller).
 
     u, dt [B, T, E]; A [E, N]; Bm, Cm [B, T, N]; state [B, E, N].
     Returns (y [B, T, E], final state [B, E, N]).
@@ -179,7 +181,7 @@ def selective_scan_sequential(u, dt, A, Bm, Cm, initial_state=None):
 
 
 class Mamba(nn.Module):
-    """The Mamba-1 block (Gu & Dao 2023, fig. 3; seeds 003 algorithm 4).
+    """The Mamba-1 block (Gu & Dao 2023, arXiv:2312.00752, sec. 3.4, fig. 3).
 
     x, z = in_proj(u); x = silu(conv(x)); y = selective_scan(x) + D x;
     out = out_proj(y * silu(z)), with input-dependent dt = softplus(W_dt2 W_dt1 x),
@@ -247,7 +249,7 @@ class GatedRMSNorm(nn.Module):
 
 
 class Mamba2(nn.Module):
-    """The Mamba-2 block (Dao & Gu 2024, sec. 7; seeds 003 algorithms 6-7).
+    """The Mamba-2 block (Dao & Gu 2024, arXiv:2405.21060, sec. 7).
 
     One in_proj gives z, xBC and dt; a depthwise causal conv + SiLU acts on
     x, B and C together; the SSD scan has a scalar A per head and B, C shared

@@ -1,7 +1,7 @@
 """Scaling-law fit: L(N, D) = E + A / N^alpha + B / D^beta (Chinchilla form).
 
-Seeds 003 sec. 9.2, eq. (9.1); the fitting procedure is Hoffmann et al. 2022,
-"Training Compute-Optimal Large Language Models", App. D.2: with
+Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models",
+arXiv:2203.15556, sec. 3.3 (Approach 3); the fitting procedure is its App. D.2: with
 E = exp(e), A = exp(a), B = exp(b), minimise
 
     sum_i Huber_delta( LSE(a - alpha log N_i, b - beta log D_i, e) - log L_i ),  delta = 1e-3
@@ -12,8 +12,8 @@ objective is evaluated at every grid point at once and L-BFGS starts from the
 best of them in turn, until a few starts in a row find nothing better; the
 best local optimum wins.
 
-N is the non-embedding parameter count (seeds 003 sec. 9: "excising embedding
-params was found to generate cleaner scaling laws") and D the training tokens.
+N is the non-embedding parameter count (Kaplan et al. 2020, arXiv:2001.08361,
+fig. 6: without the embeddings, models of different depths fall on one trend) and D the training tokens.
 When every point has the same D (a pure model-size ladder), B / D^beta is a
 constant that E absorbs: the fit is L(N) = E' + A / N^alpha and ``B`` and
 ``beta`` are None (likewise for a single N).

@@ -23,7 +23,7 @@ Conventions (so predictions can be checked against measurement):
   the window); used for MFU. Defaults to ``flops_per_token``.
 - ``backward_factor``: backward FLOPs = factor x forward (2 unless stated).
 - ``activation_elements_per_token``: elements saved for backward per token
-  (seeds 003 sec. 6 activation accounting); multiplied by the activation
+  (as Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.1, count them); multiplied by the activation
   dtype's bytes by the caller.
 - ``transient_elements_per_token``: elements one instance's backward
   allocates at once on top of what was saved (scan temporaries); the

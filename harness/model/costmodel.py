@@ -13,17 +13,24 @@ and turns the per-instance figures into per-token and per-step predictions:
 - forward and training FLOPs. As executed: forward x (1 + backward_factor) per
   component, which is what ``torch.utils.flop_counter`` sees for one training
   step. Useful (model FLOPs, for MFU): useful forward x (1 + min(backward_factor,
-  2)), so recomputation counts as hardware FLOPs only (seeds 003 sec. 8, MFU vs
-  HFU). The LM head's 2·D·V per token is included (seeds 003 sec. 7, note 45);
-- activation memory saved for backward (seeds 003 sec. 6.1.3), at the run's
+  2)), so recomputation counts as hardware FLOPs only (model vs hardware FLOPs:
+  Korthikanti et al. 2022, arXiv:2205.05198; MFU: Chowdhery et al. 2022, PaLM,
+  arXiv:2204.02311, App. B). The LM head's 2·D·V per token is included (the 6N
+  rule of Kaplan et al. 2020, arXiv:2001.08361, sec. 2.1, leaves it out);
+- activation memory saved for backward (Korthikanti et al. 2022, sec. 4.1), at the run's
   activation dtype (the precision policy's autocast dtype);
 - decoding cache: KV bytes per token and fixed state bytes per sequence
-  (seeds 002, KV-cache accounting);
-- parameter, gradient and optimizer memory (seeds 003 sec. 6.1.1-6.1.2) as abl
+  (keys and values per layer per token; Pope et al. 2022, "Efficiently Scaling
+  Transformer Inference", arXiv:2211.05102);
+- parameter, gradient and optimizer memory (mixed precision: Micikevicius et al.
+  2018, arXiv:1710.03740, sec. 3.1) as abl
   trains: fp32 master weights, fp32 gradients, two fp32 AdamW moments. Under
   mixed precision the low-precision weight copies that autocast saves for
-  backward (sec. 6.1.1, note 38) are counted too: 4 + 4 + 8 + 2 = 18 bytes per
-  parameter, the same total as the notes' eqs. (6.3) + (6.4).
+  backward (``torch.autocast`` caches the cast weight of each matmul) are counted too:
+  4 + 4 + 8 + 2 = 18 bytes per parameter, the same total as the usual mixed-precision
+  count of 2-byte weights, 12 bytes of fp32 master weights and Adam moments and
+  4-byte gradients (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, sec. 3.1,
+  counts 16 with 2-byte gradients).
 
 Nothing here names a variant; a component without a cost function is an error
 that names it (``CostModelError``).
@@ -40,7 +47,7 @@ from ..contracts.cost import Cost
 from ..contracts.registry import Registry, RegistryError
 
 FP32_BYTES = 4
-ADAM_STATES = 2  # AdamW keeps two running moments per parameter (seeds 003 note 36)
+ADAM_STATES = 2  # AdamW keeps two running moments per parameter (Loshchilov & Hutter 2019, arXiv:1711.05101, alg. 2)
 
 # Peak training memory: measured/predicted must lie in this band. Measured is
 # ``peak_tensor_bytes`` (harness/memory.py: live tensor storages over one whole

@@ -16,7 +16,7 @@ Metrics (logged once, at the last training step):
 - ``kv_bytes_per_token``: the analytic decode-state bytes per token at that
   length and the run's dtype, from each mixer's registered ``cost``
   (``state_elements_per_token`` + ``state_elements_per_sequence`` / length,
-  summed over layers; seeds 003 sec. 19); ``kv_bytes_per_token_measured``:
+  summed over layers; Pope et al. 2022, arXiv:2211.05102); ``kv_bytes_per_token_measured``:
   the bytes of the live cache over the tokens it covers;
   ``kv_cache_bytes_measured``: the live cache in total;
 - ``decode_agreement``: the fraction of greedy tokens that one full forward

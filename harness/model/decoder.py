@@ -2,7 +2,9 @@
 
     tokens -> embedding -> position.embed -> N x block -> final norm -> LM head -> CE
 
-(the "Decoder-Only Transformers" notes, sec. 1, in ../shared/seeds). The block
+(the GPT-2 layout, Radford et al. 2019, "Language Models are Unsupervised
+Multitask Learners", sec. 2.3: a decoder-only Transformer, Vaswani et al. 2017,
+arXiv:1706.03762, with a final norm after the last block). The block
 component lays out its norm(s), mixer and FFN; the position component talks to
 mixers only through ``PositionEncoding``. Nothing here names a variant.
 """
