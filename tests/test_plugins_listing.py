@@ -6,7 +6,8 @@ from conftest import run_abl
 
 from abl.contracts.registry import Param, first_sentence, show_default
 
-PLUGIN = '''"""Centred RMSNorm: subtract the mean, then divide by the root mean square.
+PLUGIN = '''"""Centred RMSNorm: subtract the mean, then divide by the root mean square (as LayerNorm
+without its bias; Zhang & Sennrich 2019, arXiv:1910.07467, sec. 3).
 
 A second paragraph the listing does not show.
 """
@@ -30,18 +31,23 @@ def register_components(register):
 '''
 
 
-def test_first_sentence_is_whole_and_has_no_note_references():
+def test_first_sentence_is_whole_and_keeps_its_citation():
     doc = """NoPE: no position information at all; a causal decoder can still infer
     order from the mask (Haviv et al. 2022; Kazemnejad et al. 2023). A second sentence.
 
     Details."""
     assert first_sentence(doc) == ("NoPE: no position information at all; a causal decoder can still infer order "
                                    "from the mask (Haviv et al. 2022; Kazemnejad et al. 2023).")
-    assert first_sentence("y = x * g  (Zhang & Sennrich 2019; seeds 000 sec. 4.2).\n\nMore.") == \
-        "y = x * g (Zhang & Sennrich 2019)."
-    assert first_sentence("Router + experts; y = sum G FFN(x) (seeds 003 eq. 13.1).") == \
-        "Router + experts; y = sum G FFN(x)."
-    assert first_sentence("Attention (Mistral 7B; seeds 004). Second.") == "Attention (Mistral 7B)."
+    # a citation's full stops (et al., arXiv ids, eq., sec. numbers) do not end the sentence
+    assert first_sentence("y = x * g  (Zhang & Sennrich 2019, arXiv:1910.07467, eq. 4).\n\nMore.") == \
+        "y = x * g (Zhang & Sennrich 2019, arXiv:1910.07467, eq. 4)."
+    assert first_sentence("Router + experts; y = sum G FFN(x) (Shazeer et al. 2017, arXiv:1701.06538, "
+                          "eq. 1). Routing follows.") == \
+        "Router + experts; y = sum G FFN(x) (Shazeer et al. 2017, arXiv:1701.06538, eq. 1)."
+    assert first_sentence("Attention (Mistral 7B, Jiang et al. 2023, sec. 2.1). Second.") == \
+        "Attention (Mistral 7B, Jiang et al. 2023, sec. 2.1)."
+    # nothing is cut out of what a docstring says, whatever it cites
+    assert first_sentence("Attention (Mistral 7B; seeds 004). Second.") == "Attention (Mistral 7B; seeds 004)."
     assert first_sentence("Pre-tokenised uint16 .bin files (e.g. nanoGPT's). Then more.") == \
         "Pre-tokenised uint16 .bin files (e.g. nanoGPT's)."
 
@@ -59,7 +65,7 @@ def test_listing_at_80_columns(tmp_path):
     out = r.stdout
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "…" not in out
-    assert not re.search(r"seeds \d{3}", out)  # the project's note references stay in the source
+    assert not re.search(r"seeds \d{3}", out)  # the sources cite papers (tests/test_no_notes_citations.py)
     flat = " ".join(out.split())  # sentences wrap over lines; whole once joined
     for sentence in (
             "NoPE: no position information at all; a causal decoder can still infer order from the mask "
@@ -72,6 +78,7 @@ def test_listing_at_80_columns(tmp_path):
     assert re.search(r"^  rmsnorm  built-in \(abl \S+\)$", out, re.M)
     # the --plugins-dir plugin: its file, and the sentence of its module docstring (the class has none)
     assert re.search(r"^  centernorm  centernorm\.py from --plugins-dir$", out, re.M), out
-    assert "Centred RMSNorm: subtract the mean, then divide by the root mean square." in flat
+    assert ("Centred RMSNorm: subtract the mean, then divide by the root mean square (as LayerNorm without its "
+            "bias; Zhang & Sennrich 2019, arXiv:1910.07467, sec. 3).") in flat
     assert "second paragraph" not in out
     assert "eps: float = 1e-06 - added to the variance" in out

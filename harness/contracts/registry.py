@@ -134,20 +134,15 @@ def show_default(value: Any) -> str:
 
 # abbreviations after which a full stop does not end a sentence
 _ABBREVIATIONS = {"al", "e.g", "i.e", "cf", "vs", "sec", "secs", "eq", "eqs", "fig", "figs", "ref", "no", "approx"}
-# references to the project's own notes (``seeds 000 sec. 4.2``): not for a reader of ``abl plugins``
-_NOTE_REF = r"seeds \d{3}(?:[^;,()]|\([^()]*\))*"
 
 
 def first_sentence(text: str | None) -> str:
-    """The first sentence of a docstring, whole (its first paragraph's lines joined), without
-    references to the project's notes."""
+    """The first sentence of a docstring, whole (its first paragraph's lines joined), citations
+    included as written."""
     if not text:
         return ""
     paragraph = re.split(r"\n\s*\n", inspect.cleandoc(text).strip(), maxsplit=1)[0]
-    flat = " ".join(paragraph.split())
-    flat = re.sub(r"\(\s*" + _NOTE_REF + r"\)\s*", "", flat)  # a parenthesis that is only a note reference
-    flat = re.sub(r"[;,]\s*" + _NOTE_REF, "", flat)  # "(Press et al. 2022; seeds 004)"
-    flat = re.sub(r"\s+([.,;:)])(?=\s|$|[.,;:)])", r"\1", flat).replace("``", "`").strip()
+    flat = " ".join(paragraph.split()).replace("``", "`")
     for m in re.finditer(r"(?<=[.!?])\s+(?=[A-Z(`\"'])", flat):
         word = re.split(r"[\s(]", flat[:m.start()])[-1].rstrip(".!?").lower()
         if word not in _ABBREVIATIONS and not (len(word) == 1 and word.isalpha()):
