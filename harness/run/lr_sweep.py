@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 from typing import Any, Hashable
 
-from ..contracts.config import Cell, Grid, config_hash
+from ..contracts.config import Cell, Grid, run_id_of
 from ..grid.gridfile import expand
 
 TUNING_SUFFIX = ".lr_tuning"
@@ -67,7 +67,7 @@ def final_grid(grid: Grid, registry, best: dict[str, float]) -> Grid:
             c.config["lr_tuned"] = {"lr_sweep": swept, "chosen": best[v],
                                     "tuning_experiment": grid.cells[0].experiment.name + TUNING_SUFFIX,
                                     "tuning_seed": grid.cells[0].experiment.seeds[0]}
-            c.run_id = config_hash(c.config)
+            c.run_id = run_id_of(c.config)  # the canonical shape, as every run id (abl.contracts.config)
             cells.append(c)
     return Grid(path=full.path, raw=raw, cells=cells, grid_paths=full.grid_paths)
 
