@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import re
-import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 from ..contracts.config import ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # tomllib is the standard library's copy of tomli (PEP 680); before 3.11 the package itself
-    import tomli as tomllib
 
 
 def parse_toml_text(text: str, source: str) -> dict:
