@@ -14,7 +14,11 @@ A grid file has the tables
   the cartesian product of those lists x seeds. ``exclude`` is an optional
   list of tables; a cell matching every entry of one of them is dropped.
 
-Every problem found is collected and reported together, before any training.
+Every problem found is collected and reported together, before any training
+(abl.grid). A validated cell's resolved config is what a run folder stores
+(``config.json``); ``cell_from_config`` turns it back into a Cell in the worker,
+and its run id is the hash of its canonical shape (see "the resolved config's
+two shapes" below).
 """
 
 from __future__ import annotations
