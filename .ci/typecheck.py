@@ -10,7 +10,7 @@ messages name the source files (``harness/store/provenance.py``), not the instal
 
     python .ci/typecheck.py [--target DIR] [--replace MODULE=FILE ...]
 
-``--replace abl.store.provenance=/tmp/provenance.py`` checks another file in a module's place (the
+``--replace abl.store.provenance=planted.py`` checks another file in a module's place (the
 tests plant a bad call that way). Exit status: mypy's (2 when the install fails).
 """
 
