@@ -14,24 +14,21 @@ A grid file has the tables
   the cartesian product of those lists x seeds. ``exclude`` is an optional
   list of tables; a cell matching every entry of one of them is dropped.
 
-Every problem found is collected and reported together, before any training.
+Every problem found is collected and reported together, before any training
+(abl.grid). A validated cell's resolved config is what a run folder stores
+(``config.json``); ``cell_from_config`` turns it back into a Cell in the worker,
+and its run id is the hash of its canonical shape (see "the resolved config's
+two shapes" below).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import difflib
 import hashlib
-import itertools
 import json
 import math
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from .registry import AXES, Param, Registry, RegistryError
 
@@ -214,15 +211,13 @@ class Cell:
     components: dict[str, Any]
     varied: dict[str, Any]  # grid path -> value for this cell
     eval: EvalConfig = field(default_factory=EvalConfig)
-
-    @property
-    def label(self) -> str:
-        return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in self.varied.items()) or "base"
+    # the grid's label of the cell (abl.grid.labels.grid_label of ``varied``), set where the cell is made
+    label: str = "base"
 
     @property
     def cell_key(self) -> str:
         """Identifies the cell across seeds (the run_id without the seed)."""
-        cfg = dict(self.config)
+        cfg = canonical_config(self.config)
         cfg.pop("seed", None)
         return config_hash(cfg)
 
@@ -230,9 +225,9 @@ class Cell:
         """Take a budget-matched model (``train.match``); the config and run id follow."""
         self.model, self.components = model, components
         self.config["model"] = dataclasses.asdict(model)
-        self.config["components"] = components
+        self.config["components"] = stored_components(components)
         self.config["matched"] = matched
-        self.run_id = config_hash(self.config)
+        self.run_id = run_id_of(self.config)
 
 
 @dataclass
@@ -242,9 +237,138 @@ class Grid:
     cells: list[Cell]
     grid_paths: list[str]
 
+
 def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def config_hash(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- the resolved config's two shapes
+#
+# A resolved config (Cell.config, a run folder's config.json) names each component once, where the
+# grid file names it: ``model.norm = "rmsnorm"``; ``components.norm`` holds only its resolved
+# ``params``, and ``"format": CONFIG_FORMAT`` marks the shape. Configs written before format 2
+# named the component twice (``components.norm = {"name": "rmsnorm", "params": ...}``).
+#
+# Run ids hash the canonical shape, which is that older one: a store finds its completed cells by
+# run id, so the same cell must hash the same as before (tests/test_run_ids_stable.py pins every
+# shipped grid). The store's ``runs.config`` keeps the canonical shape too, so a database holds one
+# shape whichever version wrote its rows, and its JSON paths ($.components.norm.name) stay valid.
+
+CONFIG_FORMAT = 2
+
+
+def selector(axis: str) -> tuple[str, str]:
+    """The (section, key) that names the component of ``axis``: ("model", "norm")."""
+    section, key = AXES[axis][0].split(".")
+    return section, key
+
+
+def stored_components(components: dict[str, Any]) -> dict[str, Any]:
+    """A cell's ``components`` (axis -> {"name", "params"}) as the resolved config stores them:
+    the axes' names left out (their sections say them); per-layer mixers kept whole."""
+    return {axis: ({"params": spec["params"]} if axis in AXES else spec) for axis, spec in components.items()}
+
+
+def config_format(config: dict[str, Any]) -> int:
+    """1: every component named twice (before format 2); 2: named once. Raises ConfigError otherwise."""
+    fmt = config.get("format", 1)
+    if fmt not in (1, CONFIG_FORMAT):
+        raise ConfigError(f"config format {fmt!r} is not one this abl reads (1 or {CONFIG_FORMAT}); "
+                          "it was written by another version of abl")
+    return fmt
+
+
+def compact_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (either shape) in the stored shape: each component named once. Raises ConfigError
+    where an old config's two names for a component disagree."""
+    if config_format(config) == CONFIG_FORMAT:
+        return config
+    out = {k: v for k, v in config.items() if k != "components"}
+    components: dict[str, Any] = {}
+    for axis, spec in (config.get("components") or {}).items():
+        if axis in AXES:
+            section, key = selector(axis)
+            named = (config.get(section) or {}).get(key)
+            if spec.get("name") != named:
+                raise ConfigError(f"config names {axis} {spec.get('name')!r} in components but "
+                                  f"{section}.{key} = {named!r}")
+            spec = {"params": spec.get("params", {})}
+        components[axis] = spec
+    out["components"] = components
+    out["format"] = CONFIG_FORMAT
+    return out
+
+
+def canonical_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (either shape) in the shape run ids hash and the store keeps (see above)."""
+    if config_format(config) == 1:
+        return config
+    out = {k: v for k, v in config.items() if k not in ("format", "components")}
+    components: dict[str, Any] = {}
+    for axis, spec in (config.get("components") or {}).items():
+        if axis in AXES:
+            section, key = selector(axis)
+            spec = {"name": (config.get(section) or {}).get(key), "params": spec.get("params", {})}
+        components[axis] = spec
+    out["components"] = components
+    return out
+
+
+def run_id_of(config: dict[str, Any]) -> str:
+    """A resolved config's run id: the hash of its canonical shape (either shape gives the same)."""
+    return config_hash(canonical_config(config))
+
+
+
+def cell_from_config(config: dict[str, Any], registry: Registry) -> Cell:
+    """The Cell of a stored resolved config (a run folder's config.json, either shape; a store's
+    ``runs.config``), built from it as it stands: it was validated when its grid expanded, so it is
+    not validated again. Checks only that it is a format this abl reads and that every component it
+    names is registered (a plugin missing where the worker runs). Raises ConfigError."""
+    config = compact_config(config)
+    # a config stored before [eval] existed ran every evaluation
+    every_eval = {f.name: True for f in dataclasses.fields(EvalConfig) if isinstance(f.default, bool)}
+    try:
+        sections: dict[str, Any] = {
+            "experiment": ExperimentConfig(name=config["experiment"], seeds=[config["seed"]]),
+            "model": ModelConfig(**config["model"]),
+            "train": TrainConfig(**config["train"]),
+            "data": DataConfig(**config["data"]),
+            "eval": EvalConfig(**config.get("eval", every_eval)),
+        }
+    except (KeyError, TypeError) as exc:  # a missing table, or a key this version's schema lacks
+        raise ConfigError(f"not a resolved cell config of this abl version: {type(exc).__name__}: {exc}") from None
+    stored = config.get("components") or {}
+    components: dict[str, Any] = {}
+    errs: list[str] = []
+    for axis in AXES:
+        section, key = selector(axis)
+        name = getattr(sections[section], key)
+        try:
+            comp = registry.get(axis, name)
+        except RegistryError as exc:
+            errs.append(f"{section}.{key}: {exc}")
+            continue
+        spec = stored.get(axis)
+        if spec is None:  # an axis newer than the config: its component's defaults, as a fresh grid resolves it
+            params, e = comp.resolve_params({}, f"{axis}.{name}")
+            errs += e
+        else:
+            params = dict(spec.get("params") or {})
+        components[axis] = {"name": name, "params": params}
+    if stored.get("layer_mixers"):
+        for spec in stored["layer_mixers"]:
+            try:
+                registry.get("mixer", spec["name"])
+            except RegistryError as exc:
+                errs.append(f"model.layer_pattern: {exc}")
+        components["layer_mixers"] = [dict(spec) for spec in stored["layer_mixers"]]
+    if errs:
+        raise ConfigError(list(dict.fromkeys(errs)))
+    return Cell(config=config, run_id=run_id_of(config), experiment=sections["experiment"],
+                model=sections["model"], train=sections["train"], data=sections["data"], seed=config["seed"],
+                components=components, varied={}, eval=sections["eval"])

@@ -1,7 +1,7 @@
-"""Cell labels for display: built from the settings that differ between the cells shown.
+"""Cell labels: every label abl shows or stores is computed here.
 
-A run's stored label is its grid's (``norm=rmsnorm, block=pre``): it names the
-grid axes only, so two runs of one experiment that differ in something the grid
+A run's stored label is its grid's (``grid_label``: ``norm=rmsnorm, block=pre``,
+set on the cell at expansion): it names the grid axes only, so two runs of one experiment that differ in something the grid
 did not sweep (a ``--set`` of a component parameter, a second grid file) carry
 the same stored label. Every table and chart that shows several cells labels
 them with ``cell_labels`` instead: the values that differ between exactly those
@@ -21,6 +21,7 @@ import math
 from typing import Any, Hashable, Mapping, Sequence
 
 from ..analysis.tables import flatten
+from ..contracts.config import CONFIG_FORMAT, canonical_config
 from ..model.matching import solved_paths
 
 SEP = ", "
@@ -49,8 +50,17 @@ def show(value: Any) -> str:
     return str(value)
 
 
+def grid_label(varied: Mapping[str, Any]) -> str:
+    """A cell's label in its grid: each swept path's last segment and value (``norm=rmsnorm, lr=0.001``),
+    ``base`` for a grid that sweeps nothing; values as a grid file writes them (``show``)."""
+    return SEP.join(f"{path.split('.')[-1]}={show(value)}" for path, value in varied.items()) or "base"
+
+
 def settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A run's config flattened to ``{dotted path: value}``: its sections and its components' parameters."""
+    """A run's config (either stored shape) flattened to ``{dotted path: value}``: its sections and
+    its components' parameters."""
+    if config.get("format") == CONFIG_FORMAT:
+        config = canonical_config(dict(config))
     flat = flatten({k: config.get(k) for k in ("model", "train", "data", "eval") if config.get(k) is not None})
     for axis, spec in (config.get("components") or {}).items():
         if isinstance(spec, dict) and isinstance(spec.get("params"), dict):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..contracts.config import ConfigError, Grid
-from .gridfile import parse_value
+from .parsing import parse_value
 from .labels import show
 
 

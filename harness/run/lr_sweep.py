@@ -27,7 +27,7 @@ import math
 from pathlib import Path
 from typing import Any, Hashable
 
-from ..contracts.config import Cell, Grid, config_hash
+from ..contracts.config import Cell, Grid, run_id_of
 from ..grid.gridfile import expand
 
 TUNING_SUFFIX = ".lr_tuning"
@@ -67,7 +67,7 @@ def final_grid(grid: Grid, registry, best: dict[str, float]) -> Grid:
             c.config["lr_tuned"] = {"lr_sweep": swept, "chosen": best[v],
                                     "tuning_experiment": grid.cells[0].experiment.name + TUNING_SUFFIX,
                                     "tuning_seed": grid.cells[0].experiment.seeds[0]}
-            c.run_id = config_hash(c.config)
+            c.run_id = run_id_of(c.config)  # the canonical shape, as every run id (abl.contracts.config)
             cells.append(c)
     return Grid(path=full.path, raw=raw, cells=cells, grid_paths=full.grid_paths)
 
@@ -110,15 +110,14 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
     from rich.table import Table
     from rich.text import Text
 
-    from ..grid.labels import cell_labels
+    from ..grid.labels import cell_labels, grid_label
     from ..present.termlayout import PRESENTATION, fits, pack, print_wide, wrap
 
     configs: dict[Hashable, dict] = {}
     for c in tuning.cells:  # one config per variant, all at the same learning rate
         if math.isclose(c.train.lr, tuning.cells[0].train.lr):
             configs.setdefault(variant(c), c.config)
-    fallback: dict[Hashable, str] = {v: ", ".join(f"{k.split('.')[-1]}={x}" for k, x in json.loads(v).items()) or "base"
-                for v in results}
+    fallback: dict[Hashable, str] = {v: grid_label(json.loads(v)) for v in results}
     labels = cell_labels(configs, [p for p in tuning.grid_paths if p != "train.lr"], fallback)
     title = "lr sweep: final val_loss on the tuning seed; * = the learning rate each variant gets"
     lrs = sorted({lr for by_lr in results.values() for lr in by_lr})

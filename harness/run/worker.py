@@ -130,7 +130,7 @@ def prepare_kernels(run_dir: Path) -> None:
 def run_rank(run_dir: Path) -> int:
     """A non-zero rank of a torchrun cell: train, write nothing; rank 0 owns the folder."""
     from ..contracts.plugin_manager import get_registry
-    from ..grid.gridfile import cell_from_config
+    from ..contracts.config import cell_from_config
     from .train import train
 
     registry = get_registry()
@@ -168,7 +168,7 @@ def run(run_dir: Path) -> int:
         from ..contracts.config import ConfigError
         from ..contracts.plugin_manager import get_registry
         from ..contracts.registry import RegistryError
-        from ..grid.gridfile import cell_from_config
+        from ..contracts.config import cell_from_config
         from .train import Diverged, checkpoint_step, train
 
         diverged = Diverged

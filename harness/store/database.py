@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import duckdb
 
 from ..analysis import health
+from ..contracts.config import ConfigError, canonical_config
 from . import rundir
 
 # Each migration runs once, in order, inside a transaction; never edit one
@@ -160,6 +161,10 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     config = rundir.read_json(run_dir / rundir.CONFIG)
     if not isinstance(config, dict) or not {"experiment", "seed"} <= set(config):
         raise StoreError(f"{run_dir}: no readable config.json; not a run folder")
+    try:  # the store keeps one shape of config whichever version wrote the folder (abl.contracts.config)
+        stored_config = canonical_config(config)
+    except ConfigError as exc:
+        raise StoreError(f"{run_dir}: {exc}") from None
     meta = rundir.read_json(run_dir / rundir.META, {})
     status = rundir.read_status(run_dir) or {"status": rundir.QUEUED}
     info = rundir.read_json(run_dir / rundir.INFO, {})
@@ -192,7 +197,7 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
             " attempts, code_changed, executor)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run_id, config["experiment"], meta.get("cell_key"), meta.get("label"), config["seed"], state,
-             json.dumps(config, sort_keys=True), _ts(status.get("started")), _ts(status.get("finished")),
+             json.dumps(stored_config, sort_keys=True), _ts(status.get("started")), _ts(status.get("finished")),
              meta.get("git_commit"), json.dumps(meta.get("versions", {}), sort_keys=True),
              info.get("device"), json.dumps(info, sort_keys=True), info.get("data_fingerprint"),
              meta.get("grid_file"), notes, error, meta.get("attempts", 1),

@@ -1,0 +1,357 @@
+"""Validation: a grid file's tables and keys checked against the schema and the registry, and one
+cell's raw tables resolved into a validated Cell (or every problem found)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Any
+
+from ..contracts.config import (
+    CONFIG_FORMAT,
+    SCALES,
+    SECTIONS,
+    Cell,
+    ExperimentConfig,
+    ModelConfig,
+    TrainConfig,
+    canonical_json,
+    run_id_of,
+    section_params,
+    stored_components,
+)
+from ..contracts.registry import AXES, Registry, RegistryError
+from ..data.tasks import resolve_probes
+from .labels import grid_label
+
+
+def _suggest(word: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(word, valid, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _known_path(path: str, registry: Registry) -> str | None:
+    """None if ``path`` names a settable key, else an error message."""
+    parts = path.split(".")
+    head = parts[0]
+    if head in SECTIONS:
+        if len(parts) != 2:
+            return f"{path!r}: expected {head}.<key>"
+        keys = list(section_params(SECTIONS[head]))
+        if parts[1] not in keys:
+            return f"unknown key {path!r}{_suggest(parts[1], keys)} (valid: {', '.join(keys)})"
+        return None
+    if head in AXES:
+        if len(parts) != 3:
+            return f"{path!r}: component parameters are written {head}.<name>.<param>"
+        try:
+            comp = registry.get(head, parts[1])
+        except RegistryError as exc:
+            return f"{path!r}: {exc}"
+        if parts[2] not in comp.params:
+            valid = sorted(comp.params)
+            return (
+                f"{path!r}: {head} {parts[1]!r} has no parameter {parts[2]!r}"
+                f"{_suggest(parts[2], valid)} (valid: {', '.join(valid) or 'none'})"
+            )
+        return None
+    valid = list(SECTIONS) + list(AXES) + ["grid"]
+    return f"unknown table {head!r}{_suggest(head, valid)} (valid tables: {', '.join(valid)})"
+
+
+def _check_structure(raw: dict, registry: Registry) -> list[str]:
+    errs: list[str] = []
+    for key, value in raw.items():
+        if key == "grid":
+            continue
+        if key in SECTIONS:
+            if not isinstance(value, dict):
+                errs.append(f"[{key}] must be a table")
+                continue
+            for k in value:
+                msg = _known_path(f"{key}.{k}", registry)
+                if msg:
+                    errs.append(msg)
+        elif key in AXES:
+            if not isinstance(value, dict):
+                errs.append(f"[{key}] must be a table of component names")
+                continue
+            for name, params in value.items():
+                if not isinstance(params, dict):
+                    errs.append(f"{key}.{name}: expected a table of parameters, e.g. [{key}.{name}]")
+                    continue
+                for p in params:
+                    msg = _known_path(f"{key}.{name}.{p}", registry)
+                    if msg:
+                        errs.append(msg)
+        else:
+            errs.append(_known_path(key, registry) or f"unknown table {key!r}")
+    return errs
+
+
+def _parse_grid(raw: dict, registry: Registry) -> tuple[dict[str, list], list[dict], list[str]]:
+    grid = raw.get("grid", {})
+    errs: list[str] = []
+    if not isinstance(grid, dict):
+        return {}, [], ["[grid] must be a table of dotted paths to lists"]
+    axes: dict[str, list] = {}
+    excludes: list[dict] = []
+    for path, values in grid.items():
+        if path == "exclude":
+            if not isinstance(values, list) or not all(isinstance(v, dict) for v in values):
+                errs.append('grid.exclude must be a list of tables, e.g. [{"model.norm" = "none"}]')
+                continue
+            for ex in values:
+                for p in ex:
+                    msg = _known_path(p, registry)
+                    if msg:
+                        errs.append(f"grid.exclude: {msg}")
+            excludes = values
+            continue
+        if isinstance(values, dict):
+            errs.append(
+                f"grid key {path!r} is a table; quote dotted paths: \"{path}.<key>\" = [...]"
+            )
+            continue
+        msg = _known_path(path, registry)
+        if msg:
+            errs.append(f"grid: {msg}")
+            continue
+        if not isinstance(values, list) or not values:
+            errs.append(f"grid {path!r} must be a non-empty list of values")
+            continue
+        axes[path] = values
+    return axes, excludes, errs
+
+
+def check_output_path(key: str, value: str) -> list[str]:
+    """An output path named in a grid file must stay inside the working directory."""
+    p = Path(value)
+    root = Path.cwd().resolve()
+    if p.is_absolute() or not (root / p).resolve().is_relative_to(root):
+        return [f"{key} = {value!r} points outside the working directory; use a relative path "
+                f"inside it (or pass --db on the command line)"]
+    return []
+
+
+def _build_section(name: str, raw: dict) -> tuple[Any, list[str]]:
+    cls = SECTIONS[name]
+    params = section_params(cls)
+    values: dict[str, Any] = {}
+    errs: list[str] = []
+    for key, p in params.items():
+        v = raw.get(key, p.default)
+        if key == "summary" and not (isinstance(v, list) and v and all(isinstance(x, str) and x for x in v)):
+            errs.append(f"experiment.summary must be a non-empty list of metric names, got {v!r}")
+            continue
+        if key == "seeds":
+            if not isinstance(v, list) or not v or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in v
+            ):
+                errs.append(f"experiment.seeds must be a non-empty list of integers, got {v!r}")
+            elif len(set(v)) != len(v):
+                errs.append(f"experiment.seeds has duplicates: {v!r}")
+        else:
+            for msg in p.check(key, v):
+                errs.append(f"{name}.{msg}")
+        if isinstance(v, int) and not isinstance(v, bool) and p.resolved_type() is float:
+            v = float(v)
+        values[key] = v
+    if errs:
+        return None, errs
+    return cls(**values), []
+
+
+def _selector(axis: str, sections: dict[str, Any]) -> str:
+    sec, key = AXES[axis][0].split(".")
+    return getattr(sections[sec], key)
+
+
+def _train_config(tc: TrainConfig) -> dict[str, Any]:
+    """``[train]`` as stored and hashed; an empty ``lr_sweep`` is left out, so run ids from before it
+    existed stay the same."""
+    out = dataclasses.asdict(tc)
+    if not out["lr_sweep"]:
+        del out["lr_sweep"]
+    return out
+
+
+def head_dim_errors(model: ModelConfig, train: TrainConfig, given: dict) -> list[str]:
+    """``model.head_dim``: derived (d_model must then split into the heads) or given, and within
+    what the FlashAttention kernel handles when ``train.kernels = "triton"`` asks for it."""
+    from ..kernels import FLASH_ATTENTION_MAX_HEAD_DIM as max_dim
+
+    if not given.get("head_dim") and model.d_model % model.n_heads:
+        return [f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}; "
+                "set model.head_dim to choose the head width independently"]
+    if train.kernels == "triton" and model.head_dim > max_dim:
+        return [f"model.head_dim={model.head_dim} exceeds {max_dim}, the widest head the FlashAttention "
+                "kernel takes (train.kernels = 'triton'); use a head_dim of at most "
+                f"{max_dim} or train.kernels = 'torch'"]
+    return []
+
+
+def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registry) -> tuple[Cell | None, list[str]]:
+    """Turn one cell's raw dict into a validated Cell (or error messages)."""
+    errs: list[str] = []
+    sections: dict[str, Any] = {}
+    for name in SECTIONS:
+        sub = raw.get(name, {})
+        obj, e = _build_section(name, sub if isinstance(sub, dict) else {})
+        errs += e
+        sections[name] = obj
+    if errs:
+        return None, errs
+    model: ModelConfig = sections["model"]
+    given_model: dict = raw["model"] if isinstance(raw.get("model"), dict) else {}
+    if model.scale:
+        if model.scale not in SCALES:
+            errs.append(f"model.scale {model.scale!r} is not a preset; valid: {', '.join(SCALES)}")
+        else:
+            model.d_model, model.n_layers, model.n_heads = SCALES[model.scale]
+            model.derive_defaults(rederive=[k for k in ("head_dim", "init_std") if not given_model.get(k)])
+    tc: TrainConfig = sections["train"]
+    if tc.tokens:
+        if isinstance(raw.get("train"), dict) and "steps" in raw["train"]:
+            errs.append("give train.steps or train.tokens, not both")
+        tc.steps = -(-tc.tokens // (tc.batch_size * model.context))
+    errs += head_dim_errors(model, tc, given_model)
+    if sections["train"].batch_size % sections["train"].devices:
+        errs.append(f"train.batch_size={sections['train'].batch_size} is not divisible by "
+                    f"train.devices={sections['train'].devices}")
+    if tc.compile and tc.devices > 1:
+        errs.append("train.compile = true needs train.devices = 1 (the compiled path is one process)")
+    dev = sections["train"].device
+    if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        errs.append(f"train.device must be auto, cpu, cuda or cuda:N, got {dev!r}")
+    components: dict[str, Any] = {}
+    for axis in AXES:
+        name = _selector(axis, sections)
+        try:
+            comp = registry.get(axis, name)
+        except RegistryError as exc:
+            errs.append(f"{AXES[axis][0]}: {exc}")
+            continue
+        given = raw.get(axis, {}).get(name, {}) if isinstance(raw.get(axis), dict) else {}
+        params, e = comp.resolve_params(given, f"{axis}.{name}")
+        errs += e
+        components[axis] = {"name": name, "params": params}
+    pattern = [n.strip() for n in model.layer_pattern.split(",") if n.strip()]
+    if pattern:
+        if model.n_layers % len(pattern):
+            errs.append(f"model.layer_pattern has {len(pattern)} entries; model.n_layers="
+                        f"{model.n_layers} must be a multiple of it")
+        specs: dict[str, dict[str, Any]] = {}
+        for name in dict.fromkeys(pattern):
+            try:
+                comp = registry.get("mixer", name)
+            except RegistryError as exc:
+                errs.append(f"model.layer_pattern: {exc}")
+                continue
+            given = raw.get("mixer", {}).get(name, {}) if isinstance(raw.get("mixer"), dict) else {}
+            params, e = comp.resolve_params(given, f"mixer.{name}")
+            errs += e
+            specs[name] = {"name": name, "params": params}
+        if not errs:
+            components["layer_mixers"] = [specs[n] for n in model.layer_mixer_names()]
+    probes, e = resolve_probes(raw, sections["eval"].probes, model, registry)
+    errs += e
+    if errs:
+        return None, errs
+    # cross-axis checks declared by the components themselves
+    checked = [(axis, spec) for axis, spec in components.items() if axis in AXES]
+    checked += [("mixer", spec) for spec in {s["name"]: s for s in components.get("layer_mixers", [])}.values()]
+    for axis, spec in checked:
+        comp = registry.get(axis, spec["name"])
+        if comp.check is not None:
+            for msg in registry.call_with_position(comp.check, model, spec["params"]) or []:
+                errs.append(f"{axis} {spec['name']!r}: {msg}")
+    if errs:
+        return None, errs
+    exp: ExperimentConfig = sections["experiment"]
+    config = {
+        "format": CONFIG_FORMAT,
+        "experiment": exp.name,
+        "seed": seed,
+        "model": dataclasses.asdict(model),
+        "train": _train_config(sections["train"]),
+        "data": dataclasses.asdict(sections["data"]),
+        "eval": {k: v for k, v in dataclasses.asdict(sections["eval"]).items()
+                 if k != "probes" or v},  # no probes: the run ids stay as before eval.probes existed
+        "components": stored_components(components),
+    }
+    if probes:
+        config["probes"] = probes
+    return (
+        Cell(
+            config=config,
+            run_id=run_id_of(config),
+            experiment=exp,
+            model=model,
+            train=sections["train"],
+            data=sections["data"],
+            seed=seed,
+            components=components,
+            varied=varied,
+            eval=sections["eval"],
+            label=grid_label(varied),
+        ),
+        [],
+    )
+
+
+
+def check_lr_sweep(values: Any, seeds: list, grid_paths: list[str]) -> list[str]:
+    """Problems with ``train.lr_sweep`` in a grid (abl.run.lr_sweep runs it)."""
+    errs = []
+    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               and 0 < v < float("inf") for v in values):
+        errs.append(f"train.lr_sweep must be a list of positive learning rates, got {values!r}")
+    elif len(set(values)) != len(values):
+        errs.append(f"train.lr_sweep has duplicates: {values!r}")
+    if len(seeds) < 2:
+        errs.append(f"train.lr_sweep needs at least 2 seeds (the first tunes, the others compare); "
+                    f"experiment.seeds = {seeds!r}")
+    if "train.lr" in grid_paths:
+        errs.append("train.lr is both a grid axis and swept by train.lr_sweep; use one of them")
+    return errs
+
+
+def value_errors(path: str, value: Any, registry: Registry) -> list[str]:
+    """Why ``value`` cannot be set at the dotted ``path`` (empty when it can)."""
+    msg = _known_path(path, registry)
+    if msg:
+        return [msg]
+    head, *rest = path.split(".")
+    if head in SECTIONS:
+        if path == "experiment.seeds":
+            ok = isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool)
+                                                           for v in value)
+            return [] if ok else [f"experiment.seeds must be a non-empty list of integers, got {value!r}"]
+        errs = [f"{head}.{m}" for m in section_params(SECTIONS[head])[rest[0]].check(rest[0], value)]
+        axis = next((a for a, (sel, _) in AXES.items() if sel == path), None)
+        if axis is not None and not errs:
+            try:
+                registry.get(axis, value)
+            except RegistryError as exc:
+                errs.append(f"{path}: {exc}")
+        return errs
+    comp = registry.get(head, rest[0])
+    return [f"{path}: {m}" for m in comp.params[rest[1]].check(rest[1], value)]
+
+
+def swept_override_errors(raw: dict, overrides: list[tuple[str, Any]], registry: Registry) -> list[str]:
+    """A ``--set`` on a key the grid sweeps would be overwritten by every cell: refuse it,
+    say how to override the sweep, and check the value anyway."""
+    grid = raw.get("grid")
+    swept: dict[str, Any] = grid if isinstance(grid, dict) else {}
+    errs: list[str] = []
+    for key, value in overrides:
+        if key == "grid" or key.startswith("grid.") or key not in swept:
+            continue
+        example = canonical_json([value]).replace(",", ", ")
+        errs.append(f"--set {key}={value!r}: the grid sweeps {key} over {swept[key]!r}, so this would be "
+                    f"ignored; to replace the sweep, --set 'grid.{key}={example}'")
+        errs += value_errors(key, value, registry)
+    return errs
