@@ -9,13 +9,8 @@ imports under ``if TYPE_CHECKING:`` are left out: they never run.
 from __future__ import annotations
 
 import ast
-import sys
+import tomllib
 from pathlib import Path
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 # the one package-dir mapping: pyproject.toml's (harness/ is installed as abl, plugins/ as abl.plugins ...)
