@@ -189,7 +189,7 @@ def test_predicted_flops_per_step_within_5_percent_of_the_flop_counter(reg, axis
 def _measured_step_peak(reg, cell):
     """peak_tensor_bytes of one training step after a first one (the optimizer state exists), as train() does."""
     from abl.model.memory import StepMemory
-    from abl.run.train import make_optimizer
+    from abl.run.optim import make_optimizer
 
     torch.manual_seed(0)
     model = DecoderLM(cell.model, cell.components, reg)

@@ -65,7 +65,7 @@ def test_no_cpu_peak_for_a_format_without_cpu_matmuls():
 
 
 def test_mfu_above_one_is_not_stored(monkeypatch):
-    from abl.run.train import mfu
+    from abl.run.measure import mfu
 
     assert mfu({"useful_flops_per_step": 1e9, "device_peak_flops": 1e10}, [0.5, 0.2, 0.3]) == pytest.approx(1 / 3)
 

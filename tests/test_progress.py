@@ -12,7 +12,7 @@ from conftest import ROOT
 from rich.console import Console
 
 from abl.run.executors import Job
-from abl.run.runner import BarProgress, LineProgress, contention_note, fmt_duration, heartbeat_interval
+from abl.run.progress import BarProgress, LineProgress, contention_note, fmt_duration, heartbeat_interval
 
 GRID = """
 [experiment]

@@ -38,7 +38,7 @@ def test_killed_did_not_complete_but_is_not_a_failure_to_retry():
     assert [s for s, c in rundir.EXIT_CODES.items() if c == 0] == ["completed"]
 
 
-# a whole one-step run, as harness/train.py writes it
+# a whole one-step run, as abl.run.train writes it
 WHOLE = [{"step": 0, "n_params": 10}, {"step": 1, "train_loss": 3.1, "val_loss": 3.0},
          {"step": 1, "wall_s": 1.0, "peak_mem_bytes": 1e6}]
 
@@ -251,3 +251,24 @@ def test_a_killed_run_with_a_garbled_line_keeps_its_status_and_says_so(tmp_path)
     con = duckdb.connect(str(db), read_only=True)
     assert "1 damaged line(s) skipped" in con.execute("SELECT notes FROM runs").fetchone()[0]
     con.close()
+
+
+def test_the_plan_sentence_says_what_is_skipped_resumed_and_run(tmp_path):
+    """run_grid's opening line, from its named step: completed, to run, resuming, incomplete, failed, busy."""
+    runs_dir = tmp_path / "runs"
+    ids = ["completed", "failed", "busy", "killed", "incomplete", "queued"]
+    cells = [SimpleNamespace(run_id=s, cell_key=s[:3]) for s in ids]
+    grid = SimpleNamespace(cells=[SimpleNamespace(**vars(c), experiment=SimpleNamespace(name="exp")) for c in cells])
+    known = {"completed": "completed", "failed": "failed", "busy": runner.BUSY, "killed": "killed",
+             "incomplete": rundir.INCOMPLETE}
+    (runs_dir / "killed").mkdir(parents=True)
+    (runs_dir / "killed" / rundir.CHECKPOINT).write_bytes(b"")
+    completed, failed, busy, todo = runner.plan(grid.cells, known)
+    line = runner.plan_sentence(grid, runs_dir, known, completed, failed, busy, todo, retry_failed=False)
+    assert line == ("[bold]exp[/]: 6 runs (6 cells x seeds); 1 already completed, skipped; 3 to run "
+                    "(1 resuming from a checkpoint); 1 stored incomplete (their run folder was not whole), "
+                    "trained again; 1 failed or diverged, skipped (--retry failed re-runs them); "
+                    "1 running in another abl process, left alone.")
+    _, failed, _, todo = runner.plan(grid.cells, known, retry_failed=True)
+    line = runner.plan_sentence(grid, runs_dir, known, [], failed, [], todo, retry_failed=True)
+    assert "4 to run" in line and "failed or diverged" not in line

@@ -251,3 +251,32 @@ def test_by_axis_pairs_cells_that_differ_in_that_axis_only():
     pairs = stats.by_axis(cells, "model.ffn")
     assert len(pairs) == 6  # 3 ffn pairs x 2 norms
     assert all(a.split("/")[1] == b.split("/")[1] and a != b for a, b in pairs)
+
+
+def test_every_name_used_from_abl_analysis_stats_is_its_public_api():
+    """abl.analysis.stats is one public name over its rooms: every ``stats.X`` (where ``stats`` is
+    abl.analysis.stats) and ``from abl.analysis.stats import X`` in harness/, dashboard/ and tests/
+    names an attribute it lists in ``__all__``."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    imports_the_module = ("from abl.analysis import stats", "from ..analysis import stats", "from . import stats",
+                          "from ..analysis import stats, ")
+    used: dict[str, str] = {}
+    for folder in ("harness", "dashboard", "tests"):
+        for path in (root / folder).rglob("*.py"):
+            if "stats" in path.relative_to(root).parts[:-1]:
+                continue  # the package itself
+            text = path.read_text()
+            as_module = any(line.strip().startswith(imports_the_module) for line in text.splitlines())
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("analysis.stats"):
+                    used.update({a.name: str(path.relative_to(root)) for a in node.names})
+                elif as_module and isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                        and node.value.id == "stats" and not node.attr.startswith("__"):
+                    used[node.attr] = str(path.relative_to(root))
+    assert len(used) >= 30, sorted(used)  # the scan found the users (present, dashboard, verdicts, tests)
+    missing = {name: where for name, where in used.items() if name not in stats.__all__}
+    assert not missing, f"used but not in abl.analysis.stats.__all__: {missing}"
+    assert all(hasattr(stats, name) for name in stats.__all__)

@@ -3,7 +3,8 @@ import math
 import pytest
 
 from abl.grid.gridfile import expand
-from abl.run.train import Diverged, lr_at, train
+from abl.run.optim import lr_at
+from abl.run.train import Diverged, train
 
 GRID = {
     "experiment": {"name": "t", "seeds": [0]},

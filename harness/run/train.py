@@ -7,6 +7,12 @@ or measure and record its costs at step 0), ``train_loop`` (one
 then the post-training evaluations (abl.run.evaluations, each switchable under
 ``[eval]``) and the summary (peak memory, ``mfu``).
 
+The loop lives here; its parts have rooms of their own: the optimizer and
+the schedule (abl.run.optim), checkpoints (abl.run.checkpoint), what the run
+measures about itself: costs, memory, the machine's share, MFU
+(abl.run.measure), several processes (abl.run.ddp) and ``train.compile``
+(abl.run.compiled).
+
 Metrics go to a ``MetricSink`` (in the worker: an append-only JSONL file that
 is flushed as each line is written); the trainer never touches the database.
 
@@ -36,9 +42,6 @@ Recorded names:
 from __future__ import annotations
 
 import math
-import os
-import resource
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,10 +58,15 @@ from ..data.tasks import Task
 from ..kernels import KernelBackend
 from ..kernels import resolve as resolve_kernels
 from ..model.decoder import DecoderLM, ForwardContext
-from ..model.memory import StepMemory, step_memory
+from ..model.memory import step_memory
 from ..model.shapecache import ShapeCache, shape_key
 from ..store.provenance import device_name
+from .checkpoint import load_checkpoint, save_checkpoint
+from .compiled import Compiled, compile_warmup
+from .ddp import Distributed
 from .evaluations import TrainedRun, run_evaluations
+from .measure import LoopShare, cpu_peak_rss_bytes, measure_costs, memory_metrics, mfu, mfu_costs, peak_mem_bytes
+from .optim import lr_at, make_optimizer, set_lr
 from .taskdata import make_batches, task_metrics
 
 
@@ -77,37 +85,6 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"train.device={name!r} but no CUDA device is available")
     return dev
-
-
-def lr_at(step: int, cfg) -> float:
-    """Linear warm-up to lr over warmup_steps, then cosine down to lr * min_lr_ratio."""
-    if cfg.warmup_steps and step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(1, cfg.steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
-
-
-def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only (not norms, biases, gains, scalars)."""
-    decay: list[torch.nn.Parameter] = []
-    no_decay: list[torch.nn.Parameter] = []
-    seen: set[int] = set()
-    for p in model.parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
-
-
-def cpu_peak_rss_bytes() -> int:
-    """Peak resident set size of this process (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def seed_everything(seed: int) -> None:
@@ -136,248 +113,11 @@ def evaluate(model: DecoderLM, batches: Batches, n_batches: int, precision: Prec
     return total / n_batches
 
 
-def save_checkpoint(path: Path, step: int, model, optimizer, precision: Precision,
-                    data_states: list[torch.Tensor]) -> None:
-    """Everything needed to continue bit-for-bit: written to a temp file, then renamed.
-
-    ``data_states`` holds the data-order generator state of every rank.
-    """
-    import random
-
-    import numpy as np
-
-    state = {
-        "step": step,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "precision": precision.state_dict(),
-        "data_rng": data_states,
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "numpy_rng": np.random.get_state(),
-        "python_rng": random.getstate(),
-    }
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path, model, optimizer, precision: Precision, batches: Batches, rank: int = 0) -> int:
-    """Restore a checkpoint written by save_checkpoint; returns its step."""
-    import random
-
-    import numpy as np
-
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    precision.load_state_dict(state["precision"])
-    batches.gen.set_state(state["data_rng"][rank])
-    torch.set_rng_state(state["torch_rng"])
-    if state["cuda_rng"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda_rng"])
-    np.random.set_state(state["numpy_rng"])
-    random.setstate(state["python_rng"])
-    return int(state["step"])
-
-
-def checkpoint_step(path: Path) -> int | None:
-    """The step of the checkpoint at ``path`` (None if there is none or it is unreadable)."""
-    if not path.exists():
-        return None
-    try:
-        return int(torch.load(path, map_location="cpu", weights_only=False)["step"])
-    except Exception:  # noqa: BLE001 - a torn checkpoint is as good as none
-        return None
-
-
-def mfu_peak(device: torch.device, precision: Precision, world: int) -> float | None:
-    """The peak FLOP/s MFU divides by: the device's, in the format the policy's matmuls
-    run in (after ``precision.setup``), times the processes of the cell; None if unknown."""
-    from ..store.provenance import peak_flops
-
-    peak = peak_flops(device, precision.peak_format())
-    return float(peak * world) if peak else None
-
-
-def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batches, precision: Precision,
-                  device: torch.device, world: int, counted: float | None = None) -> dict[str, float]:
-    """FLOPs of one training step counted by torch (on a validation batch, so the
-    training data order is untouched; ``counted``: the count of an identical
-    shape, abl.model.shapecache), the device peak used for MFU, and the cost model's
-    predictions. A ``_note`` entry says why predictions are missing."""
-    from ..model.flops import count_step_flops
-
-    if counted is None:
-        x, y = next(iter(batches.val_batches(1)))
-        x, y = x.to(device), y.to(device)
-        measured = count_step_flops(core, x, y, lambda: ForwardContext(position=core.position, need_logits=False),
-                                    lambda: precision.autocast(device))
-        counted = float(measured * world)
-    out: dict[str, float] = {"flops_per_step_measured": counted}
-    peak = mfu_peak(device, precision, world)
-    if peak is not None:
-        out["device_peak_flops"] = peak
-    from ..contracts.registry import RegistryError
-    from ..model.costmodel import predict
-
-    try:
-        pred = predict(cell, registry, vocab_size=cell.model.vocab_size)
-    except RegistryError as exc:  # a component without a cost model: say so, record the rest
-        out["_note"] = f"no cost prediction: {exc}"  # type: ignore[assignment]
-        return out
-    out["flops_per_step_predicted"] = float(pred["flops_per_step"])
-    out["useful_flops_per_step"] = float(pred["useful_flops_per_step"])
-    out["n_params_predicted"] = float(pred["n_params"])
-    return out
-
-
 def _to_float(v: Any) -> float:
     return float(v.item()) if isinstance(v, torch.Tensor) else float(v)
 
 
-class Distributed:
-    """DDP bookkeeping for a cell spanning several processes (torchrun sets WORLD_SIZE).
-
-    One process per GPU with NCCL on CUDA, gloo on CPU. ``train.batch_size`` is
-    the global batch: each rank draws ``batch_size / world`` sequences from its
-    own seeded stream. Only rank 0 evaluates, logs and checkpoints. With one
-    process every method is a no-op.
-    """
-
-    def __init__(self) -> None:
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.enabled = self.world > 1
-        self.is_main = self.rank == 0
-
-    def setup(self, device: torch.device) -> torch.device:
-        if not self.enabled:
-            return device
-        import torch.distributed as dist
-
-        if device.type == "cuda":
-            device = torch.device("cuda", self.local_rank)
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        return device
-
-    def wrap(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-        if not self.enabled:
-            return model
-        from torch.nn.parallel import DistributedDataParallel
-
-        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-    def mean(self, value: float, device: torch.device) -> float:
-        if not self.enabled:
-            return value
-        import torch.distributed as dist
-
-        t = torch.tensor([value], dtype=torch.float64, device=device)
-        dist.all_reduce(t)
-        return float(t.item()) / self.world
-
-    def gather(self, obj: Any) -> list[Any]:
-        if not self.enabled:
-            return [obj]
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj)
-        return out
-
-    def close(self) -> None:
-        if self.enabled:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-
-
-
-class Compiled(torch.nn.Module):
-    """``train.compile``: the training forward (model and loss) through ``torch.compile``.
-
-    The model's kernel backend is activated outside the compiled region, and the
-    backend queries (``abl.kernels.active`` / ``use_triton``) are constants to
-    dynamo: a cell's backend is fixed for its whole run. Evaluation, decoding
-    and FLOP counting call the eager model.
-    """
-
-    def __init__(self, core: DecoderLM):
-        super().__init__()
-        from abl import kernels
-
-        for query in (kernels.active, kernels.use_triton):
-            torch.compiler.assume_constant_result(query)
-        self.core = core
-        self.compiled = torch.compile(core._forward)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, ctx: ForwardContext | None = None):
-        with self.core.kernel_backend.activate():
-            return self.compiled(idx, targets, ctx)
-
-
-def compile_warmup(run: TrainingRun) -> float:
-    """Compile before the first timed step: one forward and backward on a validation
-    batch, after which the model, its gradients and every RNG are as they were.
-    Returns the seconds it took (``compile_s``)."""
-    import random
-
-    import numpy as np
-
-    t0 = time.perf_counter()
-    saved_model = {k: v.detach().clone() for k, v in run.core.state_dict().items()}
-    saved_precision = run.precision.state_dict()
-    rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-           np.random.get_state(), random.getstate())
-    x, y = next(iter(run.batches.val_batches(1)))
-    x, y = x[: run.batches.batch_size].to(run.device), y[: run.batches.batch_size].to(run.device)
-    ctx = ForwardContext(position=run.core.position, need_logits=False)
-    with run.precision.autocast(run.device):
-        _, loss, _ = run.model(x, y, ctx)
-    loss.backward()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.core.load_state_dict(saved_model)
-    run.precision.load_state_dict(saved_precision)
-    torch.set_rng_state(rng[0])
-    if rng[1] is not None:
-        torch.cuda.set_rng_state_all(rng[1])
-    np.random.set_state(rng[2])
-    random.setstate(rng[3])
-    run.synchronize()
-    return time.perf_counter() - t0
-
-
 # ---------------------------------------------------------------- one run, in parts
-
-
-class LoopShare:
-    """What the machine gave the training loop: CPU seconds per thread-second, and the load."""
-
-    def __init__(self) -> None:
-        self.threads = max(1, torch.get_num_threads())
-        self.loads: list[float] = []
-        self.t0, self.cpu0 = time.perf_counter(), time.process_time()
-        self.sample()
-
-    def sample(self) -> None:
-        try:
-            self.loads.append(float(os.getloadavg()[0]))
-        except (OSError, AttributeError):  # no load average on this platform
-            pass
-
-    def metrics(self) -> dict[str, float]:
-        """``cpu_util`` and ``load_per_core`` of the loop so far (the end's load sampled now)."""
-        self.sample()
-        wall, cpu = time.perf_counter() - self.t0, time.process_time() - self.cpu0
-        out: dict[str, float] = {}
-        if wall > 0:
-            out["cpu_util"] = cpu / (wall * self.threads)
-        if self.loads:
-            out["load_per_core"] = sum(self.loads) / len(self.loads) / (os.cpu_count() or 1)
-        return out
 
 
 @dataclass
@@ -521,29 +261,6 @@ def begin(run: TrainingRun, sink: MetricSink, checkpoint_path: Path | None) -> t
     return 1, costs
 
 
-def mfu_costs(run: TrainingRun) -> dict[str, float]:
-    """useful_flops_per_step and device_peak_flops, as ``measure_costs`` gives them, without the flop count."""
-    from ..contracts.registry import RegistryError
-    from ..model.costmodel import predict
-
-    out: dict[str, float] = {}
-    peak = mfu_peak(run.device, run.precision, run.dist.world)
-    if peak is not None:
-        out["device_peak_flops"] = peak
-    try:
-        out["useful_flops_per_step"] = float(predict(run.cell, run.registry, vocab_size=run.cell.model.vocab_size)
-                                             ["useful_flops_per_step"])
-    except RegistryError:
-        pass
-    return out
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> float:
-    for g in optimizer.param_groups:
-        g["lr"] = lr
-    return lr
-
-
 def train_step(run: TrainingRun, x: torch.Tensor, y: torch.Tensor, step: int, lr: float,
                sink: MetricSink) -> tuple[float, dict[str, Any], ForwardContext]:
     """Forward, divergence check, backward, optimizer step.
@@ -569,18 +286,6 @@ def memory_tracked(run: TrainingRun, step: int) -> bool:
     state exists by then), in single-process eager cells only (a compiled step's
     memory is inductor's, not the eager model's the cost model predicts)."""
     return run.dist.world == 1 and not run.cell.train.compile and step == min(2, run.cell.train.steps)
-
-
-def memory_metrics(mem: StepMemory | None, notes: list[str]) -> dict[str, float]:
-    """peak_tensor_bytes and its non-zero parts; a note when the tracker could not run."""
-    if mem is None:
-        return {}
-    if mem.peak is None:
-        if mem.why:
-            notes.append(mem.why)
-        return {}
-    return {"peak_tensor_bytes": mem.peak,
-            **{f"peak_tensor_{k}_bytes": v for k, v in mem.breakdown.items() if v}}
 
 
 def reported_metrics(step_metrics: dict[str, Any], ctx: ForwardContext) -> dict[str, float]:
@@ -664,23 +369,6 @@ def post_training(run: TrainingRun, sink: MetricSink) -> None:
     if metrics:
         sink.log(run.cell.train.steps, metrics)
     run.notes += notes
-
-
-def peak_mem_bytes(device: torch.device) -> int:
-    """CUDA's peak allocated bytes, or on CPU the process's peak resident set (README: What is recorded)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return cpu_peak_rss_bytes()
-
-
-def mfu(costs: dict[str, float], step_times: list[float]) -> float | None:
-    """Model FLOPs utilisation: variant-aware useful FLOPs per step over the median step
-    time, over the device peak. None without a prediction, a device peak or a timed step."""
-    useful, peak = costs.get("useful_flops_per_step"), costs.get("device_peak_flops")
-    if not (useful and peak and step_times):
-        return None
-    median_dt = sorted(step_times)[len(step_times) // 2]
-    return useful / median_dt / peak
 
 
 def train(cell: Cell, registry: Registry, sink: MetricSink,

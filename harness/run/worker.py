@@ -169,7 +169,8 @@ def run(run_dir: Path) -> int:
         from ..contracts.plugin_manager import get_registry
         from ..contracts.registry import RegistryError
         from ..contracts.config import cell_from_config
-        from .train import Diverged, checkpoint_step, train
+        from .checkpoint import checkpoint_step
+        from .train import Diverged, train
 
         diverged = Diverged
         user_errors = (ConfigError, RegistryError)

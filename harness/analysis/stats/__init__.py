@@ -1,0 +1,80 @@
+"""Multi-seed statistics: is a cell's difference from the baseline real?
+
+One implementation for the CLI, the report and the dashboard, and this
+package is its one public name: import from ``abl.analysis.stats``; the
+modules below are its rooms.
+
+For each cell: the mean, the sample standard deviation and the 95% confidence
+interval (Student t, n - 1 degrees of freedom) of its final value over
+seeds. For each cell against a baseline cell: the difference of means, its 95%
+CI and a two-sided p-value,
+
+- paired by seed (t-test on the per-seed differences) when both cells ran the
+  same seeds and see the same data order. In abl the order of training
+  batches depends only on the seed (given the dataset, context and batch
+  size), so cells of one grid with the same seed set are paired: pairing
+  removes the seed-to-seed variance both cells share;
+- otherwise Welch's unequal-variance t-test (Welch-Satterthwaite degrees of
+  freedom).
+
+``analyse`` (engine) is the one verdict engine: the ``abl run`` summary,
+``abl compare``, ``abl report`` and the dashboard's Compare page all call it
+(through abl.analysis.verdicts), with the same defaults: paired by seed when
+the cells share seeds and data order, else Welch; Holm over the comparisons
+shown; "too few seeds to decide" below MIN_SEEDS seeds, with the minimum
+detectable difference; cells that did not learn are not ranked. ``compare``
+and ``compare_cells`` are thin wrappers over it. The dashboard's other pages
+use ``summarize_groups``, ``t_halfwidth``, ``ema``, ``pareto_mask`` and
+``downsample`` (frames).
+
+The rooms: ttest (t-intervals, the paired and Welch tests, per-cell
+summaries), corrections (Holm), power (power, minimum detectable difference,
+seeds needed), bootstrap (percentile bootstrap), engine (the verdict tables
+and which comparisons), frames (dashboard frames and curves), formats (numbers
+as tables print them). numpy + scipy.stats; the frame helpers take pandas
+objects but do not import pandas; nothing here knows torch. May import
+``abl.contracts`` and ``abl.kernels``, like the rest of ``abl.analysis``.
+"""
+
+from __future__ import annotations
+
+from .bootstrap import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, bootstrap_diff
+from .corrections import HOLM, NO_CORRECTION, holm
+from .engine import (
+    BASELINE,
+    BETTER,
+    DID_NOT_LEARN,
+    SAME,
+    TOO_FEW,
+    WORSE,
+    Analysis,
+    CellInput,
+    CellResult,
+    CellRow,
+    Comparison,
+    ComparisonRow,
+    Health,
+    against_baseline,
+    analyse,
+    by_axis,
+    compare,
+    compare_cells,
+)
+from .formats import fmt, fmt_p, seeds_of, stars
+from .frames import downsample, ema, ema_by_group, pareto_mask, summarize_groups
+from .power import MIN_SEEDS, POWER, min_detectable, power_t, seeds_needed
+from .ttest import ALPHA, CONFIDENCE, Summary, paired, paired_test, summarize, t_halfwidth, welch, welch_test
+
+__all__ = [
+    "ALPHA", "CONFIDENCE", "BETTER", "WORSE", "SAME", "BASELINE", "TOO_FEW", "DID_NOT_LEARN", "HOLM",
+    "NO_CORRECTION", "MIN_SEEDS", "POWER", "BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED",
+    # t-intervals and tests
+    "t_halfwidth", "welch", "paired", "paired_test", "welch_test", "Summary", "summarize",
+    # corrections, power, bootstrap
+    "holm", "power_t", "min_detectable", "seeds_needed", "bootstrap_diff",
+    # the verdict engine
+    "Health", "CellInput", "CellRow", "ComparisonRow", "Analysis", "analyse", "against_baseline", "by_axis",
+    "Comparison", "compare", "CellResult", "compare_cells",
+    # tables and frames
+    "fmt", "fmt_p", "stars", "seeds_of", "summarize_groups", "ema", "ema_by_group", "pareto_mask", "downsample",
+]

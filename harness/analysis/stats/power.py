@@ -1,0 +1,65 @@
+"""Power of a t-test, the minimum detectable difference, and the seeds a grid needs.
+
+The power of a two-sided t-test comes from the noncentral t distribution
+(exact for the t-test); MIN_SEEDS is the fewest seeds per cell a verdict is
+given on.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .ttest import ALPHA
+
+MIN_SEEDS = 3
+POWER = 0.8
+
+
+def power_t(effect: float, se_unit: float, df: float, alpha: float = ALPHA) -> float:
+    """Power of a two-sided t-test of a true difference ``effect`` when the standard error is ``se_unit``.
+
+    Exact, from the noncentral t distribution with noncentrality effect / se.
+    """
+    from scipy import stats as sps
+
+    if not (se_unit > 0 and df > 0):
+        return math.nan
+    crit = float(sps.t.ppf(1 - alpha / 2, df))
+    ncp = abs(effect) / se_unit
+    return float(sps.nct.sf(crit, df, ncp) + sps.nct.cdf(-crit, df, ncp))
+
+
+def min_detectable(se: float | None, df: float | None, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """Smallest true |difference| detected with probability ``power`` at this standard error and df.
+
+    The usual normal-approximation form with t quantiles:
+    MDD = (t_{1-alpha/2, df} + t_{power, df}) * se. None without a variance estimate.
+    """
+    from scipy import stats as sps
+
+    if se is None or df is None or not math.isfinite(se) or not df > 0:
+        return None
+    return float((sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)) * se)
+
+
+def seeds_needed(sd: float, effect: float, *, paired: bool = True, alpha: float = ALPHA, power: float = POWER,
+                 comparisons: int = 1, max_seeds: int = 10_000) -> int | None:
+    """Seeds per cell for a two-sided t-test to detect ``effect`` with probability ``power``.
+
+    ``sd``: the standard deviation of the per-seed differences (paired) or of
+    one cell's values (Welch, equal sizes and spreads: se = sd * sqrt(2 / n),
+    df = 2n - 2). With ``comparisons`` = m > 1 the test runs at alpha / m,
+    the strictest step of Holm's correction, so the figure holds for every
+    comparison of the family. Power from the noncentral t (exact for the
+    t-test). None if even ``max_seeds`` is not enough or sd is not usable.
+    """
+    if not (sd >= 0 and math.isfinite(sd)) or effect == 0:
+        return None
+    if sd == 0:
+        return MIN_SEEDS
+    a = alpha / max(1, comparisons)
+    for n in range(2, max_seeds + 1):
+        se, df = (sd / math.sqrt(n), n - 1) if paired else (sd * math.sqrt(2 / n), 2 * n - 2)
+        if power_t(effect, se, df, a) >= power:
+            return max(n, MIN_SEEDS)
+    return None

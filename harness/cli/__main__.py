@@ -1,0 +1,5 @@
+"""``python -m abl.cli``: the ``abl`` command."""
+
+from . import main
+
+main()

@@ -1,0 +1,92 @@
+"""``abl bench kernels`` and ``abl bench harness``: benchmarks of the kernels and of the harness (options: abl.cli)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import fail, user_errors
+
+
+def kernels(ops, providers, dtypes, passes, size, device, as_json, db_path, no_store):
+    """The body of ``abl bench kernels``: its options and help are declared in abl.cli."""
+    import json
+
+    from ..bench.kernelbench import run_bench, store_rows
+    from ..run.train import resolve_device
+
+    try:
+        dev = resolve_device(device)
+    except RuntimeError as exc:
+        fail(str(exc))
+    rows = run_bench(dev, ops=list(ops) or None, providers=list(providers) or None,
+                     dtypes=list(dtypes) or None, passes=list(passes) or None, size=size,
+                     log=lambda msg: click.echo(msg, err=True))
+    if not no_store:
+        try:
+            store_rows(Path(db_path), rows)
+        except user_errors() as exc:
+            fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(rows, indent=1, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    device_name = rows[0]["device"] if rows else str(dev)
+    table = Table(title=f"abl bench kernels: {device_name} (times in ms)")
+    for col in ("op", "shape", "dtype", "pass", "provider"):
+        table.add_column(col)
+    for col in ("p20", "p50", "p80", "GB/s", "TFLOP/s", "of peak"):
+        table.add_column(col, justify="right")
+
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    for r in rows:
+        table.add_row(r["op"], r["shape"], r["dtype"], r["pass"], r["provider"], num(r["p20"], ".4g"),
+                      num(r["p50"], ".4g"), num(r["p80"], ".4g"), num(r["gbps"], ".3g"),
+                      num(r["tflops"], ".3g"),
+                      "-" if r["peak_fraction"] is None else f"{100 * r['peak_fraction']:.1f}%")
+    console = Console()
+    console.width = max(console.width, 150)  # one row per line, also when piped
+    console.print(table)
+    for basis in dict.fromkeys(r["peak_basis"] for r in rows):
+        click.echo(f"peak: {basis}")
+    if not no_store:
+        click.echo(f"stored {len(rows)} rows in {db_path} (table bench)")
+
+
+def harness(steps, overrides, cells, as_json):
+    """The body of ``abl bench harness``: its options and help are declared in abl.cli."""
+    import json
+
+    from ..bench.harness import run_harness_bench
+
+    try:
+        out = run_harness_bench(steps, list(overrides), cells=cells)
+    except user_errors() as exc:
+        fail(str(exc))
+    except ValueError as exc:
+        fail(str(exc))
+    except RuntimeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1) from None
+    if as_json:
+        click.echo(json.dumps(out, indent=1))
+        return
+    if "first_cell" in out:
+        f = out["first_cell"]
+        click.echo(f"{out['cells']} cells of one shape in {out['grid_wall_s']:.1f} s; the first (with the run's "
+                   f"one-off costs) took {f['cell_wall_s']:.2f} s, overhead {100 * f['overhead']:.1f}%; "
+                   f"a cell in the running grid (median of the others):")
+    click.echo(f"cell {out['cell']}, {out['steps']} steps: {out['cell_wall_s']:.2f} s of wall time")
+    for key, what in (("steps_s", "training steps"), ("loop_other_s", "rest of the loop (evals, tracker)"),
+                      ("before_loop_s", "worker, before the first step"),
+                      ("after_loop_s", "worker, after the last step"),
+                      ("process_s", "process start, imports, store")):
+        click.echo(f"  {what:<36} {out[key]:8.2f} s  {100 * out[key] / out['cell_wall_s']:5.1f}%")
+    if out["compile_s"] is not None:
+        click.echo(f"  (of which torch.compile: {out['compile_s']:.2f} s)")
+    click.echo(f"overhead (wall time outside the training steps): {100 * out['overhead']:.1f}%")

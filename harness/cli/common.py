@@ -1,0 +1,66 @@
+"""What every command of the ``abl`` command line shares: the default store, user errors, the store's lock.
+
+A user error (bad input, a busy store) is a clear message and exit status 2,
+never a traceback. Imports stay lazy, so ``abl --help`` does not load torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+DEFAULT_DB = "results/abl.duckdb"
+
+
+def fail(message: str) -> None:
+    """A user error: a clear message, exit status 2, no traceback."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def user_errors():
+    """The exceptions that mean bad input or a busy store: each command turns them into ``fail``."""
+    from ..contracts.config import ConfigError
+    from ..contracts.plugin_manager import PluginLoadError
+    from ..contracts.registry import RegistryError
+    from ..data.corpus import DataError
+    from ..run.admission import AdmissionError
+    from ..store.database import StoreError
+    from ..store.lock import StoreBusy
+
+    return (ConfigError, RegistryError, PluginLoadError, DataError, StoreError, StoreBusy, AdmissionError)
+
+
+def take_store_lock(db: Path, wait: bool):
+    """Take the store's single-writer lock (abl.store.lock), or exit 2 naming its holder."""
+    from ..store.lock import StoreBusy, StoreLock
+
+    try:
+        return StoreLock(db).acquire(wait=wait, on_wait=lambda msg: click.echo(msg, err=True))
+    except StoreBusy as exc:
+        fail(str(exc))
+
+
+def remove_if_untouched(db: Path, lock_file: Path, fresh: list[Path]) -> None:
+    """After bad input refused before anything was stored: remove the lock file (when the store
+    does not exist) and the folders created for it (only while they are empty)."""
+    if db.exists():
+        return
+    lock_file.unlink(missing_ok=True)
+    for folder in fresh:  # innermost first
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def load_registry():
+    """Every component of every loaded plugin, or exit 2 with why a plugin did not load."""
+    from ..contracts.plugin_manager import get_registry
+
+    try:
+        return get_registry()
+    except user_errors() as exc:
+        fail(str(exc))

@@ -1,0 +1,46 @@
+"""``abl ingest``: copy run folders into the database (options: abl.cli)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .common import fail, take_store_lock, user_errors
+
+
+def ingest(run_dirs, db_path, runs_dir, wait):
+    """The body of ``abl ingest``: its options and help are declared in abl.cli."""
+    from ..run import preflight
+    from ..store import database as store
+
+    db = Path(db_path)
+    dirs = [Path(d) for d in run_dirs]
+    if not dirs:
+        base = Path(runs_dir) if runs_dir else db.parent / "runs"
+        dirs = sorted(p for p in base.glob("*") if (p / "config.json").exists())
+    problems = preflight.db_problems(db)
+    if problems:
+        fail("\n".join(problems))
+    lock = take_store_lock(db, wait)
+    try:
+        result = store.ingest_dirs(db, dirs)
+    except user_errors() as exc:
+        fail(str(exc))
+    finally:
+        lock.release()
+    counts: dict[str, int] = {}
+    for state in result.values():
+        counts[state] = counts.get(state, 0) + 1
+    by_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    click.echo(f"ingested {len(result)} run folder(s) into {db}" + (f" ({by_status})" if by_status else ""))
+    from ..store import rundir
+
+    damaged = [d for d in dirs if result.get(d.name) == rundir.INCOMPLETE]
+    for d in damaged:
+        steps = (rundir.read_json(d / rundir.CONFIG, {}).get("train") or {}).get("steps", 0)
+        why = "; ".join(rundir.check_complete(rundir.scan_metrics(d / rundir.METRICS), steps))
+        click.echo(f"incomplete: {d}: {why}", err=True)
+    if damaged:
+        sys.exit(1)

@@ -1,0 +1,58 @@
+"""``abl plugins``: every registered component by axis, with where it came from (options: abl.cli)."""
+
+from __future__ import annotations
+
+import click
+
+from .common import load_registry
+
+
+def plugins(as_json):
+    """The body of ``abl plugins``: its options and help are declared in abl.cli."""
+    import json
+    import shutil
+    import textwrap
+
+    from ..contracts.registry import AXES, show_default
+
+    registry = load_registry()
+    comps = registry.all()
+    if as_json:
+        click.echo(json.dumps([{**c.summary(), "origin": _origin(c.package, c.version, c.plugin)}
+                               for c in comps], indent=2))
+        return
+    width = max(40, shutil.get_terminal_size((100, 24)).columns - 1)
+
+    def wrap(text: str, indent: int, hang: int = 0) -> list[str]:
+        return textwrap.wrap(text, width, initial_indent=" " * indent, subsequent_indent=" " * (indent + hang),
+                             break_long_words=True, break_on_hyphens=False) or [" " * indent]
+
+    lines: list[str] = []
+    for axis in AXES:
+        lines += ["", *wrap(f"{axis}  (selected by {AXES[axis][0]})", 0, 4)]
+        for c in (c for c in comps if c.axis == axis):
+            lines += wrap(f"{c.name}  {_origin(c.package, c.version, c.plugin)}", 2, 4)
+            lines += wrap(c.doc or "(no description: its factory and module have no docstring)", 6)
+            for key, prm in c.params.items():
+                t = prm.resolved_type().__name__
+                shown = show_default(prm.default)
+                text = f"{key}: {t} {'≈ ' + shown[1:] if shown.startswith('≈') else '= ' + shown}"
+                if prm.choices:
+                    text += f", one of {', '.join(map(str, prm.choices))}"
+                if prm.doc:
+                    text += f" - {prm.doc}"
+                lines += wrap(text, 8, 4)
+    click.echo("\n".join(lines).lstrip("\n"))
+
+
+def _origin(package: str, version: str, plugin: str) -> str:
+    """Where a component came from, for a reader: built-in, a package's entry point, a plugin file."""
+    from ..contracts.plugin_manager import SELF_DIST
+
+    if package == SELF_DIST:
+        return f"built-in ({package} {version})"
+    if package.startswith("file "):
+        return f"{package[len('file '):]} from --plugins-dir"
+    if ":" in plugin:  # an entry point: its distribution and the entry point's name
+        return f"{package} {version} (entry point {plugin.split(':', 1)[1]})"
+    return package if version in ("-", "?") else f"{package} {version}"

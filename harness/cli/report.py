@@ -1,0 +1,51 @@
+"""``abl report``: a self-contained report of a grid or an experiment (options: abl.cli)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from .common import DEFAULT_DB, fail, load_registry, user_errors
+
+
+def report(source, db_path, out_dir, fmt, baseline, overrides):
+    """The body of ``abl report``: its options and help are declared in abl.cli."""
+    from ..present.report import ReportError, build_report, experiments, load_runs, write_report
+
+    registry = load_registry()
+    errors = user_errors() + (ReportError,)
+    try:
+        from ..grid.gridfile import load_grid, resolve_grid_path
+
+        if Path(source).is_file() or (source.endswith(".toml") and resolve_grid_path(source).is_file()):
+            grid = load_grid(source, registry, list(overrides))
+            db = Path(db_path or getattr(grid.cells[0].experiment, "db", "") or DEFAULT_DB)
+            run_ids = [c.run_id for c in grid.cells]
+            runs = load_runs(db, run_ids=run_ids)
+            if not runs:
+                name = grid.cells[0].experiment.name
+                hint = (f"; the store has runs of experiment {name!r} from other configs (the code or the "
+                        f"grid changed since): abl report {name} reports those" if name in experiments(db)
+                        else f": abl run {source} first")
+                fail(f"no run of {source} as it resolves now is in {db}{hint}")
+            order = list(dict.fromkeys(c.cell_key for c in grid.cells))
+            baseline = baseline or grid.cells[0].experiment.baseline or None  # a display choice (abl.analysis.verdicts)
+            missing = len(set(run_ids) - {r.run_id for r in runs})
+            name, raw = grid.cells[0].experiment.name, grid.raw
+        else:
+            if source.endswith(".toml") or os.sep in source:
+                fail(f"{source}: no such grid file")
+            db = Path(db_path or DEFAULT_DB)
+            runs = load_runs(db, experiment=source)
+            if not runs:
+                names = experiments(db)
+                fail(f"no experiment {source!r} in {db}; experiments there: {', '.join(names) or 'none'}")
+            order, missing, name, raw = None, 0, source, None
+        rep = build_report(runs, source=source, db_path=str(db), registry=registry, order=order,
+                           baseline=baseline, grid_raw=raw, missing_runs=missing)
+        path = write_report(rep, Path(out_dir) if out_dir else db.parent / "reports" / name, fmt)
+    except errors as exc:
+        fail(str(exc))
+    click.echo(f"wrote {path}")

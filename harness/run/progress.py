@@ -1,0 +1,241 @@
+"""The progress of ``abl run``.
+
+In a terminal, a rich bar per running cell (at any width the
+elapsed and remaining times stay whole: the cell's label is cut from the left
+and the bar column goes first); anywhere else (a log file, nohup, CI) plain
+lines, flushed as they are written: one when a cell starts, one when it ends
+(status, final loss, wall time), and a heartbeat every ``ABL_HEARTBEAT_S``
+seconds (default 30) with each running cell's step, latest loss and ETA from
+its own step rate, and the cells done. A run with nothing to do draws nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Column
+
+from ..analysis import health
+from .executors import Job
+
+
+HEARTBEAT_ENV = "ABL_HEARTBEAT_S"
+DEFAULT_HEARTBEAT_S = 30.0
+
+
+def heartbeat_interval() -> float:
+    """Seconds between two heartbeat lines: ``ABL_HEARTBEAT_S``, else 30 (a bad value: 30)."""
+    try:
+        v = float(os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S))
+    except ValueError:
+        return DEFAULT_HEARTBEAT_S
+    return v if math.isfinite(v) and v > 0 else DEFAULT_HEARTBEAT_S
+
+
+def fmt_duration(s: float | None) -> str:
+    """12s, 3m05s, 1h02m."""
+    if s is None or not math.isfinite(s) or s < 0:
+        return "-"
+    s = int(round(s))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _loss_text(job: Job) -> str:
+    out = "" if job.train_loss is None else f"loss {job.train_loss:.3f}"
+    if job.val_loss is not None:
+        out += f" val {job.val_loss:.3f}"
+    return out.strip()
+
+
+class _Rate:
+    """A cell's own step rate: steps since its first progress row over the time since."""
+
+    def __init__(self) -> None:
+        self.first: tuple[float, int] | None = None
+        self.last: tuple[float, int] | None = None
+
+    def see(self, step: int, now: float) -> None:
+        if step <= 0:
+            return
+        if self.first is None:
+            self.first = (now, step)
+        self.last = (now, step)
+
+    def eta(self, total: int) -> float | None:
+        if self.first is None or self.last is None or self.last[1] <= self.first[1]:
+            return None
+        rate = (self.last[1] - self.first[1]) / max(1e-9, self.last[0] - self.first[0])
+        return max(0, total - self.last[1]) / rate
+
+
+def contention_note(final: dict[str, float], info: dict[str, Any]) -> str:
+    """A warning when the run's loop shared the machine (abl.analysis.health's rule), else ""."""
+    load, share = final.get("load_per_core"), final.get("cpu_util")
+    on_cpu = info.get("device_type", "cpu") == "cpu"
+    if not health.contended(load, share, on_cpu):
+        return ""
+    parts = [] if load is None else [f"load {load:.2f} per core"]
+    if on_cpu and share is not None:
+        parts.append(f"it got {share:.0%} of its threads' CPU time")
+    return "machine contended (" + ", ".join(parts) + "): its speed figures are not comparable"
+
+
+class LineProgress:
+    """Progress as plain lines, for output that is not a terminal (a log file, nohup, CI).
+
+    One line when a cell starts and one when it ends; every ``interval``
+    seconds a heartbeat: the cells done, and for each running cell its step,
+    latest loss and ETA. Lines go through the console, which flushes each.
+    """
+
+    def __init__(self, console: Console, total: int, interval: float) -> None:
+        self.console, self.total, self.interval = console, total, interval
+        self.done = 0
+        self.running: dict[str, tuple[Job, _Rate]] = {}
+        self.lock = threading.RLock()
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="abl-heartbeat", daemon=True)
+
+    def __enter__(self) -> LineProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def line(self, text: str) -> None:
+        with self.lock:
+            self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def print(self, text: str) -> None:  # a marked-up message (a failure): as plain text
+        from rich.text import Text
+
+        self.line(Text.from_markup(text).plain)
+
+    def _name(self, job: Job) -> str:
+        return f"[{job.index + 1}/{self.total}] {job.cell.label} seed={job.cell.seed}"
+
+    def update(self, job: Job) -> None:
+        now = time.monotonic()
+        with self.lock:
+            entry = self.running.get(job.cell.run_id)
+            if entry is None:
+                entry = self.running[job.cell.run_id] = (job, _Rate())
+                self.line(f"start {self._name(job)}: {job.cell.train.steps} steps")
+            entry[1].see(job.step, now)
+
+    def finish(self, job: Job, status: str, wall_s: float | None, note: str = "") -> None:
+        with self.lock:
+            self.running.pop(job.cell.run_id, None)
+            self.done += 1
+            loss = _loss_text(job)
+            self.line(f"end   {self._name(job)}: {status} at step {job.step}/{job.cell.train.steps}"
+                      f"{', ' + loss if loss else ''}, wall {fmt_duration(wall_s)}"
+                      f" (cells {self.done}/{self.total}){'; ' + note if note else ''}")
+
+    def heartbeat(self) -> None:
+        with self.lock:
+            parts = [f"heartbeat {fmt_duration(time.monotonic() - self.t0)}: cells {self.done}/{self.total} done, "
+                     f"{len(self.running)} running"]
+            for job, rate in self.running.values():
+                total = job.cell.train.steps
+                loss = _loss_text(job)
+                parts.append(f"  {self._name(job)}: step {job.step}/{total}{', ' + loss if loss else ''}, "
+                             f"ETA {fmt_duration(rate.eta(total))}")
+            self.line("\n".join(parts))
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.heartbeat()
+
+
+class BarProgress:
+    """Progress as rich bars, for a terminal.
+
+    Every column but the cell's name has a fixed width, so the timers are never
+    cut; the name gets what is left (its label is cut from the left, keeping the
+    cell number and the seed), and below 100 columns the bar column is dropped.
+    """
+
+    INFO_W = 30  # "step 10000 loss 3.412 val 3.456"
+    TIME_W = 7  # "0:01:23"
+    BAR_W = 20
+
+    def __init__(self, console: Console, total: int) -> None:
+        self.console, self.total = console, total
+        width = console.width
+        bar = width >= 100
+        fixed = self.INFO_W + 2 * self.TIME_W + (self.BAR_W + 1 if bar else 0) + 3
+        self.desc_w = max(16, width - fixed - 1)
+        columns: list[Any] = [TextColumn("{task.description}", table_column=Column(
+            width=self.desc_w, no_wrap=True, overflow="ellipsis"))]
+        if bar:
+            columns.append(BarColumn(bar_width=self.BAR_W))
+        columns += [TextColumn("{task.fields[info]}", table_column=Column(width=self.INFO_W, no_wrap=True,
+                                                                            overflow="ellipsis")),
+                    TimeElapsedColumn(table_column=Column(width=self.TIME_W, no_wrap=True)),
+                    TimeRemainingColumn(table_column=Column(width=self.TIME_W, no_wrap=True))]
+        self.progress = Progress(*columns, console=console, transient=False)
+        self.overall = self.progress.add_task(f"cells 0/{total}", total=total, info="")
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> BarProgress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def print(self, text: str) -> None:
+        self.progress.console.print(text)
+
+    def _desc(self, job: Job) -> str:
+        head, tail = f"  [{job.index + 1}/{self.total}] ", f" seed={job.cell.seed}"
+        room = self.desc_w - len(head) - len(tail)
+        label = str(job.cell.label)
+        if len(label) > room:
+            label = "…" + label[len(label) - max(0, room - 1):] if room > 1 else ""
+        return head + label + tail
+
+    def update(self, job: Job) -> None:
+        from rich.markup import escape
+
+        tid = self.tasks.get(job.cell.run_id)
+        if tid is None:
+            tid = self.tasks[job.cell.run_id] = self.progress.add_task(
+                escape(self._desc(job)), total=job.cell.train.steps, info="")
+        info = "" if job.train_loss is None else f"step {job.step} {_loss_text(job)}"
+        self.progress.update(tid, completed=job.step, info=info)
+
+    def finish(self, job: Job, status: str, wall_s: float | None, note: str = "") -> None:
+        if note:
+            self.progress.console.print(f"[yellow]{escape(self._desc(job).strip())}[/]: {escape(note)}")
+        tid = self.tasks.pop(job.cell.run_id, None)
+        if tid is not None:
+            self.progress.remove_task(tid)
+        self.progress.advance(self.overall)
+        done = int(self.progress.tasks[0].completed)
+        self.progress.update(self.overall, description=f"cells {done}/{self.total}")
+
+
+def make_display(console: Console, n_jobs: int) -> Any:
+    """Bars in a terminal, plain lines elsewhere; None when nothing runs (the plan sentence says so,
+    no empty bar)."""
+    if not n_jobs:
+        return None
+    if console.is_terminal:
+        return BarProgress(console, n_jobs)
+    return LineProgress(console, n_jobs, heartbeat_interval())
