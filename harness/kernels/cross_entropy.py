@@ -21,6 +21,7 @@ softmax are ever whole in memory.
 import torch
 import torch.nn.functional as F
 
+from . import use_triton
 from .utils import cdiv, check_launch, interpreting, next_pow2, tl, triton
 
 # ---------------------------------------------------------------- kernels
@@ -167,7 +168,7 @@ def _reduce(rows, valid, reduction):
     return total / valid.sum() if reduction == "mean" else total
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+def cross_entropy_triton(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0) -> torch.Tensor:
     """Cross-entropy of ``logits`` against integer ``targets`` with the Triton kernels.
 
@@ -249,7 +250,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 None, None, None, None, None, None)
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+def linear_cross_entropy_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          bias: torch.Tensor | None = None, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
                          chunk_size: int | None = None) -> torch.Tensor:
@@ -285,6 +286,10 @@ def cross_entropy_reference(logits: torch.Tensor, targets: torch.Tensor, ignore_
     v = logits.shape[-1]
     x = logits.float().reshape(-1, v)
     t = targets.reshape(-1)
+    if not z_loss:  # torch's own reduction, so the loss is bit for bit F.cross_entropy's
+        out = F.cross_entropy(x, t, ignore_index=ignore_index, reduction=reduction,
+                              label_smoothing=label_smoothing)
+        return out.view(targets.shape) if reduction == "none" else out
     rows = F.cross_entropy(x, t, ignore_index=ignore_index, reduction="none",
                            label_smoothing=label_smoothing)
     valid = t != ignore_index
@@ -300,3 +305,29 @@ def linear_cross_entropy_reference(hidden: torch.Tensor, weight: torch.Tensor, t
                                    z_loss: float = 0.0) -> torch.Tensor:
     return cross_entropy_reference(F.linear(hidden, weight, bias), targets, ignore_index, reduction,
                                    label_smoothing, z_loss)
+
+
+# ---------------------------------------------------------------- the ops
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0) -> torch.Tensor:
+    """Cross-entropy on the active kernel backend (``abl.kernels.use_triton``):
+    ``cross_entropy_triton`` under triton, ``cross_entropy_reference`` otherwise."""
+    if use_triton():
+        return cross_entropy_triton(logits, targets, ignore_index, reduction, label_smoothing, z_loss)
+    return cross_entropy_reference(logits, targets, ignore_index, reduction, label_smoothing, z_loss)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         bias: torch.Tensor | None = None, ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0,
+                         z_loss: float = 0.0) -> torch.Tensor:
+    """LM head + cross-entropy on the active kernel backend (``abl.kernels.use_triton``):
+    ``linear_cross_entropy_triton`` (the logits never exist whole) under triton,
+    ``linear_cross_entropy_reference`` (which forms them) otherwise."""
+    if use_triton():
+        return linear_cross_entropy_triton(hidden, weight, targets, bias, ignore_index, reduction,
+                                           label_smoothing, z_loss)
+    return linear_cross_entropy_reference(hidden, weight, targets, bias, ignore_index, reduction,
+                                          label_smoothing, z_loss)

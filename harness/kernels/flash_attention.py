@@ -35,7 +35,7 @@ import math
 
 import torch
 
-from . import FLASH_ATTENTION_MAX_HEAD_DIM
+from . import FLASH_ATTENTION_MAX_HEAD_DIM, use_triton
 from .utils import check_launch, interpreting, next_pow2, tl, triton
 
 _LOG2E = 1.4426950408889634
@@ -471,7 +471,7 @@ def _check_shapes(q, k, v, window, alibi_slopes):
         raise ValueError(f"alibi_slopes must be [H] = [{h}], got {tuple(alibi_slopes.shape)}")
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                     window: int | None = None, alibi_slopes: torch.Tensor | None = None,
                     scale: float | None = None, return_lse: bool = False):
     """Softmax attention with the FlashAttention Triton kernels (no [T, T] matrix in memory).
@@ -543,3 +543,17 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     s = s.masked_fill(~keep, float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row that sees no key gives 0
     return (p @ vf).to(q.dtype)
+
+
+# ---------------------------------------------------------------- the op
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                    window: int | None = None, alibi_slopes: torch.Tensor | None = None,
+                    scale: float | None = None) -> torch.Tensor:
+    """Softmax attention on the active kernel backend (``abl.kernels.use_triton``):
+    ``flash_attention_triton`` under triton, ``attention_reference`` otherwise.
+    Arguments as ``flash_attention_triton`` (its ``return_lse`` is the kernel's own)."""
+    if use_triton():
+        return flash_attention_triton(q, k, v, causal, window, alibi_slopes, scale)
+    return attention_reference(q, k, v, causal, window, alibi_slopes, scale)

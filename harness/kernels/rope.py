@@ -12,6 +12,7 @@ interpolation and the cache) and get no gradient. Arithmetic is fp32.
 
 import torch
 
+from . import use_triton
 from .utils import check_launch, next_pow2, tl, triton
 
 # ---------------------------------------------------------------- kernel
@@ -119,7 +120,7 @@ def _layout(layout: str) -> bool:
     return layout == "interleaved"
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
+def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
     """Rotate x by the angles whose cos/sin are given, with the Triton kernel.
 
     Args:
@@ -145,7 +146,7 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.
     when cos_k/sin_k are None)."""
     if cos_k is None or sin_k is None:
         cos_k, sin_k = cos_q, sin_q
-    return rope(q, cos_q, sin_q, layout), rope(k, cos_k, sin_k, layout)
+    return rope_triton(q, cos_q, sin_q, layout), rope_triton(k, cos_k, sin_k, layout)
 
 
 # ---------------------------------------------------------------- reference
@@ -166,3 +167,14 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         x1, x2 = xf[..., :half], xf[..., half:]
         out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return out.to(x.dtype)
+
+
+# ---------------------------------------------------------------- the op
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
+    """RoPE on the active kernel backend (``abl.kernels.use_triton``): ``rope_triton`` under
+    triton, ``rope_reference`` otherwise. Arguments as ``rope_triton``."""
+    if use_triton():
+        return rope_triton(x, cos, sin, layout)
+    return rope_reference(x, cos, sin, layout)

@@ -35,6 +35,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import use_triton
+
 
 def _heads(m: torch.Tensor, n_heads: int) -> torch.Tensor:
     """[B, T, G, N] -> [B, T, H, N]: head h reads group h // (H / G)."""
@@ -357,7 +359,7 @@ class SSDScanFunction(torch.autograd.Function):
         return (*grads, None)
 
 
-def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
+def ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
              chunk_size: int = 64, initial_state: torch.Tensor | None = None):
     """The chunked SSD scan with the Triton forward kernels (same contract as ``ssd_chunked``).
 
@@ -379,3 +381,22 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tenso
         raise ValueError(f"ssd_scan shapes: x {tuple(x.shape)}, dt {tuple(dt.shape)}, A {tuple(A.shape)}, "
                          f"B {tuple(Bm.shape)}, C {tuple(Cm.shape)}")
     return SSDScanFunction.apply(x, dt, A, Bm, Cm, initial_state, int(chunk_size))
+
+
+# ---------------------------------------------------------------- the op
+
+
+def fits_the_kernels(chunk_size: int) -> bool:
+    """Whether the Triton kernels tile this chunk length: a power of two >= 16."""
+    return chunk_size >= 16 and not chunk_size & (chunk_size - 1)
+
+
+def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
+             chunk_size: int = 64, initial_state: torch.Tensor | None = None):
+    """The chunked SSD scan on the active kernel backend (``abl.kernels.use_triton``):
+    ``ssd_scan_triton`` under triton when its tile fits the chunk length
+    (``fits_the_kernels``), else ``ssd_chunked``; both are the same chunked
+    algorithm. Arguments and result as ``ssd_chunked``."""
+    if use_triton() and fits_the_kernels(chunk_size):
+        return ssd_scan_triton(x, dt, A, Bm, Cm, chunk_size, initial_state)
+    return ssd_chunked(x, dt, A, Bm, Cm, chunk_size, initial_state=initial_state)

@@ -16,7 +16,6 @@ from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..contracts.config import ModelConfig
 from ..contracts.registry import Registry
@@ -290,13 +289,11 @@ class DecoderLM(nn.Module):
 
     @staticmethod
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy in fp32: the chunked Triton kernel under
-        ``train.kernels = "triton"`` (no fp32 copy of the logits), torch otherwise."""
-        if use_triton():
-            from ..kernels.cross_entropy import cross_entropy
+        """Mean next-token cross-entropy in fp32 (the op: the chunked Triton kernel under
+        ``train.kernels = "triton"``, no fp32 copy of the logits; torch's otherwise)."""
+        from ..kernels.cross_entropy import cross_entropy  # lazily, as linear_cross_entropy in _forward
 
-            return cross_entropy(logits, targets)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return cross_entropy(logits, targets)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 ctx: ForwardContext | None = None):
@@ -321,8 +318,12 @@ class DecoderLM(nn.Module):
             x = block(x, ctx)
         x = self.final_norm(x)
         fusable = type(self.lm_head) is nn.Linear and self.lm_head.bias is None  # not swapped (fp8)
+        # Only the Triton op fuses the LM head into the loss (the [B*T, V] logits never exist
+        # whole); the reference would form them anyway, so on torch the model keeps them.
         if use_triton() and targets is not None and not ctx.need_logits and fusable:
-            # the fused LM head + cross-entropy kernel: the [B*T, V] logits never exist whole
+            # imported here, not at the top: the kernel modules import triton, which decides once
+            # at import whether it interprets, and a worker imports this module (through the
+            # trainer) before it has switched the interpreter on for a CPU triton cell
             from ..kernels.cross_entropy import linear_cross_entropy
 
             logits, ce = None, linear_cross_entropy(x, self.lm_head.weight, targets)
