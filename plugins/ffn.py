@@ -174,4 +174,4 @@ _DOCS = {
 def register_components(register):
     for name, (_, gated) in VARIANTS.items():
         register("ffn", name, _factory(name), params=_params(GATED_RATIO if gated else DENSE_RATIO),
-                 doc=_DOCS[name], cost=_cost(name))
+                 doc=_DOCS[name], cost=_cost(name), width="ratio")

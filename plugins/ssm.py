@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from abl import Param, hookimpl, residual_out
+from abl import Param, hookimpl, own_init, residual_out
 from abl.kernels.rmsnorm import rmsnorm
 from abl.kernels.ssd_scan import ssd_chunked_flops, ssd_scan, ssd_sequential, ssd_step
 
@@ -200,7 +200,7 @@ class Mamba(nn.Module):
         self.x_proj = nn.Linear(e, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, e, bias=True)
         # dt init of mamba_simple.py: the skeleton's normal init must not overwrite it
-        setattr(self.dt_proj, "abl_custom_init", True)
+        own_init(self.dt_proj)
         with torch.no_grad():
             nn.init.uniform_(self.dt_proj.weight, -self.dt_rank ** -0.5, self.dt_rank ** -0.5)
             self.dt_proj.bias.copy_(_dt_bias_init(e, dt_min, dt_max))

@@ -198,6 +198,20 @@ def residual_out(linear: nn.Linear) -> nn.Linear:
     return linear
 
 
+def own_init(module: nn.Module) -> nn.Module:
+    """Mark ``module`` (and every module inside it) as initialised by its component.
+
+    The skeleton's init (normal(0, ``init_std``) weights, zero biases, the
+    depth-scaled std of ``residual_out``) then leaves its weights as the
+    component's ``__init__`` set them, e.g. Mamba's dt projection. A component
+    registered with ``register(..., own_init=True)`` gets this on the whole
+    module its factory returns. Returns ``module``.
+    """
+    for m in module.modules():
+        setattr(m, "abl_custom_init", True)  # a marker attribute nn.Module does not declare
+    return module
+
+
 class DecoderLM(nn.Module):
     """The model. ``kernel_backend`` (``abl.kernels.resolve`` of ``train.kernels``)
     is the path its ops take: it is active for the duration of each forward
@@ -213,7 +227,8 @@ class DecoderLM(nn.Module):
 
         def part(axis):
             spec = components[axis]
-            return registry.get(axis, spec["name"]).factory, dict(spec["params"])
+            comp = registry.get(axis, spec["name"])
+            return _keeping_init(comp.factory, comp.own_init), dict(spec["params"])
 
         norm_f, norm_p = part("norm")
         pos_f, pos_p = part("position")
@@ -237,7 +252,8 @@ class DecoderLM(nn.Module):
             if layer_specs is None:
                 return mix_f(cfg, self.position, **mix_p)
             spec = layer_specs[min(built[0], len(layer_specs) - 1)]
-            return registry.get("mixer", spec["name"]).factory(cfg, self.position, **spec["params"])
+            comp = registry.get("mixer", spec["name"])
+            return _keeping_init(comp.factory, comp.own_init)(cfg, self.position, **spec["params"])
 
         def make_ffn() -> nn.Module:
             return ffn_f(cfg, **ffn_p)
@@ -339,6 +355,13 @@ class DecoderLM(nn.Module):
             for value in ctx.aux_losses.values():
                 loss = loss + value
         return logits, loss, ctx
+
+
+def _keeping_init(factory: Any, own: bool) -> Any:
+    """``factory``, whose modules keep their own init when the component registered ``own_init``."""
+    if not own:
+        return factory
+    return lambda *args, **kwargs: own_init(factory(*args, **kwargs))
 
 
 def build_model(cfg: ModelConfig, components: dict[str, Any], registry: Registry,
