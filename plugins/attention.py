@@ -47,8 +47,9 @@ class MultiHeadAttention(nn.Module):
     and the decode cache is a rolling buffer of W tokens.
 
     Optional extras: ``qk_norm`` RMS-normalises each head's q and k before
-    the position rotation (Dehghani et al. 2023; OLMo 2, Qwen 3);
-    ``softcap`` > 0 caps the logits at cap * tanh(s / cap) (Gemma 2).
+    the position rotation (Dehghani et al. 2023, arXiv:2302.05442, sec. 2; OLMo 2, Qwen 3);
+    ``softcap`` > 0 caps the logits at cap * tanh(s / cap) (Gemma 2, Gemma Team 2024,
+    arXiv:2408.00118, sec. 2).
     The KV cache stores K after the rotation and V: 2 n_kv_heads head_dim
     elements per token and layer (the incremental decoding of Shazeer 2019,
     arXiv:1911.02150, sec. 2.4).
@@ -84,18 +85,26 @@ class MultiHeadAttention(nn.Module):
 
 
 def multi_query_attention(cfg, position, **params):
-    """Multi-query attention: every query head shares one K/V head (Shazeer 2019, arXiv:1911.02150, sec. 3)."""
+    """Multi-query attention: every query head shares one K/V head (Shazeer 2019).
+
+    Shazeer 2019, "Fast Transformer Decoding: One Write-Head is All You Need", arXiv:1911.02150, sec. 3.
+    """
     return MultiHeadAttention(cfg, position, n_kv_heads=1, **params)
 
 
 def grouped_query_attention(cfg, position, n_kv_heads: int = 2, **params):
-    """Grouped-query attention: n_kv_heads K/V groups (Ainslie et al. 2023, arXiv:2305.13245, sec. 2.2)."""
+    """Grouped-query attention: n_kv_heads K/V groups (Ainslie et al. 2023).
+
+    Ainslie et al. 2023, "GQA", arXiv:2305.13245, sec. 2.2.
+    """
     return MultiHeadAttention(cfg, position, n_kv_heads=n_kv_heads, **params)
 
 
 def sliding_window_attention(cfg, position, window: int = 64, **params):
-    """Sliding-window attention over the last `window` keys (Mistral 7B, Jiang et al. 2023,
-    arXiv:2310.06825, sec. 2)."""
+    """Sliding-window attention over the last `window` keys (Mistral 7B, Jiang et al. 2023).
+
+    Jiang et al. 2023, "Mistral 7B", arXiv:2310.06825, sec. 2.
+    """
     return MultiHeadAttention(cfg, position, window=window, **params)
 
 
@@ -103,8 +112,10 @@ def sliding_window_attention(cfg, position, window: int = 64, **params):
 
 
 class LinearAttention(nn.Module):
-    """Causal linear attention (Katharopoulos et al. 2020, arXiv:2006.16236, sec. 3.2, eqs. 4-6;
-    causal masking sec. 3.3, eqs. 8-10).
+    """Causal linear attention (Katharopoulos et al. 2020).
+
+    Katharopoulos et al. 2020, "Transformers are RNNs", arXiv:2006.16236, sec. 3.2 (eqs. 4-6)
+    and sec. 3.3 (causal masking, eqs. 8-10).
 
         y_i = phi(q_i)^T S_i / (phi(q_i)^T z_i),  S_i = sum_{j<=i} phi(k_j) v_j^T,  z_i = sum_{j<=i} phi(k_j)
 
@@ -183,6 +194,9 @@ class LinearAttention(nn.Module):
 
 class MultiHeadLatentAttention(nn.Module):
     """Multi-head latent attention (DeepSeek-V2, 2024, sec. 2.1; DeepSeek-V3 sec. 2.1.1).
+
+    DeepSeek-AI 2024, "DeepSeek-V2", arXiv:2405.04434, sec. 2.1; "DeepSeek-V3",
+    arXiv:2412.19437, sec. 2.1.1.
 
         c_kv = W_DKV h                     the compressed KV latent (kv_rank dims)
         k_C, v = W_UK c_kv, W_UV c_kv      per-head keys and values, up-projected

@@ -1,18 +1,19 @@
 """Cross-entropy over the vocabulary, chunked so the full fp32 softmax is never materialised.
 
-Per row with logits x [V] and target t (seeds 003 sec. 1, the loss of the
-skeleton; z-loss from seeds 002, "z-loss"):
+Per row with logits x [V] and target t (the next-token loss of the skeleton;
+z-loss from PaLM, Chowdhery et al. 2022, arXiv:2204.02311, sec. 5):
     lse = log sum_c exp(x_c)
     loss = (1 - eps) (lse - x_t) + eps (lse - mean_c x_c) + z * lse^2
-where eps is label smoothing (torch's definition) and z the z-loss weight.
+where eps is label smoothing (Szegedy et al. 2016, arXiv:1512.00567, sec. 7, as torch
+defines it) and z the z-loss weight.
 Rows whose target is ``ignore_index`` contribute 0 and are not counted by the
 mean. The forward kernel streams each row in BLOCK_V chunks with the online
-max/sum of the softmax (as in FlashAttention, seeds 003 sec. 2.6) and keeps
+max/sum of the softmax (Milakov & Gimelshein 2018, arXiv:1805.02867, Algorithm 3) and keeps
 only lse [N] for the backward, which recomputes the softmax chunk by chunk:
     dloss/dx_c = p_c (1 + 2 z lse) - (1 - eps) [c = t] - eps / V,   p_c = exp(x_c - lse).
 
-``linear_cross_entropy`` fuses the LM-head matmul too (the Liger-Kernel
-"fused linear cross-entropy" scheme): rows are processed in chunks; each
+``linear_cross_entropy`` fuses the LM-head matmul too (the fused linear
+cross-entropy of Liger-Kernel, Hsu et al. 2024, arXiv:2410.10989): rows are processed in chunks; each
 chunk's logits exist only while its gradient is formed in place and turned
 into d(hidden) and d(weight), so neither the [N, V] logits nor their fp32
 softmax are ever whole in memory.

@@ -1,8 +1,9 @@
 """FlashAttention forward and backward: exact softmax attention without the [T, T] score matrix.
 
-The algorithm is the one in seeds 003 sec. 2.6.1 (Algorithms 2 and 3; Dao et
-al. 2022, FlashAttention-2 2023); seeds 004 gives the memory-hierarchy reason
-(scores stay in SRAM). Per query block (rows r) the forward streams key/value
+The algorithm is FlashAttention-2's (Dao 2023, arXiv:2307.08691, sec. 3.1,
+Algorithm 1 forward, Algorithm 2 backward), after FlashAttention (Dao et al.
+2022, arXiv:2205.14135, sec. 3.1, Algorithm 1), whose sec. 2.1 gives the
+memory-hierarchy reason (scores stay in SRAM). Per query block (rows r) the forward streams key/value
 blocks (columns c) and keeps a running max M, denominator L and numerator Z:
     S = q k^T * scale + bias            (masked entries are -inf)
     M_new = max(M_old, rowmax S)
@@ -12,17 +13,17 @@ blocks (columns c) and keeps a running max M, denominator L and numerator Z:
 Exponentials are base 2 on the hardware path (exp(x) = 2^(x log2 e)), so the
 kernels carry scores and lse in log2 units.
 
-Backward (Algorithm 3 and its footnote 24: delta = rowsum(dO * O) is computed
-first, as in FlashAttention-2, and dq has its own loop):
+Backward (FlashAttention-2's Algorithm 2: delta = rowsum(dO * O) is computed
+first, and dq has its own loop):
     P = exp(S - lse),  dV = P^T dO,  dP = dO V^T,  dS = P (dP - delta),
     dK = dS^T Q * scale,  dQ = dS K * scale.
 
 Features, all inside the kernels:
 - causal masking, aligned bottom-right: query row r sits at absolute position
   r + Tk - Tq, so a query block appended to a KV cache is masked correctly;
-- sliding window (Mistral; seeds 004): a query at position i sees keys j with
+- sliding window (Mistral 7B, Jiang et al. 2023, arXiv:2310.06825, sec. 2): a query at position i sees keys j with
   i - j < window (and j - i < window when not causal);
-- ALiBi (Press et al. 2022; seeds 004): bias -m_h |i - j| added to the scaled
+- ALiBi (Press et al. 2022, arXiv:2108.12409, sec. 3): bias -m_h |i - j| added to the scaled
   scores, m_h = ``alibi_slopes[h]`` (``alibi_slopes(n)`` gives the paper's);
 - GQA / MQA: query head h reads key/value head h // (Hq / Hkv) in place; the
   dK/dV kernel sums the group's query heads itself, so K/V are never repeated;

@@ -1,8 +1,9 @@
-"""LayerNorm: y = (x - mean) * r * weight + bias  (Ba et al. 2016; seeds 000 sec. 3.7).
+"""LayerNorm: y = (x - mean) * r * weight + bias  (Ba et al. 2016, arXiv:1607.06450, sec. 3, eq. 4).
 
 ``eps_placement`` follows plugins/norms.py: "inside" r = 1/sqrt(var + eps)
-(the paper, torch, seeds 002 sec. 1.2), "outside" r = 1/(sqrt(var) + eps)
-(seeds 000 sec. 3.7). var is the biased (1/N) estimate; arithmetic is fp32.
+(torch's ``F.layer_norm``), "outside" r = 1/(sqrt(var) + eps) (the other
+placement found in implementations). var is the biased (1/N) estimate;
+arithmetic is fp32.
 
 Backward (xhat = (x - mean) * r, g = dy * weight, means over the row):
     dx = r * (g - mean(g)) - k * xhat * mean(g * xhat)

@@ -1,7 +1,7 @@
 """RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight (+ bias).
 
-Zhang & Sennrich 2019; seeds 000 sec. 4.2. The statistic and the arithmetic are
-fp32 whatever the input dtype (as in plugins/norms.py); y has x's dtype.
+Zhang & Sennrich 2019, arXiv:1910.07467, sec. 3, eq. 4. The statistic and the
+arithmetic are fp32 whatever the input dtype; y has x's dtype.
 
 Backward, with xhat = x * rstd and g = dy * weight (per row of length N):
     dx = rstd * (g - xhat * mean(g * xhat))

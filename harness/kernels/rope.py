@@ -1,10 +1,10 @@
 """Rotary position embedding (RoPE): rotate pairs of dims of q/k by position-dependent angles.
 
-Su et al. 2021; seeds 002 sec. 1.5.4. For each pair (x1, x2) and angle a:
+Su et al. 2021, arXiv:2104.09864, sec. 3.4.2, eq. 34. For each pair (x1, x2) and angle a:
     y1 = x1 cos a - x2 sin a,    y2 = x1 sin a + x2 cos a.
 Two layouts of the pairs, as in plugins/positions.py:
-- "interleaved": dims (2k, 2k+1), the paper's and the seeds' form;
-- "half": dims (k, k + D/2), the GPT-NeoX / LLaMA code form.
+- "interleaved": dims (2k, 2k+1), the paper's form;
+- "half": dims (k, k + D/2), the GPT-NeoX (Black et al. 2022, arXiv:2204.06745) / LLaMA code form.
 The rotation is orthogonal, so the backward is the same kernel rotating by -a
 (sin negated). cos/sin are inputs (the position plugin owns theta, position
 interpolation and the cache) and get no gradient. Arithmetic is fp32.

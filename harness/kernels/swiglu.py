@@ -1,8 +1,10 @@
 """GLU activations, the elementwise part only: swiglu(g, u) = silu(g) * u, geglu(g, u) = gelu(g) * u.
 
-Shazeer 2020 ("GLU Variants Improve Transformer"); seeds 000 (GLU family) and
-003 (GLU variants). The projections around them stay ordinary matmuls; this
-fuses the activation, the product and their backward into one pass each.
+Shazeer 2020, "GLU Variants Improve Transformer", arXiv:2002.05202, sec. 2,
+with SiLU (Elfwing et al. 2017, arXiv:1702.03118) and GELU with its tanh
+approximation (Hendrycks & Gimpel 2016, arXiv:1606.08415, sec. 2). The
+projections around them stay ordinary matmuls; this fuses the activation, the
+product and their backward into one pass each.
 
 Derivatives (s = sigmoid(g)):
     silu'(g) = s * (1 + g * (1 - s))
