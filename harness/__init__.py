@@ -7,14 +7,25 @@ needs is importable as ``from abl import ...``. Names load on first use, so
 Registering components
     ``hookimpl`` (mark a hook implementation), ``Param`` (a typed component
     parameter), ``RegistryError``, ``AXES`` (each axis and its factory signature).
+    ``register(axis, name, factory, params=, doc=, cost=, reference=, check=,
+    width=, own_init=)``: ``width`` names the float parameter ``train.match``
+    turns to resize an FFN; ``own_init=True`` keeps the component's own weight init.
 The model skeleton's interfaces
     ``ModelConfig``, ``ForwardContext`` (per-forward state: position, decode
     cache, aux losses, metrics), ``PositionEncoding`` (the one interface between
     positions and mixers), ``residual_out`` (depth-scaled init of a projection
-    into the residual stream), ``KVCache`` (the decode cache a mixer appends to).
+    into the residual stream), ``own_init`` (mark a module whose init the
+    component keeps; ``register(..., own_init=True)`` does it for a whole
+    component), ``KVCache`` (the decode cache a mixer appends to).
+Attention
+    ``softmax_attention`` (the attention core a mixer calls: causal and
+    sliding-window masks, GQA, the position's score bias, soft-capping, and the
+    dispatch to the FlashAttention kernel / torch's SDPA), ``visible`` (its
+    causal / sliding-window mask).
 Kernels
-    ``use_triton()`` (whether the active kernel backend is Triton; a component
-    with a kernel asks it in ``forward``).
+    The ops are ``abl.kernels.<module>.<op>`` (e.g. ``abl.kernels.rmsnorm.rmsnorm``):
+    each picks its Triton kernel or its torch reference from the active backend,
+    so a component calls the op. ``use_triton()`` says which backend is active.
 Costs
     ``Cost``, ``linear_flops``, ``linear_params`` (analytic cost functions).
 Precision policies
@@ -50,7 +61,10 @@ _PUBLIC: dict[str, str] = {
     "ForwardContext": "abl.model.decoder",
     "PositionEncoding": "abl.model.decoder",
     "residual_out": "abl.model.decoder",
+    "own_init": "abl.model.decoder",
     "KVCache": "abl.model.decoder",
+    "softmax_attention": "abl.model.attention",
+    "visible": "abl.model.attention",
     "use_triton": "abl.kernels",
     "Cost": "abl.contracts.cost",
     "linear_flops": "abl.contracts.cost",
@@ -104,5 +118,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and editors
     from .data.tasks import IGNORE_INDEX, Examples, Task
     from .data.tokenstore import Tokenizer
     from .kernels import use_triton
-    from .model.decoder import ForwardContext, KVCache, PositionEncoding, residual_out
+    from .model.attention import softmax_attention, visible
+    from .model.decoder import ForwardContext, KVCache, PositionEncoding, own_init, residual_out
     from .run.evaluations import register_evaluation

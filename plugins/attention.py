@@ -1,8 +1,13 @@
 """Attention mixers (axis ``mixer``).
 
-Seeds 003 sec. 1.3 (causal attention), 2.2-2.3 (MQA, GQA), 2.7 (linear
-attention), sec. 19 (KV cache); 000 sec. 3 (MHA / MQA / GQA); 004 (sliding
-window). Every factory is ``factory(config, position, **params)`` and returns
+Causal multi-head attention (Vaswani et al. 2017, arXiv:1706.03762, sec.
+3.2), MQA (Shazeer 2019, arXiv:1911.02150, sec. 3), GQA (Ainslie et al. 2023,
+arXiv:2305.13245, sec. 2.2), sliding-window attention (Jiang et al. 2023,
+arXiv:2310.06825, sec. 2), linear attention (Katharopoulos et al. 2020,
+arXiv:2006.16236, sec. 3.2) and multi-head latent attention (DeepSeek-AI 2024,
+arXiv:2405.04434, sec. 2.1). The softmax mixers call the harness's attention
+core, ``abl.softmax_attention`` (masks, GQA, the position's score bias, kernel
+dispatch). Every factory is ``factory(config, position, **params)`` and returns
 a module with ``forward(x, ctx)``; positions act only through ``ctx.position``
 (``rotate`` on q/k, ``score_bias`` on the scores; ``embed`` happened before).
 
@@ -20,107 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from abl import Cost, KVCache, Param, PositionEncoding, hookimpl, linear_flops, linear_params, residual_out
-
-# ------------------------------------------------------------ the softmax core
-
-
-def visible(q_len: int, k_len: int, q_start: int, k_start: int, window: int, device) -> torch.Tensor:
-    """[Tq, Tk] bool: may the query at absolute position q_start+i read the key at k_start+j?
-
-    Causal (j <= i); with a window W only the last W keys, i - W < j <= i
-    (Mistral's sliding window; seeds 004 "Sliding Window Attention").
-    """
-    qpos = torch.arange(q_start, q_start + q_len, device=device)[:, None]
-    kpos = torch.arange(k_start, k_start + k_len, device=device)[None, :]
-    ok = kpos <= qpos
-    if window:
-        ok = ok & (kpos > qpos - window)
-    return ok
-
-
-def softmax_attention(q, k, v, position: PositionEncoding, q_start: int, k_start: int,
-                      window: int = 0, softcap: float = 0.0, scale: float | None = None):
-    """Causal softmax attention of q [B, Hq, Tq, E] over k [B, Hk, Tk, E], v [B, Hk, Tk, Ev].
-
-    Query head h reads KV head h // (Hq / Hk) (GQA; seeds 003 sec. 2.3); K/V
-    are never repeated: SDPA's ``enable_gqa`` on the fast path, a grouped view
-    on the soft-capped path. The position's ``score_bias`` is added to the
-    scaled scores.
-    """
-    hq, tq, tk = q.size(1), q.size(2), k.size(2)
-    from abl import use_triton
-
-    if use_triton():
-        out = _flash(q, k, v, position, q_start, k_start, window, softcap, scale)
-        if out is not None:
-            return out
-    bias = position.score_bias(hq, tq, tk, q_start, k_start, q.device)
-    if softcap:
-        return _capped_attention(q, k, v, bias, q_start, k_start, window, softcap, scale)
-    gqa = k.size(1) != hq
-    whole_window = not window or window >= tk + (q_start - k_start)
-    if bias is None and whole_window and tq == tk and q_start == k_start:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    # every key visible to every query: the last key is not after the first
-    # query and (with a window) the first key is inside the last query's window
-    all_visible = k_start + tk - 1 <= q_start and (not window or k_start > q_start + tq - 1 - window)
-    if bias is None:
-        mask = None if all_visible else visible(tq, tk, q_start, k_start, window, q.device)
-    else:
-        mask = bias.to(q.dtype)
-        if not all_visible:
-            mask = mask.masked_fill(~visible(tq, tk, q_start, k_start, window, q.device), float("-inf"))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-
-
-def _flash(q, k, v, position, q_start, k_start, window, softcap, scale):
-    """The FlashAttention Triton kernel (``train.kernels = "triton"``) where it computes
-    exactly what ``softmax_attention`` would, else None (the caller falls back).
-
-    The kernel covers causal masking aligned at the last query/key (training,
-    and decoding with a cache holding every key up to the new tokens), a
-    sliding window, GQA/MQA in place, and a linear distance bias (ALiBi) that it
-    forms itself from the position's ``bias_slopes``. Not covered: soft-capped
-    logits, other score biases (T5 buckets), value heads of another width
-    than the query/key heads (MLA), heads wider than ``FLASH_ATTENTION_MAX_HEAD_DIM``
-    (256), and mixed q/k/v dtypes.
-    """
-    if softcap or q_start + q.size(2) != k_start + k.size(2) or v.size(-1) != q.size(-1):
-        return None
-    from abl.kernels import FLASH_ATTENTION_MAX_HEAD_DIM
-
-    if not (q.dtype == k.dtype == v.dtype) or q.size(-1) > FLASH_ATTENTION_MAX_HEAD_DIM:
-        return None
-    slopes = None
-    if type(position).overrides("score_bias"):
-        slopes = position.bias_slopes(q.size(1), q.device)
-        if slopes is None:
-            return None
-    from abl.kernels.flash_attention import flash_attention
-
-    return flash_attention(q, k, v, causal=True, window=window or None, alibi_slopes=slopes, scale=scale)
-
-
-def _capped_attention(q, k, v, bias, q_start, k_start, window, softcap, scale):
-    """Scores soft-capped as cap * tanh(s / cap) before the softmax (Gemma 2).
-
-    The cap applies to q.k / sqrt(d) only; a position bias is added after it,
-    so ALiBi's distance penalty is not squashed.
-    """
-    b, hq, tq, e = q.shape
-    hk, tk = k.size(1), k.size(2)
-    g = hq // hk
-    scale = 1.0 / math.sqrt(e) if scale is None else scale
-    qg = q.view(b, hk, g, tq, e)
-    s = (qg @ k.unsqueeze(2).transpose(-1, -2)).float() * scale  # [B, Hk, G, Tq, Tk]
-    s = softcap * torch.tanh(s / softcap)
-    if bias is not None:
-        s = s + bias.float().view(hk, g, tq, tk)
-    s = s.masked_fill(~visible(tq, tk, q_start, k_start, window, q.device), float("-inf"))
-    p = torch.softmax(s, dim=-1).to(v.dtype)
-    return (p @ v.unsqueeze(2)).reshape(b, hq, tq, v.size(-1))
-
+from abl import (Cost, KVCache, Param, PositionEncoding, hookimpl, linear_flops, linear_params, residual_out,
+                 softmax_attention)
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
     """At least fp32 (norms of bf16 / fp16 activations are computed in fp32)."""
@@ -133,18 +39,20 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
 class MultiHeadAttention(nn.Module):
     """Causal softmax attention with ``n_kv_heads`` key/value heads.
 
-    n_kv_heads = n_heads is MHA, 1 is MQA (Shazeer 2019; seeds 003 sec. 2.2),
-    anything between is GQA (Ainslie et al. 2023; sec. 2.3): query head h
+    n_kv_heads = n_heads is MHA, 1 is MQA (Shazeer 2019, arXiv:1911.02150, sec. 3),
+    anything between is GQA (Ainslie et al. 2023, arXiv:2305.13245, sec. 2.2): query head h
     reads KV group h // (n_heads / n_kv_heads). K/V are not repeated in memory.
     ``window`` W > 0 makes it sliding-window attention (Mistral 7B, Jiang et
-    al. 2023; seeds 004): each query reads the last W keys, itself included,
+    al. 2023, arXiv:2310.06825, sec. 2): each query reads the last W keys, itself included,
     and the decode cache is a rolling buffer of W tokens.
 
     Optional extras: ``qk_norm`` RMS-normalises each head's q and k before
-    the position rotation (Dehghani et al. 2023; OLMo 2, Qwen 3);
-    ``softcap`` > 0 caps the logits at cap * tanh(s / cap) (Gemma 2).
+    the position rotation (Dehghani et al. 2023, arXiv:2302.05442, sec. 2; OLMo 2, Qwen 3);
+    ``softcap`` > 0 caps the logits at cap * tanh(s / cap) (Gemma 2, Gemma Team 2024,
+    arXiv:2408.00118, sec. 2).
     The KV cache stores K after the rotation and V: 2 n_kv_heads head_dim
-    elements per token and layer (seeds 003 sec. 19).
+    elements per token and layer (the incremental decoding of Shazeer 2019,
+    arXiv:1911.02150, sec. 2.4).
     """
 
     def __init__(self, cfg, position, n_kv_heads: int = 0, bias: bool = False, qk_norm: bool = False,
@@ -179,7 +87,7 @@ class MultiHeadAttention(nn.Module):
 def multi_query_attention(cfg, position, **params):
     """Multi-query attention: every query head shares one K/V head (Shazeer 2019).
 
-    Notes: seeds 003 sec. 2.2.
+    Shazeer 2019, "Fast Transformer Decoding: One Write-Head is All You Need", arXiv:1911.02150, sec. 3.
     """
     return MultiHeadAttention(cfg, position, n_kv_heads=1, **params)
 
@@ -187,7 +95,7 @@ def multi_query_attention(cfg, position, **params):
 def grouped_query_attention(cfg, position, n_kv_heads: int = 2, **params):
     """Grouped-query attention: n_kv_heads K/V groups (Ainslie et al. 2023).
 
-    Notes: seeds 003 sec. 2.3.
+    Ainslie et al. 2023, "GQA", arXiv:2305.13245, sec. 2.2.
     """
     return MultiHeadAttention(cfg, position, n_kv_heads=n_kv_heads, **params)
 
@@ -195,7 +103,7 @@ def grouped_query_attention(cfg, position, n_kv_heads: int = 2, **params):
 def sliding_window_attention(cfg, position, window: int = 64, **params):
     """Sliding-window attention over the last `window` keys (Mistral 7B, Jiang et al. 2023).
 
-    Notes: seeds 004.
+    Jiang et al. 2023, "Mistral 7B", arXiv:2310.06825, sec. 2.
     """
     return MultiHeadAttention(cfg, position, window=window, **params)
 
@@ -206,14 +114,15 @@ def sliding_window_attention(cfg, position, window: int = 64, **params):
 class LinearAttention(nn.Module):
     """Causal linear attention (Katharopoulos et al. 2020).
 
-    Notes: seeds 003 sec. 2.7.
+    Katharopoulos et al. 2020, "Transformers are RNNs", arXiv:2006.16236, sec. 3.2 (eqs. 4-6)
+    and sec. 3.3 (causal masking, eqs. 8-10).
 
         y_i = phi(q_i)^T S_i / (phi(q_i)^T z_i),  S_i = sum_{j<=i} phi(k_j) v_j^T,  z_i = sum_{j<=i} phi(k_j)
 
     with the feature map phi(x) = elu(x) + 1. Training uses the chunked form:
     inside a chunk of C tokens an explicit causal C x C product, across chunks
-    the running state S (seeds 003: "flash-attention-like techniques avoid
-    materialising all O(S D^2) elements"), so only T/C states exist at once.
+    the running state S (the chunkwise parallel form of Yang et al. 2023,
+    arXiv:2312.06635, sec. 2.2), so only T/C states exist at once.
     Decoding is the recurrent form: S and z are the whole O(1) state.
 
     There is no score matrix, so an additive score bias (ALiBi, T5) cannot
@@ -285,6 +194,9 @@ class LinearAttention(nn.Module):
 
 class MultiHeadLatentAttention(nn.Module):
     """Multi-head latent attention (DeepSeek-V2, 2024, sec. 2.1; DeepSeek-V3 sec. 2.1.1).
+
+    DeepSeek-AI 2024, "DeepSeek-V2", arXiv:2405.04434, sec. 2.1; "DeepSeek-V3",
+    arXiv:2412.19437, sec. 2.1.1.
 
         c_kv = W_DKV h                     the compressed KV latent (kv_rank dims)
         k_C, v = W_UK c_kv, W_UV c_kv      per-head keys and values, up-projected
@@ -398,7 +310,7 @@ def _mla_check(cfg, params):
     return [f"rope_dim={dr} must be even (it is rotated in pairs)"] if dr % 2 else []
 
 
-# ------------------------------------------------------------ costs (harness/cost.py conventions)
+# ------------------------------------------------------------ costs (harness/contracts/cost.py conventions)
 
 
 def _avg_keys(t: int, window: int = 0) -> float:
@@ -412,8 +324,8 @@ def _softmax_cost(cfg, hq, hk, qk_dim, v_dim, proj_params, proj_flops, window=0,
     """Cost of a causal softmax-attention layer with the given head shapes.
 
     Activations follow the torch reference path (the one ``train.kernels = "torch"``
-    runs and FLOPs are counted on): saved for backward (seeds 003 sec. 6.1.3)
-    are the block input, q, k, v, the output and its per-row log-sum-exp (a
+    runs and FLOPs are counted on): saved for backward (the accounting of Korthikanti
+    et al. 2022, arXiv:2205.05198, sec. 4.1) are the block input, q, k, v, the output and its per-row log-sum-exp (a
     fused attention kernel keeps no T x T probabilities); a rotating position
     adds the rotated q and k (``rotated_dim`` per head; the rotation runs in
     fp32 and keeps its input); and when the scores are ``materialised`` (soft

@@ -20,6 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from abl import Param, hookimpl, residual_out
+from abl.kernels import swiglu as glu_ops
 
 DENSE_RATIO = 4.0
 GATED_RATIO = DENSE_RATIO * 2 / 3  # 8/3: three matrices instead of two
@@ -77,8 +78,8 @@ class GatedFFN(nn.Module):
     """y = W2 (act(W_gate x + b_g) * (W_up x + b_u)) + b2 (Shazeer 2020, sec. 2).
 
     The gate and up projections are one matmul; the first half is the gate.
-    ``kernel`` names the fused Triton op of harness/kernels/swiglu.py for
-    act(gate) * up ("swiglu" or "geglu"), used when ``train.kernels`` is triton.
+    ``kernel`` names the op of harness/kernels/swiglu.py that computes
+    act(gate) * up ("swiglu" or "geglu"; fused under ``train.kernels`` = triton).
     """
 
     def __init__(self, cfg, activation, ratio: float = GATED_RATIO, bias: bool = False,
@@ -90,13 +91,9 @@ class GatedFFN(nn.Module):
         self.down = residual_out(nn.Linear(h, cfg.d_model, bias=bias))
 
     def forward(self, x, ctx=None):
-        from abl import use_triton
-
         gate, up = self.gate_up(x).chunk(2, dim=-1)
-        if self.kernel is not None and use_triton():
-            from abl.kernels import swiglu as glu_kernels
-
-            return self.down(getattr(glu_kernels, self.kernel)(gate, up))
+        if self.kernel is not None:  # the op picks the fused kernel or torch's act(gate) * up
+            return self.down(getattr(glu_ops, self.kernel)(gate, up))
         return self.down(self.act(gate) * up)
 
 
@@ -179,4 +176,4 @@ _DOCS = {
 def register_components(register):
     for name, (_, gated) in VARIANTS.items():
         register("ffn", name, _factory(name), params=_params(GATED_RATIO if gated else DENSE_RATIO),
-                 doc=_DOCS[name], cost=_cost(name))
+                 doc=_DOCS[name], cost=_cost(name), width="ratio")

@@ -234,4 +234,4 @@ def register_components(register):
         "aux_loss_coef": Param(0.01, doc="weight of the load-balancing loss E * sum f_e m_e", min=0.0),
         "router_z_loss_coef": Param(0.001, doc="weight of the router z-loss", min=0.0),
     }, doc="Mixture-of-Experts FFN: a router and E experts (plus shared ones), token or expert choice.",
-        cost=_cost, check=_check)
+        cost=_cost, check=_check, width="expert_ratio")

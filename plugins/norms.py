@@ -13,9 +13,10 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from abl import Param, hookimpl
+from abl.kernels.layernorm import layernorm
+from abl.kernels.rmsnorm import rmsnorm
 
 
 class LayerNorm(nn.Module):
@@ -35,23 +36,7 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x):
-        from abl import use_triton
-
-        if use_triton():
-            from abl.kernels.layernorm import layernorm
-
-            return layernorm(x, self.weight, self.bias, self.eps, self.eps_placement)
-        if self.eps_placement == "inside":
-            return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
-        xf = x.float()
-        mu = xf.mean(-1, keepdim=True)
-        sigma = (xf - mu).pow(2).mean(-1, keepdim=True).sqrt()
-        y = (xf - mu) / (sigma + self.eps)
-        if self.weight is not None:
-            y = y * self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return layernorm(x, self.weight, self.bias, self.eps, self.eps_placement)
 
 
 class RMSNorm(nn.Module):
@@ -68,19 +53,7 @@ class RMSNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x):
-        from abl import use_triton
-
-        if use_triton():
-            from abl.kernels.rmsnorm import rmsnorm
-
-            return rmsnorm(x, self.weight, self.bias, self.eps)
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.weight is not None:
-            y = y * self.weight
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype)
+        return rmsnorm(x, self.weight, self.bias, self.eps)
 
 
 class ScaleNorm(nn.Module):

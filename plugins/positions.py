@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from abl import Cost, Param, PositionEncoding, hookimpl
+from abl.kernels.rope import rope
 
 
 class LearnedPosition(PositionEncoding):
@@ -124,23 +125,8 @@ class RotaryPosition(PositionEncoding):
         return super()._apply(fn, *args, **kwargs)
 
     def _rotate(self, x, start):
-        from abl import use_triton
-
-        dim = x.size(-1)
-        cos, sin = self.angles(start, x.size(-2), x.device, dim)
-        if use_triton():
-            from abl.kernels.rope import rope
-
-            return rope(x, cos, sin, self.layout)
-        xf = x.float()
-        if self.layout == "interleaved":
-            x1, x2 = xf[..., 0::2], xf[..., 1::2]
-            out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-        else:
-            half = dim // 2
-            x1, x2 = xf[..., :half], xf[..., half:]
-            out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-        return out.to(x.dtype)
+        cos, sin = self.angles(start, x.size(-2), x.device, x.size(-1))
+        return rope(x, cos, sin, self.layout)
 
     def rotate(self, q, k, q_start, k_start):
         return self._rotate(q, q_start), self._rotate(k, k_start)

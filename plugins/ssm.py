@@ -23,8 +23,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from abl import Param, hookimpl, residual_out
-from abl.kernels.ssd_scan import ssd_chunked, ssd_chunked_flops, ssd_sequential, ssd_step
+from abl import Param, hookimpl, own_init, residual_out
+from abl.kernels.rmsnorm import rmsnorm
+from abl.kernels.ssd_scan import ssd_chunked_flops, ssd_scan, ssd_sequential, ssd_step
 
 # ---------------------------------------------------------------- shared parts
 
@@ -201,7 +202,7 @@ class Mamba(nn.Module):
         self.x_proj = nn.Linear(e, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, e, bias=True)
         # dt init of mamba_simple.py: the skeleton's normal init must not overwrite it
-        setattr(self.dt_proj, "abl_custom_init", True)
+        own_init(self.dt_proj)
         with torch.no_grad():
             nn.init.uniform_(self.dt_proj.weight, -self.dt_rank ** -0.5, self.dt_rank ** -0.5)
             self.dt_proj.bias.copy_(_dt_bias_init(e, dt_min, dt_max))
@@ -244,8 +245,7 @@ class GatedRMSNorm(nn.Module):
     def forward(self, y, z):
         y = y * F.silu(z)
         g = y.unflatten(-1, (self.groups, -1))
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        return g.flatten(-2) * self.weight
+        return rmsnorm(g, None, None, self.eps).flatten(-2) * self.weight
 
 
 class Mamba2(nn.Module):
@@ -254,8 +254,9 @@ class Mamba2(nn.Module):
     One in_proj gives z, xBC and dt; a depthwise causal conv + SiLU acts on
     x, B and C together; the SSD scan has a scalar A per head and B, C shared
     by each of ``n_groups`` groups of heads; then y + D x, the gated RMSNorm
-    and out_proj. The scan is ``abl.kernels.ssd_scan.ssd_chunked`` (its
-    Triton forward ``ssd_scan`` under ``train.kernels`` = triton).
+    and out_proj. The scan is the op ``abl.kernels.ssd_scan.ssd_scan`` (the
+    chunked torch reference ``ssd_chunked``, or its Triton forward under
+    ``train.kernels`` = triton).
     """
 
     def __init__(self, cfg, position=None, d_state: int = 64, d_conv: int = 4, expand: int = 2,
@@ -276,17 +277,6 @@ class Mamba2(nn.Module):
         self.norm = GatedRMSNorm(e, n_groups, norm_eps)
         self.out_proj = residual_out(nn.Linear(e, d, bias=bias))
 
-    def _scan(self):
-        """The Triton SSD forward under ``train.kernels`` = triton when its tile fits (a power of
-        two >= 16), else the torch reference; both are the same chunked algorithm."""
-        from abl import use_triton
-
-        if use_triton() and self.chunk_size >= 16 and not self.chunk_size & (self.chunk_size - 1):
-            from abl.kernels.ssd_scan import ssd_scan
-
-            return ssd_scan
-        return ssd_chunked
-
     def forward(self, x, ctx=None):
         b, t, _ = x.shape
         state = _cached_state(ctx)
@@ -305,7 +295,7 @@ class Mamba2(nn.Module):
                 y, ssm_state = ssd_step(u[:, 0], dt[:, 0], A, Bm[:, 0], Cm[:, 0], h0)
                 y = y[:, None]
             else:
-                y, ssm_state = self._scan()(u, dt, A, Bm, Cm, self.chunk_size, h0)
+                y, ssm_state = ssd_scan(u, dt, A, Bm, Cm, self.chunk_size, h0)
             y = (y + u * self.D[:, None]).reshape(b, t, e)
         if ctx is not None and ctx.cache is not None:  # copies: the views would keep whole sequences alive
             ctx.cache[ctx.layer] = {"conv": conv_state.clone(), "ssm": ssm_state.clone()}

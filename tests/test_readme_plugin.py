@@ -65,6 +65,13 @@ eval_batches = 2
 [dataset.pystdlib]
 max_bytes = 300000
 """)
+    # its cost function: abl cost predicts the cell before it runs (params: alpha, gamma, beta per norm)
+    r = subprocess.run([sys.executable, "-m", "abl.cli", "cost", str(grid), "--json"], cwd=ROOT,
+                       capture_output=True, text=True, env=env_clean, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    norms = [part for part in json.loads(r.stdout)[0]["parts"] if part["axis"] == "norm"]
+    assert norms and all(part["component"] == "dyt" and part["params"] == 1 + 2 * 32 for part in norms)
+
     db = tmp_path / "x.duckdb"
     r = subprocess.run([sys.executable, "-m", "abl.cli", "run", str(grid), "--db", str(db)], cwd=ROOT,
                        capture_output=True, text=True, env=env_clean, timeout=300)

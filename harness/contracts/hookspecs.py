@@ -22,7 +22,7 @@ def register_components(register):
     """Register model, training and data components.
 
     Call ``register(axis, name, factory, params=..., doc=..., cost=...,
-    reference=..., check=...)`` once per component:
+    reference=..., check=..., width=..., own_init=...)`` once per component:
 
     - ``axis``: one of ``abl.contracts.registry.AXES`` (norm, block, position, mixer,
       ffn, precision, dataset);
@@ -36,7 +36,12 @@ def register_components(register):
     - ``cost``: optional analytic cost function (parameters, FLOPs, memory);
     - ``reference``: optional plain reference implementation used by tests;
     - ``check``: optional ``check(model_config, params) -> list[str]`` that
-      returns cross-axis incompatibilities (e.g. head dims) as messages.
+      returns cross-axis incompatibilities (e.g. head dims) as messages;
+    - ``width``: the name of the float parameter that is the component's
+      width knob (an FFN's hidden size / d_model), the one ``train.match_by =
+      "ffn"`` turns to meet a budget;
+    - ``own_init``: True keeps the weights the factory's module set (the
+      skeleton's init skips it; ``abl.own_init(module)`` does so for one submodule).
 
     A ``cost`` or ``check`` function that names a ``position`` parameter is
     handed the configured position's class (``Registry.call_with_position``).

@@ -189,6 +189,10 @@ class Component:
     cost: Callable | None = None
     reference: Callable | None = None
     check: Callable | None = None
+    # the float parameter ``train.match_by = "ffn"`` turns to resize the component (its width)
+    width: str | None = None
+    # the component initialises its own weights; the skeleton's normal init leaves them alone
+    own_init: bool = False
 
     def resolve_params(self, given: dict[str, Any] | None, where: str) -> tuple[dict, list[str]]:
         """Fill defaults and validate. Returns (params, error messages)."""
@@ -238,6 +242,8 @@ class Registry:
         reference: Callable | None = None,
         check: Callable | None = None,
         *,
+        width: str | None = None,
+        own_init: bool = False,
         plugin: str = "?",
         package: str = "?",
         version: str = "?",
@@ -255,12 +261,19 @@ class Registry:
                 f"({other.package} {other.version}) and by plugin {plugin!r} "
                 f"({package} {version})"
             )
+        typed = {k: _as_param(v) for k, v in (params or {}).items()}
+        floats = [k for k, p in typed.items() if p.resolved_type() is float]
+        if width is not None and width not in floats:
+            raise RegistryError(
+                f"plugin {plugin!r} declares width={width!r} for {axis} {name!r}, which is not one "
+                f"of its float parameters ({', '.join(floats) or 'none'})"
+            )
         doc = first_sentence(doc) if doc is not None else factory_doc(factory)
         comp = Component(
             axis=axis,
             name=name,
             factory=factory,
-            params={k: _as_param(v) for k, v in (params or {}).items()},
+            params=typed,
             plugin=plugin,
             package=package,
             version=version,
@@ -268,6 +281,8 @@ class Registry:
             cost=cost,
             reference=reference,
             check=check,
+            width=width,
+            own_init=bool(own_init),
         )
         self.components[key] = comp
         return comp

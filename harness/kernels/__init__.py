@@ -4,20 +4,26 @@ Which path the ops take is a ``KernelBackend``: "triton" (the kernels) or
 "torch" (the references). A run resolves one from ``train.kernels`` and its
 device with ``resolve`` ("auto": triton on CUDA, torch elsewhere); the model
 owns it (``DecoderLM.kernel_backend``) and activates it for the duration of
-each forward. Ops and plugins ask ``use_triton()`` (the active backend) and
-import the op's public function lazily, e.g.
+each forward.
 
-    if use_triton():
-        from abl.kernels.rmsnorm import rmsnorm
+Each op chooses its path itself: ``<op>`` asks ``use_triton()`` (the active
+backend) and calls ``<op>_triton`` (the Triton kernels) or ``<op>_reference``
+(the plain torch definition, the ground truth in tests). A component calls
+the op and keeps no copy of its math, e.g.
+
+    from abl.kernels.rmsnorm import rmsnorm
+    ...
+    def forward(self, x):
         return rmsnorm(x, self.weight, self.bias, self.eps)
 
 Outside any activation (a module called on its own, a test) the torch path
-runs. Modules (each: Triton kernels, launchers, autograd.Function, public
-function with a shape docstring, torch reference): rmsnorm, layernorm, rope,
-swiglu (swiglu, geglu), cross_entropy (cross_entropy, linear_cross_entropy),
-flash_attention, ssd_scan; utils holds the optional triton import. On CPU the
-kernels run only in the Triton interpreter (TRITON_INTERPRET=1 set before
-triton is imported), which is how the tests exercise them.
+runs. Modules (each: Triton kernels, launchers, autograd.Function, the
+``_triton`` function with a shape docstring, the torch reference, the op):
+rmsnorm, layernorm, rope, swiglu (swiglu, geglu), cross_entropy
+(cross_entropy, linear_cross_entropy), flash_attention, ssd_scan; utils holds
+the optional triton import. On CPU the kernels run only in the Triton
+interpreter (TRITON_INTERPRET=1 set before triton is imported), which is how
+the tests exercise them.
 """
 
 from __future__ import annotations
@@ -121,26 +127,36 @@ def enable_interpreter() -> bool:
     return True
 
 
-# op -> (module, public function, torch reference). Imports stay lazy: importing
-# this package imports neither torch nor triton, so ``abl --help`` stays fast and a
-# test process can set TRITON_INTERPRET=1 before triton is imported.
+# op -> (module, Triton function, torch reference); the op itself is the module's
+# function named like the key. Imports stay lazy: importing this package imports
+# neither torch nor triton, so ``abl --help`` stays fast and a test process can set
+# TRITON_INTERPRET=1 before triton is imported.
 OPS: dict[str, tuple[str, str, str]] = {
-    "rmsnorm": ("rmsnorm", "rmsnorm", "rmsnorm_reference"),
-    "layernorm": ("layernorm", "layernorm", "layernorm_reference"),
-    "rope": ("rope", "rope", "rope_reference"),
-    "swiglu": ("swiglu", "swiglu", "swiglu_reference"),
-    "geglu": ("swiglu", "geglu", "geglu_reference"),
-    "cross_entropy": ("cross_entropy", "cross_entropy", "cross_entropy_reference"),
-    "linear_cross_entropy": ("cross_entropy", "linear_cross_entropy", "linear_cross_entropy_reference"),
-    "flash_attention": ("flash_attention", "flash_attention", "attention_reference"),
-    "ssd_scan": ("ssd_scan", "ssd_scan", "ssd_chunked"),
+    "rmsnorm": ("rmsnorm", "rmsnorm_triton", "rmsnorm_reference"),
+    "layernorm": ("layernorm", "layernorm_triton", "layernorm_reference"),
+    "rope": ("rope", "rope_triton", "rope_reference"),
+    "swiglu": ("swiglu", "swiglu_triton", "swiglu_reference"),
+    "geglu": ("swiglu", "geglu_triton", "geglu_reference"),
+    "cross_entropy": ("cross_entropy", "cross_entropy_triton", "cross_entropy_reference"),
+    "linear_cross_entropy": ("cross_entropy", "linear_cross_entropy_triton", "linear_cross_entropy_reference"),
+    "flash_attention": ("flash_attention", "flash_attention_triton", "attention_reference"),
+    "ssd_scan": ("ssd_scan", "ssd_scan_triton", "ssd_chunked"),
 }
 
 
-def load(op: str):
-    """(triton function, torch reference) of an op, importing its module."""
+def _module(op: str):
     import importlib
 
-    module, fn, ref = OPS[op]
-    mod = importlib.import_module(f"{__name__}.{module}")
+    return importlib.import_module(f"{__name__}.{OPS[op][0]}")
+
+
+def load(op: str):
+    """(Triton function, torch reference) of an op, importing its module."""
+    _, fn, ref = OPS[op]
+    mod = _module(op)
     return getattr(mod, fn), getattr(mod, ref)
+
+
+def op(name: str):
+    """The op itself (it picks the Triton function or the reference from the active backend)."""
+    return getattr(_module(name), name)

@@ -1,18 +1,19 @@
 """Cross-entropy over the vocabulary, chunked so the full fp32 softmax is never materialised.
 
-Per row with logits x [V] and target t (seeds 003 sec. 1, the loss of the
-skeleton; z-loss from seeds 002, "z-loss"):
+Per row with logits x [V] and target t (the next-token loss of the skeleton;
+z-loss from PaLM, Chowdhery et al. 2022, arXiv:2204.02311, sec. 5):
     lse = log sum_c exp(x_c)
     loss = (1 - eps) (lse - x_t) + eps (lse - mean_c x_c) + z * lse^2
-where eps is label smoothing (torch's definition) and z the z-loss weight.
+where eps is label smoothing (Szegedy et al. 2016, arXiv:1512.00567, sec. 7, as torch
+defines it) and z the z-loss weight.
 Rows whose target is ``ignore_index`` contribute 0 and are not counted by the
 mean. The forward kernel streams each row in BLOCK_V chunks with the online
-max/sum of the softmax (as in FlashAttention, seeds 003 sec. 2.6) and keeps
+max/sum of the softmax (Milakov & Gimelshein 2018, arXiv:1805.02867, Algorithm 3) and keeps
 only lse [N] for the backward, which recomputes the softmax chunk by chunk:
     dloss/dx_c = p_c (1 + 2 z lse) - (1 - eps) [c = t] - eps / V,   p_c = exp(x_c - lse).
 
-``linear_cross_entropy`` fuses the LM-head matmul too (the Liger-Kernel
-"fused linear cross-entropy" scheme): rows are processed in chunks; each
+``linear_cross_entropy`` fuses the LM-head matmul too (the fused linear
+cross-entropy of Liger-Kernel, Hsu et al. 2024, arXiv:2410.10989): rows are processed in chunks; each
 chunk's logits exist only while its gradient is formed in place and turned
 into d(hidden) and d(weight), so neither the [N, V] logits nor their fp32
 softmax are ever whole in memory.
@@ -21,6 +22,7 @@ softmax are ever whole in memory.
 import torch
 import torch.nn.functional as F
 
+from . import use_triton
 from .utils import cdiv, check_launch, interpreting, next_pow2, tl, triton
 
 # ---------------------------------------------------------------- kernels
@@ -167,7 +169,7 @@ def _reduce(rows, valid, reduction):
     return total / valid.sum() if reduction == "mean" else total
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+def cross_entropy_triton(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0) -> torch.Tensor:
     """Cross-entropy of ``logits`` against integer ``targets`` with the Triton kernels.
 
@@ -249,7 +251,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
                 None, None, None, None, None, None)
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+def linear_cross_entropy_triton(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          bias: torch.Tensor | None = None, ignore_index: int = -100,
                          reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0,
                          chunk_size: int | None = None) -> torch.Tensor:
@@ -285,6 +287,10 @@ def cross_entropy_reference(logits: torch.Tensor, targets: torch.Tensor, ignore_
     v = logits.shape[-1]
     x = logits.float().reshape(-1, v)
     t = targets.reshape(-1)
+    if not z_loss:  # torch's own reduction, so the loss is bit for bit F.cross_entropy's
+        out = F.cross_entropy(x, t, ignore_index=ignore_index, reduction=reduction,
+                              label_smoothing=label_smoothing)
+        return out.view(targets.shape) if reduction == "none" else out
     rows = F.cross_entropy(x, t, ignore_index=ignore_index, reduction="none",
                            label_smoothing=label_smoothing)
     valid = t != ignore_index
@@ -300,3 +306,29 @@ def linear_cross_entropy_reference(hidden: torch.Tensor, weight: torch.Tensor, t
                                    z_loss: float = 0.0) -> torch.Tensor:
     return cross_entropy_reference(F.linear(hidden, weight, bias), targets, ignore_index, reduction,
                                    label_smoothing, z_loss)
+
+
+# ---------------------------------------------------------------- the ops
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+                  reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0) -> torch.Tensor:
+    """Cross-entropy on the active kernel backend (``abl.kernels.use_triton``):
+    ``cross_entropy_triton`` under triton, ``cross_entropy_reference`` otherwise."""
+    if use_triton():
+        return cross_entropy_triton(logits, targets, ignore_index, reduction, label_smoothing, z_loss)
+    return cross_entropy_reference(logits, targets, ignore_index, reduction, label_smoothing, z_loss)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         bias: torch.Tensor | None = None, ignore_index: int = -100,
+                         reduction: str = "mean", label_smoothing: float = 0.0,
+                         z_loss: float = 0.0) -> torch.Tensor:
+    """LM head + cross-entropy on the active kernel backend (``abl.kernels.use_triton``):
+    ``linear_cross_entropy_triton`` (the logits never exist whole) under triton,
+    ``linear_cross_entropy_reference`` (which forms them) otherwise."""
+    if use_triton():
+        return linear_cross_entropy_triton(hidden, weight, targets, bias, ignore_index, reduction,
+                                           label_smoothing, z_loss)
+    return linear_cross_entropy_reference(hidden, weight, targets, bias, ignore_index, reduction,
+                                          label_smoothing, z_loss)

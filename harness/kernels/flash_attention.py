@@ -1,8 +1,9 @@
 """FlashAttention forward and backward: exact softmax attention without the [T, T] score matrix.
 
-The algorithm is the one in seeds 003 sec. 2.6.1 (Algorithms 2 and 3; Dao et
-al. 2022, FlashAttention-2 2023); seeds 004 gives the memory-hierarchy reason
-(scores stay in SRAM). Per query block (rows r) the forward streams key/value
+The algorithm is FlashAttention-2's (Dao 2023, arXiv:2307.08691, sec. 3.1,
+Algorithm 1 forward, Algorithm 2 backward), after FlashAttention (Dao et al.
+2022, arXiv:2205.14135, sec. 3.1, Algorithm 1), whose sec. 2.1 gives the
+memory-hierarchy reason (scores stay in SRAM). Per query block (rows r) the forward streams key/value
 blocks (columns c) and keeps a running max M, denominator L and numerator Z:
     S = q k^T * scale + bias            (masked entries are -inf)
     M_new = max(M_old, rowmax S)
@@ -12,17 +13,17 @@ blocks (columns c) and keeps a running max M, denominator L and numerator Z:
 Exponentials are base 2 on the hardware path (exp(x) = 2^(x log2 e)), so the
 kernels carry scores and lse in log2 units.
 
-Backward (Algorithm 3 and its footnote 24: delta = rowsum(dO * O) is computed
-first, as in FlashAttention-2, and dq has its own loop):
+Backward (FlashAttention-2's Algorithm 2: delta = rowsum(dO * O) is computed
+first, and dq has its own loop):
     P = exp(S - lse),  dV = P^T dO,  dP = dO V^T,  dS = P (dP - delta),
     dK = dS^T Q * scale,  dQ = dS K * scale.
 
 Features, all inside the kernels:
 - causal masking, aligned bottom-right: query row r sits at absolute position
   r + Tk - Tq, so a query block appended to a KV cache is masked correctly;
-- sliding window (Mistral; seeds 004): a query at position i sees keys j with
+- sliding window (Mistral 7B, Jiang et al. 2023, arXiv:2310.06825, sec. 2): a query at position i sees keys j with
   i - j < window (and j - i < window when not causal);
-- ALiBi (Press et al. 2022; seeds 004): bias -m_h |i - j| added to the scaled
+- ALiBi (Press et al. 2022, arXiv:2108.12409, sec. 3): bias -m_h |i - j| added to the scaled
   scores, m_h = ``alibi_slopes[h]`` (``alibi_slopes(n)`` gives the paper's);
 - GQA / MQA: query head h reads key/value head h // (Hq / Hkv) in place; the
   dK/dV kernel sums the group's query heads itself, so K/V are never repeated;
@@ -35,7 +36,7 @@ import math
 
 import torch
 
-from . import FLASH_ATTENTION_MAX_HEAD_DIM
+from . import FLASH_ATTENTION_MAX_HEAD_DIM, use_triton
 from .utils import check_launch, interpreting, next_pow2, tl, triton
 
 _LOG2E = 1.4426950408889634
@@ -471,7 +472,7 @@ def _check_shapes(q, k, v, window, alibi_slopes):
         raise ValueError(f"alibi_slopes must be [H] = [{h}], got {tuple(alibi_slopes.shape)}")
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                     window: int | None = None, alibi_slopes: torch.Tensor | None = None,
                     scale: float | None = None, return_lse: bool = False):
     """Softmax attention with the FlashAttention Triton kernels (no [T, T] matrix in memory).
@@ -543,3 +544,17 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     s = s.masked_fill(~keep, float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # a row that sees no key gives 0
     return (p @ vf).to(q.dtype)
+
+
+# ---------------------------------------------------------------- the op
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                    window: int | None = None, alibi_slopes: torch.Tensor | None = None,
+                    scale: float | None = None) -> torch.Tensor:
+    """Softmax attention on the active kernel backend (``abl.kernels.use_triton``):
+    ``flash_attention_triton`` under triton, ``attention_reference`` otherwise.
+    Arguments as ``flash_attention_triton`` (its ``return_lse`` is the kernel's own)."""
+    if use_triton():
+        return flash_attention_triton(q, k, v, causal, window, alibi_slopes, scale)
+    return attention_reference(q, k, v, causal, window, alibi_slopes, scale)

@@ -1,8 +1,9 @@
-"""LayerNorm: y = (x - mean) * r * weight + bias  (Ba et al. 2016; seeds 000 sec. 3.7).
+"""LayerNorm: y = (x - mean) * r * weight + bias  (Ba et al. 2016, arXiv:1607.06450, sec. 3, eq. 4).
 
 ``eps_placement`` follows plugins/norms.py: "inside" r = 1/sqrt(var + eps)
-(the paper, torch, seeds 002 sec. 1.2), "outside" r = 1/(sqrt(var) + eps)
-(seeds 000 sec. 3.7). var is the biased (1/N) estimate; arithmetic is fp32.
+(torch's ``F.layer_norm``), "outside" r = 1/(sqrt(var) + eps) (the other
+placement found in implementations). var is the biased (1/N) estimate;
+arithmetic is fp32.
 
 Backward (xhat = (x - mean) * r, g = dy * weight, means over the row):
     dx = r * (g - mean(g)) - k * xhat * mean(g * xhat)
@@ -11,7 +12,9 @@ dr/dvar); dweight = sum_rows dy * xhat, dbias = sum_rows dy.
 """
 
 import torch
+import torch.nn.functional as F
 
+from . import use_triton
 from .utils import as_rows, cdiv, check_launch, next_pow2, reduction_programs, tl, triton
 
 # ---------------------------------------------------------------- kernels
@@ -153,7 +156,7 @@ class LayerNormFunction(torch.autograd.Function):
                 None, None)
 
 
-def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+def layernorm_triton(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
               eps: float = 1e-5, eps_placement: str = "inside") -> torch.Tensor:
     """LayerNorm over the last dim with the Triton kernels.
 
@@ -178,16 +181,30 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.T
 def layernorm_reference(x: torch.Tensor, weight: torch.Tensor | None = None,
                         bias: torch.Tensor | None = None, eps: float = 1e-5,
                         eps_placement: str = "inside") -> torch.Tensor:
-    """The plain fp32 torch definition (ground truth in tests)."""
+    """The torch definition (ground truth in tests): "inside" is torch's own ``F.layer_norm``;
+    "outside", which torch does not offer, is spelled out in fp32."""
+    if eps_placement == "inside":
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    if eps_placement != "outside":
+        raise ValueError(f"eps_placement must be 'inside' or 'outside', got {eps_placement!r}")
     xf = x.float()
     mu = xf.mean(-1, keepdim=True)
-    var = (xf - mu).pow(2).mean(-1, keepdim=True)
-    if eps_placement == "inside":
-        y = (xf - mu) * torch.rsqrt(var + eps)
-    else:
-        y = (xf - mu) / (var.sqrt() + eps)
+    sigma = (xf - mu).pow(2).mean(-1, keepdim=True).sqrt()
+    y = (xf - mu) / (sigma + eps)
     if weight is not None:
-        y = y * weight.float()
+        y = y * weight
     if bias is not None:
-        y = y + bias.float()
+        y = y + bias
     return y.to(x.dtype)
+
+
+# ---------------------------------------------------------------- the op
+
+
+def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+              eps: float = 1e-5, eps_placement: str = "inside") -> torch.Tensor:
+    """LayerNorm over the last dim on the active kernel backend (``abl.kernels.use_triton``):
+    ``layernorm_triton`` under triton, ``layernorm_reference`` otherwise. Arguments as ``layernorm_triton``."""
+    if use_triton():
+        return layernorm_triton(x, weight, bias, eps, eps_placement)
+    return layernorm_reference(x, weight, bias, eps, eps_placement)

@@ -1,7 +1,7 @@
 """RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight (+ bias).
 
-Zhang & Sennrich 2019; seeds 000 sec. 4.2. The statistic and the arithmetic are
-fp32 whatever the input dtype (as in plugins/norms.py); y has x's dtype.
+Zhang & Sennrich 2019, arXiv:1910.07467, sec. 3, eq. 4. The statistic and the
+arithmetic are fp32 whatever the input dtype; y has x's dtype.
 
 Backward, with xhat = x * rstd and g = dy * weight (per row of length N):
     dx = rstd * (g - xhat * mean(g * xhat))
@@ -12,6 +12,7 @@ an fp32 partial, then torch sums the partials.
 
 import torch
 
+from . import use_triton
 from .utils import as_rows, cdiv, check_launch, next_pow2, reduction_programs, tl, triton
 
 # ---------------------------------------------------------------- kernels
@@ -136,7 +137,7 @@ class RMSNormFunction(torch.autograd.Function):
                 None)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
             eps: float = 1e-6) -> torch.Tensor:
     """RMSNorm over the last dim with the Triton kernels.
 
@@ -157,11 +158,26 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Ten
 
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor | None = None,
                       bias: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """The plain torch definition (the ground truth in tests; plugins/norms.py's torch path)."""
+    """The plain torch definition (the ground truth in tests; the op's torch path).
+
+    The statistic and the products are fp32 (a bf16 / fp16 gain is promoted by the product).
+    """
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     if weight is not None:
-        y = y * weight.float()
+        y = y * weight
     if bias is not None:
-        y = y + bias.float()
+        y = y + bias
     return y.to(x.dtype)
+
+
+# ---------------------------------------------------------------- the op
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+            eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm over the last dim on the active kernel backend (``abl.kernels.use_triton``):
+    ``rmsnorm_triton`` under triton, ``rmsnorm_reference`` otherwise. Arguments as ``rmsnorm_triton``."""
+    if use_triton():
+        return rmsnorm_triton(x, weight, bias, eps)
+    return rmsnorm_reference(x, weight, bias, eps)

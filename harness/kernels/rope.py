@@ -1,10 +1,10 @@
 """Rotary position embedding (RoPE): rotate pairs of dims of q/k by position-dependent angles.
 
-Su et al. 2021; seeds 002 sec. 1.5.4. For each pair (x1, x2) and angle a:
+Su et al. 2021, arXiv:2104.09864, sec. 3.4.2, eq. 34. For each pair (x1, x2) and angle a:
     y1 = x1 cos a - x2 sin a,    y2 = x1 sin a + x2 cos a.
 Two layouts of the pairs, as in plugins/positions.py:
-- "interleaved": dims (2k, 2k+1), the paper's and the seeds' form;
-- "half": dims (k, k + D/2), the GPT-NeoX / LLaMA code form.
+- "interleaved": dims (2k, 2k+1), the paper's form;
+- "half": dims (k, k + D/2), the GPT-NeoX (Black et al. 2022, arXiv:2204.06745) / LLaMA code form.
 The rotation is orthogonal, so the backward is the same kernel rotating by -a
 (sin negated). cos/sin are inputs (the position plugin owns theta, position
 interpolation and the cache) and get no gradient. Arithmetic is fp32.
@@ -12,6 +12,7 @@ interpolation and the cache) and get no gradient. Arithmetic is fp32.
 
 import torch
 
+from . import use_triton
 from .utils import check_launch, next_pow2, tl, triton
 
 # ---------------------------------------------------------------- kernel
@@ -119,7 +120,7 @@ def _layout(layout: str) -> bool:
     return layout == "interleaved"
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
+def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
     """Rotate x by the angles whose cos/sin are given, with the Triton kernel.
 
     Args:
@@ -145,7 +146,7 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.
     when cos_k/sin_k are None)."""
     if cos_k is None or sin_k is None:
         cos_k, sin_k = cos_q, sin_q
-    return rope(q, cos_q, sin_q, layout), rope(k, cos_k, sin_k, layout)
+    return rope_triton(q, cos_q, sin_q, layout), rope_triton(k, cos_k, sin_k, layout)
 
 
 # ---------------------------------------------------------------- reference
@@ -166,3 +167,14 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         x1, x2 = xf[..., :half], xf[..., half:]
         out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return out.to(x.dtype)
+
+
+# ---------------------------------------------------------------- the op
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
+    """RoPE on the active kernel backend (``abl.kernels.use_triton``): ``rope_triton`` under
+    triton, ``rope_reference`` otherwise. Arguments as ``rope_triton``."""
+    if use_triton():
+        return rope_triton(x, cos, sin, layout)
+    return rope_reference(x, cos, sin, layout)

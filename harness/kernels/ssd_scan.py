@@ -1,7 +1,7 @@
 """Mamba-2 state-space duality (SSD) scan: torch reference.
 
 The recurrence, per head with a scalar decay (Dao & Gu 2024, "Transformers are
-SSMs", sec. 3; seeds 003 sec. 5.2, eq. 5.2), for t = 0 .. T-1:
+SSMs", arXiv:2405.21060, sec. 3, scalar-times-identity A), for t = 0 .. T-1:
 
     h_t = exp(dt_t * A) h_{t-1} + dt_t * x_t B_t^T      h: [P, N] per head
     y_t = h_t C_t                                       y: [P]
@@ -14,8 +14,8 @@ and head h reads group h // (H / G)):
 
 Three forms, all equal up to rounding:
 
-- ``ssd_chunked``: the chunked SSD algorithm of seeds 003 sec. 5.3 (the
-  ``ssd_minimal_discrete`` listing of the Mamba-2 paper, sec. 6): intra-chunk
+- ``ssd_chunked``: the chunked SSD algorithm of the Mamba-2 paper, sec. 6 (its
+  ``ssd_minimal_discrete`` listing, Listing 1): intra-chunk
   quadratic (attention-like) form through segment sums, plus inter-chunk
   state passing. No Python loop over time; the training path.
 - ``ssd_sequential``: the recurrence above, one step at a time. The ground
@@ -35,6 +35,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import use_triton
+
 
 def _heads(m: torch.Tensor, n_heads: int) -> torch.Tensor:
     """[B, T, G, N] -> [B, T, H, N]: head h reads group h // (H / G)."""
@@ -44,9 +46,10 @@ def _heads(m: torch.Tensor, n_heads: int) -> torch.Tensor:
 def segsum(a: torch.Tensor) -> torch.Tensor:
     """Segment sums of the last dim: out[..., l, s] = sum_{k=s+1}^{l} a[..., k] for l >= s, else -inf.
 
-    Seeds 003 eq. 5.8, the masked form cumsum_l(A Z) + M that sums only the
-    terms it needs instead of subtracting two cumulative sums (no cancellation).
-    exp(segsum(a)) is the lower-triangular decay matrix of eq. 5.7.
+    The stable form of the Mamba-2 reference code (Dao & Gu 2024, arXiv:2405.21060,
+    Listing 1's ``segsum``, as in mamba_ssm's ssd_minimal.py): a masked cumulative sum
+    that adds only the terms it needs instead of subtracting two cumulative sums
+    (no cancellation). exp(segsum(a)) is the lower-triangular decay mask L of sec. 6.1.
     """
     t = a.size(-1)
     z = torch.ones(t, t, dtype=torch.bool, device=a.device).tril(-1)  # Z: 1 where l > s
@@ -58,7 +61,7 @@ def segsum(a: torch.Tensor) -> torch.Tensor:
 
 def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor,
                 Cm: torch.Tensor, chunk_size: int, initial_state: torch.Tensor | None = None):
-    """Chunked SSD scan (seeds 003 sec. 5.3, eqs. 5.5-5.14).
+    """Chunked SSD scan (Dao & Gu 2024, arXiv:2405.21060, sec. 6: diagonal and low-rank blocks).
 
     Returns (y [B, T, H, P], final_state [B, H, P, N]); shapes in the module docstring.
 
@@ -75,13 +78,13 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Te
     c = (t + pad) // chunk
     g, n = Bm.shape[2:]
     # chunk the time index s into (c, l); the discretised input is dt x (the
-    # calligraphic B of eq. 5.4 without B itself) and the log-decay A_s = dt_s A
+    # zero-order-hold input dt B x without B itself) and the log-decay A_s = dt_s A
     X = (x * dt[..., None]).reshape(b, c, chunk, h, p)
     Bc, Cc = _heads(Bm, h).reshape(b, c, chunk, h, n), _heads(Cm, h).reshape(b, c, chunk, h, n)
     a = (dt * A).reshape(b, c, chunk, h).permute(0, 3, 1, 2)      # [B, H, c, l]
     a_cum = torch.cumsum(a, dim=-1)
 
-    # 1. c = c' (sec. 5.3.1): within a chunk y = (C B^T o exp(segsum)) X, the
+    # 1. c = c' (sec. 6.1, diagonal blocks): within a chunk y = (C B^T o exp(segsum)) X, the
     #    quadratic "attention" form over the chunk's L x L lower triangle
     decay = torch.exp(segsum(a))                               # [B, H, c, l, s]
     cb = torch.einsum("bclgn,bcsgn->bgcls", Cm.reshape(b, c, chunk, g, n), Bm.reshape(b, c, chunk, g, n))
@@ -89,11 +92,11 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Te
     y_diag = torch.einsum("bhcls,bcshp->bclhp", scores, X)
 
     # 2. each chunk's own end state: inputs carried to the chunk end by the
-    #    right factor T = exp(sum_l A - cumsum_l A) (eq. 5.13)
+    #    right factor T = exp(sum_l A - cumsum_l A) (sec. 6.2, the B-block factors)
     to_end = torch.exp(a_cum[..., -1:] - a_cum)                # [B, H, c, l]
     states = torch.einsum("bclhn,bclhp->bchpn", Bc * to_end.permute(0, 2, 3, 1)[..., None], X)
 
-    # 3. c > c' (sec. 5.3.2): pass states between chunks with the centre
+    # 3. c > c' (sec. 6.2, low-rank blocks): pass states between chunks with the centre
     #    factor exp(segsum over chunk totals); the initial state is chunk -1
     if initial_state is None:
         initial_state = torch.zeros(b, h, p, n, dtype=x.dtype, device=x.device)
@@ -143,7 +146,7 @@ def ssd_chunked_flops(seq_len: int, chunk_size: int, n_heads: int, head_dim: int
 
     Counts its five contractions as torch.utils.flop_counter does (2 per
     multiply-add), on the padded length. "Useful" keeps only the lower
-    triangle of each intra-chunk L x L product (causality, eq. 5.7) and the
+    triangle of each intra-chunk L x L product (causality: the mask L of sec. 6.1) and the
     unpadded tokens.
     """
     chunk = max(1, min(chunk_size, seq_len))
@@ -163,14 +166,14 @@ def ssd_chunked_flops(seq_len: int, chunk_size: int, n_heads: int, head_dim: int
 # ==================================================================== Triton kernels
 #
 # The forward of ``ssd_chunked`` as four Triton kernels, following the same
-# decomposition (seeds 003 sec. 5.3, eqs. 5.5-5.14; the Mamba-2 paper's
+# decomposition (Dao & Gu 2024, arXiv:2405.21060, sec. 6, steps 1-4; the paper's
 # ssd_minimal listing), with the chunk length L a power of two >= 16 and the
 # sequence tail masked instead of padded:
 #   1. _ssd_chunk_cumsum_kernel:  a_cum[c, l] = cumsum_l (dt A)          per (batch, head, chunk)
-#   2. _ssd_chunk_state_kernel:   S_c = sum_l exp(a_cum[L-1] - a_cum[l]) dt_l x_l B_l^T   (eq. 5.13, T)
+#   2. _ssd_chunk_state_kernel:   S_c = sum_l exp(a_cum[L-1] - a_cum[l]) dt_l x_l B_l^T   (sec. 6.2, T)
 #   3. _ssd_state_passing_kernel: h_c = exp(sum_l A_{c-1,l}) h_{c-1} + S_{c-1}, h_0 = initial state
 #   4. _ssd_chunk_scan_kernel:    y_l = sum_{s<=l} (C_l . B_s) exp(a_cum[l] - a_cum[s]) dt_s x_s
-#                                       + exp(a_cum[l]) C_l h_c                    (eqs. 5.7, 5.14)
+#                                       + exp(a_cum[l]) C_l h_c                    (secs. 6.1, 6.2)
 # Positions past the end load dt = 0 (decay 1, no input), so the final state is
 # exact. Arithmetic is fp32 whatever the input dtype. The backward recomputes
 # through ``ssd_chunked`` with autograd (the issue allows it).
@@ -217,7 +220,7 @@ def _ssd_chunk_state_kernel(X, DT, ACUM, BM, STATES,
     acum_base = ACUM + ((b * H + h) * NCHUNK + c) * L
     acum = tl.load(acum_base + offs_l)
     a_last = tl.load(acum_base + L - 1)
-    w = tl.exp(a_last - acum) * dt  # the right factor T of eq. 5.13, times the discretisation dt
+    w = tl.exp(a_last - acum) * dt  # the right factor T (sec. 6.2), times the discretisation dt
     bm = tl.load(BM + b * stride_bb + t[:, None] * stride_bt + g * stride_bg + offs_n[None, :],
                  mask=t_mask[:, None] & (offs_n[None, :] < N), other=0.0).to(tl.float32)
     state = tl.dot(tl.trans(x * w[:, None]), bm, input_precision="ieee")  # [P, N]
@@ -270,14 +273,14 @@ def _ssd_chunk_scan_kernel(X, DT, ACUM, BM, CM, PREV, Y,
                  mask=t_mask[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
     acum = tl.load(ACUM + ((b * H + h) * NCHUNK + c) * L + offs_l)
     dt = tl.load(DT + b * stride_dtb + t * stride_dtt + h * stride_dth, mask=t_mask, other=0.0).to(tl.float32)
-    # intra-chunk (c = c'): (C B^T o exp(segsum(a))) (dt x), lower triangle only (eq. 5.7)
+    # intra-chunk (c = c'): (C B^T o exp(segsum(a))) (dt x), lower triangle only (sec. 6.1)
     causal = offs_l[:, None] >= offs_l[None, :]
     seg = tl.where(causal, acum[:, None] - acum[None, :], float("-inf"))
     scores = tl.dot(cm, tl.trans(bm), input_precision="ieee") * tl.exp(seg) * dt[None, :]
     x = tl.load(X + b * stride_xb + t[:, None] * stride_xt + h * stride_xh + offs_p[None, :],
                 mask=t_mask[:, None] & (offs_p[None, :] < P), other=0.0).to(tl.float32)
     y = tl.dot(scores, x, input_precision="ieee")
-    # inter-chunk (c > c'): the passed state, carried to each row by U = exp(cumsum a) (eq. 5.13)
+    # inter-chunk (c > c'): the passed state, carried to each row by U = exp(cumsum a) (sec. 6.2, the C-block factors)
     prev = tl.load(PREV + (((b * NCHUNK + c) * H + h) * P + offs_p[:, None]) * N + offs_n[None, :],
                    mask=(offs_p[:, None] < P) & n_mask[None, :], other=0.0)
     y += tl.exp(acum)[:, None] * tl.dot(cm, tl.trans(prev), input_precision="ieee")
@@ -357,7 +360,7 @@ class SSDScanFunction(torch.autograd.Function):
         return (*grads, None)
 
 
-def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
+def ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
              chunk_size: int = 64, initial_state: torch.Tensor | None = None):
     """The chunked SSD scan with the Triton forward kernels (same contract as ``ssd_chunked``).
 
@@ -379,3 +382,22 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tenso
         raise ValueError(f"ssd_scan shapes: x {tuple(x.shape)}, dt {tuple(dt.shape)}, A {tuple(A.shape)}, "
                          f"B {tuple(Bm.shape)}, C {tuple(Cm.shape)}")
     return SSDScanFunction.apply(x, dt, A, Bm, Cm, initial_state, int(chunk_size))
+
+
+# ---------------------------------------------------------------- the op
+
+
+def fits_the_kernels(chunk_size: int) -> bool:
+    """Whether the Triton kernels tile this chunk length: a power of two >= 16."""
+    return chunk_size >= 16 and not chunk_size & (chunk_size - 1)
+
+
+def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
+             chunk_size: int = 64, initial_state: torch.Tensor | None = None):
+    """The chunked SSD scan on the active kernel backend (``abl.kernels.use_triton``):
+    ``ssd_scan_triton`` under triton when its tile fits the chunk length
+    (``fits_the_kernels``), else ``ssd_chunked``; both are the same chunked
+    algorithm. Arguments and result as ``ssd_chunked``."""
+    if use_triton() and fits_the_kernels(chunk_size):
+        return ssd_scan_triton(x, dt, A, Bm, Cm, chunk_size, initial_state)
+    return ssd_chunked(x, dt, A, Bm, Cm, chunk_size, initial_state=initial_state)

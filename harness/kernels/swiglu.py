@@ -1,8 +1,10 @@
 """GLU activations, the elementwise part only: swiglu(g, u) = silu(g) * u, geglu(g, u) = gelu(g) * u.
 
-Shazeer 2020 ("GLU Variants Improve Transformer"); seeds 000 (GLU family) and
-003 (GLU variants). The projections around them stay ordinary matmuls; this
-fuses the activation, the product and their backward into one pass each.
+Shazeer 2020, "GLU Variants Improve Transformer", arXiv:2002.05202, sec. 2,
+with SiLU (Elfwing et al. 2017, arXiv:1702.03118) and GELU with its tanh
+approximation (Hendrycks & Gimpel 2016, arXiv:1606.08415, sec. 2). The
+projections around them stay ordinary matmuls; this fuses the activation, the
+product and their backward into one pass each.
 
 Derivatives (s = sigmoid(g)):
     silu'(g) = s * (1 + g * (1 - s))
@@ -14,6 +16,7 @@ so du = dy * act(g) and dg = dy * u * act'(g). Arithmetic is fp32.
 import torch
 import torch.nn.functional as F
 
+from . import use_triton
 from .utils import check_launch, next_pow2, tl, triton
 
 # ACT codes (constexpr): 0 silu, 1 gelu (erf), 2 gelu (tanh approximation). The literals in the
@@ -125,7 +128,7 @@ class GLUFunction(torch.autograd.Function):
         return dg, du, None
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def swiglu_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up with the Triton kernels.
 
     Args:
@@ -139,7 +142,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return GLUFunction.apply(gate, up, 0)
 
 
-def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def geglu_triton(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """gelu(gate) * up with the Triton kernels.
 
     Args:
@@ -157,9 +160,33 @@ def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> to
 # ---------------------------------------------------------------- references
 
 
+# torch's own elementwise ops in the inputs' dtype, as a gated FFN always computed
+# act(gate) * up on this path (under bf16 autocast: two bf16 roundings where the
+# kernel, in fp32, has one; the kernel tests' bf16 tolerance covers that).
+
+
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return (F.silu(gate.float()) * up.float()).to(gate.dtype)
+    return F.silu(gate) * up
 
 
 def geglu_reference(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
-    return (F.gelu(gate.float(), approximate=approximate) * up.float()).to(gate.dtype)
+    return F.gelu(gate, approximate=approximate) * up
+
+
+# ---------------------------------------------------------------- the ops
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up on the active kernel backend (``abl.kernels.use_triton``):
+    ``swiglu_triton`` under triton, ``swiglu_reference`` otherwise."""
+    if use_triton():
+        return swiglu_triton(gate, up)
+    return swiglu_reference(gate, up)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """gelu(gate) * up on the active kernel backend (``abl.kernels.use_triton``):
+    ``geglu_triton`` under triton, ``geglu_reference`` otherwise."""
+    if use_triton():
+        return geglu_triton(gate, up, approximate)
+    return geglu_reference(gate, up, approximate)

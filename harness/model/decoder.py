@@ -18,7 +18,6 @@ from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..contracts.config import ModelConfig
 from ..contracts.registry import Registry
@@ -201,6 +200,20 @@ def residual_out(linear: nn.Linear) -> nn.Linear:
     return linear
 
 
+def own_init(module: nn.Module) -> nn.Module:
+    """Mark ``module`` (and every module inside it) as initialised by its component.
+
+    The skeleton's init (normal(0, ``init_std``) weights, zero biases, the
+    depth-scaled std of ``residual_out``) then leaves its weights as the
+    component's ``__init__`` set them, e.g. Mamba's dt projection. A component
+    registered with ``register(..., own_init=True)`` gets this on the whole
+    module its factory returns. Returns ``module``.
+    """
+    for m in module.modules():
+        setattr(m, "abl_custom_init", True)  # a marker attribute nn.Module does not declare
+    return module
+
+
 class DecoderLM(nn.Module):
     """The model. ``kernel_backend`` (``abl.kernels.resolve`` of ``train.kernels``)
     is the path its ops take: it is active for the duration of each forward
@@ -216,7 +229,8 @@ class DecoderLM(nn.Module):
 
         def part(axis):
             spec = components[axis]
-            return registry.get(axis, spec["name"]).factory, dict(spec["params"])
+            comp = registry.get(axis, spec["name"])
+            return _keeping_init(comp.factory, comp.own_init), dict(spec["params"])
 
         norm_f, norm_p = part("norm")
         pos_f, pos_p = part("position")
@@ -240,7 +254,8 @@ class DecoderLM(nn.Module):
             if layer_specs is None:
                 return mix_f(cfg, self.position, **mix_p)
             spec = layer_specs[min(built[0], len(layer_specs) - 1)]
-            return registry.get("mixer", spec["name"]).factory(cfg, self.position, **spec["params"])
+            comp = registry.get("mixer", spec["name"])
+            return _keeping_init(comp.factory, comp.own_init)(cfg, self.position, **spec["params"])
 
         def make_ffn() -> nn.Module:
             return ffn_f(cfg, **ffn_p)
@@ -292,13 +307,11 @@ class DecoderLM(nn.Module):
 
     @staticmethod
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy in fp32: the chunked Triton kernel under
-        ``train.kernels = "triton"`` (no fp32 copy of the logits), torch otherwise."""
-        if use_triton():
-            from ..kernels.cross_entropy import cross_entropy
+        """Mean next-token cross-entropy in fp32 (the op: the chunked Triton kernel under
+        ``train.kernels = "triton"``, no fp32 copy of the logits; torch's otherwise)."""
+        from ..kernels.cross_entropy import cross_entropy  # lazily, as linear_cross_entropy in _forward
 
-            return cross_entropy(logits, targets)
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return cross_entropy(logits, targets)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 ctx: ForwardContext | None = None):
@@ -323,8 +336,12 @@ class DecoderLM(nn.Module):
             x = block(x, ctx)
         x = self.final_norm(x)
         fusable = type(self.lm_head) is nn.Linear and self.lm_head.bias is None  # not swapped (fp8)
+        # Only the Triton op fuses the LM head into the loss (the [B*T, V] logits never exist
+        # whole); the reference would form them anyway, so on torch the model keeps them.
         if use_triton() and targets is not None and not ctx.need_logits and fusable:
-            # the fused LM head + cross-entropy kernel: the [B*T, V] logits never exist whole
+            # imported here, not at the top: the kernel modules import triton, which decides once
+            # at import whether it interprets, and a worker imports this module (through the
+            # trainer) before it has switched the interpreter on for a CPU triton cell
             from ..kernels.cross_entropy import linear_cross_entropy
 
             logits, ce = None, linear_cross_entropy(x, self.lm_head.weight, targets)
@@ -340,6 +357,13 @@ class DecoderLM(nn.Module):
             for value in ctx.aux_losses.values():
                 loss = loss + value
         return logits, loss, ctx
+
+
+def _keeping_init(factory: Any, own: bool) -> Any:
+    """``factory``, whose modules keep their own init when the component registered ``own_init``."""
+    if not own:
+        return factory
+    return lambda *args, **kwargs: own_init(factory(*args, **kwargs))
 
 
 def build_model(cfg: ModelConfig, components: dict[str, Any], registry: Registry,

@@ -3,10 +3,11 @@
 - ``train.match = "params"``: non-embedding parameters match;
 - ``train.match = "flops"``: training FLOPs per token match (as executed, from
   the cost model, so attention's T^2 terms and MoE active experts count);
-- ``train.match_by = "ffn"`` (default) adjusts the FFN's width knob: its
-  ``ratio`` parameter, or a float parameter ending in ``_ratio`` (e.g. an
-  MoE's ``expert_ratio``); ``multiple_of`` rounding is set to 1 so the width
-  can move in steps of one unit. ``"n_layers"`` adjusts the depth instead.
+- ``train.match_by = "ffn"`` (default) adjusts the FFN's width knob: the float
+  parameter the FFN declared with ``register(..., width="<param>")`` (the dense
+  and gated FFNs' ``ratio``, an MoE's ``expert_ratio``); ``multiple_of``
+  rounding is set to 1 so the width can move in steps of one unit.
+  ``"n_layers"`` adjusts the depth instead.
 
 The reference is the first cell of the grid; every other cell must land
 within 1% of it or the grid is rejected before training. The adjusted values
@@ -25,9 +26,12 @@ from ..contracts.registry import Registry
 TOLERANCE = 0.01
 
 
-def solved_paths(config: dict[str, Any]) -> set[str]:
+def solved_paths(config: dict[str, Any], registry: Registry | None = None) -> set[str]:
     """The setting paths ``train.match`` solved in this resolved config (not chosen by anyone):
-    ``model.n_layers``, or the FFN's width knob and its ``multiple_of``, as ``ffn.<name>.<param>``."""
+    ``model.n_layers``, or the FFN's width knob and its ``multiple_of``, as ``ffn.<name>.<param>``.
+
+    The knob is what the FFN declared in ``registry`` (default: the plugins' registry).
+    """
     matched = config.get("matched") or {}
     if matched.get("by") == "n_layers":
         return {"model.n_layers"}
@@ -35,17 +39,19 @@ def solved_paths(config: dict[str, Any]) -> set[str]:
     params = ffn.get("params") or {}
     if not matched or not params:
         return set()
-    knob = _width_param(params)
+    if registry is None:
+        from ..contracts.plugin_manager import get_registry
+
+        registry = get_registry()
+    knob = width_param(registry, ffn.get("name"))
     return {f"ffn.{ffn.get('name')}.{p}" for p in (knob, "multiple_of") if p and p in params}
 
 
-def _width_param(params: dict[str, Any]) -> str | None:
-    if "ratio" in params:
-        return "ratio"
-    for name, value in params.items():
-        if name.endswith("_ratio") and isinstance(value, float):
-            return name
-    return None
+def width_param(registry: Registry, ffn: Any) -> str | None:
+    """The width knob the FFN ``ffn`` declared when it registered (``register(..., width=...)``),
+    or None: an unknown FFN, or one without a knob."""
+    comp = registry.components.get(("ffn", ffn)) if isinstance(ffn, str) else None
+    return comp.width if comp is not None else None
 
 
 def _measure(cell, registry: Registry, model, components, what: str, vocab: int) -> float:
@@ -99,10 +105,11 @@ def _solve(cell, registry, what, by, target, vocab, errs) -> tuple[Any, Any, flo
         model, components, value = best
     else:
         ffn = components["ffn"]
-        knob = _width_param(ffn["params"])
+        knob = width_param(registry, ffn["name"])
         if knob is None:
-            errs.append(f"cell [{label}]: train.match_by = 'ffn' needs an ffn with a 'ratio' parameter; "
-                        f"ffn {ffn['name']!r} has none (use train.match_by = 'n_layers')")
+            errs.append(f"cell [{label}]: train.match_by = 'ffn' needs an ffn that declares its width knob "
+                        f"(register(..., width='<param>')); ffn {ffn['name']!r} declares none "
+                        f"(use train.match_by = 'n_layers')")
             return None, None, 0.0
         if "multiple_of" in ffn["params"]:
             ffn["params"]["multiple_of"] = 1

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from abl.kernels.cross_entropy import (cross_entropy, cross_entropy_reference, linear_cross_entropy,
+from abl.kernels.cross_entropy import (cross_entropy_triton, cross_entropy_reference, linear_cross_entropy_triton,
                                            linear_cross_entropy_reference)
 
 from .helpers import DTYPE_NAMES, assert_close
@@ -33,7 +33,7 @@ def test_cross_entropy(case, device):
     torch.manual_seed(0)
     x = (3 * torch.randn(*lead, v, device=device)).to(dt).requires_grad_()
     t = _targets(lead, v, device)
-    out = cross_entropy(x, t, reduction=red, label_smoothing=ls, z_loss=z)
+    out = cross_entropy_triton(x, t, reduction=red, label_smoothing=ls, z_loss=z)
     ref = cross_entropy_reference(x, t, reduction=red, label_smoothing=ls, z_loss=z)
     assert out.dtype == torch.float32 and out.shape == ref.shape
     assert_close("loss", ref, out, torch.float32 if dt == torch.float32 else torch.float16)
@@ -60,7 +60,7 @@ def test_linear_cross_entropy(case, device):
     w = (torch.randn(v, d, device=device) / d ** 0.5).to(dt).requires_grad_()
     b = (0.1 * torch.randn(v, device=device)).to(dt).requires_grad_() if has_bias else None
     t = _targets((n,), v, device)
-    out = linear_cross_entropy(h, w, t, b, reduction=red, label_smoothing=0.05, z_loss=1e-4, chunk_size=chunk)
+    out = linear_cross_entropy_triton(h, w, t, b, reduction=red, label_smoothing=0.05, z_loss=1e-4, chunk_size=chunk)
     ref = linear_cross_entropy_reference(h, w, t, b, reduction=red, label_smoothing=0.05, z_loss=1e-4)
     assert_close("loss", ref, out, dt)
     leaves = [x for x in (h, w, b) if x is not None]
@@ -73,4 +73,4 @@ def test_linear_cross_entropy(case, device):
 def test_cross_entropy_rejects_out_of_range_targets(device):
     x = torch.randn(4, 10, device=device)
     with pytest.raises(IndexError):
-        cross_entropy(x, torch.tensor([0, 1, 10, 2], device=device))
+        cross_entropy_triton(x, torch.tensor([0, 1, 10, 2], device=device))

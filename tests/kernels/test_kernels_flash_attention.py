@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from abl.kernels.flash_attention import alibi_slopes, attention_reference, flash_attention
+from abl.kernels.flash_attention import alibi_slopes, attention_reference, flash_attention_triton
 
 from .helpers import DTYPE_NAMES, assert_close
 
@@ -36,7 +36,7 @@ def test_flash_attention(case, device):
     k = torch.randn(b, hk, tk, d, device=device).to(dt).requires_grad_()
     v = torch.randn(b, hk, tk, d, device=device).to(dt).requires_grad_()
     slopes = alibi_slopes(h).to(device) if alibi else None
-    out, lse = flash_attention(q, k, v, causal=causal, window=window, alibi_slopes=slopes, return_lse=True)
+    out, lse = flash_attention_triton(q, k, v, causal=causal, window=window, alibi_slopes=slopes, return_lse=True)
     ref = attention_reference(q, k, v, causal=causal, window=window, alibi_slopes=slopes)
     assert out.dtype == dt and lse.shape == (b, h, tq)
     assert_close("out", ref, out, dt)
@@ -51,7 +51,7 @@ def test_flash_attention(case, device):
 def test_lse_is_the_row_logsumexp(device):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 19, 32, device=device) for _ in range(3))
-    _, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    _, lse = flash_attention_triton(q, k, v, causal=True, return_lse=True)
     s = (q @ k.transpose(-1, -2)) / math.sqrt(32)
     s = s.masked_fill(torch.ones(19, 19, dtype=torch.bool, device=device).triu(1), float("-inf"))
     assert_close("lse", torch.logsumexp(s, -1), lse, torch.float32)
@@ -67,6 +67,6 @@ def test_rejects_bad_shapes(device):
     q = torch.randn(1, 3, 8, 32, device=device)
     kv = torch.randn(1, 2, 8, 32, device=device)
     with pytest.raises(ValueError, match="divisible"):
-        flash_attention(q, kv, kv)
+        flash_attention_triton(q, kv, kv)
     with pytest.raises(ValueError, match="window"):
-        flash_attention(q, q, q, window=0)
+        flash_attention_triton(q, q, q, window=0)

@@ -35,10 +35,10 @@ def test_flash_attention_at_an_independent_head_dim_matches_torch(registry, monk
     idx = torch.randint(0, 50, (2, 24), device=device)
     targets = torch.randint(0, 50, (2, 24), device=device)
     ref_logits, ref_loss, ref_grads = loss_and_grads(model, idx, targets, "torch")
-    calls = Calls(monkeypatch, "flash_attention.flash_attention", "rope.rope")
+    calls = Calls(monkeypatch, "flash_attention.flash_attention_triton", "rope.rope_triton")
     logits, loss, grads = loss_and_grads(model, idx, targets, "triton")
-    assert calls.counts["flash_attention.flash_attention"] == 2
-    assert calls.counts["rope.rope"] == (4 if position == "rope" else 0)
+    assert calls.counts["flash_attention.flash_attention_triton"] == 2
+    assert calls.counts["rope.rope_triton"] == (4 if position == "rope" else 0)
     assert_close("logits", ref_logits, logits)
     assert_close("loss", ref_loss, loss)
     assert set(grads) == set(ref_grads)
@@ -61,8 +61,8 @@ def test_cached_decoding_through_the_kernel_at_an_independent_head_dim(registry,
 
     with torch.no_grad():
         ref, _ = decode("torch")
-        calls = Calls(monkeypatch, "flash_attention.flash_attention")
+        calls = Calls(monkeypatch, "flash_attention.flash_attention_triton")
         got, cache = decode("triton")
-    assert calls.counts["flash_attention.flash_attention"] == 2 * 5
+    assert calls.counts["flash_attention.flash_attention_triton"] == 2 * 5
     assert next(iter(cache.values()))["k"].shape[-1] == 12
     assert_close("decoded logits", ref, got)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from abl.kernels.layernorm import layernorm, layernorm_reference
-from abl.kernels.rmsnorm import rmsnorm, rmsnorm_reference
+from abl.kernels.layernorm import layernorm_triton, layernorm_reference
+from abl.kernels.rmsnorm import rmsnorm_triton, rmsnorm_reference
 
 from .helpers import DTYPE_NAMES, assert_close
 
@@ -46,7 +46,7 @@ def _check(out, ref, leaves, dt):
 def test_rmsnorm(case, device):
     lead, n, dt, w, b = case
     x, weight, bias = _inputs(lead, n, dt, w, b, device)
-    _check(rmsnorm(x, weight, bias, 1e-6), rmsnorm_reference(x, weight, bias, 1e-6), (x, weight, bias), dt)
+    _check(rmsnorm_triton(x, weight, bias, 1e-6), rmsnorm_reference(x, weight, bias, 1e-6), (x, weight, bias), dt)
 
 
 @pytest.mark.parametrize("placement", ["inside", "outside"])
@@ -54,14 +54,14 @@ def test_rmsnorm(case, device):
 def test_layernorm(case, placement, device):
     lead, n, dt, w, b = case
     x, weight, bias = _inputs(lead, n, dt, w, b, device)
-    _check(layernorm(x, weight, bias, 1e-5, placement),
+    _check(layernorm_triton(x, weight, bias, 1e-5, placement),
            layernorm_reference(x, weight, bias, 1e-5, placement), (x, weight, bias), dt)
 
 
 def test_layernorm_constant_row_outside_eps(device):
     # sigma = 0: the "outside" backward must not divide by it
     x = torch.full((3, 40), 2.0, device=device, requires_grad=True)
-    y = layernorm(x, None, None, 1e-5, "outside")
+    y = layernorm_triton(x, None, None, 1e-5, "outside")
     (dx,) = torch.autograd.grad(y, x, torch.randn_like(y))
     assert torch.isfinite(dx).all()
     assert y.abs().max() == 0
@@ -87,4 +87,4 @@ def test_cpu_without_the_interpreter_is_a_clear_error(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(KernelUnavailable, match="CUDA"):
-        rmsnorm(torch.randn(2, 8), torch.ones(8))
+        rmsnorm_triton(torch.randn(2, 8), torch.ones(8))

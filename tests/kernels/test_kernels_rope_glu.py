@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from abl.kernels.rope import rope, rope_reference
-from abl.kernels.swiglu import geglu, geglu_reference, swiglu, swiglu_reference
+from abl.kernels.rope import rope_triton, rope_reference
+from abl.kernels.swiglu import geglu_triton, geglu_reference, swiglu_triton, swiglu_reference
 
 from .helpers import DTYPE_NAMES, assert_close
 
@@ -34,7 +34,7 @@ def test_rope(case, device):
         pos = pos + torch.arange(b, device=device)[:, None] * 3.0  # [B, T]: each sequence its own offset
     ang = pos[..., None] * inv_freq
     cos, sin = ang.cos(), ang.sin()
-    out, ref = rope(x, cos, sin, layout), rope_reference(x, cos, sin, layout)
+    out, ref = rope_triton(x, cos, sin, layout), rope_reference(x, cos, sin, layout)
     assert out.dtype == x.dtype
     assert_close("y", ref, out, dt)
     dy = torch.randn_like(ref)
@@ -51,7 +51,7 @@ def test_rope_matches_the_position_plugin(device):
         q = torch.randn(2, 2, 11, 32, device=device)
         cos, sin = pos.angles(5, 11, q.device)
         want, _ = pos.rotate(q, q, 5, 5)
-        assert_close(layout, want, rope(q, cos, sin, layout), torch.float32)
+        assert_close(layout, want, rope_triton(q, cos, sin, layout), torch.float32)
 
 
 # (leading shape, H, dtype, op, views of one gate/up projection)
@@ -81,9 +81,9 @@ def test_glu(case, device):
         up = torch.randn(*lead, h, device=device).to(dt).requires_grad_()
         leaves = (gate, up)
     fn, ref_fn = {
-        "swiglu": (swiglu, swiglu_reference),
-        "geglu": (geglu, geglu_reference),
-        "geglu_tanh": (lambda g, u: geglu(g, u, "tanh"), lambda g, u: geglu_reference(g, u, "tanh")),
+        "swiglu": (swiglu_triton, swiglu_reference),
+        "geglu": (geglu_triton, geglu_reference),
+        "geglu_tanh": (lambda g, u: geglu_triton(g, u, "tanh"), lambda g, u: geglu_reference(g, u, "tanh")),
     }[op]
     out, ref = fn(gate, up), ref_fn(gate, up)
     assert out.dtype == dt

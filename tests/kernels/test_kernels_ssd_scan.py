@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from abl.kernels.ssd_scan import ssd_scan, ssd_sequential
+from abl.kernels.ssd_scan import ssd_scan_triton, ssd_sequential
 
 from .helpers import DTYPE_NAMES, assert_close
 
@@ -32,7 +32,7 @@ def test_ssd_scan(case, device):
     Bm = torch.randn(b, t, g, n, device=device).to(dtype).requires_grad_()
     Cm = torch.randn(b, t, g, n, device=device).to(dtype).requires_grad_()
     s0 = torch.randn(b, h, p, n, device=device).requires_grad_() if init else None
-    y, final = ssd_scan(x, dt, A, Bm, Cm, chunk, s0)
+    y, final = ssd_scan_triton(x, dt, A, Bm, Cm, chunk, s0)
     y_ref, final_ref = ssd_sequential(x.float(), dt, A, Bm.float(), Cm.float(), s0)
     assert y.dtype == dtype and final.shape == (b, h, p, n)
     assert_close("y", y_ref, y, dtype)
@@ -48,5 +48,5 @@ def test_ssd_scan(case, device):
 def test_ssd_scan_rejects_bad_chunk(device):
     x = torch.randn(1, 8, 2, 16, device=device)
     with pytest.raises(ValueError, match="power of two"):
-        ssd_scan(x, torch.rand(1, 8, 2, device=device), -torch.rand(2, device=device),
+        ssd_scan_triton(x, torch.rand(1, 8, 2, device=device), -torch.rand(2, device=device),
                  torch.randn(1, 8, 1, 16, device=device), torch.randn(1, 8, 1, 16, device=device), 24)

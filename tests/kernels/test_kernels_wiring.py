@@ -38,7 +38,7 @@ def build(registry, mixer="mha", position="rope", mixer_params=None, position_pa
 
 
 class Calls:
-    """Counts calls of kernel entry points (the plugins import them lazily, per call)."""
+    """Counts calls of the ops' Triton functions (each op looks its `_triton` function up per call)."""
 
     def __init__(self, monkeypatch, *names):
         import importlib
@@ -88,13 +88,13 @@ def test_triton_backend_matches_torch_backend(registry, monkeypatch, device, mix
     idx = torch.randint(0, 50, (2, 24), device=device)
     targets = torch.randint(0, 50, (2, 24), device=device)
     ref_logits, ref_loss, ref_grads = loss_and_grads(model, idx, targets, "torch")
-    calls = Calls(monkeypatch, "flash_attention.flash_attention", "rope.rope", "cross_entropy.cross_entropy",
-                  "rmsnorm.rmsnorm", "swiglu.swiglu")
+    calls = Calls(monkeypatch, "flash_attention.flash_attention_triton", "rope.rope_triton",
+                  "cross_entropy.cross_entropy_triton", "rmsnorm.rmsnorm_triton", "swiglu.swiglu_triton")
     logits, loss, grads = loss_and_grads(model, idx, targets, "triton")
-    assert calls.counts["flash_attention.flash_attention"] == (2 if flash else 0)
-    assert calls.counts["rope.rope"] == (4 if rope else 0)  # q and k of both layers
-    assert calls.counts["cross_entropy.cross_entropy"] == 1
-    assert calls.counts["rmsnorm.rmsnorm"] == 5 and calls.counts["swiglu.swiglu"] == 2
+    assert calls.counts["flash_attention.flash_attention_triton"] == (2 if flash else 0)
+    assert calls.counts["rope.rope_triton"] == (4 if rope else 0)  # q and k of both layers
+    assert calls.counts["cross_entropy.cross_entropy_triton"] == 1
+    assert calls.counts["rmsnorm.rmsnorm_triton"] == 5 and calls.counts["swiglu.swiglu_triton"] == 2
     assert_close("logits", ref_logits, logits)
     assert_close("loss", ref_loss, loss)
     assert set(grads) == set(ref_grads)
@@ -107,10 +107,11 @@ def test_training_step_fuses_the_lm_head_into_the_loss(registry, monkeypatch, de
     idx = torch.randint(0, 50, (2, 24), device=device)
     targets = torch.randint(0, 50, (2, 24), device=device)
     _, ref_loss, ref_grads = loss_and_grads(model, idx, targets, "torch", need_logits=False)
-    calls = Calls(monkeypatch, "cross_entropy.linear_cross_entropy", "cross_entropy.cross_entropy")
+    calls = Calls(monkeypatch, "cross_entropy.linear_cross_entropy_triton", "cross_entropy.cross_entropy_triton")
     logits, loss, grads = loss_and_grads(model, idx, targets, "triton", need_logits=False)
     assert logits is None  # the [B*T, V] logits were never formed whole
-    assert calls.counts == {"cross_entropy.linear_cross_entropy": 1, "cross_entropy.cross_entropy": 0}
+    assert calls.counts == {"cross_entropy.linear_cross_entropy_triton": 1,
+                            "cross_entropy.cross_entropy_triton": 0}
     assert_close("loss", ref_loss, loss)
     assert model.lm_head.weight is model.embed.weight  # tied: one gradient from both uses
     for name, g in ref_grads.items():
@@ -136,9 +137,9 @@ def test_cached_decoding_with_the_flash_kernel(registry, monkeypatch, device, mi
 
     with torch.no_grad():
         ref = decode("torch")
-        calls = Calls(monkeypatch, "flash_attention.flash_attention")
+        calls = Calls(monkeypatch, "flash_attention.flash_attention_triton")
         got = decode("triton")
-    assert calls.counts["flash_attention.flash_attention"] == 2 * 5  # 2 layers x (prefill + 4 steps)
+    assert calls.counts["flash_attention.flash_attention_triton"] == 2 * 5  # 2 layers x (prefill + 4 steps)
     assert_close("decoded logits", ref, got)
 
 
