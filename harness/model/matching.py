@@ -21,6 +21,7 @@ import copy
 import dataclasses
 from typing import Any
 
+from ..contracts.config import canonical_config
 from ..contracts.registry import Registry
 
 TOLERANCE = 0.01
@@ -32,6 +33,7 @@ def solved_paths(config: dict[str, Any], registry: Registry | None = None) -> se
 
     The knob is what the FFN declared in ``registry`` (default: the plugins' registry).
     """
+    config = canonical_config(config)  # either stored shape: the FFN's name is read beside its params
     matched = config.get("matched") or {}
     if matched.get("by") == "n_layers":
         return {"model.n_layers"}
