@@ -140,3 +140,54 @@ def test_a_run_folder_in_the_old_shape_is_stored_and_its_cell_not_run_again(tmp_
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads((first / "status.json").read_text())["status"] == "completed", r.stdout
     assert json.loads((first / "config.json").read_text()) == cells[0].config  # rewritten in today's shape
+
+
+HOOK_PLUGIN = '''
+import json
+from pathlib import Path
+
+from abl import hookimpl
+
+
+@hookimpl
+def run_finished(run_id, status, config, summary):
+    Path({out!r}).write_text(json.dumps({{"run_id": run_id, "config": config}}))
+'''
+
+ONE_CELL = """
+[experiment]
+name = "hooked"
+seeds = [0]
+[model]
+d_model = 16
+n_layers = 1
+n_heads = 2
+context = 16
+norm = "layernorm"
+[train]
+steps = 2
+batch_size = 2
+eval_every = 2
+eval_batches = 1
+[dataset.pystdlib]
+max_bytes = 100000
+"""
+
+
+@pytest.mark.slow
+def test_run_finished_gets_each_component_with_its_name(tmp_path):
+    """A plugin's run_finished hook sees the shape the store keeps, whatever shape the run folder has:
+    a hook written against ``config["components"][axis]["name"]`` keeps working."""
+    out = tmp_path / "hook.json"
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "hook.py").write_text(HOOK_PLUGIN.format(out=str(out)))
+    grid = tmp_path / "one.toml"
+    grid.write_text(ONE_CELL)
+    r = run_abl(["--plugins-dir", str(plugins), "run", str(grid), "--db", str(tmp_path / "x.duckdb")])
+    assert r.returncode == 0, r.stdout + r.stderr
+    seen = json.loads(out.read_text())
+    cfg = seen["config"]
+    assert cfg["components"]["norm"]["name"] == cfg["model"]["norm"] == "layernorm"
+    assert all("name" in spec for axis, spec in cfg["components"].items() if axis in AXES)
+    assert run_id_of(cfg) == seen["run_id"]

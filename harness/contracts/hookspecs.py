@@ -63,7 +63,8 @@ def run_finished(run_id, status, config, summary):
     """Called in the ``abl run`` parent after a cell ends and is stored.
 
     ``status`` is the final status ("completed", "diverged", "failed", ...),
-    ``config`` the fully resolved cell config (a dict) and ``summary`` a dict of
+    ``config`` the fully resolved cell config (a dict, each component as
+    ``config["components"][axis] = {"name", "params"}``, as the store keeps it) and ``summary`` a dict of
     the once-per-run metrics. Use it for notifications or extra bookkeeping;
     the return value is ignored.
     """

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from ..contracts.config import Cell, Grid
+from ..contracts.config import Cell, Grid, canonical_config
 from ..contracts.plugin_manager import pm
 from ..contracts.registry import Registry
 from ..data import tokenstore
@@ -256,7 +256,9 @@ class CellEvents:
             err = (rundir.read_status(job.run_dir) or {}).get("error") or ""
             self.display.print(f"[red]{status}[/]: {escape(str(job.cell.label))} seed={job.cell.seed}: "
                                f"{escape(err.splitlines()[-1]) if err else ''}")
-        pm.hook.run_finished(run_id=job.cell.run_id, status=status, config=job.cell.config,
+        # the plugins get the shape the store keeps (each component as {"name", "params"}), so a
+        # run_finished hook written before the run folder's config named components once still works
+        pm.hook.run_finished(run_id=job.cell.run_id, status=status, config=canonical_config(job.cell.config),
                              summary=summary)
 
 
