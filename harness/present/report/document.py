@@ -55,25 +55,33 @@ class Doc:
                 f"<style>{STYLE}</style></head><body>\n{body}</body></html>\n")
 
     def _markdown(self, html: bool) -> str:
+        # for HTML, text is text: a "<task>" in a sentence must not become a tag
+        e = _entities if html else str
         out = []
         for b in self.blocks:
             if b[0] == "h":
-                out.append("#" * b[1] + " " + b[2])
+                out.append("#" * b[1] + " " + e(b[2]))
             elif b[0] == "p":
-                out.append(b[1])
+                out.append(e(b[1]))
             elif b[0] == "table":
-                out.append(_table(*b[1:]))
+                _, headers, rows, caption = b
+                out.append(_table([e(h) for h in headers], [[e(x) for x in r] for r in rows], e(caption)))
             elif b[0] == "img":
                 _, name, png, caption = b
                 src = f"data:image/png;base64,{base64.b64encode(png).decode()}" if html else name
-                out.append(f"![{name.rsplit('.', 1)[0].replace('_', ' ')}]({src})\n\n*{caption}*")
+                out.append(f"![{name.rsplit('.', 1)[0].replace('_', ' ')}]({src})\n\n*{e(caption)}*")
             elif b[0] == "pre":
                 out.append("```\n" + b[1] + "\n```")
             elif b[0] == "details" and html:  # Markdown has no folding: left out of report.md
                 _, summary, headers, rows, caption = b
-                out.append(f"<details><summary>{escape(summary)}</summary>\n\n{_table(headers, rows, caption)}"
+                out.append(f"<details><summary>{escape(summary)}</summary>\n\n"
+                           f"{_table([e(h) for h in headers], [[e(x) for x in r] for r in rows], e(caption))}"
                            "\n\n</details>")
         return "\n\n".join(out) + "\n"
+
+
+def _entities(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;")
 
 
 def _table(headers: list[str], rows: list[list[str]], caption: str = "") -> str:
