@@ -185,6 +185,7 @@ def test_final_value_in_python_matches_the_store(db):
 
 AGG_CALL = re.compile(r"\b(?:median|max|min|avg|arg_max|arg_min|quantile_cont|quantile_disc)\s*\(\s*value\b", re.I)
 AGG_WORDS = set(catalogue.AGGREGATES)
+DIRECTION_WORDS = {catalogue.LOWER, catalogue.HIGHER}
 
 
 def _strings(node: ast.AST) -> list[tuple[int, str]]:
@@ -201,7 +202,8 @@ def _strings(node: ast.AST) -> list[tuple[int, str]]:
 
 def violations(source: str, where: str = "<source>") -> list[str]:
     """What a module spells that the catalogue owns: a catalogue label as a string of its own; SQL that
-    aggregates ``value`` for a metric named in the same string; a dict from metric names to aggregates."""
+    aggregates ``value`` for a metric named in the same string; a dict from metric names to aggregates; a
+    tuple or dict entry that pairs a metric name with a better direction."""
     tree = ast.parse(source)
     labels = {e.label: e.name for e in catalogue.CATALOGUE.values()}
     names = set(catalogue.CATALOGUE)
@@ -223,6 +225,16 @@ def violations(source: str, where: str = "<source>") -> list[str]:
                         and any(isinstance(a, ast.Constant) and a.value in AGG_WORDS
                                 for a in [*v.args, *(kw.value for kw in v.keywords)])):
                     out.append(f"{where}:{n.lineno}: the aggregate of {k.value} chosen by hand")
+    for n in ast.walk(tree):
+        pairs = []
+        if isinstance(n, ast.Tuple):
+            pairs = [(n.elts[i], n.elts[i + 1]) for i in range(len(n.elts) - 1)]
+        elif isinstance(n, ast.Dict):
+            pairs = [(k, v) for k, v in zip(n.keys, n.values) if k is not None]
+        for a, b in pairs:
+            if (isinstance(a, ast.Constant) and a.value in names and isinstance(b, ast.Constant)
+                    and b.value in DIRECTION_WORDS):
+                out.append(f"{where}:{n.lineno}: which direction of {a.value} is better, chosen by hand")
     return list(dict.fromkeys(out))  # an f-string's literal part is also a constant of its own
 
 
@@ -243,9 +255,10 @@ SQL = "SELECT run_id, max(value) FROM metrics WHERE name = 'peak_mem_bytes' GROU
 FAST = f"SELECT median(value) FROM {{metrics}} WHERE name = 'tokens_per_s'"
 AGG = {"mfu": "median"}
 INFO = {"wall_s": Info("wall", "last")}
+COSTS = (("tokens_per_s", "higher", False), ("n_params", "lower", False))
 '''
     found = violations(planted)
-    assert len(found) == 5, found
+    assert len(found) == 7, found
     assert "peak_mem_bytes" in found[0] or "peak_mem_bytes" in " ".join(found)
     assert any("tokens_per_s" in f for f in found) and any("mfu" in f for f in found)
     assert violations("LABEL = catalogue.label('peak_mem_bytes')") == []

@@ -196,11 +196,11 @@ else:
     st.caption(analysis.method)
 
 st.subheader("Table")
-fmt = "%.4f" if "loss" in metric else "%.4g"
+fmt = "%.4f" if info.is_loss else "%.4g"
 st.dataframe(export.drop(columns=["cell_key"]), hide_index=True, width="stretch", column_config={
     "n": st.column_config.NumberColumn("seeds"),
     **{c: st.column_config.NumberColumn(c, format=fmt) for c in ("mean", "std", "ci_lo", "ci_hi")},
-    "delta": st.column_config.NumberColumn("delta", format="%+.4f" if "loss" in metric else "%+.4g"),
+    "delta": st.column_config.NumberColumn("delta", format="%+.4f" if info.is_loss else "%+.4g"),
     "p": st.column_config.NumberColumn("p", format="%.3g"),
     "p_holm": st.column_config.NumberColumn("Holm p" if use_holm else "p (no correction)", format="%.3g"),
 })
