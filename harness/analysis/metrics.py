@@ -74,7 +74,9 @@ def _m(name: str, label: str, unit: str, kind: str, final: str, better: str, acr
     return Metric(name, label, unit, kind, final, better, across, description)
 
 
-_PER_TOKEN = False  # a figure per token (or in nats per token): not comparable across tokenizers
+# a figure per token (or in nats per token) is not comparable across tokenizers: a token of one is
+# not a token of another
+_PER_TOKEN = False
 
 CATALOGUE: dict[str, Metric] = {m.name: m for m in (
     # loss
@@ -223,11 +225,6 @@ def comparison_metric(loss: str, tokenizers_differ: bool) -> str:
     if tokenizers_differ and not across_tokenizers(loss):
         return "val_bpb"
     return loss
-
-
-def names_with(final: str, names) -> list[str]:
-    """The names among ``names`` whose final value is the ``final`` aggregate."""
-    return [n for n in names if final_aggregate(n) == final]
 
 
 def final_value(name: str, rows) -> float | None:
