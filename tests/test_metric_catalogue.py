@@ -201,16 +201,21 @@ def _strings(node: ast.AST) -> list[tuple[int, str]]:
 
 
 def violations(source: str, where: str = "<source>") -> list[str]:
-    """What a module spells that the catalogue owns: a catalogue label as a string of its own; SQL that
+    """What a module spells that the catalogue owns: a catalogue label as a string of its own; a unit as a
+    string of its own (one with a slash, such as nats/token) or in an axis title's brackets; SQL that
     aggregates ``value`` for a metric named in the same string; a dict from metric names to aggregates; a
     tuple or dict entry that pairs a metric name with a better direction."""
     tree = ast.parse(source)
     labels = {e.label: e.name for e in catalogue.CATALOGUE.values()}
+    units = {e.unit for e in catalogue.CATALOGUE.values() if e.unit}
+    unit_spellings = {u for u in units if "/" in u} | {f"[{u}]" for u in units}
     names = set(catalogue.CATALOGUE)
     out = []
     for line, text in _strings(tree):
         if text in labels:
             out.append(f"{where}:{line}: the label of {labels[text]} spelled by hand: {text!r}")
+        if text in unit_spellings:
+            out.append(f"{where}:{line}: a unit spelled by hand: {text!r}")
         if AGG_CALL.search(text):
             named = sorted(n for n in names if re.search(rf"'{re.escape(n)}'", text))
             if named:
@@ -256,9 +261,10 @@ FAST = f"SELECT median(value) FROM {{metrics}} WHERE name = 'tokens_per_s'"
 AGG = {"mfu": "median"}
 INFO = {"wall_s": Info("wall", "last")}
 COSTS = (("tokens_per_s", "higher", False), ("n_params", "lower", False))
+AXIS = title.replace("[bytes]", "[MiB]") + "nats/token"
 '''
     found = violations(planted)
-    assert len(found) == 7, found
+    assert len(found) == 9, found
     assert "peak_mem_bytes" in found[0] or "peak_mem_bytes" in " ".join(found)
     assert any("tokens_per_s" in f for f in found) and any("mfu" in f for f in found)
     assert violations("LABEL = catalogue.label('peak_mem_bytes')") == []

@@ -114,7 +114,7 @@ for i, (cost, better, log_default) in enumerate(plots):
             for c in ("x", "x_lo", "x_hi"):
                 if c in df:
                     df[c] = df[c] / scale
-            title = title.replace("[bytes]", "[MiB]")
+            title = f"{q.metric_info(cost).label} [MiB]"
         df["front"] = stats.pareto_mask(df["x"], df["y"], better)
         log_x = st.toggle("log x", value=log_default, key=f"tr_log_{cost}")
         domain = sorted(cells[color].astype(str).unique()) if color != "cell" else list(cells["cell"])
