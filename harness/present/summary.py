@@ -34,9 +34,9 @@ from typing import Any, Sequence
 import click
 
 from ..analysis import stats, verdicts
-from ..analysis.metrics import is_speed  # noqa: F401 - speed figures show their spread; a contended run marks them
-from ..analysis.metrics import metric as catalogue_entry
 from ..analysis.health import HEALTH_METRICS, MAX_LOAD_PER_CORE, MIN_CPU_UTIL
+from ..analysis.metrics import is_speed  # speed figures show their spread; a contended run marks them
+from ..analysis.metrics import metric as catalogue_entry
 from ..analysis.sections import CONTENDED, is_contended
 from ..grid.labels import run_labels
 from . import termlayout
