@@ -50,8 +50,9 @@ def model_flops_utilization(cell: Cell) -> float | None:
     """MFU as the trainer recorded it: useful (model) FLOPs per step over the median
     step time of the same timed steps, over the device peak (abl.run.train.mfu).
 
-    Useful FLOPs are the variant-aware prediction (seeds 003 sec. 8: model
-    FLOPs, recomputation excluded), so a variant cannot show an MFU above 100%
+    Useful FLOPs are the variant-aware prediction of model FLOPs, recomputation
+    excluded (MFU as Chowdhery et al. 2022 define it, PaLM, arXiv:2204.02311,
+    App. B), so a variant cannot show an MFU above 100%
     by being counted as dense attention. There is no fallback from a single
     step's tokens/s: one noisy step once gave a report an MFU of 105%.
     """
