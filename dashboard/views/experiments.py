@@ -98,7 +98,7 @@ for n in metric_cols:
     info = q.metric_info(n)
     label = f"{n} [MiB]" if n in mem_cols else n
     fmt = "%.4f" if q.metric_info(n).is_loss else "%.1f" if n in mem_cols else "compact" if n.startswith("n_") else "%.4g"
-    column_config[n] = st.column_config.NumberColumn(label, format=fmt, help=info.label)
+    column_config[n] = st.column_config.NumberColumn(label, format=fmt, help=info.description or info.label)
 
 if view == "one per cell (seeds aggregated)":
     groups = df.groupby("cell_key", sort=False)
