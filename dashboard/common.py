@@ -266,5 +266,4 @@ def fmt_num(x: Any, digits: int = 4) -> str:
 
 
 def metric_title(name: str) -> str:
-    info = q.metric_info(name)
-    return f"{info.label} [{info.unit}]" if info.unit else info.label
+    return q.metric_info(name).title  # the catalogue's label [unit] (abl.analysis.metrics)

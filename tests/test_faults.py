@@ -423,10 +423,11 @@ def test_ingest_stores_a_cut_or_garbled_run_as_incomplete_and_a_repair_restores_
     status, error = rows(db, "SELECT status, error FROM runs")[0]
     assert status == "incomplete" and "1 damaged line(s) (line 8)" in error
     # the summary shows no final val_loss for it, and the run summary counts it as not completed
-    from abl.store import database as store
+    from abl.analysis.verdicts import cell_inputs
+    from abl.present import summary
 
-    (cell,) = store.cell_summary(db, [run_dir.name])
-    assert cell["completed"] == 0 and cell["not_completed"] == 1 and cell["val_loss_mean"] is None
+    (cell,) = cell_inputs(summary.load(db, run_ids=[run_dir.name]))
+    assert cell.statuses == {"incomplete": 1} and cell.values == {}
 
     # repaired: a second ingest restores it
     (run_dir / "metrics.jsonl").write_bytes(whole)

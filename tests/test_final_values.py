@@ -41,11 +41,13 @@ def test_the_fragment_takes_the_value_at_the_highest_step(db):
 
 
 def test_cli_summary_and_report_use_the_final_value(db):
+    from abl.present import summary
     from abl.present.report import load_runs
 
-    rows = {r["cell_key"]: r for r in store.cell_summary(db, ["a0", "a1", "b0"])}
-    assert rows["A"]["val_loss_mean"] == pytest.approx((3.0 + 3.4) / 2)
-    assert rows["B"]["val_loss_mean"] == pytest.approx(2.0)
+    view = summary.build(summary.load(db, run_ids=["a0", "a1", "b0"]), metrics=["val_loss"], title="e")
+    rows = {r.key: r for r in view.analysis.cells}
+    assert rows["A"].mean == pytest.approx((3.0 + 3.4) / 2)
+    assert rows["B"].mean == pytest.approx(2.0)
     assert {r.run_id: r.final["val_loss"] for r in load_runs(db, experiment="e", curve_names=())} == FINAL
 
 

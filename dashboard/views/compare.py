@@ -40,7 +40,7 @@ if not choices:
 top = st.columns([2, 2, 2, 3])
 metric = top[0].selectbox("Metric", choices, key="cmp_metric",
                           format_func=lambda n: f"{n} ({q.metric_info(n).label})"
-                          if q.metric_info(n).label != n else n)
+                          if q.metric_info(n).label != n.replace("_", " ") else n)
 info = q.metric_info(metric)
 group = top[1].selectbox("Group by", [NONE, *axes], key="cmp_group",
                          help="One row per value of this axis; cells that differ in other axes are colored.")
@@ -196,11 +196,11 @@ else:
     st.caption(analysis.method)
 
 st.subheader("Table")
-fmt = "%.4f" if "loss" in metric else "%.4g"
+fmt = "%.4f" if info.is_loss else "%.4g"
 st.dataframe(export.drop(columns=["cell_key"]), hide_index=True, width="stretch", column_config={
     "n": st.column_config.NumberColumn("seeds"),
     **{c: st.column_config.NumberColumn(c, format=fmt) for c in ("mean", "std", "ci_lo", "ci_hi")},
-    "delta": st.column_config.NumberColumn("delta", format="%+.4f" if "loss" in metric else "%+.4g"),
+    "delta": st.column_config.NumberColumn("delta", format="%+.4f" if info.is_loss else "%+.4g"),
     "p": st.column_config.NumberColumn("p", format="%.3g"),
     "p_holm": st.column_config.NumberColumn("Holm p" if use_holm else "p (no correction)", format="%.3g"),
 })

@@ -1,6 +1,6 @@
 """Costs: predicted against measured, per cell, and the scaling-law fit.
 
-The same rules as ``abl report`` (harness/report.py, abl.analysis.sections), from the
+The same rules as ``abl report`` (abl.present.report, abl.analysis.sections), from the
 same functions: parameters must agree exactly, FLOPs per step within 5% of
 torch's flop counter, peak tensor memory within the band in
 harness/costmodel.py. The page shows one summary row per figure (how many

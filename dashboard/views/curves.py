@@ -54,7 +54,7 @@ x_options = {"step": "step", "tokens": "tokens seen"}
 flops_cum = next((n for n in FLOPS_CUMULATIVE if n in present), None)
 flops_run = next((f for f in FLOPS_PER_RUN if f[0] in present), None)
 if flops_cum or flops_run:
-    x_options["flops"] = "training FLOPs"
+    x_options["flops"] = q.metric_info("flops").label
 if "elapsed_s" in present:
     x_options["wall"] = "wall time [s]"
 

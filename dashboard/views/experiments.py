@@ -77,7 +77,7 @@ st.subheader("Runs")
 view = st.segmented_control("Rows", ["one per run", "one per cell (seeds aggregated)"],
                             default="one per run", key="rows_view")
 metric_cols = [n for n in names if n in df]
-mem_cols = [n for n in metric_cols if n.endswith("_bytes")]
+mem_cols = [n for n in metric_cols if n.endswith("_bytes")]  # totals in MiB; per-token bytes stay bytes
 for n in mem_cols:
     df[n] = df[n] / 2**20
 
@@ -97,8 +97,8 @@ column_config = {
 for n in metric_cols:
     info = q.metric_info(n)
     label = f"{n} [MiB]" if n in mem_cols else n
-    fmt = "%.4f" if "loss" in n else "%.1f" if n in mem_cols else "compact" if n.startswith("n_") else "%.4g"
-    column_config[n] = st.column_config.NumberColumn(label, format=fmt, help=info.label)
+    fmt = "%.4f" if q.metric_info(n).is_loss else "%.1f" if n in mem_cols else "compact" if n.startswith("n_") else "%.4g"
+    column_config[n] = st.column_config.NumberColumn(label, format=fmt, help=info.description or info.label)
 
 if view == "one per cell (seeds aggregated)":
     groups = df.groupby("cell_key", sort=False)

@@ -75,8 +75,8 @@ figures = pd.DataFrame({
     "final val_loss": [common.fmt_num(last.get("val_loss"))],
     "final train_loss": [common.fmt_num(last.get("train_loss"))],
     "tokens/s (median)": [tps_text],
-    "peak memory": [common.fmt_bytes(last.get("peak_mem_bytes"))],
-    "parameters": [common.fmt_num(last.get("n_params"))],
+    q.metric_info("peak_mem_bytes").label: [common.fmt_bytes(last.get("peak_mem_bytes"))],
+    q.metric_info("n_params").label: [common.fmt_num(last.get("n_params"))],
     "wall time": [_wall(last.get("wall_s"))],
 })
 st.table(figures.set_index(pd.Index([""])))

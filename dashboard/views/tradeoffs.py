@@ -19,12 +19,15 @@ from abl.analysis import sections, stats
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 
-COSTS = (  # metric, better, log x by default
-    ("tokens_per_s", "higher", False),
-    ("peak_mem_bytes", "lower", False),
-    ("kv_bytes_per_token", "lower", False),
-    ("n_params", "lower", False),
-)
+# the costs traded against by default; which direction is better comes from the metric catalogue
+COSTS = ("tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token", "n_params")
+
+
+def better_direction(cost: str) -> str:
+    """The Pareto front's direction: the catalogue's, and lower where neither is better (fewer parameters
+    are the cheaper model)."""
+    better = q.metric_info(cost).better
+    return better if better in ("lower", "higher") else "lower"
 
 sel: q.Selection = st.session_state["selection"]
 st.title("Trade-offs")
@@ -46,7 +49,7 @@ color = top[1].selectbox("Color by", ["cell", *axes], key="tr_color",
 row = st.container(horizontal=True, gap="large")  # toggles as wide as their labels, wrapping: none cut
 per_run = row.toggle("one point per run", key="tr_runs", help="Default: the mean of each cell's seeds")
 include_all = row.toggle("include runs that did not complete", key="tr_incomplete")
-extra = [n for n in names if n not in dict(((c[0], 0) for c in COSTS)) and n != quality]
+extra = [n for n in names if n not in COSTS and n != quality]
 custom = st.multiselect("More cost axes", extra, key="tr_custom",
                         help="Any other metric, one plot each (lower is better unless its name ends in _per_s).")
 
@@ -87,8 +90,7 @@ def points(cost: str) -> pd.DataFrame:
     return s.merge(cells[["cell_key", "cell", *axes]], on="cell_key", how="left")
 
 
-plots = [(c, b, lg) for c, b, lg in COSTS] + [(c, q.metric_info(c).better if q.metric_info(c).better != "none"
-                                               else "lower", False) for c in custom]
+plots = [(c, better_direction(c), False) for c in [*COSTS, *custom]]
 # one plot per row: side by side, a laptop-wide window leaves each plot too narrow for its legend
 for i, (cost, better, log_default) in enumerate(plots):
     with st.container():
@@ -107,12 +109,12 @@ for i, (cost, better, log_default) in enumerate(plots):
             st.info(f"Every cell shown has the same {cost} (within {sections.AXIS_REL_TOL:.0%}: "
                     f"{df['x'].min():,.6g} to {df['x'].max():,.6g}), so there is nothing to trade against it.")
             continue
-        scale = 2**20 if cost.endswith("_bytes") and df["x"].max() > 2**20 else 1
+        scale = 2**20 if q.metric_info(cost).unit == "bytes" and df["x"].max() > 2**20 else 1
         if scale != 1:
             for c in ("x", "x_lo", "x_hi"):
                 if c in df:
                     df[c] = df[c] / scale
-            title = title.replace("[bytes]", "[MiB]")
+            title = f"{q.metric_info(cost).label} [MiB]"
         df["front"] = stats.pareto_mask(df["x"], df["y"], better)
         log_x = st.toggle("log x", value=log_default, key=f"tr_log_{cost}")
         domain = sorted(cells[color].astype(str).unique()) if color != "cell" else list(cells["cell"])

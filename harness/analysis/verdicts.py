@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol, Sequence
 
-from . import stats
+from . import metrics, stats
 from .health import HEALTH_METRICS
 from .tables import flatten
 
@@ -123,11 +123,11 @@ def _count(items) -> dict[str, int]:
 
 def metric_is_loss(metric: str) -> bool:
     """Learning health applies to loss metrics (a cell that did not learn is not ranked on them)."""
-    return "loss" in metric
+    return metrics.is_loss(metric)
 
 
 def lower_is_better(metric: str) -> bool:
-    return not (metric.endswith("_per_s") or metric in ("mfu", "hfu", "decode_agreement"))
+    return metrics.lower_is_better(metric)
 
 
 def find_cell(cells: Sequence[stats.CellInput], ref: str, what: str = "--baseline") -> stats.CellInput:
@@ -251,26 +251,10 @@ def seeds_for_effect(cells: Sequence[stats.CellInput], effect: float, comparison
 
 # ---------------------------------------------------------------- rendering (terminal)
 
-# column headers: what a metric is, in words (a metric not named here shows as its name with spaces)
-DISPLAY_NAMES = {
-    "train_tokens_per_s": "tokens/s (loop)", "tokens_per_s": "tokens/s (median step)",
-    "peak_mem_bytes": "peak memory", "peak_tensor_bytes": "peak tensor memory", "mfu": "MFU", "hfu": "HFU",
-    "val_loss": "val loss", "val_bpb": "val bits/byte", "kv_bytes_per_token": "KV cache/token",
-    "decode_tokens_per_s": "tokens/s (decode)", "prefill_tokens_per_s": "tokens/s (prefill)",
-    "decode_agreement": "decode agreement", "decode_cache_bytes_per_sequence": "KV cache/sequence",
-    "n_params": "parameters", "wall_s": "wall time (s)", "compile_s": "compile time (s)",
-}
-
-
 def display_name(metric: str) -> str:
-    """A metric's column header: ``train_tokens_per_s`` -> ``tokens/s (loop)``, ``val_loss_x2`` ->
-    ``val loss (2x context)``."""
-    if metric in DISPLAY_NAMES:
-        return DISPLAY_NAMES[metric]
-    head, sep, tail = metric.rpartition("_x")
-    if sep and tail.isdigit() and head in DISPLAY_NAMES:
-        return f"{DISPLAY_NAMES[head]} ({tail}x context)"
-    return metric.replace("_", " ")
+    """A metric's column header, from the metric catalogue: ``train_tokens_per_s`` -> ``tokens/s (loop)``,
+    ``val_loss_x2`` -> ``val loss (2x context)``."""
+    return metrics.label(metric)
 
 
 def fmt(x: float | None, digits: int = 4, signed: bool = False) -> str:
@@ -286,7 +270,7 @@ def value_text(metric: str, x: float | None) -> str:
     """A metric's value as the tables print it (bytes in KiB/MiB/GiB, large rates with separators)."""
     if x is None or not math.isfinite(x):
         return "-"
-    if metric.endswith("_bytes") or metric.endswith("bytes_per_token") or metric.endswith("bytes_per_sequence"):
+    if metrics.metric(metric).unit == "bytes":
         for unit in ("B", "KiB", "MiB", "GiB"):
             if abs(x) < 1024 or unit == "GiB":
                 return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"

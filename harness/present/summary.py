@@ -19,6 +19,8 @@ Cells are numbered in grid order (the numbers ``--baseline`` and ``--pairs``
 take). Speed figures (tokens/s, MFU) show mean ± std over seeds, and a ``*``
 when any run of the cell was measured on a busy machine (its ``contended``
 metric, abl.analysis.sections.is_contended), with a footnote saying why.
+Names, units and which figures are speeds come from the metric catalogue
+(abl.analysis.metrics).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import click
 
 from ..analysis import stats, verdicts
 from ..analysis.health import HEALTH_METRICS, MAX_LOAD_PER_CORE, MIN_CPU_UTIL
+from ..analysis.metrics import is_speed  # speed figures show their spread; a contended run marks them
+from ..analysis.metrics import metric as catalogue_entry
 from ..analysis.sections import CONTENDED, is_contended
 from ..grid.labels import run_labels
 from . import termlayout
@@ -59,11 +63,6 @@ def load(db_path: Path, *, run_ids: list[str] | None = None, experiment: str | N
 
 CONTENDED_NOTE = (f"* the machine was busy during this cell (load per core > {MAX_LOAD_PER_CORE:g} or the run got "
                   f"< {MIN_CPU_UTIL:.0%} of its CPU time): its speed is not comparable")
-
-
-def is_speed(metric: str) -> bool:
-    """Speed figures: their spread over seeds is shown, and a contended run marks them."""
-    return metric.endswith("_per_s") or metric in ("mfu", "hfu")
 
 
 def relabel(runs, paths: Sequence[str] = ()) -> list[verdicts.RunRecord]:
@@ -99,7 +98,7 @@ class Figure:
         if is_speed(self.metric) and self.std is not None:
             mean, std = self.mean or 0.0, self.std
             # the spread at the mean's precision: 24,584 ± 431, not ± 430.7
-            out += " ± " + (f"{std:,.0f}" if abs(mean) >= 100 and self.metric not in ("mfu", "hfu")
+            out += " ± " + (f"{std:,.0f}" if abs(mean) >= 100 and catalogue_entry(self.metric).unit != "fraction"
                             else verdicts.value_text(self.metric, std))
         return out + ("*" if self.contended and is_speed(self.metric) else "")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Hashable
 
 from ..analysis import stats
+from ..analysis.metrics import lower_is_better
 
 WIDTH = "model.d_model"
 
@@ -58,12 +59,14 @@ def load(db_path: str | Path, run_ids: list[str]) -> tuple[dict[str, dict[str, f
 def metric_table(cells: list[tuple[str, str, list[tuple[str, int, dict]]]], finals: dict, metric: str,
                  baseline: str) -> list[dict[str, Any]]:
     """Per cell (key, label, [(run_id, seed, config)] of completed runs): the metric's summary over
-    seeds and its comparison with the baseline cell (higher is better), plus per-slice means."""
+    seeds and its comparison with the baseline cell (higher is better: abl.analysis.metrics), plus per-slice
+    means."""
     values = {key: {seed: finals[rid][metric] for rid, seed, _ in runs if metric in finals.get(rid, {})}
               for key, _, runs in cells}
     if baseline not in values or not values[baseline]:
         baseline = next((k for k, v in values.items() if v), baseline)
-    results = stats.compare_cells(values, baseline, lower_is_better=False) if baseline in values else []
+    results = (stats.compare_cells(values, baseline, lower_is_better=lower_is_better(metric))
+               if baseline in values else [])
     rows = []
     for (key, label, runs), res in zip(cells, results):
         if not res.summary.n:

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 import duckdb
 
 from ..analysis import health
+from ..analysis import metrics as catalogue
 from ..contracts.config import ConfigError, canonical_config
 from . import rundir
 
@@ -255,78 +256,49 @@ def statuses(db_path: str | Path, run_ids: list[str]) -> dict[str, str]:
         con.close()
 
 
-# A run's final value of a metric: the value logged at its highest step (a resumed run
+# A run's last value of a metric: the value logged at its highest step (a resumed run
 # stores each step once, so the highest step is the last one written).
 FINAL_VALUE = "arg_max(value, step)"
 # the highest step a metric was logged at
 LAST_STEP = "max(step)"
+# the SQL of each aggregate the metric catalogue (abl.analysis.metrics) may name as a final value
+AGGREGATE_SQL = {catalogue.LAST: FINAL_VALUE, catalogue.MEDIAN: "median(value)", catalogue.MAX: "max(value)"}
 
 
-def final_values_sql(where: str = "TRUE", *, metrics: str = "metrics", agg: str = FINAL_VALUE) -> str:
+def _quoted(names) -> str:
+    return ", ".join("'" + n.replace("'", "''") + "'" for n in names)
+
+
+def final_aggregate_sql(column: str = "name") -> str:
+    """A SQL expression over a metric-name column: ``'last'``, ``'median'`` or ``'max'``, the catalogue's
+    final aggregate of that metric (its own entry, else the first family whose pattern matches)."""
+    parts = []
+    for agg in catalogue.AGGREGATES:
+        names = [n for n, m in catalogue.CATALOGUE.items() if m.final == agg]
+        if names:
+            parts.append(f"WHEN {column} IN ({_quoted(names)}) THEN '{agg}'")
+    for fam in catalogue.FAMILIES:
+        pattern = fam.pattern.replace("'", "''")
+        parts.append(f"WHEN regexp_full_match({column}, '{pattern}') THEN '{fam.final}'")
+    return f"(CASE {' '.join(parts)} ELSE '{catalogue.LAST}' END)"
+
+
+def final_value_sql(column: str = "name") -> str:
+    """The aggregate expression of a query grouped by run and metric: each metric's final value as the
+    catalogue defines it (the peak of memory, the median of per-step throughput, else the last value)."""
+    which = final_aggregate_sql(column)
+    median = f"{AGGREGATE_SQL[catalogue.MEDIAN]} FILTER (WHERE {which} = '{catalogue.MEDIAN}')"
+    return (f"CASE {which} WHEN '{catalogue.MEDIAN}' THEN {median} "
+            f"WHEN '{catalogue.MAX}' THEN {AGGREGATE_SQL[catalogue.MAX]} ELSE {FINAL_VALUE} END")
+
+
+def final_values_sql(where: str = "TRUE", *, metrics: str = "metrics", agg: str | None = None) -> str:
     """A query of ``(run_id, name, value)``: one row per run and metric among the rows matching ``where``.
 
-    ``value`` is the run's final value of the metric, or ``agg`` of its rows
-    (e.g. ``median(value)``, ``LAST_STEP``). ``metrics``: the table or
-    subquery to read (the dashboard passes one that adds running cells' rows).
+    ``value`` is the run's final value of the metric as the metric catalogue
+    (abl.analysis.metrics) defines it, or ``agg`` of its rows (``LAST_STEP``:
+    the highest step). ``metrics``: the table or subquery to read (the
+    dashboard passes one that adds running cells' rows).
     """
-    return f"SELECT run_id, name, {agg} AS value FROM {metrics} WHERE {where} GROUP BY run_id, name"
-
-
-SUMMARY_SQL = f"""
-WITH final_val AS (
-    SELECT run_id, value AS val_loss FROM ({final_values_sql("name = 'val_loss'")})
-), final_bpb AS (
-    SELECT run_id, value AS val_bpb FROM ({final_values_sql("name = 'val_bpb'")})
-), speed AS (
-    SELECT run_id, median(value) AS tokens_per_s FROM metrics
-    WHERE name = 'tokens_per_s' GROUP BY run_id
-), compiled AS (
-    SELECT run_id, max(value) AS compile_s FROM metrics WHERE name = 'compile_s' GROUP BY run_id
-), true_rate AS (
-    SELECT run_id, value AS train_tokens_per_s FROM ({final_values_sql("name = 'train_tokens_per_s'")})
-), mem AS (
-    SELECT run_id, max(value) AS peak_mem_bytes FROM metrics
-    WHERE name = 'peak_mem_bytes' GROUP BY run_id
-), decode AS (
-    SELECT run_id,
-           max(value) FILTER (WHERE name = 'kv_bytes_per_token') AS kv_bytes_per_token,
-           max(value) FILTER (WHERE name = 'decode_tokens_per_s') AS decode_tokens_per_s
-    FROM metrics WHERE name IN ('kv_bytes_per_token', 'decode_tokens_per_s') GROUP BY run_id
-)
-SELECT r.cell_key, any_value(r.label) AS label,
-       count(*) AS runs,
-       count(*) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS completed,
-       count(*) FILTER (WHERE list_contains($not_completed, r.status)) AS not_completed,
-       string_agg(DISTINCT r.status, ',') AS statuses,
-       avg(v.val_loss) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_loss_mean,
-       stddev_samp(v.val_loss) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_loss_std,
-       avg(b.val_bpb) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_bpb_mean,
-       stddev_samp(b.val_bpb) FILTER (WHERE r.status = '{rundir.COMPLETED}') AS val_bpb_std,
-       avg(s.tokens_per_s) AS tokens_per_s,
-       avg(t.train_tokens_per_s) AS train_tokens_per_s,
-       avg(c.compile_s) AS compile_s,
-       max(m.peak_mem_bytes) AS peak_mem_bytes,
-       avg(d.kv_bytes_per_token) AS kv_bytes_per_token,
-       avg(d.decode_tokens_per_s) AS decode_tokens_per_s
-FROM runs r
-LEFT JOIN final_val v USING (run_id)
-LEFT JOIN final_bpb b USING (run_id)
-LEFT JOIN speed s USING (run_id)
-LEFT JOIN true_rate t USING (run_id)
-LEFT JOIN compiled c USING (run_id)
-LEFT JOIN mem m USING (run_id)
-LEFT JOIN decode d USING (run_id)
-WHERE list_contains($run_ids, r.run_id)
-GROUP BY r.cell_key
-ORDER BY val_loss_mean ASC NULLS LAST
-"""
-
-
-def cell_summary(db_path: str | Path, run_ids: list[str]) -> list[dict[str, Any]]:
-    con = connect(db_path, read_only=True)
-    try:
-        cur = con.execute(SUMMARY_SQL, {"run_ids": run_ids, "not_completed": list(rundir.NOT_COMPLETED)})
-        cols = [d[0] for d in cur.description]
-        return [dict(zip(cols, row)) for row in cur.fetchall()]
-    finally:
-        con.close()
+    return (f"SELECT run_id, name, {agg or final_value_sql()} AS value FROM {metrics} WHERE {where} "
+            "GROUP BY run_id, name")

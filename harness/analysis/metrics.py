@@ -1,0 +1,243 @@
+"""The metric catalogue: every metric the harness records, declared once.
+
+Each entry says what a metric is called in a table (``label``), in what unit,
+what kind of figure it is (loss, speed, memory, cost, accuracy, health), which
+aggregate of its logged rows is the run's final value, which direction is
+better, and whether it compares across tokenizers (nats per token do not: a
+token of one tokenizer is not a token of another; bits per byte do).
+
+The run summary and ``abl compare`` (abl.present.summary), ``abl report``, the
+dashboard and the store's final-values query (abl.store.database) all read it,
+so a metric cannot be the peak in one place and the last value in another.
+``tests/test_metric_catalogue.py`` fails when a module spells a catalogue
+label or picks a metric's aggregate by hand.
+
+Families of metrics share a pattern entry (``val_loss_x<k>``,
+``<task>_accuracy``, ``probe_<task>_accuracy``, ``..._per_s``); a name that
+no entry matches gets ``UNKNOWN``'s defaults with its own name as label.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+# kinds of figure
+LOSS, SPEED, MEMORY, COST, ACCURACY, HEALTH, OTHER = "loss", "speed", "memory", "cost", "accuracy", "health", "other"
+KINDS = (LOSS, SPEED, MEMORY, COST, ACCURACY, HEALTH, OTHER)
+# the aggregate of a run's rows that is its final value
+LAST = "last"  # the value logged at the highest step
+MEDIAN = "median"  # per-step throughput is noisy: the median step
+MAX = "max"  # a peak (or a once-per-run figure logged again by a resumed run: the largest)
+AGGREGATES = (LAST, MEDIAN, MAX)
+# which direction is better
+LOWER, HIGHER, NEITHER = "lower", "higher", "none"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric (or, for a pattern entry, one member of a family, with its name filled in)."""
+
+    name: str
+    label: str  # a table's column header
+    unit: str = ""
+    kind: str = OTHER
+    final: str = LAST
+    better: str = LOWER
+    across_tokenizers: bool = True
+    description: str = ""  # one sentence for a tooltip
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.better != HIGHER
+
+    @property
+    def is_speed(self) -> bool:
+        """Speed figures: their spread over seeds is shown, and a contended machine falsifies them."""
+        return self.kind == SPEED
+
+    @property
+    def is_loss(self) -> bool:
+        """Learning health (did not learn, spikes) applies to loss metrics."""
+        return self.kind == LOSS
+
+    @property
+    def title(self) -> str:
+        """An axis title: the label with its unit."""
+        return f"{self.label} [{self.unit}]" if self.unit else self.label
+
+
+def _m(name: str, label: str, unit: str, kind: str, final: str, better: str, across: bool = True,
+       description: str = "") -> Metric:
+    return Metric(name, label, unit, kind, final, better, across, description)
+
+
+# a figure per token (or in nats per token) is not comparable across tokenizers: a token of one is
+# not a token of another
+_PER_TOKEN = False
+
+CATALOGUE: dict[str, Metric] = {m.name: m for m in (
+    # loss
+    _m("val_loss", "val loss", "nats/token", LOSS, LAST, LOWER, _PER_TOKEN,
+       "mean cross-entropy on the fixed validation batches at the last step"),
+    _m("train_loss", "train loss", "nats/token", LOSS, LAST, LOWER, _PER_TOKEN, "training cross-entropy"),
+    _m("val_bpb", "val bits/byte", "bits/byte", LOSS, LAST, LOWER, True,
+       "validation loss in bits per byte of the text its tokens cover"),
+    # speed
+    _m("tokens_per_s", "tokens/s (median step)", "tokens/s", SPEED, MEDIAN, HIGHER, _PER_TOKEN,
+       "tokens per second of the median training step"),
+    _m("train_tokens_per_s", "tokens/s (loop)", "tokens/s", SPEED, LAST, HIGHER, _PER_TOKEN,
+       "the true rate: every token over the training loop's wall time"),
+    _m("decode_tokens_per_s", "tokens/s (decode)", "tokens/s", SPEED, MEDIAN, HIGHER, _PER_TOKEN,
+       "tokens per second of cached decoding"),
+    _m("prefill_tokens_per_s", "tokens/s (prefill)", "tokens/s", SPEED, MEDIAN, HIGHER, _PER_TOKEN,
+       "tokens per second of the prefill"),
+    _m("mfu", "MFU", "fraction", SPEED, LAST, HIGHER, True,
+       "model FLOPs utilisation: useful FLOPs per second over the device peak"),
+    _m("hfu", "HFU", "fraction", SPEED, LAST, HIGHER, True,
+       "hardware FLOPs utilisation: executed FLOPs per second over the device peak"),
+    # memory
+    _m("peak_mem_bytes", "peak memory", "bytes", MEMORY, MAX, LOWER, True,
+       "the device's peak: CUDA allocation, or CPU peak RSS"),
+    _m("peak_tensor_bytes", "peak tensor memory", "bytes", MEMORY, MAX, LOWER, True,
+       "the largest total of live tensor storages during one training step"),
+    _m("baseline_rss_bytes", "baseline RSS", "bytes", MEMORY, MAX, LOWER, True,
+       "the process's resident memory before training"),
+    _m("kv_bytes_per_token", "KV cache/token", "bytes", MEMORY, LAST, LOWER, _PER_TOKEN,
+       "decode cache bytes per token"),
+    _m("decode_cache_bytes_per_sequence", "KV cache/sequence", "bytes", MEMORY, LAST, LOWER, True,
+       "decode cache bytes per sequence"),
+    # cost
+    _m("n_params", "parameters", "", COST, MAX, NEITHER),
+    _m("n_params_non_embedding", "parameters (non-embedding)", "", COST, MAX, NEITHER),
+    _m("wall_s", "wall time (s)", "s", COST, MAX, LOWER),
+    _m("elapsed_s", "elapsed (s)", "s", COST, MAX, LOWER),
+    _m("compile_s", "compile time (s)", "s", COST, MAX, LOWER, True, "torch.compile time before the first step"),
+    _m("tokens", "training tokens", "tokens", COST, MAX, NEITHER, _PER_TOKEN),
+    _m("flops", "training FLOPs", "FLOP", COST, MAX, NEITHER),
+    _m("flops_per_token", "forward FLOPs/token", "FLOP", COST, LAST, NEITHER, _PER_TOKEN),
+    _m("train_flops_per_token", "training FLOPs/token", "FLOP", COST, LAST, NEITHER, _PER_TOKEN),
+    _m("flops_per_step_measured", "FLOPs/step (measured)", "FLOP", COST, LAST, NEITHER),
+    _m("device_peak_flops", "device peak FLOP/s", "FLOP/s", COST, LAST, NEITHER),
+    # accuracy
+    _m("decode_agreement", "decode agreement", "fraction", ACCURACY, LAST, HIGHER),
+    # health
+    _m("grad_norm", "grad norm", "", HEALTH, LAST, NEITHER),
+    _m("lr", "learning rate", "", HEALTH, LAST, NEITHER),
+    _m("unigram_floor", "unigram floor", "nats/token", HEALTH, LAST, NEITHER, _PER_TOKEN),
+    _m("did_not_learn", "did not learn (1 = yes)", "", HEALTH, LAST, LOWER),
+    _m("loss_spikes", "loss spikes", "", HEALTH, LAST, LOWER),
+    _m("max_loss_spike", "largest loss spike", "nats/token", HEALTH, LAST, LOWER, _PER_TOKEN),
+    _m("contended", "contended (1 = yes)", "", HEALTH, LAST, NEITHER, True,
+       "the speed was measured on a contended machine"),
+    _m("cpu_util", "CPU share", "fraction", HEALTH, LAST, NEITHER, True, "the CPU share the run got"),
+    _m("load_per_core", "load per core", "", HEALTH, LAST, NEITHER, True,
+       "load average per core during the loop"),
+)}
+
+
+@dataclass(frozen=True)
+class Family:
+    """A pattern entry: ``pattern`` (a regular expression, matched whole) names its members; ``label`` is a
+    format string over the pattern's named groups (and ``{base}``, the catalogue label of a ``base`` group)."""
+
+    pattern: str
+    label: str
+    unit: str = ""
+    kind: str = OTHER
+    final: str = LAST
+    better: str = LOWER
+    across_tokenizers: bool = True
+
+    def member(self, name: str) -> Metric | None:
+        m = re.fullmatch(self.pattern, name)
+        if m is None:
+            return None
+        groups = {k: (v or "").replace("_", " ") for k, v in m.groupdict().items()}
+        if m.groupdict().get("base") in CATALOGUE:
+            base = CATALOGUE[m.group("base")]
+            groups["base"] = base.label
+            return replace(base, name=name, label=self.label.format(**groups))
+        return Metric(name, self.label.format(**groups), self.unit, self.kind, self.final, self.better,
+                      self.across_tokenizers)
+
+
+# first match wins: the specific families before the general ones
+FAMILIES: tuple[Family, ...] = (
+    # the long-context evaluation (abl.run.evaluations): the loss at k times the training context
+    Family(r"(?P<base>val_loss|val_bpb)_x(?P<k>\d+)", "{base} ({k}x context)"),
+    # abl.data.tasks: probes after training, and a task trained on
+    Family(r"probe_(?P<task>.+)_loss", "probe {task} loss", "nats/token", LOSS, LAST, LOWER, False),
+    Family(r"probe_(?P<task>.+)_accuracy(?:_(?P<part>.+))?", "probe {task} accuracy {part}", "fraction",
+           ACCURACY, LAST, HIGHER),
+    Family(r"(?P<task>.+)_accuracy(?:_(?P<part>.+))?", "{task} accuracy {part}", "fraction", ACCURACY, LAST,
+           HIGHER),
+    Family(r"(?P<what>.+)_tokens_per_s", "tokens/s ({what})", "tokens/s", SPEED, MEDIAN, HIGHER, False),
+    Family(r"(?P<what>.+)_per_s", "{what} per s", "1/s", SPEED, MEDIAN, HIGHER),
+    Family(r"(?P<what>.+)_bytes_per_(?P<per>.+)", "{what} bytes per {per}", "bytes", MEMORY, LAST, LOWER),
+    Family(r"(?P<what>.+)_bytes", "{what} bytes", "bytes", MEMORY, MAX, LOWER),
+    Family(r"(?P<what>.*loss.*)", "{what}", "", LOSS, LAST, LOWER, False),
+)
+
+
+@lru_cache(maxsize=4096)
+def metric(name: str) -> Metric:
+    """The catalogue entry of ``name``: its own, its family's, or the defaults with its name as label."""
+    if name in CATALOGUE:
+        return CATALOGUE[name]
+    for fam in FAMILIES:
+        m = fam.member(name)
+        if m is not None:
+            return replace(m, label=" ".join(m.label.split()))
+    return Metric(name, name.replace("_", " "))
+
+
+def label(name: str) -> str:
+    return metric(name).label
+
+
+def is_speed(name: str) -> bool:
+    return metric(name).is_speed
+
+
+def is_loss(name: str) -> bool:
+    return metric(name).is_loss
+
+
+def lower_is_better(name: str) -> bool:
+    return metric(name).lower_is_better
+
+
+def final_aggregate(name: str) -> str:
+    """``last``, ``median`` or ``max``: which aggregate of a run's rows of ``name`` is its final value."""
+    return metric(name).final
+
+
+def across_tokenizers(name: str) -> bool:
+    return metric(name).across_tokenizers
+
+
+def comparison_metric(loss: str, tokenizers_differ: bool) -> str:
+    """The metric cells are ranked on: ``loss``, or when the cells' data or tokenizers differ and ``loss`` is
+    in a per-token unit, the validation loss in bits per byte (``val_bpb``), which compares across them."""
+    if tokenizers_differ and not across_tokenizers(loss):
+        return "val_bpb"
+    return loss
+
+
+def final_value(name: str, rows) -> float | None:
+    """A run's final value of ``name`` from its ``(step, value)`` rows, by the catalogue's aggregate
+    (the same as the store's query, for callers that hold the rows)."""
+    pts = [(s, float(v)) for s, v in rows if v is not None and math.isfinite(float(v))]
+    if not pts:
+        return None
+    agg = final_aggregate(name)
+    if agg == MAX:
+        return max(v for _, v in pts)
+    if agg == MEDIAN:
+        vs = sorted(v for _, v in pts)
+        mid = len(vs) // 2
+        return vs[mid] if len(vs) % 2 else (vs[mid - 1] + vs[mid]) / 2
+    return max(pts, key=lambda p: p[0])[1]

@@ -1,0 +1,134 @@
+"""Predicted against measured costs, contention, and the points of a scaling fit.
+
+Predictions come from the registered components' cost functions
+(abl.model.costmodel); measured figures are the runs' final metrics, averaged
+over a cell's completed seeds. Disagreements are flagged, never hidden.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...analysis import sections
+from ...model.costmodel import CHECKS, agreement
+from ...store.rundir import COMPLETED
+from .runs import Cell, Run
+
+# ---------------------------------------------------------------- predictions
+
+
+def attach_predictions(cells: list[Cell], registry) -> None:
+    """Predicted costs per cell from the registered cost functions (errors kept, not raised)."""
+    from ...contracts.config import ConfigError
+    from ...contracts.registry import RegistryError
+    from ...grid.gridfile import cell_from_config
+    from ...model.costmodel import predict
+
+    for c in cells:
+        r = c.runs[0]
+        try:
+            cell = cell_from_config(r.config, registry)
+            vocab = r.env.get("vocab_size") or None
+            c.predicted = predict(cell, registry, vocab_size=vocab)
+        except (ConfigError, RegistryError) as exc:
+            c.predict_error = str(exc).splitlines()[0]
+        except Exception as exc:  # noqa: BLE001 - a report still comes out, with the reason
+            c.predict_error = f"{type(exc).__name__}: {exc}"
+
+
+def _mean(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None and math.isfinite(x)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def measured(cell: Cell, name: str) -> float | None:
+    return _mean([r.final.get(name) for r in cell.completed])
+
+
+def model_flops_utilization(cell: Cell) -> float | None:
+    """MFU as the trainer recorded it: useful (model) FLOPs per step over the median
+    step time of the same timed steps, over the device peak (abl.run.train.mfu).
+
+    Useful FLOPs are the variant-aware prediction of model FLOPs, recomputation
+    excluded (MFU as Chowdhery et al. 2022 define it, PaLM, arXiv:2204.02311,
+    App. B), so a variant cannot show an MFU above 100%
+    by being counted as dense attention. There is no fallback from a single
+    step's tokens/s: one noisy step once gave a report an MFU of 105%.
+    """
+    return measured(cell, "mfu")
+
+
+def cost_rows(cells: list[Cell]) -> list[dict[str, Any]]:
+    """Predicted vs measured, one dict per cell and check (see costmodel.CHECKS)."""
+    rows = []
+    for c in cells:
+        for pred_key, meas_key, required in CHECKS:
+            pred = c.predicted.get(pred_key) if c.predicted else None
+            meas = measured(c, meas_key)
+            ratio, verdict = agreement(pred, meas, required)
+            if pred is None and c.predict_error:
+                verdict = f"not predicted: {c.predict_error}"
+            elif meas_key == "peak_tensor_bytes" and meas is not None and any(
+                    r.env.get("kernels") == "triton" for r in c.completed):
+                verdict = ("not compared: the run used the Triton kernels, which keep less for backward "
+                           "than the torch reference path the prediction models")
+            rows.append({"cell_key": c.key, "label": c.label, "figure": pred_key, "predicted": pred,
+                         "measured": meas, "measured_as": meas_key, "ratio": ratio, "agreement": verdict})
+    return rows
+
+
+def cost_summary(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(one summary per figure, the rows that disagree) from ``cost_rows``.
+
+    A summary: ``figure``, ``cells``, ``compared`` (both sides known), ``agree``,
+    ``disagree``, ``not_compared``, and ``worst_ratio`` (the measured / predicted
+    farthest from 1, as a factor either way). The outliers are the rows whose
+    agreement is a disagreement; every other row is counted, not listed."""
+    by_figure: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_figure.setdefault(r["figure"], []).append(r)
+    out = []
+    for figure, rs in by_figure.items():
+        ratios = [r["ratio"] for r in rs if r["ratio"] is not None and r["ratio"] > 0]
+        worst = max(ratios, key=lambda x: max(x, 1 / x)) if ratios else None
+        agree = sum(1 for r in rs if str(r["agreement"]).startswith("agrees"))
+        disagree = sum(1 for r in rs if str(r["agreement"]).startswith("DISAGREES"))
+        out.append({"figure": figure, "cells": len(rs), "compared": agree + disagree, "agree": agree,
+                    "disagree": disagree, "not_compared": len(rs) - agree - disagree, "worst_ratio": worst,
+                    "worst_cell": next((r["label"] for r in rs if r["ratio"] == worst), None)})
+    outliers = [r for r in rows if str(r["agreement"]).startswith("DISAGREES")]
+    return out, outliers
+
+
+def contended_runs(runs: list[Run]) -> list[Run]:
+    """The completed runs whose machine was contended during their loop (``abl.analysis.sections.is_contended``)."""
+    return [r for r in runs if r.status == COMPLETED and sections.is_contended(r.final)]
+
+
+def contention_note(runs: list[Run]) -> str:
+    """One sentence on the contended runs ("" when none is)."""
+    bad = contended_runs(runs)
+    if not bad:
+        return ""
+    done = [r for r in runs if r.status == COMPLETED]
+    return (f"{len(bad)} of {len(done)} completed runs ran on a contended machine (marked {CONTENDED_MARK}): "
+            "their tokens/s, wall time and MFU are not comparable with the other runs' (the loss at equal "
+            "tokens is).")
+
+
+CONTENDED_MARK = "‡"
+
+
+def scaling_points(cells: list[Cell]) -> list[tuple[float, float, float]]:
+    """(N non-embedding, D training tokens, final val_loss) for every completed run."""
+    pts = []
+    for c in cells:
+        for r in c.completed:
+            n = r.final.get("n_params_non_embedding") or (c.predicted or {}).get("n_params_non_embedding")
+            loss = r.final.get("val_loss")
+            d = r.final.get("tokens") or r.config["train"]["steps"] * r.tokens_per_step
+            if n and loss is not None and math.isfinite(loss):
+                pts.append((float(n), float(d), float(loss)))
+    return pts
+

@@ -1,0 +1,247 @@
+"""The report's data: runs and their cells from the store, and the per-cell statistics.
+
+``load_runs`` is the one reader of stored runs for ``abl report``, the run
+summary and ``abl compare`` (abl.present.summary) and the learning-rate sweep:
+each run with its final metrics (each metric's final value as the metric
+catalogue, abl.analysis.metrics, defines it) and its curves.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...analysis import metrics as catalogue
+from ...analysis import sections, stats
+from ...store.rundir import COMPLETED
+
+MIN_SIZES_FOR_FIT = sections.MIN_SIZES  # kept for callers; the rule is abl.analysis.sections.scaling_fit_applies
+FINAL_NAMES = ("n_params", "n_params_non_embedding", "peak_mem_bytes", "peak_tensor_bytes",
+               "baseline_rss_bytes", "wall_s",
+               "flops_per_step_measured", "device_peak_flops", "mfu", "hfu", "val_loss", "val_bpb",
+               "tokens_per_s", "train_tokens_per_s", "compile_s",
+               "unigram_floor", "did_not_learn", "loss_spikes", "max_loss_spike",  # these 4: abl.analysis.health
+               sections.CONTENDED, "cpu_util", "load_per_core")  # these 3: the machine's contention
+
+
+class ReportError(Exception):
+    """Nothing to report, or an unusable source (a user error)."""
+
+
+# ---------------------------------------------------------------- data
+
+
+@dataclass
+class Run:
+    run_id: str
+    experiment: str
+    cell_key: str
+    label: str
+    seed: int
+    status: str
+    config: dict
+    git_commit: str
+    versions: dict
+    device: str
+    env: dict
+    data_fingerprint: str
+    grid_file: str
+    notes: str
+    final: dict = field(default_factory=dict)  # metric name -> final value (abl.analysis.metrics)
+    curves: dict = field(default_factory=dict)  # metric name -> [(step, value)]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return int(self.config["train"]["batch_size"]) * int(self.config["model"]["context"])
+
+    @property
+    def data_key(self) -> tuple:
+        """What fixes the data order apart from the seed (see harness/stats.py)."""
+        return (self.data_fingerprint, self.config["model"]["context"], self.config["train"]["batch_size"])
+
+
+@dataclass
+class Cell:
+    key: str
+    label: str
+    runs: list[Run]
+    predicted: dict | None = None
+    predict_error: str = ""
+
+    @property
+    def completed(self) -> list[Run]:
+        return [r for r in self.runs if r.status == COMPLETED]
+
+    @property
+    def config(self) -> dict:
+        return self.runs[0].config
+
+
+def _json(text: Any, default: Any) -> Any:
+    if text is None:
+        return default
+    if isinstance(text, (dict, list)):
+        return text
+    try:
+        return json.loads(text)
+    except (TypeError, json.JSONDecodeError):
+        return default
+
+
+def load_runs(db_path: str | Path, *, run_ids: list[str] | None = None, experiment: str | None = None,
+              curve_names: tuple[str, ...] = ("val_loss", "train_loss", "elapsed_s"),
+              final_names: tuple[str, ...] = FINAL_NAMES) -> list[Run]:
+    """Runs (with their final metrics and curves) by run id or experiment name, read-only."""
+    from ...store import database as store
+
+    if not Path(db_path).exists():
+        raise ReportError(f"no database at {db_path} (abl run writes it; --db picks another)")
+    con = store.connect(db_path, read_only=True)
+    try:
+        tables = {r[0] for r in con.execute("SHOW TABLES").fetchall()}
+        if "runs" not in tables:
+            raise ReportError(f"{db_path} has no runs table: not an abl database, or nothing ran yet")
+        cols = ("run_id, experiment, cell_key, label, seed, status, config, git_commit, versions, device, "
+                "env, data_fingerprint, grid_file, notes")
+        if run_ids is not None:
+            rows = con.execute(f"SELECT {cols} FROM runs WHERE list_contains(?, run_id) "
+                               "ORDER BY started NULLS LAST, run_id", [run_ids]).fetchall()
+        else:
+            rows = con.execute(f"SELECT {cols} FROM runs WHERE experiment = ? "
+                               "ORDER BY started NULLS LAST, run_id", [experiment]).fetchall()
+        runs = [Run(r[0], r[1], r[2] or r[0], r[3] or "", r[4], r[5], _json(r[6], {}), r[7] or "unknown",
+                    _json(r[8], {}), r[9] or "unknown", _json(r[10], {}), r[11] or "unknown", r[12] or "",
+                    r[13] or "") for r in rows]
+        ids = [r.run_id for r in runs]
+        by_id = {r.run_id: r for r in runs}
+        if ids:
+            for rid, name, value in con.execute(
+                    store.final_values_sql("list_contains(?, run_id) AND list_contains(?, name)"),
+                    [ids, list(final_names)]).fetchall():
+                by_id[rid].final[name] = value
+            for rid, name, step, value in con.execute(
+                    "SELECT run_id, name, step, value FROM metrics WHERE list_contains(?, run_id) "
+                    "AND list_contains(?, name) ORDER BY run_id, name, step",
+                    [ids, list(curve_names)]).fetchall():
+                by_id[rid].curves.setdefault(name, []).append((step, value))
+        return runs
+    finally:
+        con.close()
+
+
+def experiments(db_path: str | Path) -> list[str]:
+    from ...store import database as store
+
+    if not Path(db_path).exists():
+        return []
+    con = store.connect(db_path, read_only=True)
+    try:
+        if "runs" not in {r[0] for r in con.execute("SHOW TABLES").fetchall()}:
+            return []
+        return [r[0] for r in con.execute("SELECT DISTINCT experiment FROM runs ORDER BY 1").fetchall()]
+    finally:
+        con.close()
+
+
+def group_cells(runs: list[Run], order: list[str] | None = None) -> list[Cell]:
+    """Runs grouped by cell, in ``order`` (cell keys, e.g. the grid's) then first-seen order."""
+    cells: dict[str, Cell] = {}
+    for r in runs:
+        cells.setdefault(r.cell_key, Cell(r.cell_key, r.label or r.cell_key[:8], [])).runs.append(r)
+    for c in cells.values():
+        c.runs.sort(key=lambda r: r.seed)
+    rank = {k: i for i, k in enumerate(order or [])}
+    return sorted(cells.values(), key=lambda c: rank.get(c.key, len(rank)))
+
+
+def pick_baseline(cells: list[Cell], baseline: str | None) -> Cell:
+    """The baseline cell: the first healthy one (the grid's first cell), or one chosen by label, key or
+    1-based index (abl.analysis.verdicts.find_cell)."""
+    from ...analysis.verdicts import VerdictError, default_baseline, find_cell
+
+    inputs = _inputs(cells)
+    try:
+        chosen = find_cell(inputs, baseline) if baseline else default_baseline(inputs)
+    except VerdictError as exc:
+        raise ReportError(str(exc)) from None
+    return next(c for c in cells if c.key == chosen.key)
+
+
+def _inputs(cells: list[Cell], metric: str = "val_loss"):
+    from ...analysis.verdicts import cell_inputs
+
+    return cell_inputs([r for c in cells for r in c.runs], metric, [c.key for c in cells])
+
+
+def final_val_losses(cell: Cell, metric: str = "val_loss") -> dict[int, float]:
+    return {r.seed: r.final[metric] for r in cell.completed if r.final.get(metric) is not None}
+
+
+def comparison_metric(cells: list[Cell]) -> str:
+    """What cells are compared on: ``val_loss`` (nats per token), or ``val_bpb`` (bits per byte) when
+    their data or tokenizer differ, so a token means different things, and every completed run has it."""
+    runs = [r for c in cells for r in c.completed]
+    data = {json.dumps([(r.config.get("components") or {}).get(a) for a in ("dataset", "tokenizer")],
+                       sort_keys=True, default=str) for r in runs}
+    metric = catalogue.comparison_metric("val_loss", tokenizers_differ=len(data) > 1)
+    if runs and all(r.final.get(metric) is not None for r in runs):
+        return metric
+    return "val_loss"
+
+
+def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPHA,
+                    bootstrap: bool = False, metric: str = "val_loss") -> list[dict[str, Any]]:
+    """One dict per cell: the final ``metric`` over seeds, learning health, and the comparison with
+    ``baseline`` (abl.analysis.stats.analyse: the same engine and defaults as the run summary, abl compare and
+    the dashboard)."""
+    inputs = _inputs(cells, metric)
+    analysis = stats.analyse(inputs, stats.against_baseline([c.key for c in cells], baseline.key), alpha=alpha,
+                             bootstrap=bootstrap, lower_is_better=catalogue.lower_is_better(metric))
+    comps = {cr.a: cr for cr in analysis.comparisons}
+    out = []
+    for c, row in zip(cells, analysis.cells):
+        comp = comps.get(c.key)
+        h = row.health
+        out.append({
+            "cell_key": c.key, "label": c.label, "metric": metric, "runs": len(c.runs), "completed": len(c.completed),
+            "seeds": sorted(inputs[cells.index(c)].values), "n": row.n, "mean": row.mean, "std": row.std,
+            "ci_low": row.ci_low, "ci_high": row.ci_high, "rank": row.rank,
+            "delta": comp.delta if comp else (0.0 if row.n else None),
+            "delta_ci_low": comp.ci_low if comp else None, "delta_ci_high": comp.ci_high if comp else None,
+            "p_value": comp.p_value if comp else None, "p_adjusted": comp.p_adjusted if comp else None,
+            "mdd": comp.mdd if comp else None, "test": comp.test if comp else stats.BASELINE,
+            "verdict": comp.verdict if comp else stats.BASELINE, "note": comp.note if comp else "",
+            "is_baseline": c.key == baseline.key, "did_not_learn": h.did_not_learn, "unigram_floor": h.floor,
+            "loss_spikes": h.loss_spikes, "max_loss_spike": h.max_loss_spike, "method": analysis.method,
+        })
+    return out
+
+
+def statistics_for_runs(db_path: str | Path, run_ids: list[str], order: list[str] | None = None,
+                        baseline: str | None = None) -> list[dict[str, Any]]:
+    """``cell_statistics`` straight from the store, on ``comparison_metric``, which each row
+    names under ``metric``.
+
+    ``order``: cell keys in grid order (the first is the baseline unless
+    ``baseline`` names another by label, key prefix or 1-based index).
+    """
+    cells = group_cells(load_runs(db_path, run_ids=run_ids, curve_names=()), order)
+    if not cells:
+        return []
+    metric = comparison_metric(cells)
+    return cell_statistics(cells, pick_baseline(cells, baseline), metric=metric)
+
+
+def label_cells(cells: list[Cell], grid_raw: dict | None = None) -> None:
+    """Every cell's display label from the settings that differ between these cells (abl.grid.labels),
+    the grid's paths first when the grid is known."""
+    from ...grid.labels import run_labels
+
+    grid = (grid_raw or {}).get("grid")
+    order = [k for k in grid if k != "exclude"] if isinstance(grid, dict) else []
+    labels = run_labels([r for c in cells for r in c.runs], order)
+    for c in cells:
+        c.label = labels.get(c.key, c.label)
+
