@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
-from typing import Any
+from typing import Any, Literal, cast
 
 import altair as alt
 import pandas as pd
@@ -53,7 +53,7 @@ def show(chart: alt.TopLevelMixin, data: pd.DataFrame, name: str, key: str,
     ``height``: the element's total height in pixels, for charts with a discrete
     y axis (Streamlit does not size those from the chart's own height).
     """
-    fast = chart.copy(deep=False)
+    fast = cast(Any, chart).copy(deep=False)  # every chart kind abl draws has copy(); the mixin type does not say so
     object.__setattr__(fast, "to_dict", functools.partial(type(chart).to_dict, fast, validate=False))
     if height is None:
         st.altair_chart(fast, width="stretch")
@@ -80,7 +80,7 @@ MAX_COLOURS = 20  # more cells than this in one chart: facet by the first grid a
 CONTENDED_COLOUR = "#d62728"
 
 
-def _scheme(n: int) -> str:
+def _scheme(n: int) -> Any:  # a Vega scheme name (altair types it as a Literal of every scheme)
     """A palette with a distinct colour for each of ``n`` series (up to MAX_COLOURS)."""
     return "tableau10" if n <= 10 else "category20"
 
@@ -194,7 +194,7 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: s
         n = df[color].nunique()
         col = alt.Color(f"{color}:N", scale=alt.Scale(scheme=_scheme(n)), legend=cell_legend(1 if n < 5 else 2))
     else:
-        col = alt.value("#1f77b4")
+        col = alt.value("#1f77b4")  # type: ignore[assignment]  # a constant colour instead of a field
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("n:Q", title="seeds"),
                alt.Tooltip("mean:Q", format=".4f"), alt.Tooltip("ci_lo:Q", title="95% CI low", format=".4f"),
                alt.Tooltip("ci_hi:Q", title="95% CI high", format=".4f")]
@@ -287,7 +287,7 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
                                           scale=alt.Scale(domain=["contended"], range=[CONTENDED_COLOUR])),
             tooltip=tooltip).transform_calculate(speed="'contended'"))
     front = df[df["front"]].sort_values("x")
-    step = "step-after" if x_better == "lower" else "step-before"
+    step: Literal["step-after", "step-before"] = "step-after" if x_better == "lower" else "step-before"
     line = alt.Chart(front).mark_line(interpolate=step, color="#444", strokeDash=[6, 3]).encode(x=xs, y=ys)
     n_legend = -(-len(domain) // (legend_columns(domain) if field == "cell" else 4))
     return (alt.layer(line, err, *layers, pts).add_params(pick, alt.selection_interval(bind="scales"))

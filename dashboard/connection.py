@@ -79,7 +79,7 @@ class Store:
 
     def signature(self) -> tuple:
         """Changes whenever the writer commits (the file or its WAL changes)."""
-        out = []
+        out: list[tuple[int, int] | None] = []
         for p in (self.db, self.db + ".wal"):
             try:
                 s = os.stat(p)
@@ -188,7 +188,7 @@ def running_ids(store: Store) -> list[str]:
 
 def live_key(store: Store, run_ids: Sequence[str]) -> tuple:
     """Changes whenever a running cell appends to its metrics file."""
-    key = []
+    key: list[tuple] = []
     for run_id in run_ids:
         try:
             st = (store.run_dir(run_id) / rundir.METRICS).stat()

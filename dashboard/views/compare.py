@@ -41,6 +41,8 @@ top = st.columns([2, 2, 2, 3])
 metric = top[0].selectbox("Metric", choices, key="cmp_metric",
                           format_func=lambda n: f"{n} ({q.metric_info(n).label})"
                           if q.metric_info(n).label != n.replace("_", " ") else n)
+if metric is None:  # no choice can be made (the choices were checked above)
+    st.stop()
 info = q.metric_info(metric)
 group = top[1].selectbox("Group by", [NONE, *axes], key="cmp_group",
                          help="One row per value of this axis; cells that differ in other axes are colored.")

@@ -99,6 +99,7 @@ contended = common.contended_runs(sel) & set(run_ids)
 
 flops_factor = None  # per run: FLOPs per step
 if x_kind == "flops" and not flops_cum:
+    assert flops_run is not None  # "flops" is offered only when a cumulative or a per-run FLOPs metric exists
     name, unit, factor = flops_run
     f = common.load(q.finals, sel, (name,)).set_index("run_id")[name] * factor
     flops_factor = f * (meta["tokens_per_step"].astype(float).reindex(f.index) if unit == "token" else 1.0)
@@ -174,6 +175,7 @@ if not bands and not show_band:
     st.caption(f"95% CI bands are off: a cell shown has fewer than {sections.MIN_SEEDS_FOR_BANDS} seeds "
                f"(min {int(seeds_per_cell.min()) if len(seeds_per_cell) else 0}); each seed's line is drawn instead.")
 if x_kind == "flops" and not flops_cum:
+    assert flops_run is not None  # "flops" is offered only when a cumulative or a per-run FLOPs metric exists
     name, unit, factor = flops_run
     st.caption(f"training FLOPs = {'step' if unit == 'step' else 'tokens seen'} × {name}"
                + (" × 3 (forward + backward ≈ 3 × forward)" if factor != 1 else ""))

@@ -34,9 +34,9 @@ top = st.columns([3, 2, 2, 2])
 if "bench_id" in sessions:
     labels = {b: f"{str(c)[:19] if pd.notna(c) else '?'} · {d} · {n} rows"
               for b, c, d, n in zip(sessions["bench_id"], sessions["created"], sessions["device"], sessions["rows"])}
-    bench_id = top[0].selectbox("Benchmark run", list(labels), format_func=labels.get, key="k_session",
+    bench_id = top[0].selectbox("Benchmark run", list(labels), format_func=lambda b: labels.get(b, str(b)), key="k_session",
                                 help="Latest first. Each `abl bench kernels` invocation is one run.")
-    filters["bench_id"] = [bench_id]
+    filters["bench_id"] = [str(bench_id)]
 elif "device" in sessions:
     filters["device"] = [top[0].selectbox("Device", list(sessions["device"]), key="k_device")]
 
