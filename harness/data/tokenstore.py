@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import files
 from .corpus import DOCUMENT_SEPARATOR, DataError, TextCorpus, TokenData, fingerprint
 
 TOKENS_DIR = "tokens"
@@ -338,9 +339,7 @@ def commit(prepared: Prepared, root: Path) -> Path:
         tdir = root / TOKENIZERS_DIR
         tdir.mkdir(parents=True, exist_ok=True)
         target = tdir / f"{prepared.trained[0]}.json"
-        tmp = target.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(prepared.trained[1])
-        os.replace(tmp, target)
+        files.write_text(target, prepared.trained[1])
     if prepared.arrays is None:
         return folder
     root.mkdir(parents=True, exist_ok=True)
@@ -445,9 +444,7 @@ def link_run(run_dir: Path, entry: Path) -> None:
         target = os.path.relpath(entry.resolve(), run_dir.resolve())
     except ValueError:  # another drive
         target = str(entry.resolve())
-    tmp = run_dir / (RUN_LINK + ".tmp")
-    tmp.write_text(json.dumps({"token_store": target}))
-    os.replace(tmp, run_dir / RUN_LINK)
+    files.write_json(run_dir / RUN_LINK, {"token_store": target}, indent=None)
 
 
 # ---------------------------------------------------------------- the worker

@@ -17,11 +17,11 @@ device and the torch version.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .. import files
 from ..contracts.config import Cell, config_hash
 
 NOT_SHAPE = ("dataset",)  # components that change the data, never the model's shape
@@ -66,8 +66,6 @@ class ShapeCache:
         self.data[part] = values
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self.data, sort_keys=True))
-            os.replace(tmp, self.path)
+            files.write_json(self.path, self.data, indent=None)
         except OSError:  # a cache that cannot be written only costs time
             pass

@@ -7,11 +7,11 @@ while saving keeps its previous checkpoint.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from .. import files
 from ..contracts.precision import Precision
 from ..data.corpus import Batches
 
@@ -37,9 +37,8 @@ def save_checkpoint(path: Path, step: int, model, optimizer, precision: Precisio
         "numpy_rng": np.random.get_state(),
         "python_rng": random.getstate(),
     }
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with files.replacing(path) as tmp:
+        torch.save(state, tmp)
 
 
 def load_checkpoint(path: Path, model, optimizer, precision: Precision, batches: Batches, rank: int = 0) -> int:

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .. import files
+
 CACHE_FILE = "cpu_peaks.json"
 CACHE_VERSION = 1
 BURST_S = 0.25  # one burst: calls repeated for at least this long
@@ -167,9 +169,7 @@ def _write_cache(data: dict) -> None:
     path = cache_dir() / CACHE_FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        files.write_json(path, data)
     except OSError:  # a read-only home: measure again next time, never fail a run for a cache
         pass
 

@@ -16,7 +16,7 @@ Files (the folders are the source of truth; the store is rebuilt from them):
   ``checkpoint.pt`` (kept until the cell completes).
 
 Everything here is plain Python: the worker, the parent and the dashboard all
-import it, and it imports nothing of abl.
+import it, and it imports nothing of abl but abl.files (atomic writes).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .. import files
 
 CONFIG = "config.json"
 META = "meta.json"
@@ -89,13 +91,8 @@ def runs_again(status: str | None, retry_failed: bool = False) -> bool:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write atomically: a reader sees the old file or the new one, never half of one."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write atomically and durably: a reader sees the old file or the new one, never half of one."""
+    files.write_json(path, obj, fsync=True)
 
 
 def read_json(path: Path, default: Any = None) -> Any:
@@ -283,9 +280,7 @@ def truncate_metrics(path: Path, last_step: int | None) -> None:
         return
     kept = [line for line in _complete_lines(path)
             if (obj := parse_line(line)) is not None and obj["step"] <= last_step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
+    files.write_text(path, "".join(kept), fsync=True)
 
 
 class JsonlSink:
