@@ -276,3 +276,22 @@ def test_the_plan_sentence_says_what_is_skipped_resumed_and_run(tmp_path):
     _, failed, _, todo = runner.plan(grid.cells, known, retry_failed=True)
     line = runner.plan_sentence(grid, runs_dir, known, [], failed, [], todo, retry_failed=True)
     assert "4 to run" in line and "failed or diverged" not in line
+
+
+def test_run_folder_file_names_are_spelled_only_in_rundir():
+    """Every other module names a run folder's files through abl.store.rundir (CONFIG, STATUS, LOG ...)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    # META is left out: "meta.json" is also the token store's own entry file (abl.data.tokenstore)
+    names = {rundir.CONFIG, rundir.STATUS, rundir.INFO, rundir.METRICS, rundir.CHECKPOINT, rundir.LOG}
+    found = []
+    for folder in ("harness", "dashboard"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.name == "rundir.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and node.value in names:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
+    assert not found, "run-folder file names spelled outside abl.store.rundir:\n" + "\n".join(found)

@@ -10,6 +10,7 @@ from abl.analysis import sections
 from abl.analysis.tables import config_diff
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
+from abl.store import rundir
 
 sel: q.Selection = st.session_state["selection"]
 ctx = common.ctx()
@@ -191,15 +192,15 @@ with tab_files:
         st.info(f"No run folder at {folder} (the store can outlive its run folders).")
     else:
         st.caption(f"`{folder}`")
-        status_file = folder / "status.json"
+        status_file = folder / rundir.STATUS
         if status_file.exists():
-            st.markdown("**status.json**")
+            st.markdown(f"**{rundir.STATUS}**")
             try:
                 st.json(json.loads(status_file.read_text()))
             except (OSError, json.JSONDecodeError) as exc:
                 st.caption(f"unreadable: {exc}")
-        log = folder / "worker.log"
+        log = folder / rundir.LOG
         if log.exists() and log.stat().st_size:
-            st.markdown("**worker.log** (last 60 lines)")
+            st.markdown(f"**{rundir.LOG}** (last 60 lines)")
             lines = log.read_text(errors="replace").splitlines()[-60:]
             st.code("\n".join(lines), language=None)

@@ -32,7 +32,6 @@ ratios.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
@@ -53,6 +52,7 @@ def run_harness_bench(steps: int = 200, overrides: list[str] | None = None,
     from ..grid.gridfile import apply_override, expand, parse_overrides
     from ..run.runner import run_grid
     from ..store import database as store
+    from ..store import rundir
 
     raw = default_grid(steps, cells)
     for path, value in parse_overrides(list(overrides or [])):
@@ -78,7 +78,7 @@ def run_harness_bench(steps: int = 200, overrides: list[str] | None = None,
                     "('tokens_per_s', 'elapsed_s', 'wall_s', 'compile_s')", [c.run_id]).fetchall()
         finally:
             con.close()
-        ends = sorted((json.loads((runs / c.run_id / "status.json").read_text())["finished"], c.run_id)
+        ends = sorted((rundir.read_json(runs / c.run_id / rundir.STATUS)["finished"], c.run_id)
                       for c in grid.cells)
     first = _split(grid.cells[0], by_run[ends[0][1]], grid_wall - (ends[-1][0] - ends[0][0]))
     if len(ends) == 1:

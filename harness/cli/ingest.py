@@ -19,7 +19,9 @@ def ingest(run_dirs, db_path, runs_dir, wait):
     dirs = [Path(d) for d in run_dirs]
     if not dirs:
         base = Path(runs_dir) if runs_dir else db.parent / "runs"
-        dirs = sorted(p for p in base.glob("*") if (p / "config.json").exists())
+        from ..store import rundir
+
+        dirs = sorted(p for p in base.glob("*") if (p / rundir.CONFIG).exists())
     problems = preflight.db_problems(db)
     if problems:
         fail("\n".join(problems))

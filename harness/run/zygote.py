@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..store import rundir
+
 READY = {"ready": True}
 
 
@@ -55,7 +57,7 @@ def _child(run_dir: Path, env: dict[str, str], replies: int, requests: int) -> N
     code = 1
     try:
         os.setsid()
-        log = os.open(run_dir / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log = os.open(run_dir / rundir.LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)  # replaces the zygote's request pipe
         os.dup2(log, 1)  # and its reply pipe
