@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pandas as pd
 import streamlit as st
 
-from abl.analysis import sections
+from abl.analysis import formats, sections
 from abl.dashboard import queries as q
 from abl.grid import labels as abl_labels
 
@@ -244,14 +244,7 @@ def contended_caption(n: int, total: int) -> str:
 
 
 def fmt_bytes(n: Any) -> str:
-    if n is None or (isinstance(n, float) and not math.isfinite(n)):
-        return "–"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    return formats.fmt_bytes(n, missing="–")
 
 
 def fmt_num(x: Any, digits: int = 4) -> str:

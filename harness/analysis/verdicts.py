@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol, Sequence
 
 from . import metrics, stats
-from .health import HEALTH_METRICS
+from .formats import fmt, fmt_bytes
 from .tables import flatten
 
 COMPLETED = "completed"
@@ -257,12 +257,6 @@ def display_name(metric: str) -> str:
     return metrics.label(metric)
 
 
-def fmt(x: float | None, digits: int = 4, signed: bool = False) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
-
-
 _f = fmt
 
 
@@ -271,10 +265,7 @@ def value_text(metric: str, x: float | None) -> str:
     if x is None or not math.isfinite(x):
         return "-"
     if metrics.metric(metric).unit == "bytes":
-        for unit in ("B", "KiB", "MiB", "GiB"):
-            if abs(x) < 1024 or unit == "GiB":
-                return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
-            x /= 1024
+        return fmt_bytes(x)
     if metric in ("mfu", "hfu"):
         return f"{100 * x:.1f}%"
     return f"{x:,.0f}" if abs(x) >= 1e4 else f"{x:.4g}" if abs(x) >= 100 else f"{x:.4f}"

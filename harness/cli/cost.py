@@ -11,9 +11,9 @@ def cost(grid_file, overrides, as_json):
     """The body of ``abl cost``: its options and help are declared in abl.cli."""
     import json
 
+    from ..analysis.formats import fmt_bytes
     from ..grid.gridfile import load_grid
     from ..model.costmodel import predict
-    from ..run.runner import fmt_bytes
 
     registry = load_registry()
     try:

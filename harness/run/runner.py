@@ -44,16 +44,6 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def reconcile(cells: list[Cell], runs_dir: Path, db_path: Path) -> dict[str, str]:
     """Bring the store in line with the run folders (the source of truth).
 

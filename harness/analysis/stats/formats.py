@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Hashable, Iterable
 
 import numpy as np
+
+from ..formats import fmt, fmt_p  # noqa: F401  (the number formats, shared with every table)
 
 
 def stars(p: float | None) -> str:
@@ -18,19 +19,6 @@ def stars(p: float | None) -> str:
     if p < 0.05:
         return "*"
     return "n.s."
-
-
-def fmt(x: float | None, digits: int = 4) -> str:
-    """The one number format of tables (reports and CLI)."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return f"{x:.{digits}f}"
-
-
-def fmt_p(p: float | None) -> str:
-    if p is None:
-        return "-"
-    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
 
 
 def seeds_of(rows: Iterable[tuple[Hashable, Hashable, float]]) -> dict[Hashable, dict[Hashable, float]]:

@@ -13,6 +13,7 @@ from html import escape
 from typing import Any
 
 from ...analysis import stats
+from ...analysis.formats import fmt_bytes
 
 
 @dataclass
@@ -115,13 +116,7 @@ def _num(x: Any) -> str:
 
 
 def _bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
+    return fmt_bytes(n, decimals=2)
 
 
 def _pct(x: float | None) -> str:

@@ -1,0 +1,39 @@
+"""abl.analysis.formats: the one number and byte format of every table (CLI, abl cost, report, dashboard)."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+from abl.analysis import formats
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_byte_counts_in_binary_units():
+    assert formats.fmt_bytes(512) == "512 B"
+    assert formats.fmt_bytes(1536) == "1.5 KiB"
+    assert formats.fmt_bytes(3 * 2**30, decimals=2) == "3.00 GiB"
+    assert formats.fmt_bytes(5 * 2**40) == "5.0 TiB"
+    assert formats.fmt_bytes(None) == "-" and formats.fmt_bytes(math.nan, missing="–") == "–"
+
+
+def test_numbers_signed_and_missing():
+    assert formats.fmt(-0.04391, signed=True) == "-0.0439"
+    assert formats.fmt(0.04391, signed=True) == "+0.0439"
+    assert formats.fmt(None) == "-" and formats.fmt(math.inf) == "-"
+    assert formats.fmt_p(3e-5) == "<0.0001"
+
+
+def test_no_other_module_spells_the_byte_units():
+    """A second byte formatter would drift (it did: 1 and 2 decimals, GiB or TiB as the top unit)."""
+    found = []
+    for folder in ("harness", "dashboard"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == ROOT / "harness" / "analysis" / "formats.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and node.value in ("KiB", "TiB"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, "byte units spelled outside abl.analysis.formats: " + ", ".join(found)
