@@ -295,3 +295,24 @@ def test_run_folder_file_names_are_spelled_only_in_rundir():
                 if isinstance(node, ast.Constant) and node.value in names:
                     found.append(f"{path.relative_to(root)}:{node.lineno}: {node.value!r}")
     assert not found, "run-folder file names spelled outside abl.store.rundir:\n" + "\n".join(found)
+
+
+def test_the_status_words_are_defined_once():
+    """abl.contracts.status is the only module that assigns a status word to a name (verdicts.py had its own)."""
+    import ast
+    from pathlib import Path
+
+    from abl.contracts import status
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for folder in ("harness", "dashboard"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path == root / "harness" / "contracts" / "status.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
+                        and node.value.value in status.STATUSES:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not found, "status words assigned outside abl.contracts.status: " + ", ".join(found)
+    assert rundir.COMPLETED is status.COMPLETED and rundir.runs_again is status.runs_again

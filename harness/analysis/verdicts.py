@@ -19,11 +19,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol, Sequence
 
+from ..contracts.status import COMPLETED
 from . import metrics, stats
 from .formats import fmt, fmt_bytes
 from .tables import flatten
 
-COMPLETED = "completed"
 # config paths never used to decide whether two cells differ in one axis only: the learning
 # rate a sweep chose per variant (abl.run.lr_sweep) and the sweep itself
 TUNED_PATHS = ("train.lr", "train.lr_sweep")

@@ -16,7 +16,8 @@ Files (the folders are the source of truth; the store is rebuilt from them):
   ``checkpoint.pt`` (kept until the cell completes).
 
 Everything here is plain Python: the worker, the parent and the dashboard all
-import it, and it imports nothing of abl but abl.files (atomic writes).
+import it, and it imports nothing of abl but abl.files (atomic writes) and the status
+vocabulary (abl.contracts.status).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
+from ..contracts.status import (  # noqa: F401  (the statuses: rundir hands them on to the run folder's users)
+    COMPLETED, DIVERGED, EXIT_CODES, FAILED, INCOMPLETE, KILLED, NOT_COMPLETED, OOM, QUEUED, RETRY_FAILED,
+    RUNNING, STATUSES, STORE_ONLY, TERMINAL, runs_again)
 
 CONFIG = "config.json"
 META = "meta.json"
@@ -49,41 +53,6 @@ def pid_alive(pid: Any) -> bool:
         return False
     except PermissionError:
         return True
-    return True
-
-
-# ---------------------------------------------------------------- statuses
-
-QUEUED, RUNNING, COMPLETED = "queued", "running", "completed"
-DIVERGED, OOM, FAILED, KILLED = "diverged", "oom", "failed", "killed"
-# The worker said completed, but its folder does not hold a whole run (a cut or
-# garbled metrics.jsonl, a missing final step or summary row): decided by the
-# store at ingest (``check_complete``), never written by a worker. The folder keeps
-# saying completed, so an ingest after a repair restores the run.
-INCOMPLETE = "incomplete"
-
-STATUSES = (QUEUED, RUNNING, COMPLETED, DIVERGED, OOM, FAILED, KILLED, INCOMPLETE)
-# the worker has ended
-TERMINAL = (COMPLETED, DIVERGED, OOM, FAILED, KILLED, INCOMPLETE)
-# ended without completing: what summaries and the dashboard count as "did not complete"
-NOT_COMPLETED = (DIVERGED, OOM, FAILED, KILLED, INCOMPLETE)
-# re-run only with ``--retry failed``: run again as they are, they would end the same way.
-# Not killed: a kill says nothing about the cell, so a plain re-run restarts it, like a
-# running one whose worker is gone (README, "When things go wrong"). Not incomplete:
-# the training ended, its record was damaged; a re-run gives the whole record.
-RETRY_FAILED = (DIVERGED, OOM, FAILED)
-# statuses only the store gives (from what a folder holds); no worker ends with one
-STORE_ONLY = (INCOMPLETE,)
-# the worker's exit status for each final status
-EXIT_CODES = {COMPLETED: 0, FAILED: 1, DIVERGED: 3, OOM: 4, KILLED: 5}
-
-
-def runs_again(status: str | None, retry_failed: bool = False) -> bool:
-    """Whether ``abl run`` runs a cell whose last status is ``status`` (None: it never started)."""
-    if status == COMPLETED:
-        return False
-    if status in RETRY_FAILED:
-        return retry_failed
     return True
 
 
