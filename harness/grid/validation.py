@@ -13,7 +13,6 @@ from ..contracts.config import (
     SCALES,
     SECTIONS,
     Cell,
-    ExperimentConfig,
     ModelConfig,
     TrainConfig,
     canonical_json,
@@ -192,8 +191,8 @@ def head_dim_errors(model: ModelConfig, train: TrainConfig, given: dict) -> list
     return []
 
 
-def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registry) -> tuple[Cell | None, list[str]]:
-    """Turn one cell's raw dict into a validated Cell (or error messages)."""
+def _sections(raw: dict) -> tuple[dict[str, Any], list[str]]:
+    """Each table of the cell ([experiment], [model], ...) as its typed config."""
     errs: list[str] = []
     sections: dict[str, Any] = {}
     for name in SECTIONS:
@@ -201,9 +200,12 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
         obj, e = _build_section(name, sub if isinstance(sub, dict) else {})
         errs += e
         sections[name] = obj
-    if errs:
-        return None, errs
-    model: ModelConfig = sections["model"]
+    return sections, errs
+
+
+def _derive_sizes(raw: dict, model: ModelConfig, tc: TrainConfig) -> list[str]:
+    """Apply ``model.scale`` and ``train.tokens``, and check the sizes and devices that depend on them."""
+    errs: list[str] = []
     given_model: dict = raw["model"] if isinstance(raw.get("model"), dict) else {}
     if model.scale:
         if model.scale not in SCALES:
@@ -211,32 +213,42 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
         else:
             model.d_model, model.n_layers, model.n_heads = SCALES[model.scale]
             model.derive_defaults(rederive=[k for k in ("head_dim", "init_std") if not given_model.get(k)])
-    tc: TrainConfig = sections["train"]
     if tc.tokens:
         if isinstance(raw.get("train"), dict) and "steps" in raw["train"]:
             errs.append("give train.steps or train.tokens, not both")
         tc.steps = -(-tc.tokens // (tc.batch_size * model.context))
     errs += head_dim_errors(model, tc, given_model)
-    if sections["train"].batch_size % sections["train"].devices:
-        errs.append(f"train.batch_size={sections['train'].batch_size} is not divisible by "
-                    f"train.devices={sections['train'].devices}")
+    if tc.batch_size % tc.devices:
+        errs.append(f"train.batch_size={tc.batch_size} is not divisible by train.devices={tc.devices}")
     if tc.compile and tc.devices > 1:
         errs.append("train.compile = true needs train.devices = 1 (the compiled path is one process)")
-    dev = sections["train"].device
+    dev = tc.device
     if not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         errs.append(f"train.device must be auto, cpu, cuda or cuda:N, got {dev!r}")
+    return errs
+
+
+def _component(raw: dict, axis: str, name: str, registry: Registry, where: str) -> tuple[dict | None, list[str]]:
+    """{"name", "params"} of one chosen component, its parameters resolved from ``[axis.name]``."""
+    try:
+        comp = registry.get(axis, name)
+    except RegistryError as exc:
+        return None, [f"{where}: {exc}"]
+    given = raw.get(axis, {}).get(name, {}) if isinstance(raw.get(axis), dict) else {}
+    params, errs = comp.resolve_params(given, f"{axis}.{name}")
+    return {"name": name, "params": params}, errs
+
+
+def _components(raw: dict, sections: dict[str, Any], registry: Registry) -> tuple[dict[str, Any], list[str]]:
+    """The component of every axis, and the per-layer mixers of ``model.layer_pattern``."""
+    errs: list[str] = []
     components: dict[str, Any] = {}
     for axis in AXES:
-        name = _selector(axis, sections)
-        try:
-            comp = registry.get(axis, name)
-        except RegistryError as exc:
-            errs.append(f"{AXES[axis][0]}: {exc}")
-            continue
-        given = raw.get(axis, {}).get(name, {}) if isinstance(raw.get(axis), dict) else {}
-        params, e = comp.resolve_params(given, f"{axis}.{name}")
+        spec, e = _component(raw, axis, _selector(axis, sections), registry, AXES[axis][0])
         errs += e
-        components[axis] = {"name": name, "params": params}
+        if spec is not None:
+            components[axis] = spec
+    model: ModelConfig = sections["model"]
     pattern = [n.strip() for n in model.layer_pattern.split(",") if n.strip()]
     if pattern:
         if model.n_layers % len(pattern):
@@ -244,22 +256,18 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
                         f"{model.n_layers} must be a multiple of it")
         specs: dict[str, dict[str, Any]] = {}
         for name in dict.fromkeys(pattern):
-            try:
-                comp = registry.get("mixer", name)
-            except RegistryError as exc:
-                errs.append(f"model.layer_pattern: {exc}")
-                continue
-            given = raw.get("mixer", {}).get(name, {}) if isinstance(raw.get("mixer"), dict) else {}
-            params, e = comp.resolve_params(given, f"mixer.{name}")
+            spec, e = _component(raw, "mixer", name, registry, "model.layer_pattern")
             errs += e
-            specs[name] = {"name": name, "params": params}
+            if spec is not None:
+                specs[name] = spec
         if not errs:
             components["layer_mixers"] = [specs[n] for n in model.layer_mixer_names()]
-    probes, e = resolve_probes(raw, sections["eval"].probes, model, registry)
-    errs += e
-    if errs:
-        return None, errs
-    # cross-axis checks declared by the components themselves
+    return components, errs
+
+
+def _cross_axis_errors(components: dict[str, Any], model: ModelConfig, registry: Registry) -> list[str]:
+    """The checks the components declare themselves (``register(..., check=)``), across axes."""
+    errs: list[str] = []
     checked = [(axis, spec) for axis, spec in components.items() if axis in AXES]
     checked += [("mixer", spec) for spec in {s["name"]: s for s in components.get("layer_mixers", [])}.values()]
     for axis, spec in checked:
@@ -267,14 +275,17 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
         if comp.check is not None:
             for msg in registry.call_with_position(comp.check, model, spec["params"]) or []:
                 errs.append(f"{axis} {spec['name']!r}: {msg}")
-    if errs:
-        return None, errs
-    exp: ExperimentConfig = sections["experiment"]
+    return errs
+
+
+def _resolved_config(sections: dict[str, Any], seed: int, components: dict[str, Any],
+                     probes: list) -> dict[str, Any]:
+    """The resolved config as stored in the run folder (abl.contracts.config: each component named once)."""
     config = {
         "format": CONFIG_FORMAT,
-        "experiment": exp.name,
+        "experiment": sections["experiment"].name,
         "seed": seed,
-        "model": dataclasses.asdict(model),
+        "model": dataclasses.asdict(sections["model"]),
         "train": _train_config(sections["train"]),
         "data": dataclasses.asdict(sections["data"]),
         "eval": {k: v for k, v in dataclasses.asdict(sections["eval"]).items()
@@ -283,23 +294,31 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
     }
     if probes:
         config["probes"] = probes
-    return (
-        Cell(
-            config=config,
-            run_id=run_id_of(config),
-            experiment=exp,
-            model=model,
-            train=sections["train"],
-            data=sections["data"],
-            seed=seed,
-            components=components,
-            varied=varied,
-            eval=sections["eval"],
-            label=grid_label(varied),
-        ),
-        [],
-    )
+    return config
 
+
+def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registry) -> tuple[Cell | None, list[str]]:
+    """Turn one cell's raw dict into a validated Cell (or error messages): typed sections, derived
+    sizes, components, probes, then the components' own cross-axis checks."""
+    sections, errs = _sections(raw)
+    if errs:
+        return None, errs
+    model: ModelConfig = sections["model"]
+    errs += _derive_sizes(raw, model, sections["train"])
+    components, e = _components(raw, sections, registry)
+    errs += e
+    probes, e = resolve_probes(raw, sections["eval"].probes, model, registry)
+    errs += e
+    if errs:
+        return None, errs
+    errs = _cross_axis_errors(components, model, registry)
+    if errs:
+        return None, errs
+    config = _resolved_config(sections, seed, components, probes)
+    cell = Cell(config=config, run_id=run_id_of(config), experiment=sections["experiment"], model=model,
+                train=sections["train"], data=sections["data"], seed=seed, components=components, varied=varied,
+                eval=sections["eval"], label=grid_label(varied))
+    return cell, []
 
 
 def check_lr_sweep(values: Any, seeds: list, grid_paths: list[str]) -> list[str]:
