@@ -112,7 +112,7 @@ ACT_KEEPS = {"relu": 0, "bilinear": 0}
 
 
 def ffn_cost(d_model: int, hidden: int, gated: bool, bias: bool, act_keeps: int = 1):
-    """Cost of one FFN (harness/cost.py conventions).
+    """Cost of one FFN (harness/contracts/cost.py conventions).
 
     FLOPs: the two (dense) or three (gated) projections. Saved for backward
     (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.1): the input, the up (and gate) projection's output,

@@ -85,7 +85,7 @@ class NoNorm(nn.Identity):
         super().__init__()
 
 
-# Cost functions (harness/cost.py conventions). A norm is elementwise work, so it
+# Cost functions (harness/contracts/cost.py conventions). A norm is elementwise work, so it
 # adds no counted FLOPs; for backward it saves its input (Korthikanti et al. 2022,
 # arXiv:2205.05198, sec. 4.1: each LayerNorm keeps its input) plus its per-token statistics, and
 # whatever else the reference implementation keeps (the Triton kernels keep

@@ -251,7 +251,7 @@ def _t5_check(cfg, params):
     return []
 
 
-# Cost functions (harness/cost.py conventions): trainable parameters only;
+# Cost functions (harness/contracts/cost.py conventions): trainable parameters only;
 # adding, rotating and biasing are elementwise, so they count no FLOPs.
 
 def _learned_cost(cfg):

@@ -2,7 +2,7 @@
 
 Each is an ``abl.Task``: examples of length ``model.context`` generated from
 the seed (no download), with the positions that count marked; the loss and the
-accuracy metrics are taken on them only (harness/tasks.py). They are datasets
+accuracy metrics are taken on them only (harness/data/tasks.py). They are datasets
 to train on (``data.dataset = "mqar"``) and probes to evaluate any trained
 model on (``eval.probes = ["mqar"]``).
 

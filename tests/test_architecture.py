@@ -208,3 +208,18 @@ def test_no_module_outgrows_its_room():
             if n > MAX_LINES:
                 big.append(f"{path.relative_to(ROOT)}: {n} lines")
     assert not big, "modules above %d lines:\n" % MAX_LINES + "\n".join(big)
+
+
+def test_every_source_path_the_docs_and_code_name_exists():
+    """A moved module leaves no stale ``harness/x.py`` behind in the README, a docstring or a message."""
+    import re
+
+    named = re.compile(r"\b((?:harness|plugins|dashboard)/[\w/]+(?:\.py|/))")
+    stale = []
+    texts = [ROOT / "README.md", *[p for f in SOURCES.values() for p in sorted(f.rglob("*.py"))]]
+    for path in texts:
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            for ref in named.findall(line):
+                if not (ROOT / ref).exists():
+                    stale.append(f"{path.relative_to(ROOT)}:{lineno}: {ref}")
+    assert not stale, "paths that do not exist:\n" + "\n".join(stale)

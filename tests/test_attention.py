@@ -40,7 +40,7 @@ def rms(x, w, eps=1e-6):
 
 
 def ref_rotate(x, p, theta=10000.0):
-    """One vector x [d] at position p, interleaved pairs, by 2x2 rotations (seeds 002 sec. 1.5.4)."""
+    """One vector x [d] at position p, interleaved pairs, by 2x2 rotations (Su et al. 2021, RoFormer, arXiv:2104.09864, sec. 3.2)."""
     out = x.clone()
     d = x.numel()
     for k in range(d // 2):

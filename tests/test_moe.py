@@ -45,7 +45,7 @@ def test_token_choice_matches_a_per_token_loop(expert):
     flat, p = x.reshape(-1, D), probs(m, x).reshape(-1, 4)
     for n in range(flat.size(0)):
         top = torch.topk(p[n], 2).indices
-        w = p[n, top] / p[n, top].sum()  # softmax -> top-k -> renormalise (seeds 000 sec. 7.6)
+        w = p[n, top] / p[n, top].sum()  # softmax -> top-k -> renormalise (Lepikhin et al. 2020, GShard, arXiv:2006.16668)
         ref = sum(w[i] * m.experts[int(e)](flat[n]) for i, e in enumerate(top))
         torch.testing.assert_close(out[n], ref)
 
@@ -112,7 +112,7 @@ def test_shared_experts_see_every_token():
 
 
 def test_balanced_router_aux_loss_equals_top_k():
-    """Switch / GShard L_aux = E * sum_e f_e m_e (seeds 000 sec. 7.6) with f_e = tokens routed to
+    """Switch / GShard L_aux = E * sum_e f_e m_e (Fedus et al. 2021, arXiv:2101.03961, eq. 4) with f_e = tokens routed to
     e / tokens, counting all top_k assignments, and m_e = mean router probability of e. A perfectly
     balanced router has f_e = top_k / E and m_e = 1 / E, so L_aux = top_k (1 for top-1 Switch)."""
     for top_k in (1, 2):

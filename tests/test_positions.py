@@ -17,7 +17,7 @@ from abl.plugins.positions import (
 
 
 def ref_rope(x, start, theta, scale, layout):
-    """RoPE via complex multiplication, one pair at a time (seeds 002 sec. 1.5.4)."""
+    """RoPE via complex multiplication, one pair at a time (Su et al. 2021, RoFormer, arXiv:2104.09864, sec. 3.2)."""
     *lead, t, d = x.shape
     out = torch.empty_like(x)
     for p in range(t):
@@ -92,7 +92,7 @@ def test_rope_rotates_any_even_width_with_its_own_frequencies():
 
 
 def test_sinusoidal_matches_the_formula_element_by_element():
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...) (seeds 002 sec. 1.5.1)."""
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...) (Vaswani et al. 2017, arXiv:1706.03762, sec. 3.5)."""
     cfg = ModelConfig(d_model=10, n_heads=2)
     pos = SinusoidalPosition(cfg)
     x = torch.zeros(1, 6, 10)
@@ -119,7 +119,7 @@ def test_sinusoidal_has_no_length_limit():
 def test_alibi_slopes_as_in_the_paper():
     # Press et al. 2022 sec. 3: 8 heads -> 1/2, 1/4, ..., 1/256
     assert alibi_slopes(8) == pytest.approx([2.0 ** -k for k in range(1, 9)])
-    # 16 heads -> 2^(-h/2), the seeds 004 formula
+    # 16 heads -> 2^(-h/2): the geometric slopes of Press et al. 2021, ALiBi, arXiv:2108.12409, sec. 3
     assert alibi_slopes(16) == pytest.approx([2.0 ** (-h / 2) for h in range(1, 17)])
     # not a power of two (the paper's get_slopes): the 4-head slopes, then every
     # other slope of the 8-head sequence

@@ -5,7 +5,7 @@ import pytest
 
 from abl.analysis.scaling import ScalingFitError, fit
 
-# Hoffmann et al. 2022 eq. (10) / seeds 003 eq. (9.2)
+# Hoffmann et al. 2022 eq. (10)
 TRUE = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
 
 

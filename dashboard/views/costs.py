@@ -3,7 +3,7 @@
 The same rules as ``abl report`` (abl.present.report, abl.analysis.sections), from the
 same functions: parameters must agree exactly, FLOPs per step within 5% of
 torch's flop counter, peak tensor memory within the band in
-harness/costmodel.py. The page shows one summary row per figure (how many
+harness/model/costmodel.py. The page shows one summary row per figure (how many
 cells agree, the worst ratio) and lists only the checks that disagree; every
 row is in a folded table. A plot panel appears only for a figure that differs
 between the cells, and the scaling fit only over enough model sizes
@@ -75,7 +75,7 @@ if outliers:
 st.caption("Required: parameters exact; FLOPs per step within 5% of torch.utils.flop_counter on one step; "
            f"peak tensor memory (one whole training step, torch's MemTracker) within {MEMORY_BAND[0]:g}-"
            f"{MEMORY_BAND[1]:g}x of the prediction, which models the torch reference path. Predictions come "
-           "from the components' registered cost functions (harness/costmodel.py).")
+           "from the components' registered cost functions (harness/model/costmodel.py).")
 
 table["disagrees"] = table["agreement"].str.startswith("DISAGREES")
 with st.expander(f"Every check, one row per cell and figure ({len(table)} rows)", expanded=False):

@@ -23,7 +23,7 @@ DEFAULT_CELLS = charts.MAX_COLOURS  # as many as the palette tells apart (the be
 
 # The FLOPs axis, from the first of these a run records: cumulative training FLOPs at each
 # step; FLOPs of one training step (x step); forward FLOPs per token (x tokens x 3, backward
-# counted as twice the forward as in harness/cost.py).
+# counted as twice the forward as in harness/contracts/cost.py).
 FLOPS_CUMULATIVE = ("flops", "train_flops")
 FLOPS_PER_RUN = (("flops_per_step_measured", "step", 1.0), ("flops_per_step", "step", 1.0),
                  ("train_flops_per_token", "token", 1.0), ("flops_per_token", "token", 3.0))

@@ -5,7 +5,7 @@ A run that trained on a task records ``<task>_accuracy`` at every evaluation;
 is the accuracy curve of each cell (the mean over its seeds); the second is the
 final accuracy against ``model.d_model``, one line per mixer (the hybrid's
 ``model.layer_pattern`` or ``model.mixer``), with the 95% t-interval over
-seeds (harness/stats.py), one panel per value of any other varied setting
+seeds (harness/analysis/stats/__init__.py), one panel per value of any other varied setting
 (e.g. the number of key-value pairs). The table lists each cell's per-slice
 accuracies (MQAR: accuracy by number of pairs).
 """

@@ -172,7 +172,7 @@ def cost_command(**options):
 
     Parameters, FLOPs per token and per step, activation, parameter/optimizer
     and KV-cache memory, from the cost functions the components declare
-    (harness/costmodel.py).
+    (harness/model/costmodel.py).
     """
     from .cost import cost
 

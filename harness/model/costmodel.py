@@ -1,6 +1,6 @@
 """Model-level cost prediction from the components' declared cost functions.
 
-Every component declares the cost of ONE instance (``harness/cost.py``); this
+Every component declares the cost of ONE instance (``harness/contracts/cost.py``); this
 module assembles the whole model the way ``abl.model.decoder.DecoderLM`` builds it:
 
     embedding + position + n_layers x (block + block.norms x norm + mixer + ffn)
@@ -50,7 +50,7 @@ FP32_BYTES = 4
 ADAM_STATES = 2  # AdamW keeps two running moments per parameter (Loshchilov & Hutter 2019, arXiv:1711.05101, alg. 2)
 
 # Peak training memory: measured/predicted must lie in this band. Measured is
-# ``peak_tensor_bytes`` (harness/memory.py: live tensor storages over one whole
+# ``peak_tensor_bytes`` (harness/model/memory.py: live tensor storages over one whole
 # training step, on the torch reference path); predicted is ``train_peak_bytes``.
 # Calibration (CPU, every cell of the seven shipped grids, one step each, and
 # every built-in at the tests' tiny shapes): fp32 cells 1.01-1.04 (the residue
@@ -96,7 +96,7 @@ def component_cost(registry: Registry, axis: str, spec: dict[str, Any], *args) -
         raise CostModelError(
             f"{axis} {spec['name']!r} (plugin {comp.plugin!r}, {comp.package} {comp.version}) declares no "
             f"cost function, so its cost cannot be predicted; pass cost=... to register() "
-            f"(see harness/cost.py for the signature and conventions)")
+            f"(see harness/contracts/cost.py for the signature and conventions)")
     try:
         out = registry.call_with_position(comp.cost, *args, **dict(spec.get("params") or {}))
     except Exception as exc:  # noqa: BLE001 - name the component whatever went wrong

@@ -2,7 +2,7 @@
 ``decode`` and ``extrapolation`` post-training evaluations (abl.run.evaluations).
 
 Nothing here names a variant. Decoding uses the ``ForwardContext`` cache
-contract (harness/model.py, ``KVCache``): the whole prompt at
+contract (harness/model/decoder.py, ``KVCache``): the whole prompt at
 ``start=0`` with ``cache={}`` (prefill), then one token at a time with
 ``start`` = tokens already seen; every tensor reachable from ``ctx.cache`` is
 cache memory. Forwards run under the run's precision policy; its

@@ -3,7 +3,7 @@
 A cell's accuracy metrics are ``<dataset>_accuracy`` when it trained on a task
 and ``probe_<name>_accuracy`` per ``eval.probes`` entry; their per-slice parts
 (``..._accuracy_<slice>``, e.g. MQAR's accuracy by number of pairs) come
-along. Final values go through the statistics engine (harness/stats.py, the
+along. Final values go through the statistics engine (harness/analysis/stats/, the
 same summaries and tests as val_loss, with higher = better). The report adds
 accuracy curves and accuracy against model width, one line per mixer (one
 panel per value of any other grid path, e.g. the number of pairs).
@@ -271,7 +271,7 @@ def report_section(doc: Any, cells: list[Any], baseline: Any, db_path: str, cond
     doc.h(2, "Task accuracy")
     doc.p("Exact-match accuracy of the greedy prediction on the answer positions of fixed validation "
           "examples (the same for every cell), at the last step; higher is better. Statistics as for "
-          "val_loss (harness/stats.py): mean over seeds, 95% t-interval, Δ against the baseline with a "
+          "val_loss (harness/analysis/stats/): mean over seeds, 95% t-interval, Δ against the baseline with a "
           "paired or Welch t-test.")
     for metric, rows in rows_by_metric.items():
         slice_names = list(dict.fromkeys(s for r in rows for s in r["slices"]))

@@ -19,7 +19,7 @@ compared with the free memory of the device the cell will use:
 A grid that does not fit is refused (``AdmissionError``, exit status 2) with
 each cell that does not fit and its predicted peak; ``--force`` runs it anyway.
 Memory that does run out is recorded as ``oom``: the worker classifies its
-allocation errors (harness/worker.py), and ``oom_kills`` tells the parent when
+allocation errors (harness/run/worker.py), and ``oom_kills`` tells the parent when
 the kernel's OOM killer ended a worker.
 """
 

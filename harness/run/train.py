@@ -19,7 +19,7 @@ is flushed as each line is written); the trainer never touches the database.
 Recorded names:
 - every step: train_loss, lr, grad_norm, tokens_per_s, elapsed_s (+ any a
   component or the precision policy adds); step 2 runs under the tensor
-  tracker (harness/memory.py) and records peak_tensor_bytes and its parts
+  tracker (harness/model/memory.py) and records peak_tensor_bytes and its parts
   instead of tokens_per_s (eager cells only);
 - last step: train_tokens_per_s, the cell's true rate (every token trained
   in the loop over the loop's wall time, evaluations and checkpoints

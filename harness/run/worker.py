@@ -1,7 +1,7 @@
 """The per-cell worker process: ``python -m abl.run.worker RUN_DIR``.
 
 Reads ``RUN_DIR/config.json`` (a resolved cell config), trains, and writes
-only files in RUN_DIR (the protocol is harness/rundir.py); it never opens the
+only files in RUN_DIR (the protocol is harness/store/rundir.py); it never opens the
 database:
 
 - ``metrics.jsonl``: appended and flushed per line;

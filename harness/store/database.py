@@ -1,7 +1,7 @@
 """The DuckDB store: schema, numbered migrations, ingest of run folders, queries.
 
 Only one process writes the database: the ``abl run`` parent (or ``abl
-ingest``). Workers write run folders (see harness/rundir.py); the folders are
+ingest``). Workers write run folders (see harness/store/rundir.py); the folders are
 the source of truth and the database can be rebuilt from them with
 ``abl ingest``. Connections are opened briefly so readers are not blocked for
 long.

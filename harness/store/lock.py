@@ -15,7 +15,7 @@ shows. The file is never deleted: deleting it would let a process that opened
 the old file and one that creates a new file both hold "the" lock.
 
 The run folders' workers never take the lock: they never open the database
-(harness/rundir.py), and they are children of the holder, which does not
+(harness/store/rundir.py), and they are children of the holder, which does not
 hand the lock's descriptor down (Python opens files non-inheritable).
 """
 

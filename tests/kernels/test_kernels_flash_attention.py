@@ -59,7 +59,7 @@ def test_lse_is_the_row_logsumexp(device):
 
 def test_alibi_slopes_follow_the_paper():
     assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
-    assert torch.allclose(alibi_slopes(16)[:2], torch.tensor([2 ** -0.5, 2 ** -1.0]))  # seeds 004: 2^(-h/2)
+    assert torch.allclose(alibi_slopes(16)[:2], torch.tensor([2 ** -0.5, 2 ** -1.0]))  # Press et al. 2021 (ALiBi, arXiv:2108.12409, sec. 3): 2^(-h/2)
     assert alibi_slopes(6).shape == (6,)
 
 

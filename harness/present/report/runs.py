@@ -58,7 +58,7 @@ class Run:
 
     @property
     def data_key(self) -> tuple:
-        """What fixes the data order apart from the seed (see harness/stats.py)."""
+        """What fixes the data order apart from the seed (see harness/analysis/stats/)."""
         return (self.data_fingerprint, self.config["model"]["context"], self.config["train"]["batch_size"])
 
 

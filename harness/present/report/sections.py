@@ -270,7 +270,7 @@ def predicted_vs_measured_section(ctx: Context) -> None:
     doc.table(["cell", "params", "non-emb. params", "train FLOPs/step", "useful FLOPs/step",
                "params+grads+AdamW", "activations/step", catalogue.label("kv_bytes_per_token"), "tokens/s (measured)",
                "MFU (measured)"], prow,
-              "predicted from the components' cost functions (harness/costmodel.py) at each cell's batch size, "
+              "predicted from the components' cost functions (harness/model/costmodel.py) at each cell's batch size, "
               "context and precision; tokens/s: median over steps, mean over seeds; MFU: useful (model) FLOPs "
               "per token x tokens/s / the device peak the run recorded (on CPU measured at start-up with a "
               f"large matmul)." + (f" {CONTENDED_MARK}: a seed of the cell ran on a contended machine."
@@ -287,7 +287,7 @@ def predicted_vs_measured_section(ctx: Context) -> None:
               "saved for backward + the loss's fp32 logit gradient, on the torch reference path; measured = "
               "peak_tensor_bytes, the largest total of live tensor storages during one whole training step "
               "(torch's MemTracker, the same on every device); required: measured / predicted within "
-              f"{MEMORY_BAND[0]:g}-{MEMORY_BAND[1]:g} (the calibration is in harness/costmodel.py). The "
+              f"{MEMORY_BAND[0]:g}-{MEMORY_BAND[1]:g} (the calibration is in harness/model/costmodel.py). The "
               "device's own peak (CUDA allocation, or CPU peak RSS, which adds the runtime's fixed overhead) "
               f"is in the runs table as peak_mem_bytes. {cond}")
     cost_table = (["cell", "figure", "predicted", "measured", "measured / predicted", "agreement"],
