@@ -174,12 +174,60 @@ def test_extrapolation_skips_positions_that_cannot_go_longer(registry):
     val = torch.randint(0, VOCAB, (3000,))
     _, _, learned = build(registry, "mha", "learned")
     m, notes = extrapolation_metrics(learned, val, 16, 8, 4, CPU, FP32)
-    assert set(m) == set()
+    assert set(m) == {"val_loss_x1"}  # its trained length still has a figure
     assert len(notes) == 2 and all("max_positions" in n for n in notes)
     for position in ("rope", "alibi", "nope"):
         _, _, model = build(registry, "mha", position)
         m, notes = extrapolation_metrics(model, val, 16, 8, 4, CPU, FP32)
-        assert set(m) == {"val_loss_x2", "val_loss_x4"} and not notes
+        assert set(m) == {"val_loss_x1", "val_loss_x2", "val_loss_x4"} and not notes
+
+
+class Unigram(torch.nn.Module):
+    """The same next-token distribution at every position: its loss depends only on the targets scored."""
+
+    position = None
+
+    def __init__(self, counts):
+        super().__init__()
+        self.logp = torch.log(counts.float() / counts.sum())
+
+    def forward(self, idx, targets=None, ctx=None):
+        return self.logp.expand(idx.size(0), idx.size(1), -1), None, ctx
+
+
+def test_extrapolation_scores_identical_targets_at_every_scale():
+    """Only the context may change between 1x, 2x and 4x: a unigram model must score them alike.
+
+    The text drifts along the split (the first half draws from the low ids, the second from the high
+    ones), so windows that cover different stretches of it give a unigram model different losses.
+    """
+    g = torch.Generator().manual_seed(0)
+    val = torch.cat((torch.randint(0, VOCAB // 4, (1500,), generator=g),
+                     torch.randint(0, VOCAB, (1500,), generator=g)))
+    model = Unigram(torch.bincount(val, minlength=VOCAB) + 1)
+    m, notes = extrapolation_metrics(model, val, 16, 12, 4, CPU, FP32, scales=(1, 2, 4))
+    assert not notes
+    assert m["val_loss_x2"] == pytest.approx(m["val_loss_x1"], rel=1e-6)
+    assert m["val_loss_x4"] == pytest.approx(m["val_loss_x1"], rel=1e-6)
+
+
+def test_extrapolation_targets_do_not_depend_on_the_model_or_its_reach(registry):
+    """The scored targets are fixed by the data: a position that stops at 1x scores 1x on the same ones."""
+    from abl.model.decode import extrapolation_ends, scored_targets
+
+    val = torch.randint(0, VOCAB, (3000,))
+    ends = extrapolation_ends(len(val), 16, 8)
+    assert int(ends[0]) == 64 and int(ends[-1]) == len(val) - 1  # 4 x 16 tokens before the first end
+    targets = scored_targets(val, 16, ends)
+    assert targets.shape == (8, 16) and torch.equal(targets[0], val[49:65])
+    for position in ("learned", "rope"):
+        _, _, model = build(registry, "mha", position)
+        m, _ = extrapolation_metrics(model, val, 16, 8, 4, CPU, FP32)
+        with torch.no_grad():  # x1 by hand: each window's 16 inputs before its end, its 16 targets
+            x = val[ends[:, None] + torch.arange(-16, 0)[None, :]]
+            logits, _, _ = model(x, ctx=ForwardContext(position=model.position))
+            want = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+        assert m["val_loss_x1"] == pytest.approx(float(want), rel=1e-5)
 
 
 def test_extrapolation_notes_a_failing_length_and_carries_on(registry):
@@ -193,31 +241,17 @@ def test_extrapolation_notes_a_failing_length_and_carries_on(registry):
 
     model.forward = refuse_long
     m, notes = extrapolation_metrics(model, torch.randint(0, VOCAB, (3000,)), 16, 8, 4, CPU, FP32)
-    assert set(m) == set() and "RuntimeError: too long for this model" in notes[0]
+    assert set(m) == {"val_loss_x1"} and "RuntimeError: too long for this model" in notes[0]
 
 
 def test_extrapolation_needs_enough_validation_tokens(registry):
     _, _, model = build(registry, "mha", "rope")
     m, notes = extrapolation_metrics(model, torch.randint(0, VOCAB, (40,)), 16, 8, 4, CPU, FP32)
-    assert set(m) == {"val_loss_x2"} and "fewer than 65" in notes[0]
+    assert set(m) == {"val_loss_x1", "val_loss_x2"} and "fewer than 65" in notes[0]
 
 
-def test_extrapolation_at_1x_would_be_the_regular_val_loss(registry):
-    """Why val_loss_x1 is not recorded: on the same windows it equals the final val_loss."""
+def test_post_training_evaluations_record_the_scales_the_position_reaches(registry):
     from abl.data.corpus import Batches, TokenData
-    from abl.run.train import evaluate
-
-    _, _, model = build(registry, "gqa", "rope")
-    data = TokenData(torch.randint(0, VOCAB, (5000,)).numpy(), torch.randint(0, VOCAB, (3000,)).numpy(),
-                     VOCAB, "x", "random", "bytes")
-    batches = Batches(data, 16, 4, 0)
-    m, _ = extrapolation_metrics(model.eval(), batches.val, 16, 3 * 4, 4, CPU, FP32, scales=(1,))
-    assert m["val_loss_x1"] == pytest.approx(evaluate(model, batches, 3, FP32, CPU), rel=1e-6)
-
-
-def test_post_training_evaluations_skip_the_1x_window(registry):
-    from abl.data.corpus import Batches, TokenData
-    from abl.run.train import evaluate
 
     _, comps, model = build(registry, "gqa", "learned")
     data = TokenData(torch.randint(0, VOCAB, (5000,)).numpy(), torch.randint(0, VOCAB, (3000,)).numpy(),
@@ -228,7 +262,7 @@ def test_post_training_evaluations_skip_the_1x_window(registry):
                      device=CPU)
     m, notes = run_evaluations(run, EvalConfig(extrapolation=True))
     assert model.training  # left as it was
-    assert "val_loss_x1" not in m  # computed once, as the final val_loss
+    assert "val_loss_x1" in m  # the trained length, on the targets x2/x4 would score
     assert "val_loss_x2" not in m and "val_loss_x4" not in m
     assert any("val_loss_x2 not recorded" in n for n in notes)
     assert {"kv_bytes_per_token", "kv_bytes_per_token_measured", "decode_tokens_per_s",
@@ -256,8 +290,7 @@ def test_training_run_records_decode_and_extrapolation(registry):
     summary = train(expand(grid, registry).cells[0], registry, Sink())
     last = {k: v for step, m in Sink.rows if step == 2 for k, v in m.items()}
     assert last["kv_bytes_per_token"] == last["kv_bytes_per_token_measured"] == 2 * 8 * 4
-    assert {"decode_tokens_per_s", "prefill_tokens_per_s", "val_loss"} <= set(last)
-    assert "val_loss_x1" not in last
+    assert {"decode_tokens_per_s", "prefill_tokens_per_s", "val_loss", "val_loss_x1"} <= set(last)
     assert "val_loss_x4" not in last
     assert any("val_loss_x4 not recorded" in n and "max_positions" in n for n in summary["notes"])
 

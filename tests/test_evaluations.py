@@ -20,7 +20,7 @@ def test_every_built_in_evaluation_has_a_switch_and_every_switch_an_evaluation()
                 for f in dataclasses.fields(EvalConfig)}
     # decode is cheap and on; extrapolation's longer windows are on where a grid asks; probes: a list, off while empty
     assert defaults == {"decode": True, "extrapolation": False, "probes": []}
-    assert EVALUATIONS["extrapolation"].metrics == ("val_loss_x2", "val_loss_x4")
+    assert EVALUATIONS["extrapolation"].metrics == ("val_loss_x1", "val_loss_x2", "val_loss_x4")
     assert "decode_agreement" in EVALUATIONS["decode"].metrics
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol, Sequence
 
@@ -48,6 +49,8 @@ class RunRecord:
     config: dict
     data_fingerprint: str
     final: dict = field(default_factory=dict)  # metric -> final value
+    # what its validation figures were scored on (info.json "scored_targets", abl.run.evaluations); {}: unknown
+    scored_targets: dict = field(default_factory=dict)
 
 
 class VerdictError(Exception):
@@ -197,8 +200,34 @@ def analyse_runs(runs: Sequence[RunLike], *, metric: str = "val_loss", order: Se
     """Cells, their analysis and the sentence naming the comparisons: what every verdict table shows."""
     cells = cell_inputs(runs, metric, order)
     comps, what = choose_comparisons(cells, baseline=baseline, pairs=pairs, by=by)
-    return cells, stats.analyse(cells, comps, bootstrap=bootstrap, correction=correction,
-                                lower_is_better=lower_is_better(metric)), what
+    analysis = stats.analyse(cells, comps, bootstrap=bootstrap, correction=correction,
+                             lower_is_better=lower_is_better(metric))
+    flag_different_targets(runs, metric, analysis)
+    return cells, analysis, what
+
+
+NOT_COMPARABLE = "not comparable: scored on different validation targets"
+
+
+def flag_different_targets(runs: Sequence[RunLike], metric: str, analysis: stats.Analysis) -> None:
+    """A difference between cells scored on different validation targets is partly a difference in the text:
+    such a comparison's verdict says so, with the reason. What a run was scored on is its ``scored_targets``
+    fingerprint of the figure (abl.run.evaluations); runs that do not say are not judged."""
+    key = ("extrapolation" if re.fullmatch(r"val_(loss|bpb)_x\d+", metric) else "val_bpb" if metric == "val_bpb"
+           else "val_loss" if metric == "val_loss" or re.fullmatch(r"(?!probe_).+_accuracy(_.+)?", metric) else None)
+    scored: dict[Hashable, set] = {}
+    for r in runs:
+        fp = (getattr(r, "scored_targets", None) or {}).get(key) if key else None
+        if fp and r.status == COMPLETED:
+            scored.setdefault(r.cell_key, set()).add(fp)
+    for c in analysis.comparisons:
+        a, b = scored.get(c.a, set()), scored.get(c.b, set())
+        if a and b and (a != b or len(a) > 1):
+            c.verdict = NOT_COMPARABLE
+            reason = (f"{metric} of {c.a_label} and {c.b_label} was scored on different validation targets "
+                      f"(fingerprints {', '.join(sorted(x[:8] for x in a | b))}: another tokenizer, context, data, "
+                      "number of evaluation windows, or a run from before the windows were fixed)")
+            c.note = f"{c.note}; {reason}" if c.note else reason
 
 
 # ---------------------------------------------------------------- power for a planned effect

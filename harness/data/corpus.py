@@ -215,17 +215,22 @@ class Batches:
 
     The training order depends only on the seed, so two cells with the same
     seed see the same data in the same order (comparisons can pair by seed).
-    Validation windows are evenly spaced and identical for every cell.
-    The training tokens stay where they are (a memory-mapped token store, see
+    Validation windows are evenly spaced and identical for every cell: an
+    evaluation batch is ``val_batch_size`` windows (the global
+    ``train.batch_size``), whatever the number of processes, while
+    ``batch_size`` is this process's share of a training step. The training
+    tokens stay where they are (a memory-mapped token store, see
     abl.data.tokenstore): each batch gathers only its windows.
     """
 
-    def __init__(self, data: TokenData, context: int, batch_size: int, seed: int, stream: int = 0):
+    def __init__(self, data: TokenData, context: int, batch_size: int, seed: int, stream: int = 0,
+                 val_batch_size: int | None = None):
         import torch
 
         self.torch = torch
         self.context = context
         self.batch_size = batch_size
+        self.val_batch_size = val_batch_size or batch_size
         self.train_tokens = data.train
         self.val = torch.from_numpy(np.asarray(data.val, dtype=np.int64))
         self.val_bytes = data.val_bytes
@@ -247,25 +252,49 @@ class Batches:
 
     def _val_starts(self, n_batches: int):
         hi = len(self.val) - self.context - 1
-        return self.torch.linspace(0, hi, n_batches * self.batch_size).long()
+        return self.torch.linspace(0, hi, n_batches * self.val_batch_size).long()
 
     def val_batches(self, n_batches: int):
+        """The windows of ``n_batches`` evaluation batches, in order, in pieces of ``batch_size`` windows
+        (one piece per batch in a single process; ``val_batch_size / batch_size`` pieces per batch in each
+        process of a multi-process cell)."""
         starts = self._val_starts(n_batches)
-        for i in range(n_batches):
-            yield self._windows(self.val, starts[i * self.batch_size:(i + 1) * self.batch_size])
+        for i in range(0, len(starts), self.batch_size):
+            yield self._windows(self.val, starts[i:i + self.batch_size])
+
+    def val_targets(self, n_batches: int):
+        """The target token ids [windows, context] that ``val_batches(n_batches)`` scores."""
+        return self._windows(self.val, self._val_starts(n_batches))[1]
 
     def val_target_counts(self, n_batches: int) -> tuple[int, int] | None:
         """(tokens, bytes of validation text they cover) over the targets of ``val_batches(n_batches)``.
 
         None when the data does not say which bytes its tokens cover (pre-tokenised data).
         """
+        spans = self.val_byte_spans(n_batches)
+        if spans is None:
+            return None
+        return len(spans) * self.context, int((spans[:, 1] - spans[:, 0]).sum())
+
+    def val_byte_spans(self, n_batches: int) -> np.ndarray | None:
+        """[windows, 2]: the [first, end) byte offsets in the validation text that each window's targets cover
+        (None for pre-tokenised data)."""
         if self.val_bytes is None:
             return None
         cum = np.concatenate([[0], np.cumsum(np.asarray(self.val_bytes, dtype=np.int64))])
         starts = self._val_starts(n_batches).numpy()
         # the targets of a window starting at s are tokens s+1 .. s+context
-        n_bytes = int((cum[starts + self.context + 1] - cum[starts + 1]).sum())
-        return len(starts) * self.context, n_bytes
+        return np.stack([cum[starts + 1], cum[starts + self.context + 1]], axis=1)
+
+
+def targets_fingerprint(targets, of: str = "") -> str:
+    """sha256 of scored target ids or byte offsets (an integer array or tensor, any shape) and ``of`` (what
+    they index, e.g. a corpus fingerprint): the identity of what a figure was scored on. Two runs with the
+    same fingerprint were scored on the same targets in the same order."""
+    a = np.ascontiguousarray(np.asarray(targets, dtype=np.int64))
+    h = hashlib.sha256(f"abl-targets-v1;of={of};shape={list(a.shape)};".encode())
+    h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def bits_per_byte(nats_per_token: float, counts: tuple[int, int] | None) -> float | None:

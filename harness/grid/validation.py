@@ -21,7 +21,7 @@ from ..contracts.config import (
     stored_components,
 )
 from ..contracts.registry import AXES, Registry, RegistryError
-from ..data.tasks import resolve_probes
+from ..data.tasks import is_task_factory, resolve_probes
 from .labels import grid_label
 
 
@@ -278,6 +278,17 @@ def _cross_axis_errors(components: dict[str, Any], model: ModelConfig, registry:
     return errs
 
 
+def extrapolation_errors(components: dict[str, Any], eval_config: Any, registry: Registry) -> list[str]:
+    """``eval.extrapolation`` scores text at longer contexts; a task's val_loss is on its answer positions
+    only, so the longer windows would record a different quantity: refused before anything trains."""
+    dataset = components.get("dataset", {}).get("name")
+    if not eval_config.extrapolation or dataset is None or not is_task_factory(registry.get("dataset", dataset).factory):
+        return []
+    return [f"eval.extrapolation = true: dataset {dataset!r} is a task, whose val_loss is taken on its answer "
+            "positions only, so val_loss_x1/x2/x4 over every position of longer windows would measure something "
+            "else; set eval.extrapolation = false (a task's accuracy at another length: a grid over model.context)"]
+
+
 def _resolved_config(sections: dict[str, Any], seed: int, components: dict[str, Any],
                      probes: list) -> dict[str, Any]:
     """The resolved config as stored in the run folder (abl.contracts.config: each component named once)."""
@@ -311,7 +322,8 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
     errs += e
     if errs:
         return None, errs
-    errs = _cross_axis_errors(components, model, registry)
+    errs = _cross_axis_errors(components, model, registry) + extrapolation_errors(components, sections["eval"],
+                                                                                   registry)
     if errs:
         return None, errs
     config = _resolved_config(sections, seed, components, probes)

@@ -22,14 +22,20 @@ Metrics (logged once, at the last training step):
 - ``decode_agreement``: the fraction of greedy tokens that one full forward
   over the generated sequence also picks (1.0 = cached decoding reproduces
   recomputation);
-- ``val_loss_x2`` / ``_x4``: mean validation cross-entropy on windows of 2
-  and 4 times the training context (the same number of tokens at every
-  length, in batches whose score matrices are no larger than the regular
-  evaluation's). At 1x it would be the regular final ``val_loss`` on the
-  same windows, so it is not computed again: compare x2/x4 with ``val_loss``.
-  A position component that cannot go past a length says so with a
-  ``max_positions`` attribute; that length is skipped with a note, and so is
-  any length whose forward raises.
+- ``val_loss_x1`` / ``_x2`` / ``_x4``: mean validation cross-entropy on the
+  same target tokens at every scale, with only the context before them
+  changing: windows ending at evenly spaced points of the validation split,
+  each scoring its last ``context`` targets, fed with ``context``, 2x and 4x
+  ``context`` tokens (the last ``context`` positions of a forward of k x
+  ``context`` tokens), in batches whose score matrices are no larger than the
+  regular evaluation's. ``val_loss_x1`` is the model at its trained length on
+  these targets: compare x2/x4 with it, not with ``val_loss``, whose windows
+  start anywhere in the split (so it differs from ``val_loss_x1`` by the
+  text, not by the model). The scored targets depend only on the validation
+  tokens, the context and the number of windows (``extrapolation_ends``), never
+  on the model. A position component that cannot go past a length says so
+  with a ``max_positions`` attribute; that length is skipped with a note, and
+  so is any length whose forward raises.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import torch.nn.functional as F
 from ..contracts.precision import Precision
 from .decoder import DecoderLM, ForwardContext
 
-EXTRAPOLATION_SCALES = (2, 4)  # 1x is the final val_loss, not computed twice
+EXTRAPOLATION_SCALES = (1, 2, 4)  # multiples of the trained context; the targets are the same at each
 
 
 def cache_bytes(cache: Any) -> int:
@@ -197,43 +203,66 @@ def decode_metrics(model: DecoderLM, model_config, components: dict, registry, v
     return metrics, notes
 
 
+def extrapolation_ends(n_val: int, context: int, n_windows: int, scales=EXTRAPOLATION_SCALES) -> torch.Tensor | None:
+    """Where each extrapolation window ends: ``n_windows`` evenly spaced indices ``e`` of the validation
+    split, each with ``longest * context`` tokens before it (``longest``: the largest of ``scales`` the
+    split holds), so the window of every scale k feeds ``val[e - k*context : e]`` and scores the targets
+    ``val[e - context + 1 : e + 1]``. None when not even 1x fits."""
+    fits = [k for k in scales if n_val >= k * context + 1]
+    if not fits:
+        return None
+    return torch.linspace(max(fits) * context, n_val - 1, n_windows).long()
+
+
+def scored_targets(val: torch.Tensor, context: int, ends: torch.Tensor) -> torch.Tensor:
+    """The target token ids [n_windows, context] every scale scores (the last ``context`` of each window)."""
+    return val[ends[:, None] + torch.arange(1 - context, 1)[None, :]]
+
+
 @torch.no_grad()
 def extrapolation_metrics(model: DecoderLM, val: torch.Tensor, context: int, n_sequences: int,
                           batch_size: int, device: torch.device, precision: Precision,
                           scales=EXTRAPOLATION_SCALES) -> tuple[dict, list[str]]:
-    """val_loss_x{k}: mean cross-entropy on evenly spaced validation windows of k * context tokens.
+    """val_loss_x{k}: mean cross-entropy on the same ``n_sequences`` x ``context`` target tokens at every
+    scale k, predicted from k * context tokens of input (the module docstring says how).
 
-    Each length sees the same number of tokens: n_sequences / k windows. They
-    run in batches of batch_size / k^2 windows, so a batch's T x T score
-    matrices are no larger than the regular evaluation's and this evaluation
-    does not raise the run's peak memory.
+    The targets are fixed by the longest scale the validation split holds
+    (``extrapolation_ends``), whatever the model; a scale the model's
+    positions cannot reach is skipped with a note and leaves the others'
+    targets as they are. A scale runs in batches of batch_size / k^2 windows,
+    so a batch's T x T score matrices are no larger than the regular
+    evaluation's and this evaluation does not raise the run's peak memory.
     """
     metrics, notes = {}, []
     limit = getattr(model.position, "max_positions", None)
+    fits = [k for k in scales if len(val) >= k * context + 1]
     for k in scales:
+        if k not in fits:
+            notes.append(f"val_loss_x{k} not recorded: the validation split has {len(val)} tokens, "
+                         f"fewer than {k * context + 1}")
+    ends = extrapolation_ends(len(val), context, n_sequences, scales)
+    if ends is None:
+        return metrics, notes
+    for k in fits:
         length = k * context
         name = f"val_loss_x{k}"
         if limit is not None and length > limit:
             notes.append(f"{name} not recorded: the position encoding covers {limit} positions "
                          f"(max_positions), the evaluation needs {length}")
             continue
-        if len(val) < length + 1:
-            notes.append(f"{name} not recorded: the validation split has {len(val)} tokens, "
-                         f"fewer than {length + 1}")
-            continue
-        n = max(1, n_sequences // k)
         bs = max(1, batch_size // (k * k))
-        starts = torch.linspace(0, len(val) - length - 1, n).long()
-        idx = starts[:, None] + torch.arange(length + 1)[None, :]
+        idx = ends[:, None] + torch.arange(-length, 1)[None, :]  # inputs val[e-length : e], targets to e
         total, count = 0.0, 0
         try:
-            for i in range(0, n, bs):
+            for i in range(0, len(ends), bs):
                 w = val[idx[i:i + bs]].to(device)
                 with precision.autocast(device):
                     logits, _, _ = model(w[:, :-1], ctx=ForwardContext(position=model.position))
-                ce = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1))
-                total += float(ce) * w.size(0)
-                count += w.size(0)
+                scored = logits[:, -context:].float()
+                ce = F.cross_entropy(scored.reshape(-1, scored.size(-1)), w[:, -context:].reshape(-1),
+                                     reduction="sum")
+                total += float(ce)
+                count += w.size(0) * context
         except (ValueError, IndexError, RuntimeError) as exc:
             notes.append(f"{name} not recorded: the model cannot run {length} tokens "
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")

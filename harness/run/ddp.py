@@ -13,8 +13,10 @@ class Distributed:
 
     One process per GPU with NCCL on CUDA, gloo on CPU. ``train.batch_size`` is
     the global batch: each rank draws ``batch_size / world`` sequences from its
-    own seeded stream. Only rank 0 evaluates, logs and checkpoints. With one
-    process every method is a no-op.
+    own seeded stream. Validation scores the same windows as one process would
+    (abl.run.train.evaluate: each rank scores a share and the sums are
+    all-reduced); only rank 0 runs the post-training evaluations, logs and
+    checkpoints. With one process every method is a no-op.
     """
 
     def __init__(self) -> None:
@@ -50,6 +52,15 @@ class Distributed:
         t = torch.tensor([value], dtype=torch.float64, device=device)
         dist.all_reduce(t)
         return float(t.item()) / self.world
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of ``t`` over the processes (``t`` itself with one)."""
+        if not self.enabled:
+            return t
+        import torch.distributed as dist
+
+        dist.all_reduce(t)
+        return t
 
     def gather(self, obj: Any) -> list[Any]:
         if not self.enabled:

@@ -13,7 +13,9 @@ the trained run: ``run_evaluations`` turns an exception into a note.
 
 - ``decode``: prefill_tokens_per_s, decode_tokens_per_s, kv_bytes_per_token,
   kv_bytes_per_token_measured, kv_cache_bytes_measured, decode_agreement;
-- ``extrapolation``: val_loss_x2, val_loss_x4 (1x is the final val_loss; what each means: abl.model.decode);
+- ``extrapolation``: val_loss_x1, val_loss_x2, val_loss_x4, on the same target tokens with 1, 2 and 4 times
+  the trained context before them (abl.model.decode); text data only (a task's loss is on its answer positions:
+  the grid's validation refuses it there);
 - ``probes``: its switch is the list ``eval.probes`` of task names (empty: off);
   probe_<name>_accuracy, probe_<name>_example_accuracy, probe_<name>_loss and
   per-slice probe_<name>_accuracy_<slice> (abl.data.tasks).
@@ -29,8 +31,14 @@ import torch
 from ..contracts.config import Cell, EvalConfig
 from ..contracts.precision import Precision
 from ..contracts.registry import Registry
-from ..data.corpus import Batches
-from ..model.decode import EXTRAPOLATION_SCALES, decode_metrics, extrapolation_metrics
+from ..data.corpus import Batches, targets_fingerprint
+from ..model.decode import (
+    EXTRAPOLATION_SCALES,
+    decode_metrics,
+    extrapolation_ends,
+    extrapolation_metrics,
+    scored_targets,
+)
 from ..model.decoder import DecoderLM
 
 Result = tuple[dict[str, float], list[str]]
@@ -91,11 +99,15 @@ def decode(run: TrainedRun) -> Result:
 
 @register_evaluation("extrapolation", metrics=tuple(f"val_loss_x{k}" for k in EXTRAPOLATION_SCALES))
 def extrapolation(run: TrainedRun) -> Result:
-    """Validation loss on windows of 2 and 4 times the trained context (1x is the final val_loss)."""
-    bs = run.batches.batch_size
-    # as many tokens per length as the regular evaluation: at 1x these windows are its val_loss
+    """Validation loss on the same targets with 1, 2 and 4 times the trained context before them."""
+    if getattr(run.batches, "task", None) is not None:  # a TaskBatches (abl.run.taskdata)
+        return {}, ["extrapolation metrics not recorded: the dataset is a task, whose val_loss is on its answer "
+                    "positions only (set eval.extrapolation = false)"]
+    # as many targets as the regular evaluation scores (its global batch, whatever the number of
+    # processes), in forwards no larger than a training step's
     return extrapolation_metrics(run.model, run.batches.val, run.cell.model.context,
-                                 run.cell.train.eval_batches * bs, bs, run.device, run.precision)
+                                 run.cell.train.eval_batches * run.batches.val_batch_size, run.batches.batch_size,
+                                 run.device, run.precision)
 
 
 @register_evaluation("probes", metrics=())  # the names depend on the probes: probe_<name>_accuracy, ...
@@ -103,8 +115,26 @@ def probes(run: TrainedRun) -> Result:
     """Accuracy (and loss on the answer positions) of the trained model on each task of eval.probes."""
     from .taskdata import probe_metrics
 
-    return probe_metrics(run.model, run.cell, run.registry, run.batches.batch_size, run.cell.train.eval_batches,
+    # the global batch: a multi-process cell probes the examples of its single-process twin
+    return probe_metrics(run.model, run.cell, run.registry, run.batches.val_batch_size, run.cell.train.eval_batches,
                          run.precision, run.device)
+
+
+def scored_targets_fingerprints(batches: Batches, cell: Cell, corpus: str = "") -> dict[str, str]:
+    """What a run's validation figures are scored on, as fingerprints (abl.data.corpus.targets_fingerprint),
+    stored in its info.json as ``scored_targets``; the analysis flags a comparison across different ones
+    (abl.analysis.verdicts). Keys: ``val_loss`` (the target ids of the regular evaluation, which a task's
+    accuracy metrics share), ``val_bpb`` (the byte spans of ``corpus`` those targets cover) and
+    ``extrapolation`` (the target ids every ``val_loss_x<k>`` scores), each only where it is recorded."""
+    n = cell.train.eval_batches
+    out = {"val_loss": targets_fingerprint(batches.val_targets(n))}
+    spans = batches.val_byte_spans(n) if getattr(batches, "val_bytes", None) is not None else None
+    if spans is not None:
+        out["val_bpb"] = targets_fingerprint(spans, of=corpus)
+    ends = extrapolation_ends(len(batches.val), cell.model.context, n * batches.val_batch_size)
+    if cell.eval.extrapolation and getattr(batches, "task", None) is None and ends is not None:
+        out["extrapolation"] = targets_fingerprint(scored_targets(batches.val, cell.model.context, ends))
+    return out
 
 
 def switched_on(switches: EvalConfig) -> list[Evaluation]:

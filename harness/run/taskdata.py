@@ -40,11 +40,13 @@ class TaskBatches(Batches):
     end to end, the flat stream the decode and extrapolation evaluations read.
     """
 
-    def __init__(self, task: Task, context: int, batch_size: int, seed: int, stream: int = 0):
+    def __init__(self, task: Task, context: int, batch_size: int, seed: int, stream: int = 0,
+                 val_batch_size: int | None = None):
         self.torch = torch
         self.task = task
         self.context = context
         self.batch_size = batch_size
+        self.val_batch_size = val_batch_size or batch_size  # an evaluation batch: the global batch (abl.data.corpus)
         self.gen = torch.Generator().manual_seed(10_007 * seed + 1 + 7_919 * stream)
         self._val: dict[tuple[int, int], Examples] = {}
         self.train = torch.empty(0, dtype=torch.long)
@@ -69,16 +71,20 @@ class TaskBatches(Batches):
         return self._val[key]
 
     def val_batches(self, n_batches: int):
-        x, y = self._tensors(self.validation(n_batches * self.batch_size))
-        for i in range(n_batches):
-            yield x[i * self.batch_size:(i + 1) * self.batch_size], y[i * self.batch_size:(i + 1) * self.batch_size]
+        x, y = self._tensors(self.validation(n_batches * self.val_batch_size))
+        for i in range(0, x.size(0), self.batch_size):
+            yield x[i:i + self.batch_size], y[i:i + self.batch_size]
+
+    def val_targets(self, n_batches: int):
+        return self._tensors(self.validation(n_batches * self.val_batch_size))[1]
 
 
-def make_batches(data: Any, context: int, batch_size: int, seed: int, stream: int = 0) -> Batches:
+def make_batches(data: Any, context: int, batch_size: int, seed: int, stream: int = 0,
+                 val_batch_size: int | None = None) -> Batches:
     """The trainer's batches: ``TaskBatches`` for a task, ``Batches`` for token data."""
     if isinstance(data, Task):
-        return TaskBatches(data, context, batch_size, seed, stream)
-    return Batches(data, context, batch_size, seed, stream)
+        return TaskBatches(data, context, batch_size, seed, stream, val_batch_size)
+    return Batches(data, context, batch_size, seed, stream, val_batch_size)
 
 
 # ---------------------------------------------------------------- accuracy
@@ -146,7 +152,7 @@ def task_metrics(model: Any, batches: Batches, n_batches: int, precision: Any, d
     """The task's accuracy metrics at an evaluation (``n_batches`` batches per slice); {} for token data."""
     if not isinstance(batches, TaskBatches):
         return {}
-    return accuracy_metrics(model, batches, n_batches * batches.batch_size, precision, device,
+    return accuracy_metrics(model, batches, n_batches * batches.val_batch_size, precision, device,
                             metric_prefix(dataset))
 
 

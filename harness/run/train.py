@@ -54,7 +54,7 @@ from ..contracts.config import Cell
 from ..contracts.precision import Precision
 from ..contracts.registry import Registry
 from ..data.corpus import Batches, TokenData, bits_per_byte
-from ..data.tasks import Task
+from ..data.tasks import IGNORE_INDEX, Task
 from ..kernels import KernelBackend
 from ..kernels import resolve as resolve_kernels
 from ..model.decoder import DecoderLM, ForwardContext
@@ -64,7 +64,7 @@ from ..store.provenance import device_name
 from .checkpoint import load_checkpoint, save_checkpoint
 from .compiled import Compiled, compile_warmup
 from .ddp import Distributed
-from .evaluations import TrainedRun, run_evaluations
+from .evaluations import TrainedRun, run_evaluations, scored_targets_fingerprints
 from .measure import LoopShare, cpu_peak_rss_bytes, measure_costs, memory_metrics, mfu, mfu_costs, peak_mem_bytes
 from .optim import lr_at, make_optimizer, set_lr
 from .taskdata import make_batches, task_metrics
@@ -99,18 +99,34 @@ def seed_everything(seed: int) -> None:
 
 @torch.no_grad()
 def evaluate(model: DecoderLM, batches: Batches, n_batches: int, precision: Precision,
-             device: torch.device) -> float:
-    """Mean cross-entropy over the first ``n_batches`` validation batches (the same for every cell)."""
+             device: torch.device, dist: Distributed | None = None) -> float:
+    """Mean over ``n_batches`` fixed validation batches (the same for every cell) of each batch's mean
+    cross-entropy on its scored targets.
+
+    A batch is ``batches.val_batch_size`` windows, the global ``train.batch_size``, whatever the
+    number of processes, so a multi-process cell is scored on the windows of its single-process twin:
+    each process scores every ``world``-th piece of ``batches.batch_size`` windows, and the per-batch
+    sums of loss and scored targets are all-reduced (every process must call it).
+    """
+    rank, world = (dist.rank, dist.world) if dist is not None else (0, 1)
+    pieces = max(1, batches.val_batch_size // batches.batch_size)  # pieces of one batch
+    sums = torch.zeros(n_batches, 2, dtype=torch.float64)  # per batch: loss x targets, targets
     model.eval()
-    total = 0.0
-    for x, y in batches.val_batches(n_batches):
+    for i, (x, y) in enumerate(batches.val_batches(n_batches)):
+        if i % world != rank:
+            continue
         x, y = x.to(device), y.to(device)
         with precision.autocast(device):
             ctx = ForwardContext(position=model.position)
             model(x, y, ctx)
-        total += float(ctx.metrics["ce_loss"])
+        scored = int((y != IGNORE_INDEX).sum())
+        if not scored:  # a piece with no answer position: its mean loss is undefined
+            continue
+        sums[i // pieces] += torch.tensor([float(ctx.metrics["ce_loss"]) * scored, scored], dtype=torch.float64)
     model.train()
-    return total / n_batches
+    if dist is not None and dist.enabled:
+        sums = dist.sum(sums.to(device)).cpu()
+    return float((sums[:, 0] / sums[:, 1].clamp(min=1)).mean())
 
 
 def _to_float(v: Any) -> float:
@@ -197,7 +213,7 @@ def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> 
     run = TrainingRun(cell=cell, registry=registry, dist=dist, device=device, kernels=kernels, data=data,
                       precision=precision, core=core, model=model, optimizer=optimizer,
                       batches=make_batches(data, mc.context, tc.batch_size // dist.world, cell.seed,
-                                           stream=dist.rank),
+                                           stream=dist.rank, val_batch_size=tc.batch_size),
                       baseline_rss_bytes=baseline_rss,
                       shapes=ShapeCache(shape_cache, shape_key(cell, tc.batch_size // dist.world, dist.world,
                                                                kernels.name, device_name(device),
@@ -221,6 +237,10 @@ def run_info(run: TrainingRun) -> dict[str, Any]:
         # tokenizer params and fingerprint, corpus fingerprint, token store entry (a task has none)
         **(run.data.meta if isinstance(run.data, TokenData) else {}),
         "vocab_size": mc.vocab_size,
+        # what its validation figures are scored on (abl.analysis.verdicts flags a comparison across them)
+        "scored_targets": scored_targets_fingerprints(
+            run.batches, run.cell, str(run.data.meta.get("corpus_fingerprint", "")) if isinstance(run.data, TokenData)
+            else ""),
         # abl.analysis.health; a task's loss is on its answer positions only, where a unigram floor means nothing
         "unigram_floor": unigram_floor(run.data.train, run.data.val, mc.vocab_size)
         if isinstance(run.data, TokenData) else None,
@@ -342,8 +362,12 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
         row.update(reported_metrics(step_metrics, ctx))
         if step % tc.eval_every == 0:
             share.sample()
-        if run.dist.is_main and (step % tc.eval_every == 0 or step == tc.steps):
-            row["val_loss"] = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device)
+        evaluating = step % tc.eval_every == 0 or step == tc.steps
+        # every process scores its share of the validation windows; rank 0 records
+        val_loss = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device,
+                            run.dist) if evaluating else None
+        if run.dist.is_main and evaluating:
+            row["val_loss"] = val_loss
             bpb = bits_per_byte(row["val_loss"], run.batches.val_target_counts(tc.eval_batches)) \
                 if getattr(run.batches, "val_bytes", None) is not None else None  # a task's batches: no text
             if bpb is not None:

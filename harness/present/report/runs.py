@@ -23,7 +23,8 @@ FINAL_NAMES = ("n_params", "n_params_non_embedding", "peak_mem_bytes", "peak_ten
                "flops_per_step_measured", "device_peak_flops", "mfu", "hfu", "val_loss", "val_bpb",
                "tokens_per_s", "train_tokens_per_s", "compile_s",
                "unigram_floor", "did_not_learn", "loss_spikes", "max_loss_spike",  # these 4: abl.analysis.health
-               sections.CONTENDED, "cpu_util", "load_per_core")  # these 3: the machine's contention
+               sections.CONTENDED, "cpu_util", "load_per_core",  # these 3: the machine's contention
+               "val_loss_x1", "val_loss_x2", "val_loss_x4")  # eval.extrapolation (abl.model.decode)
 
 
 class ReportError(Exception):
@@ -55,6 +56,11 @@ class Run:
     @property
     def tokens_per_step(self) -> int:
         return int(self.config["train"]["batch_size"]) * int(self.config["model"]["context"])
+
+    @property
+    def scored_targets(self) -> dict:
+        """Fingerprints of what its validation figures were scored on (abl.analysis.verdicts)."""
+        return self.env.get("scored_targets") or {}
 
     @property
     def data_key(self) -> tuple:
@@ -199,6 +205,9 @@ def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPH
     inputs = _inputs(cells, metric)
     analysis = stats.analyse(inputs, stats.against_baseline([c.key for c in cells], baseline.key), alpha=alpha,
                              bootstrap=bootstrap, lower_is_better=catalogue.lower_is_better(metric))
+    from ...analysis.verdicts import flag_different_targets
+
+    flag_different_targets([r for c in cells for r in c.runs], metric, analysis)
     comps = {cr.a: cr for cr in analysis.comparisons}
     out = []
     for c, row in zip(cells, analysis.cells):

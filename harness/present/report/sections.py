@@ -125,6 +125,7 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
     quality_vs_cost_section(ctx)
     predicted_vs_measured_section(ctx)
     fit, pts, fit_note = scaling_section(ctx)
+    extrapolation_section(ctx)
     task_accuracy_section(ctx)
     run_notes_section(ctx)
     return Report(title, source, db_path, cells, base, ctx.stat_rows, ctx.cost_rows, fit, pts, fit_note, ctx.doc)
@@ -349,6 +350,32 @@ def scaling_section(ctx: Context) -> tuple[Any, list, str]:
     elif pts:
         doc.p(f"No scaling fit: {fit_note}.")
     return fit, pts, fit_note
+
+
+EXTRAPOLATION = ("val_loss_x1", "val_loss_x2", "val_loss_x4")
+
+
+def extrapolation_section(ctx: Context) -> None:
+    """Length extrapolation (``eval.extrapolation``), when any completed run recorded it: per cell the mean
+    over seeds at 1x, 2x and 4x the trained context, on the same targets, and the change from 1x."""
+    cells = ctx.cells
+    if not any(r.final.get(m) is not None for c in cells for r in c.completed for m in EXTRAPOLATION):
+        return
+    ctx.doc.h(2, "Length extrapolation")
+    rows = []
+    for c in cells:
+        mean = {m: (sum(vs) / len(vs) if vs else None) for m in EXTRAPOLATION
+                for vs in [[r.final[m] for r in c.completed if r.final.get(m) is not None]]}
+        x1 = mean["val_loss_x1"]
+        rows.append([c.label, len(c.completed), *[stats.fmt(mean[m]) for m in EXTRAPOLATION],
+                     *[_signed(mean[m] - x1) if mean[m] is not None and x1 is not None else "-"
+                       for m in EXTRAPOLATION[1:]]])
+    ctx.doc.table(["cell", "seeds", *[catalogue.label(m) for m in EXTRAPOLATION], "2x - 1x", "4x - 1x"], rows,
+                  "mean over completed seeds of the validation loss (nats/token) on the same target tokens at "
+                  "every length, with 1, 2 and 4 times the trained context before them (abl.model.decode); only "
+                  "the context changes, so 2x - 1x is the model's gain or loss from the longer input. 1x differs "
+                  "from the final val_loss, scored on the regular windows, by the text scored. '-': the position "
+                  f"encoding cannot reach that length, or the run predates val_loss_x1 (the run notes say). {ctx.cond}")
 
 
 def task_accuracy_section(ctx: Context) -> None:
