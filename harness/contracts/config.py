@@ -165,9 +165,10 @@ class EvalConfig:
 
     decode: bool = _f(True, "after training: cached greedy decoding speed (prefill/decode tokens per second), "
                       "KV-cache bytes per token and decode agreement")
-    extrapolation: bool = _f(False, "after training: val_loss_x2/x4, on windows of 2 and 4 times the "
-                             "training context (1x is val_loss); off by default (its longer windows cost more "
-                             "than the regular evaluation): ablations/position.toml turns it on")
+    extrapolation: bool = _f(False, "after training: val_loss_x1/x2/x4, the same validation targets scored "
+                             "with 1, 2 and 4 times the training context before them (text data only); off by "
+                             "default (its longer windows cost more than the regular evaluation): "
+                             "ablations/position.toml turns it on")
     probes: list = field(default_factory=list, metadata={
         "doc": "after training: accuracy on these synthetic tasks (dataset names, e.g. [\"mqar\"]; parameters "
                "from [dataset.<name>]; abl.data.tasks), recorded as probe_<name>_accuracy, ..."})

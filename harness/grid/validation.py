@@ -282,7 +282,9 @@ def extrapolation_errors(components: dict[str, Any], eval_config: Any, registry:
     """``eval.extrapolation`` scores text at longer contexts; a task's val_loss is on its answer positions
     only, so the longer windows would record a different quantity: refused before anything trains."""
     dataset = components.get("dataset", {}).get("name")
-    if not eval_config.extrapolation or dataset is None or not is_task_factory(registry.get("dataset", dataset).factory):
+    if not eval_config.extrapolation or dataset is None:
+        return []
+    if not is_task_factory(registry.get("dataset", dataset).factory):
         return []
     return [f"eval.extrapolation = true: dataset {dataset!r} is a task, whose val_loss is taken on its answer "
             "positions only, so val_loss_x1/x2/x4 over every position of longer windows would measure something "
