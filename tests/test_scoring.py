@@ -115,6 +115,7 @@ eval_batches = 3
 threads = 1
 [eval]
 decode = false
+extrapolation = true
 [dataset.pystdlib]
 max_bytes = 300000
 [grid]
@@ -133,112 +134,17 @@ def test_a_ddp_cell_is_scored_on_the_windows_of_its_single_process_twin(tmp_path
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     con = duckdb.connect(str(db), read_only=True)
     try:
-        got = con.execute("SELECT r.env, m.value FROM runs r JOIN metrics m USING (run_id) "
-                          "WHERE m.name = 'val_loss'").fetchall()
+        got = con.execute("SELECT r.env, m.name, m.value FROM runs r JOIN metrics m USING (run_id) "
+                          "WHERE m.name IN ('val_loss', 'val_loss_x1', 'val_loss_x2', 'val_loss_x4')").fetchall()
     finally:
         con.close()
-    by_processes = {json.loads(env)["processes"]: v for env, v in got}
+    by_processes: dict[int, dict] = {}
+    for env, name, value in got:
+        info = json.loads(env)
+        by_processes.setdefault(info["processes"], {"scored_targets": info["scored_targets"]})[name] = value
     assert set(by_processes) == {1, 2}
-    assert by_processes[2] == pytest.approx(by_processes[1], rel=1e-5)
-
-
-# ------------------------------------------------------------ the fingerprint of the scored targets
-
-
-def _cell(registry, **model):
-    grid = {"experiment": {"name": "f", "seeds": [0]},
-            "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context": 16, "position": "rope", **model},
-            "train": {"steps": 2, "batch_size": 4, "eval_every": 2, "eval_batches": 2, "threads": 1},
-            "eval": {"decode": False, "extrapolation": True},
-            "dataset": {"pystdlib": {"max_bytes": 100_000}}}
-    return expand(grid, registry).cells[0]
-
-
-def test_scored_targets_fingerprints_say_what_each_figure_is_scored_on(registry):
-    from abl.data.corpus import targets_fingerprint
-    from abl.model.decode import extrapolation_ends, scored_targets
-    from abl.run.evaluations import scored_targets_fingerprints
-
-    cell, data = _cell(registry), _text_data()
-    one = scored_targets_fingerprints(Batches(data, 16, 4, seed=0), cell, "corpus")
-    ddp = scored_targets_fingerprints(Batches(data, 16, 2, seed=0, stream=1, val_batch_size=4), cell, "corpus")
-    assert one == ddp and set(one) == {"val_loss", "val_bpb", "extrapolation"}
-    assert one["val_loss"] == targets_fingerprint(Batches(data, 16, 4, seed=0).val_targets(2))
-    ends = extrapolation_ends(len(data.val), 16, 2 * 4)
-    assert one["extrapolation"] == targets_fingerprint(scored_targets(Batches(data, 16, 4, 0).val, 16, ends))
-    # other windows (another global batch), or the same offsets of other text: other fingerprints
-    other = scored_targets_fingerprints(Batches(data, 16, 8, seed=0), cell, "corpus")
-    assert other["val_loss"] != one["val_loss"] and other["extrapolation"] != one["extrapolation"]
-    assert scored_targets_fingerprints(Batches(data, 16, 4, seed=0), cell, "another")["val_bpb"] != one["val_bpb"]
-    cell.eval.extrapolation = False
-    assert "extrapolation" not in scored_targets_fingerprints(Batches(data, 16, 4, seed=0), cell, "corpus")
-
-
-def test_a_run_stores_its_scored_targets_in_its_info(registry):
-    from abl.run.train import train
-
-    class Sink:
-        def log(self, step, metrics):
-            pass
-
-    infos = []
-    train(_cell(registry), registry, Sink(), on_info=infos.append)
-    fps = infos[0]["scored_targets"]
-    assert set(fps) == {"val_loss", "val_bpb", "extrapolation"}
-    assert all(isinstance(v, str) and len(v) == 64 for v in fps.values())
-
-
-def _records(targets_b):
-    from abl.analysis.verdicts import RunRecord
-
-    out = []
-    for cell, (offset, fp) in {"a": (0.0, "f" * 64), "b": (0.1, targets_b)}.items():
-        for seed in range(3):
-            out.append(RunRecord(cell, cell, seed, "completed", {"model": {"context": 16}}, "data",
-                                 {"val_loss": 2.0 + offset + 0.01 * seed, "val_bpb": 3.0 + offset},
-                                 scored_targets={"val_loss": fp, "val_bpb": "e" * 64} if fp else {}))
-    return out
-
-
-def test_a_comparison_across_different_scored_targets_is_flagged_with_the_reason():
-    from abl.analysis.verdicts import NOT_COMPARABLE, analyse_runs
-
-    _, analysis, _ = analyse_runs(_records("0" * 64), metric="val_loss", baseline="a")
-    (row,) = analysis.comparisons
-    assert row.verdict == NOT_COMPARABLE and "scored on different validation targets" in row.note
-    assert "00000000" in row.note and "ffffffff" in row.note
-    # the same targets, or runs that do not say: judged as before
-    for fp in ("f" * 64, None):
-        _, analysis, _ = analyse_runs(_records(fp), metric="val_loss", baseline="a")
-        assert analysis.comparisons[0].verdict != NOT_COMPARABLE
-    # the fingerprint of the figure compared: here the bytes of val_bpb are the same
-    _, analysis, _ = analyse_runs(_records("0" * 64), metric="val_bpb", baseline="a")
-    assert analysis.comparisons[0].verdict != NOT_COMPARABLE
-    # a figure not scored on validation targets (speed) is never flagged
-    _, analysis, _ = analyse_runs(_records("0" * 64), metric="wall_s", baseline="a")
-    assert analysis.comparisons[0].verdict != NOT_COMPARABLE
-
-
-def test_the_report_shows_length_extrapolation_with_its_reason():
-    from types import SimpleNamespace
-
-    from abl.analysis.metrics import label
-    from abl.present.report.document import Doc
-    from abl.present.report.runs import Run, group_cells
-    from abl.present.report.sections import extrapolation_section
-
-    def run(cell, seed, final):
-        return Run(f"{cell}{seed}", "e", cell, cell, seed, "completed", {}, "c", {}, "cpu", {}, "d", "", "",
-                   final=final)
-
-    runs = [run("alibi", s, {"val_loss_x1": 3.0 + s, "val_loss_x2": 2.9 + s, "val_loss_x4": 2.8 + s})
-            for s in range(2)] + [run("learned", 0, {"val_loss_x1": 3.2})]
-    ctx = SimpleNamespace(doc=Doc(), cells=group_cells(runs), cond="conditions")
-    extrapolation_section(ctx)
-    text = ctx.doc.markdown()
-    assert "Length extrapolation" in text and label("val_loss_x2") in text
-    assert "3.5000" in text and "-0.1000" in text and "-0.2000" in text  # alibi: the means and the change
-    assert "same target tokens" in text and "cannot reach that length" in text
-    quiet = SimpleNamespace(doc=Doc(), cells=group_cells([run("x", 0, {"val_loss": 3.0})]), cond="")
-    extrapolation_section(quiet)
-    assert "extrapolation" not in quiet.doc.markdown()
+    one, two = by_processes[1], by_processes[2]
+    assert one["scored_targets"] == two["scored_targets"]  # the same targets, fingerprinted on rank 0
+    assert set(one) == set(two) == {"scored_targets", "val_loss", "val_loss_x1", "val_loss_x2", "val_loss_x4"}
+    for name in ("val_loss", "val_loss_x1", "val_loss_x2", "val_loss_x4"):
+        assert two[name] == pytest.approx(one[name], rel=1e-5), name
