@@ -17,6 +17,9 @@ from ...analysis import metrics as catalogue
 from ...analysis import sections, stats
 from ...store.rundir import COMPLETED
 
+# eval.extrapolation's metrics, one per abl.model.decode.EXTRAPOLATION_SCALES (spelled here so that reading a
+# report does not import torch; tests/test_scoring.py keeps the two equal)
+EXTRAPOLATION = ("val_loss_x1", "val_loss_x2", "val_loss_x4")
 MIN_SIZES_FOR_FIT = sections.MIN_SIZES  # kept for callers; the rule is abl.analysis.sections.scaling_fit_applies
 FINAL_NAMES = ("n_params", "n_params_non_embedding", "peak_mem_bytes", "peak_tensor_bytes",
                "baseline_rss_bytes", "wall_s",
@@ -24,7 +27,7 @@ FINAL_NAMES = ("n_params", "n_params_non_embedding", "peak_mem_bytes", "peak_ten
                "tokens_per_s", "train_tokens_per_s", "compile_s",
                "unigram_floor", "did_not_learn", "loss_spikes", "max_loss_spike",  # these 4: abl.analysis.health
                sections.CONTENDED, "cpu_util", "load_per_core",  # these 3: the machine's contention
-               "val_loss_x1", "val_loss_x2", "val_loss_x4")  # eval.extrapolation (abl.model.decode)
+               *EXTRAPOLATION)
 
 
 class ReportError(Exception):

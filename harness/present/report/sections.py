@@ -12,7 +12,8 @@
 6. predicted (abl.model.costmodel) against measured costs, disagreements
    flagged, never hidden;
 7. a scaling-law fit (abl.analysis.scaling) when the cells span enough model
-   sizes; then task accuracy (abl.present.taskreport) and the run notes.
+   sizes; then length extrapolation (val_loss_x1/x2/x4, when recorded), task
+   accuracy (abl.present.taskreport) and the run notes.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from .plots import (
     predicted_vs_measured_panels,
 )
 from .runs import (
+    EXTRAPOLATION,
     Cell,
     ReportError,
     Run,
@@ -352,9 +354,6 @@ def scaling_section(ctx: Context) -> tuple[Any, list, str]:
     return fit, pts, fit_note
 
 
-EXTRAPOLATION = ("val_loss_x1", "val_loss_x2", "val_loss_x4")
-
-
 def extrapolation_section(ctx: Context) -> None:
     """Length extrapolation (``eval.extrapolation``), when any completed run recorded it: per cell the mean
     over seeds at 1x, 2x and 4x the trained context, on the same targets, and the change from 1x."""
@@ -370,7 +369,8 @@ def extrapolation_section(ctx: Context) -> None:
         rows.append([c.label, len(c.completed), *[stats.fmt(mean[m]) for m in EXTRAPOLATION],
                      *[_signed(mean[m] - x1) if mean[m] is not None and x1 is not None else "-"
                        for m in EXTRAPOLATION[1:]]])
-    ctx.doc.table(["cell", "seeds", *[catalogue.label(m) for m in EXTRAPOLATION], "2x - 1x", "4x - 1x"], rows,
+    ctx.doc.table(["cell", "seeds", *[catalogue.label(m) for m in EXTRAPOLATION],
+                   *[f"{m.rsplit('_x', 1)[1]}x - 1x" for m in EXTRAPOLATION[1:]]], rows,
                   "mean over completed seeds of the validation loss (nats/token) on the same target tokens at "
                   "every length, with 1, 2 and 4 times the trained context before them (abl.model.decode); only "
                   "the context changes, so 2x - 1x is the model's gain or loss from the longer input. 1x differs "
