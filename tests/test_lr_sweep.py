@@ -170,3 +170,71 @@ def test_no_variant_that_learned_means_no_phase_2(tmp_path, monkeypatch):
     assert sorted(t[1:] for t in ex.trained if t[0] == "sweep") == [("gelu", 3e-3, s) for s in (1, 2, 3)]
     text = console.export_text()
     assert "did not learn" in text and "left out of phase 2" in text
+
+
+# ---------------------------------------------------------------- warnings (issue 26)
+
+
+def test_too_few_comparison_seeds_warn_and_dry_run_says_so(tmp_path, monkeypatch):
+    """With 3 seeds one tunes and 2 remain: fewer than the statistics need for a verdict
+    (abl.analysis.stats.MIN_SEEDS), so every comparison would end "too few seeds to decide"."""
+    from click.testing import CliRunner
+
+    from abl.analysis.stats import MIN_SEEDS
+    from abl.cli import cli
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
+    from abl.run.lr_sweep import seed_warnings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.toml").write_text(GRID.replace("seeds = [0, 1, 2, 3]", "seeds = [0, 1, 2]"))
+    grid = load_grid(tmp_path / "g.toml", get_registry())
+    (warning,) = seed_warnings(grid)
+    assert "2 seed(s)" in warning and f"at least {MIN_SEEDS}" in warning and "too few seeds to decide" in warning
+    r = CliRunner().invoke(cli, ["run", "g.toml", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "warning" in r.output and "too few seeds to decide" in r.output
+    # enough seeds: no warning
+    enough = GRID.replace("seeds = [0, 1, 2, 3]", f"seeds = {list(range(MIN_SEEDS + 1))}")
+    (tmp_path / "g.toml").write_text(enough)
+    assert seed_warnings(load_grid(tmp_path / "g.toml", get_registry())) == []
+    r = CliRunner().invoke(cli, ["run", "g.toml", "--dry-run"])
+    assert r.exit_code == 0 and "too few seeds" not in r.output
+
+
+def test_a_best_lr_at_an_edge_of_the_sweep_warns():
+    """Both variants picking the top edge (1e-2, as in the issue) says the sweep may not contain the best
+    learning rate; a best lr inside the sweep says nothing. A synthetic phase-1 result, no training."""
+    from abl.run.lr_sweep import best_lrs, edge_warnings
+
+    sweep = [1e-3, 3e-3, 1e-2]
+    results = {'{"model.ffn": "relu"}': {1e-3: (2.6, ""), 3e-3: (2.4, ""), 1e-2: (2.27, "")},
+               '{"model.ffn": "swiglu"}': {1e-3: (2.5, ""), 3e-3: (2.3, ""), 1e-2: (2.2, "")},
+               '{"model.ffn": "gelu"}': {1e-3: (2.5, ""), 3e-3: (2.1, ""), 1e-2: (2.2, "")},
+               '{"model.ffn": "geglu"}': {1e-3: (2.0, ""), 3e-3: (2.1, ""), 1e-2: (None, "did not learn")}}
+    best, _ = best_lrs(results)
+    warnings = edge_warnings(best, sweep)
+    assert len(warnings) == 3
+    text = "\n".join(warnings)
+    assert "relu" in text and "swiglu" in text and "gelu" not in text.replace("geglu", "")
+    assert "top edge" in text and "bottom edge" in text and "0.01" in text and "0.001" in text
+
+
+def test_run_sweep_prints_the_edge_warning(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
+    from abl.run.lr_sweep import run_sweep
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.toml").write_text(GRID)
+    reg = get_registry()
+    console = Console(record=True, width=250)
+    run_sweep(load_grid(tmp_path / "g.toml", reg), reg, tmp_path / "r" / "abl.duckdb", tmp_path / "r" / "runs",
+              executor=FakeExecutor(), console=console)
+    text = console.export_text()
+    # swiglu's best (1e-2) is the sweep's top edge, gelu's (3e-3) is inside it
+    edge = [line for line in text.splitlines() if "edge of" in line]
+    assert edge and all("swiglu" in line for line in edge if "ffn=" in line)
+    assert not any("gelu" in line for line in edge)

@@ -17,6 +17,13 @@ seeds). Each phase-2 run records what was swept and which learning rate won
 under ``config["lr_tuned"]`` (so in its run id), and its label ends with
 ``lr=<chosen>``: every summary and report says which learning rate each
 variant got. ``abl compare <name>`` compares the phase-2 runs.
+
+Two warnings (printed by ``abl run``, ``--dry-run`` included, and by the
+sweep itself): ``seed_warnings`` when the seeds left after the tuning seed
+are fewer than the statistics need for a verdict (abl.analysis.stats'
+``MIN_SEEDS``; below it every comparison ends "too few seeds to decide"),
+and ``edge_warnings`` after phase 1 when a variant's best learning rate is
+the lowest or the highest of the sweep, so its best may lie outside it.
 """
 
 from __future__ import annotations
@@ -103,6 +110,40 @@ def best_lrs(results: dict[str, dict[float, tuple[float | None, str]]]) -> tuple
     return best, missing
 
 
+def seed_warnings(grid: Grid) -> list[str]:
+    """Why phase 2 cannot give a verdict: too few seeds after the tuning seed (empty when enough)."""
+    from ..analysis.stats import MIN_SEEDS, TOO_FEW
+
+    if not grid.cells or not grid.cells[0].train.lr_sweep:
+        return []
+    seeds = list(grid.cells[0].experiment.seeds)
+    left = len(seeds) - 1
+    if left >= MIN_SEEDS:
+        return []
+    return [f"train.lr_sweep: seed {seeds[0]} tunes the learning rates, leaving {left} seed(s) {seeds[1:]} for "
+            f"the comparison; the statistics need at least {MIN_SEEDS} seeds per cell for a verdict, so every "
+            f"comparison will read \"{TOO_FEW}\": give experiment.seeds at least {MIN_SEEDS + 1} seeds"]
+
+
+def edge_warnings(best: dict[str, float], sweep: list[float], labels: dict | None = None) -> list[str]:
+    """One warning per variant whose best learning rate is the lowest or the highest of the sweep."""
+    from ..grid.labels import grid_label
+
+    lo, hi = min(sweep), max(sweep)
+    shown = "[" + ", ".join(f"{v:g}" for v in sorted(sweep)) + "]"
+    out = []
+    for v, lr in best.items():
+        edge = "top" if math.isclose(lr, hi) else "bottom" if math.isclose(lr, lo) else None
+        if edge is None:
+            continue
+        name = str((labels or {}).get(v) or grid_label(json.loads(v)))
+        beyond = "higher" if edge == "top" else "lower"
+        out.append(f"lr sweep: {name}: its best lr {lr:g} is the {edge} edge of the sweep {shown}, so a {beyond} "
+                   f"learning rate may be better still; extend train.lr_sweep past {lr:g} before trusting the "
+                   "comparison")
+    return out
+
+
 def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tuple[float | None, str]]],
                        best: dict[str, float]) -> None:
     """Phase 1's final val_loss per variant and learning rate, ``*`` on the one each variant gets; the
@@ -158,6 +199,8 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
 
         console = output_console()
     tuning = tuning_grid(grid, registry)
+    for w in seed_warnings(grid):
+        console.print(f"[yellow]warning: {w}[/]", highlight=False)
     console.print(f"[bold]lr sweep[/]: phase 1 tunes every cell at lr in {grid.cells[0].train.lr_sweep} on seed "
                   f"{grid.cells[0].experiment.seeds[0]} (experiment {tuning.cells[0].experiment.name})")
     from ..present import termlayout
@@ -172,6 +215,8 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
     results = tuning_results(db_path, tuning)
     best, missing = best_lrs(results)
     print_tuning_table(console, tuning, results, best)
+    for w in edge_warnings(best, [float(v) for v in grid.cells[0].train.lr_sweep]):
+        console.print(f"[yellow]warning: {w}[/]", highlight=False)
     if missing:
         console.print(f"[red]{len(missing)} variant(s) have no usable tuning run (none completed and learned) "
                       "and are left out of phase 2[/]")
