@@ -9,7 +9,13 @@ wins. With ``train.lr_sweep = [1e-3, 3e-3, 1e-2]`` a grid runs in two phases:
 2. comparison: each variant (a cell of the grid) at the learning rate that
    gave its lowest final ``val_loss`` in phase 1, on the remaining seeds, in
    the experiment ``<name>``. A learning rate whose run did not complete, or
-   did not learn (abl.analysis.health), is never chosen.
+   did not learn (abl.analysis.health), is never chosen while another
+   learned. A variant that learned at no learning rate of the sweep (on a
+   task, a mixer that never leaves the no-recall baseline) still goes to
+   phase 2, at the completed run's lowest final ``val_loss``, with a warning:
+   its phase-2 runs are flagged "did not learn" there, which is the finding
+   (leaving it out would hide it). A variant with no completed tuning run is
+   left out of phase 2.
 
 The tuning seed is kept out of phase 2, so picking the best learning rate on
 it does not bias the comparison (the selection and the test use different
@@ -93,21 +99,32 @@ def tuning_results(db_path: Path, tuning: Grid) -> dict[str, dict[float, tuple[f
         loss = r.final.get("val_loss")
         why = ("" if r.status == "completed" and loss is not None and math.isfinite(loss)
                and not (r.final.get("did_not_learn") or 0) >= 0.5
-               else r.status if r.status != "completed" else "did not learn" if loss is not None else "no val_loss")
+               else r.status if r.status != "completed" else DID_NOT_LEARN_WHY if loss is not None else "no val_loss")
         out[variant(c)][c.train.lr] = (loss, why)
     return out
 
 
+DID_NOT_LEARN_WHY = "did not learn"
+
+
 def best_lrs(results: dict[str, dict[float, tuple[float | None, str]]]) -> tuple[dict[str, float], list[str]]:
-    """The usable learning rate with the lowest final val_loss per variant, and the variants without one."""
+    """The learning rate with the lowest final val_loss per variant among the runs that learned (among the
+    completed ones when none learned: ``unlearned`` names those variants), and the variants without a
+    completed run."""
     best, missing = {}, []
     for v, by_lr in results.items():
         ok = [(loss, lr) for lr, (loss, why) in by_lr.items() if not why and loss is not None]
+        ok = ok or [(loss, lr) for lr, (loss, why) in by_lr.items() if why == DID_NOT_LEARN_WHY and loss is not None]
         if ok:
             best[v] = min(ok)[1]
         else:
             missing.append(v)
     return best, missing
+
+
+def unlearned(results: dict[str, dict[float, tuple[float | None, str]]], best: dict[str, float]) -> list[str]:
+    """The variants whose chosen learning rate did not learn (none of the sweep did)."""
+    return [v for v, lr in best.items() if results[v][lr][1] == DID_NOT_LEARN_WHY]
 
 
 def seed_warnings(grid: Grid) -> list[str]:
@@ -215,13 +232,21 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
     results = tuning_results(db_path, tuning)
     best, missing = best_lrs(results)
     print_tuning_table(console, tuning, results, best)
-    for w in edge_warnings(best, [float(v) for v in grid.cells[0].train.lr_sweep]):
+    stuck = unlearned(results, best)
+    learned = {v: lr for v, lr in best.items() if v not in stuck}
+    for w in edge_warnings(learned, [float(v) for v in grid.cells[0].train.lr_sweep]):
         console.print(f"[yellow]warning: {w}[/]", highlight=False)
+    if stuck:
+        from ..grid.labels import grid_label
+
+        console.print(f"[yellow]warning: lr sweep: {len(stuck)} variant(s) did not learn at any lr of the sweep "
+                      f"({'; '.join(grid_label(json.loads(v)) for v in stuck)}); phase 2 trains each at its lowest "
+                      "tuning val_loss, where it will be flagged \"did not learn\"[/]", highlight=False)
     if missing:
-        console.print(f"[red]{len(missing)} variant(s) have no usable tuning run (none completed and learned) "
-                      "and are left out of phase 2[/]")
+        console.print(f"[red]{len(missing)} variant(s) have no completed tuning run and are left out of "
+                      "phase 2[/]")
     if not best:
-        console.print("[red]lr sweep: no variant has a usable tuning run; phase 2 not started[/]")
+        console.print("[red]lr sweep: no variant has a completed tuning run; phase 2 not started[/]")
         return failures + len(missing)
     final = final_grid(grid, registry, best)
     console.print(f"[bold]lr sweep[/]: phase 2 trains each variant at its own best lr on seeds "
