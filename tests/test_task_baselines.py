@@ -182,3 +182,17 @@ def test_task_table_flags_cells_at_the_baseline():
     assert rows["b"]["did_not_learn"] == 0
     assert rows["a"]["health"] == "did not learn 1/2" and rows["b"]["health"] == "ok"
     assert "no_recall_baseline" not in " ".join(rows["a"]["slices"])  # the floor is not a slice
+
+
+def test_the_width_panel_draws_the_no_recall_baselines():
+    from abl.present.figures import pyplot
+    from abl.present.taskreport import accuracy_figure
+
+    rows = [{"cell_key": f"c{i}", "label": f"c{i}", "mean": 0.5 + 0.1 * i, "ci_low": None, "ci_high": None,
+             "baseline": b, "config": {"model": {"d_model": 16 * 2 ** i, "mixer": "mha"},
+                                       "dataset": {"pairs": n}}}
+            for i, (b, n) in enumerate([(0.5623, 2), (0.3857, 4)])]
+    fig = accuracy_figure({"mqar_accuracy": rows}, {}, {}, "", pyplot())
+    ys = {round(float(line.get_ydata()[0]), 4) for line in fig.axes[1].lines
+          if line.get_linestyle() == "--" and line.get_color() == "0.3"}
+    assert ys == {0.562, 0.386}

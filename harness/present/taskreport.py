@@ -227,6 +227,8 @@ def accuracy_figure(rows_by_metric: dict[str, list[dict]], curves: dict, runs_by
                  ylim=(-0.02, 1.02))
         ax_w.set_xscale("log", base=2)
         ax_w.axhline(0.9, color="0.6", lw=0.8, ls=":")
+        for floor in sorted({round(r["baseline"], 3) for r in rows if r.get("baseline") is not None}):
+            ax_w.axhline(floor, color="0.3", lw=0.8, ls="--")  # a no-recall baseline (one per slice setting)
         for ax in (ax_c, ax_w):
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:  # beside the panel, never over the data
@@ -303,5 +305,5 @@ def report_section(doc: Any, cells: list[Any], baseline: Any, db_path: str, cond
     runs_by_cell = {c.key: [r.run_id for r in c.completed] for c in cells}
     doc.image("task_accuracy.png", plot_accuracy(rows_by_metric, curves, runs_by_cell, cond, pyplot(), to_png),
               f"left: accuracy during training; right: final accuracy against model width, one line per "
-              f"mixer (95% CI bars over seeds; the dotted line is 0.9). {cond}")
+              f"mixer (95% CI bars over seeds; the dotted line is 0.9, the dashed ones the no-recall baselines). {cond}")
     return {m: [{k: v for k, v in r.items() if k != "config"} for r in rows] for m, rows in rows_by_metric.items()}
