@@ -177,6 +177,7 @@ def test_a_variant_that_learned_at_no_lr_is_compared_flagged(tmp_path, monkeypat
         [("gelu", 3e-3, s) for s in (1, 2, 3)] + [("swiglu", 1e-2, s) for s in (1, 2, 3)])
     text = console.export_text()
     assert "did not learn at any lr of the sweep (ffn=swiglu)" in text
+    assert "3.2800 (did not learn) *" in text  # the tuning table shows the loss it was chosen by
     assert "edge of" not in text  # gelu's best is inside the sweep; swiglu's "best" is no tuning result
 
 

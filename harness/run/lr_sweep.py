@@ -188,7 +188,8 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
         cells = []
         for lr in lrs:
             loss, why = by_lr.get(lr, (None, "not run"))
-            text = why if why else f"{loss:.4f}"
+            text = (f"{loss:.4f} ({why})" if why == DID_NOT_LEARN_WHY and loss is not None
+                    else why if why else f"{loss:.4f}")
             cells.append(text + (" *" if best.get(v) == lr else ""))
         rows.append((str(labels.get(v, fallback[v])), cells))
         table.add_row(rows[-1][0], *cells)
