@@ -196,3 +196,12 @@ def test_the_width_panel_draws_the_no_recall_baselines():
     ys = {round(float(line.get_ydata()[0]), 4) for line in fig.axes[1].lines
           if line.get_linestyle() == "--" and line.get_color() == "0.3"}
     assert ys == {0.562, 0.386}
+
+
+def test_a_probe_at_its_baseline_is_not_called_did_not_learn():
+    from abl.present.taskreport import metric_table
+
+    finals = {"a0": {"probe_mqar_accuracy": 0.3, "probe_mqar_no_recall_baseline": 0.562}}
+    cells = [("a", "text model", [("a0", 0, {"model": {"d_model": 16}})])]
+    (row,) = metric_table(cells, finals, "probe_mqar_accuracy", "a")
+    assert row["did_not_learn"] == 1 and row["health"] == "at the no-recall baseline 1/1"

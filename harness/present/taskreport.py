@@ -68,6 +68,8 @@ def metric_table(cells: list[tuple[str, str, list[tuple[str, int, dict]]]], fina
     seeds and its comparison with the baseline cell (higher is better: abl.analysis.metrics), plus per-slice
     means, the task's no-recall baseline and the seeds at or below it (``did_not_learn``, ``health``)."""
     floor_name = baseline_metric(metric[:-len("_accuracy")]) if metric.endswith("_accuracy") else None
+    # a probe at its baseline shows a model without recall, not one that failed to learn what it trained on
+    flag = "at the no-recall baseline" if metric.startswith("probe_") else stats.DID_NOT_LEARN
     values = {key: {seed: finals[rid][metric] for rid, seed, _ in runs if metric in finals.get(rid, {})}
               for key, _, runs in cells}
     if baseline not in values or not values[baseline]:
@@ -88,7 +90,8 @@ def metric_table(cells: list[tuple[str, str, list[tuple[str, int, dict]]]], fina
                     if metric in finals.get(rid, {}) and floor_name in finals.get(rid, {}))
         s, c = res.summary, res.comparison
         rows.append({"baseline": sum(floors) / len(floors) if floors else None, "did_not_learn": below,
-                     "health": f"{stats.DID_NOT_LEARN} {below}/{s.n}" if below else "ok" if floors else "-","cell_key": key, "label": label, "config": runs[0][2], "n": s.n, "mean": s.mean,
+                     "health": f"{flag} {below}/{s.n}" if below else "ok" if floors else "-",
+                     "cell_key": key, "label": label, "config": runs[0][2], "n": s.n, "mean": s.mean,
                      "std": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high, "delta": c.delta,
                      "p_value": c.p_value, "test": c.test, "verdict": c.verdict, "is_baseline": key == baseline,
                      "slices": {k: sum(v) / len(v) for k, v in sorted(slices.items(), key=_slice_order)}})
@@ -305,5 +308,6 @@ def report_section(doc: Any, cells: list[Any], baseline: Any, db_path: str, cond
     runs_by_cell = {c.key: [r.run_id for r in c.completed] for c in cells}
     doc.image("task_accuracy.png", plot_accuracy(rows_by_metric, curves, runs_by_cell, cond, pyplot(), to_png),
               f"left: accuracy during training; right: final accuracy against model width, one line per "
-              f"mixer (95% CI bars over seeds; the dotted line is 0.9, the dashed ones the no-recall baselines). {cond}")
+              f"mixer (95% CI bars over seeds; the dotted line is 0.9, the dashed ones the no-recall "
+              f"baselines). {cond}")
     return {m: [{k: v for k, v in r.items() if k != "config"} for r in rows] for m, rows in rows_by_metric.items()}
