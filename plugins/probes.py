@@ -63,9 +63,9 @@ def _draw_order_probabilities(space: int, draws: int, power_a: float) -> np.ndar
     The Gumbel-top-k order is that of independent exponential arrival times of rates p_g (Efraimidis &
     Spirakis 2006, "Weighted random sampling with a reservoir", Inf. Process. Lett. 97(5)), so
     P(gap g is drawn i-th) = integral over t of p_g e^(-p_g t) P(exactly i other gaps arrived by t) dt,
-    the inner probability a Poisson-binomial one (a recursion over the other gaps). The integral is
-    taken numerically (scipy's adaptive ``quad_vec``) to about 1e-10; the cost per point is
-    space^2 x draws, a second at context 256 and 16 pairs, hence the cache.
+    the inner probability a Poisson-binomial one: the counts among the gaps before g and among those
+    after g (two running recursions), convolved. The integral is taken numerically (scipy's adaptive
+    ``quad_vec``) to about 1e-10; cached, as it is asked for at every evaluation.
     """
     from scipy.integrate import quad_vec
 
@@ -73,13 +73,19 @@ def _draw_order_probabilities(space: int, draws: int, power_a: float) -> np.ndar
 
     def density(t: float) -> np.ndarray:
         stay = np.exp(-p * t)  # gap j not yet drawn by time t
-        count = np.zeros((space, draws))  # row g: P(exactly i of the gaps other than g drawn by t)
-        count[:, 0] = 1.0
+        drawn = 1.0 - stay
+        before = np.zeros((space + 1, draws))  # row g: P(exactly i of the gaps < g drawn by t)
+        after = np.zeros((space + 1, draws))  # row g: the same among the gaps >= g
+        before[0, 0] = after[space, 0] = 1.0
         for j in range(space):
-            nxt = count * stay[j]
-            nxt[:, 1:] += count[:, :-1] * (1.0 - stay[j])
-            nxt[j] = count[j]  # gap g does not count itself
-            count = nxt
+            before[j + 1] = before[j] * stay[j]
+            before[j + 1, 1:] += before[j, :-1] * drawn[j]
+            k = space - 1 - j
+            after[k] = after[k + 1] * stay[k]
+            after[k, 1:] += after[k + 1, :-1] * drawn[k]
+        count = np.zeros((space, draws))  # row g: P(exactly i of the gaps other than g drawn by t)
+        for m in range(draws):
+            count[:, m:] += before[:space, m:m + 1] * after[1:, :draws - m]
         return (p * stay)[:, None] * count
 
     return quad_vec(density, 0.0, np.inf, epsabs=1e-12, epsrel=1e-10)[0]
