@@ -25,6 +25,8 @@ which ones are special in its docstring.
 
 from __future__ import annotations
 
+import math
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -44,6 +46,49 @@ def _weighted_distinct(rng: np.random.Generator, p: np.ndarray, n: int, size: in
     p=p)``), by the Gumbel-top-k trick: the order of log p + Gumbel noise is that sequential draw."""
     gumbel = -np.log(-np.log(rng.random((n, len(p)))))
     return np.argsort(-(np.log(p) + gumbel), axis=1, kind="stable")[:, :size]
+
+
+def _gap_probabilities(space: int, power_a: float) -> np.ndarray:
+    """MQAR's query-gap law: P(g) proportional to a (g + 1)^(a - 1) over g in [0, space)."""
+    p = power_a * np.arange(1, space + 1, dtype=np.float64) ** (power_a - 1)
+    return p / p.sum()
+
+
+@lru_cache(maxsize=256)
+def _draw_order_probabilities(space: int, draws: int, power_a: float) -> np.ndarray:
+    """``[space, draws]``: P(the i-th gap drawn is g), exactly, for ``draws`` gaps drawn one after another
+    without replacement with probabilities proportional to the gap law (the generator's
+    ``_weighted_distinct``).
+
+    The Gumbel-top-k order is that of independent exponential arrival times of rates p_g (Efraimidis &
+    Spirakis 2006, "Weighted random sampling with a reservoir", Inf. Process. Lett. 97(5)), so
+    P(gap g is drawn i-th) = integral over t of p_g e^(-p_g t) P(exactly i other gaps arrived by t) dt,
+    the inner probability a Poisson-binomial one: the counts among the gaps before g and among those
+    after g (two running recursions), convolved. The integral is taken numerically (scipy's adaptive
+    ``quad_vec``) to about 1e-10; cached, as it is asked for at every evaluation.
+    """
+    from scipy.integrate import quad_vec
+
+    p = _gap_probabilities(space, power_a)
+
+    def density(t: float) -> np.ndarray:
+        stay = np.exp(-p * t)  # gap j not yet drawn by time t
+        drawn = 1.0 - stay
+        before = np.zeros((space + 1, draws))  # row g: P(exactly i of the gaps < g drawn by t)
+        after = np.zeros((space + 1, draws))  # row g: the same among the gaps >= g
+        before[0, 0] = after[space, 0] = 1.0
+        for j in range(space):
+            before[j + 1] = before[j] * stay[j]
+            before[j + 1, 1:] += before[j, :-1] * drawn[j]
+            k = space - 1 - j
+            after[k] = after[k + 1] * stay[k]
+            after[k, 1:] += after[k + 1, :-1] * drawn[k]
+        count = np.zeros((space, draws))  # row g: P(exactly i of the gaps other than g drawn by t)
+        for m in range(draws):
+            count[:, m:] += before[:space, m:m + 1] * after[1:, :draws - m]
+        return (p * stay)[:, None] * count
+
+    return quad_vec(density, 0.0, np.inf, epsabs=1e-12, epsrel=1e-10)[0]
 
 
 def _ints(values: Any) -> list[int]:
@@ -72,6 +117,16 @@ class MQAR(Task):
     Zoology's constraints hold: T even, V > T, 4N <= T. The evaluation slices
     are the pair counts of ``eval_kv_pairs`` (empty: the training count), each
     recorded as ``accuracy_pairs_<N>``: accuracy by number of pairs.
+
+    No-recall baseline: not 1/N. The gaps are drawn in key order from the
+    power law, so the first key is mostly queried first and nearest the pairs,
+    and a model that answers "the value of pair i" from the query's position
+    alone, without matching the key, beats 1/N: 0.562 for 2 pairs and 0.386
+    for 4 at context 16 (Zoology's default a = 0.01). ``no_recall_baseline``
+    is that best position rule's accuracy, computed exactly from the gap law
+    (``_draw_order_probabilities``), not estimated: the mean over the N keys
+    of P(the rule names key i), the rule naming at each gap the key most
+    likely queried there.
     """
 
     def __init__(self, vocab_size: int = 8192, num_kv_pairs: int = 8, power_a: float = 0.01,
@@ -112,6 +167,11 @@ class MQAR(Task):
                 errs.append(f"{n} distinct keys do not fit in the {v // 2 - 1} key tokens of vocab_size={v}")
         return errs
 
+    def no_recall_baseline(self, seq_len: int, num_kv_pairs: int | None = None, **_: Any) -> float:
+        pairs = self.num_kv_pairs if num_kv_pairs is None else int(num_kv_pairs)
+        where = _draw_order_probabilities((seq_len - 2 * pairs) // 2, pairs, float(self.params["power_a"]))
+        return float(where.max(axis=1).sum() / pairs)
+
     def generate(self, n: int, seq_len: int, rng: np.random.Generator, num_kv_pairs: int | None = None,
                  **_: Any) -> Examples:
         pairs = self.num_kv_pairs if num_kv_pairs is None else int(num_kv_pairs)
@@ -123,9 +183,7 @@ class MQAR(Task):
         seq = np.zeros((n, t + 1), dtype=np.int64)  # one longer: inputs and next-token targets
         seq[:, 0:ctx:2] = keys
         seq[:, 1:ctx:2] = values
-        space = (t - ctx) // 2
-        p = a * np.arange(1, space + 1, dtype=np.float64) ** (a - 1)
-        gaps = _weighted_distinct(rng, p / p.sum(), n, pairs)
+        gaps = _weighted_distinct(rng, _gap_probabilities((t - ctx) // 2, a), n, pairs)
         rows = np.arange(n)[:, None]
         seq[rows, ctx + 2 * gaps] = keys
         labels = np.full((n, t + 1), IGNORE_INDEX, dtype=np.int64)
@@ -156,6 +214,10 @@ class Induction(Task):
     reference generator, safari's ``generate_induction_head``, reserves a
     second special "noop" token it never uses; here every other id is a
     regular token.)
+
+    No-recall baseline: 1/(V - 1). Each answer is a uniform draw from the
+    V - 1 regular tokens wherever the trigger sits, so no rule that does not
+    find the earlier trigger beats chance.
     """
 
     def __init__(self, vocab_size: int = 16, induction_len: int = 1, num_triggers: int = 1):
@@ -171,6 +233,9 @@ class Induction(Task):
         elif seq_len - k - 1 - k < 1:
             errs.append(f"induction_len={k} needs model.context >= {2 * k + 2}, got {seq_len}")
         return errs
+
+    def no_recall_baseline(self, seq_len: int, **_: Any) -> float:
+        return 1.0 / (self.vocab_size - 1)
 
     def generate(self, n: int, seq_len: int, rng: np.random.Generator, **_: Any) -> Examples:
         v, k, t = self.vocab_size, self.params["induction_len"], seq_len
@@ -205,6 +270,13 @@ class _Copying(Task):
     whose other tokens are the noise token 0, then come M marker tokens
     V - 1. At the i-th marker the model must output the i-th data token; the M
     marker positions are the ones that count.
+
+    No-recall baseline: copying plain data needs a memory of the data only;
+    a model without one guesses among the V - 2 data tokens (1/(V - 2)).
+    Selective copying probes selection by content, so its baseline is the
+    best a time-invariant model does: copy, at the i-th marker, from the
+    position where the i-th data token most often sits (a fixed lag; Gu & Dao
+    2023, sec. 3.1, on why such models fail the task), else a guess.
     """
 
     variable = False  # True: the data tokens sit at random positions (selective copying)
@@ -222,6 +294,18 @@ class _Copying(Task):
             errs.append(f"n_tokens={m} needs model.context >= 2 x {m} = {2 * m} (data, then markers), "
                         f"got {seq_len}")
         return errs
+
+    def no_recall_baseline(self, seq_len: int, **_: Any) -> float:
+        guess = 1.0 / (self.vocab_size - 2)
+        if not self.variable:
+            return guess
+        m = self.params["n_tokens"]
+        spots = seq_len - m
+        # P(the i-th of m sorted distinct uniform positions of [0, spots) is x) = C(x, i) C(spots-1-x, m-1-i)
+        # / C(spots, m); at the mode the copy is right, elsewhere (noise or another token) it is a guess
+        hit = [max(math.comb(x, i) * math.comb(spots - 1 - x, m - 1 - i) for x in range(spots))
+               / math.comb(spots, m) for i in range(m)]
+        return float(np.mean([q + (1 - q) * guess for q in hit]))
 
     def generate(self, n: int, seq_len: int, rng: np.random.Generator, **_: Any) -> Examples:
         v, m, t = self.vocab_size, self.params["n_tokens"], seq_len

@@ -102,3 +102,5 @@ def test_report_has_the_task_section(store, tmp_path):
     assert (tmp_path / "task_accuracy.png").stat().st_size > 1000
     section = md.split("## Task accuracy")[1]
     assert "pairs_2" in section and "pairs_4" in section and "paired t" in section
+    # MQAR's no-recall baseline beside the accuracy, and 4 steps of training sit at it (abl.analysis.health)
+    assert "no-recall baseline" in section and "did not learn 2/2" in section

@@ -97,7 +97,9 @@ def test_accuracy_metrics_of_a_perfect_and_a_wrong_model():
     batches = TaskBatches(task, 32, 8, seed=0)
     prec = Precision()
     good = accuracy_metrics(OracleMQAR(4, 64), batches, 16, prec, torch.device("cpu"), "mqar")
-    assert good == {"mqar_accuracy_pairs_4": 1.0, "mqar_accuracy": 1.0, "mqar_example_accuracy": 1.0}
+    floor = task.no_recall_baseline(32)
+    assert good == {"mqar_accuracy_pairs_4": 1.0, "mqar_accuracy": 1.0, "mqar_example_accuracy": 1.0,
+                    "mqar_no_recall_baseline_pairs_4": floor, "mqar_no_recall_baseline": floor}
     bad = accuracy_metrics(OracleMQAR(4, 64, wrong=True), batches, 16, prec, torch.device("cpu"), "mqar")
     assert bad["mqar_accuracy"] == 0.0 and bad["mqar_example_accuracy"] == 0.0
 
@@ -192,10 +194,15 @@ extrapolation = false
     r = run_abl(["run", str(grid), "--db", str(db)], cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "mqar_accuracy" in r.stdout  # the summary reports accuracy per cell
+    assert "no-recall baseline" in r.stdout and "did not learn" in r.stdout  # 4 steps: at MQAR's floor
     con = duckdb.connect(str(db), read_only=True)
     rows = con.execute("SELECT name, count(*), count(DISTINCT run_id) FROM metrics "
                        "WHERE name LIKE 'mqar_%' GROUP BY name ORDER BY name").fetchall()
-    assert rows == [("mqar_accuracy", 4, 2), ("mqar_accuracy_pairs_2", 4, 2), ("mqar_example_accuracy", 4, 2)]
+    assert rows == [("mqar_accuracy", 4, 2), ("mqar_accuracy_pairs_2", 4, 2), ("mqar_example_accuracy", 4, 2),
+                    ("mqar_no_recall_baseline", 4, 2), ("mqar_no_recall_baseline_pairs_2", 4, 2)]
+    # every run is flagged at its last step (accuracy, baseline and flag side by side in the store)
+    flags = con.execute("SELECT count(*) FROM metrics WHERE name = 'did_not_learn' AND value = 1").fetchone()[0]
+    assert flags == 2
     steps = {s for (s,) in con.execute("SELECT DISTINCT step FROM metrics WHERE name = 'mqar_accuracy'").fetchall()}
     assert steps == {2, 4}
     np.testing.assert_array_less(-1e-9, [v for (v,) in con.execute(
@@ -207,10 +214,17 @@ def test_the_recall_grid(registry):
 
     from abl.grid.gridfile import load_grid
 
+    from abl.run.lr_sweep import seed_warnings, tuning_grid
+
     grid = load_grid(ROOT / "ablations" / "recall.toml", registry)
-    assert len(grid.cells) == 30
+    assert len(grid.cells) == 30 * 4  # 30 cells x seeds 0-3
     varied = {tuple(sorted(c.varied.items())) for c in grid.cells}
     assert len(varied) == 30
+    # each mixer at its own learning rate (issue 26: at one shared lr 1e-2 attention stayed on the plateau),
+    # with enough seeds left after the tuning seed for a verdict
+    assert grid.cells[0].train.lr_sweep == [1e-3, 3e-3, 1e-2]
+    assert seed_warnings(grid) == []
+    assert len(tuning_grid(grid, registry).cells) == 30 * 3
     assert {c.model.layer_pattern for c in grid.cells} == {"mha", "linear", "mamba", "mamba2", "mamba2,mha"}
     assert len({c.model.d_model for c in grid.cells}) >= 3
     assert {c.components["dataset"]["params"]["num_kv_pairs"] for c in grid.cells} == {2, 4}
@@ -231,4 +245,5 @@ def test_every_task_trains_and_records_its_accuracy(registry, task, params):
     train(cell, registry, sink)
     final = {k: v for s, m in sink.rows if s == 2 for k, v in m.items()}
     assert 0.0 <= final[f"{task}_accuracy"] <= 1.0 and 0.0 <= final[f"{task}_example_accuracy"] <= 1.0
+    assert 0.0 < final[f"{task}_no_recall_baseline"] < 1.0
     assert final["val_loss"] > 0

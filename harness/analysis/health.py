@@ -48,6 +48,10 @@ import numpy as np
 from .sections import CONTENDED
 
 DID_NOT_LEARN_MARGIN = 0.1  # nats
+# a model on a task's plateau scores around its no-recall baseline, above it on about half the evaluations
+# (256 examples x 2 answers: a binomial standard error near 0.02): within this margin it did not learn
+DID_NOT_LEARN_ACCURACY_MARGIN = 0.02
+NO_RECALL_BASELINE = "no_recall_baseline"  # the metric suffix of a task's baseline (abl.data.tasks.baseline_metric)
 SPIKE_WINDOW = 10
 SPIKE_MIN_NATS = 0.1
 SPIKE_REL = 0.1
@@ -80,6 +84,25 @@ def unigram_floor(train: np.ndarray, val: np.ndarray, vocab_size: int) -> float:
 def did_not_learn(final_val_loss: float, floor: float, margin: float = DID_NOT_LEARN_MARGIN) -> bool:
     """True when the final validation loss is no more than ``margin`` nats below the unigram floor."""
     return not (final_val_loss < floor - margin)
+
+
+def at_baseline(accuracy: float, baseline: float, margin: float = DID_NOT_LEARN_ACCURACY_MARGIN) -> bool:
+    """True when a task accuracy is no more than ``margin`` above the task's no-recall baseline."""
+    return not (accuracy > baseline + margin)
+
+
+def _task_did_not_learn(rows: list[tuple[int, str, float]]) -> bool | None:
+    """A task run's flag from its final accuracy and no-recall baseline (None: no such pair of metrics)."""
+    last: dict[str, tuple[int, float]] = {}
+    for step, name, value in rows:
+        if value is not None and math.isfinite(value) and (name not in last or step >= last[name][0]):
+            last[name] = (step, value)
+    suffix = "_" + NO_RECALL_BASELINE
+    for name, (_, floor) in last.items():
+        prefix = name[:-len(suffix)]
+        if name.endswith(suffix) and not prefix.startswith("probe_") and f"{prefix}_accuracy" in last:
+            return at_baseline(last[f"{prefix}_accuracy"][1], floor)
+    return None
 
 
 def loss_spikes(losses: Iterable[float], window: int = SPIKE_WINDOW, min_nats: float = SPIKE_MIN_NATS,
@@ -117,7 +140,10 @@ def derived_rows(rows: list[tuple[int, str, float]], info: dict | None = None) -
         out += [(last, "loss_spikes", float(n)), (last, "max_loss_spike", biggest)]
     val = [(s, v) for s, n, v in rows if n == "val_loss" and v is not None]
     floor = [v for _, n, v in rows if n == "unigram_floor" and v is not None]
-    if val and floor:
+    task_flag = _task_did_not_learn(rows)
+    if task_flag is not None:
+        out.append((last, "did_not_learn", float(task_flag)))
+    elif val and floor:
         final = max(val)[1]
         if math.isfinite(final):
             out.append((last, "did_not_learn", float(did_not_learn(final, floor[-1]))))

@@ -169,6 +169,10 @@ FAMILIES: tuple[Family, ...] = (
     # the long-context evaluation (abl.run.evaluations): the loss at k times the training context
     Family(r"(?P<base>val_loss|val_bpb)_x(?P<k>\d+)", "{base} ({k}x context)"),
     # abl.data.tasks: probes after training, and a task trained on
+    Family(r"probe_(?P<task>.+)_no_recall_baseline(?:_(?P<part>.+))?", "probe {task} no-recall baseline {part}",
+           "fraction", HEALTH, LAST, NEITHER),
+    Family(r"(?P<task>.+)_no_recall_baseline(?:_(?P<part>.+))?", "{task} no-recall baseline {part}", "fraction",
+           HEALTH, LAST, NEITHER),
     Family(r"probe_(?P<task>.+)_loss", "probe {task} loss", "nats/token", LOSS, LAST, LOWER, False),
     Family(r"probe_(?P<task>.+)_accuracy(?:_(?P<part>.+))?", "probe {task} accuracy {part}", "fraction",
            ACCURACY, LAST, HIGHER),

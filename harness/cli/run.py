@@ -29,6 +29,8 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         fail(str(exc))
     termlayout.PRESENTATION = termlayout.Presentation(layout="wide" if wide else "auto", fmt=fmt)
     if dry_run:
+        for w in preflight.warnings(full):  # the run itself prints them too (abl.run.lr_sweep)
+            click.echo(f"warning: {w}")
         if grid.cells[0].train.lr_sweep:  # abl.run.lr_sweep: phase 2's cells depend on phase 1's results
             from ..run.lr_sweep import tuning_grid
 

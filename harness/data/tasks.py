@@ -13,7 +13,12 @@ evaluation also records the task's accuracy metrics (``abl.run.taskdata.task_met
 - ``<name>_example_accuracy``: the share of examples with every marked
   position right;
 - ``<name>_accuracy_<slice>``: the same per evaluation slice, for a task that
-  defines named slices (e.g. MQAR's ``pairs_8``: accuracy by number of pairs).
+  defines named slices (e.g. MQAR's ``pairs_8``: accuracy by number of pairs);
+- ``<name>_no_recall_baseline`` (and ``..._<slice>``): the task's declared
+  no-recall baseline (``Task.no_recall_baseline``), pooled over the slices
+  by their answer positions as the accuracy is. A run trained on the task
+  whose accuracy ends at or near it is flagged "did not learn"
+  (abl.analysis.health), as a text run at its unigram floor is.
 
 ``<name>`` is the dataset's registered name. A grid may also evaluate a model
 trained on anything else on tasks after training: ``eval.probes = ["mqar"]``
@@ -41,6 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..analysis.health import NO_RECALL_BASELINE
 from ..contracts.registry import Registry, RegistryError
 from .corpus import DataError
 
@@ -84,7 +90,11 @@ class Task:
     - ``problems(seq_len) -> list[str]``: why the task cannot run at this
       sequence length (empty when it can);
     - optionally ``slices() -> [(name, slice_params)]``: the evaluation sets;
-      the default is one unnamed set, the training distribution.
+      the default is one unnamed set, the training distribution;
+    - optionally ``no_recall_baseline(seq_len, **slice_params) -> float``:
+      the accuracy a model reaches without the capability the task probes
+      (MQAR: without matching a query to its key), the floor below which a
+      run "did not learn"; the default, None, declares none.
     """
 
     tokenizer = "task"
@@ -103,6 +113,9 @@ class Task:
 
     def slices(self) -> list[tuple[str, dict[str, Any]]]:
         return [("", {})]
+
+    def no_recall_baseline(self, seq_len: int, **slice_params: Any) -> float | None:
+        return None
 
     # ------------------------------------------------------------ derived
 
@@ -150,6 +163,11 @@ def task_names(registry: Registry) -> list[str]:
 
 def metric_prefix(dataset: str, probe: bool = False) -> str:
     return f"probe_{dataset}" if probe else dataset
+
+
+def baseline_metric(prefix: str, slice_name: str = "") -> str:
+    """The metric holding a task's no-recall baseline: ``<prefix>_no_recall_baseline[_<slice>]``."""
+    return f"{prefix}_{NO_RECALL_BASELINE}" + (f"_{slice_name}" if slice_name else "")
 
 
 # ---------------------------------------------------------------- config: eval.probes

@@ -4,7 +4,10 @@ A cell's accuracy metrics are ``<dataset>_accuracy`` when it trained on a task
 and ``probe_<name>_accuracy`` per ``eval.probes`` entry; their per-slice parts
 (``..._accuracy_<slice>``, e.g. MQAR's accuracy by number of pairs) come
 along. Final values go through the statistics engine (harness/analysis/stats/, the
-same summaries and tests as val_loss, with higher = better). The report adds
+same summaries and tests as val_loss, with higher = better). Beside each, the
+task's no-recall baseline (``<dataset>_no_recall_baseline``, abl.data.tasks:
+what a model gets without the capability the task probes) and how many seeds
+ended at or below it ("did not learn", abl.analysis.health). The report adds
 accuracy curves and accuracy against model width, one line per mixer (one
 panel per value of any other grid path, e.g. the number of pairs).
 
@@ -19,7 +22,9 @@ from pathlib import Path
 from typing import Any, Hashable
 
 from ..analysis import stats
+from ..analysis.health import DID_NOT_LEARN_ACCURACY_MARGIN, at_baseline
 from ..analysis.metrics import lower_is_better
+from ..data.tasks import baseline_metric
 
 WIDTH = "model.d_model"
 
@@ -44,7 +49,8 @@ def load(db_path: str | Path, run_ids: list[str]) -> tuple[dict[str, dict[str, f
     try:
         finals: dict[str, dict[str, float]] = {}
         for rid, name, value in con.execute(store.final_values_sql(
-                "list_contains(?, run_id) AND name LIKE '%\\_accuracy%' ESCAPE '\\'"), [run_ids]).fetchall():
+                "list_contains(?, run_id) AND (name LIKE '%\\_accuracy%' ESCAPE '\\' "
+                "OR name LIKE '%\\_no\\_recall\\_baseline%' ESCAPE '\\')"), [run_ids]).fetchall():
             finals.setdefault(rid, {})[name] = value
         curves: dict[str, dict[str, list]] = {}
         for rid, name, step, value in con.execute(
@@ -60,7 +66,10 @@ def metric_table(cells: list[tuple[str, str, list[tuple[str, int, dict]]]], fina
                  baseline: str) -> list[dict[str, Any]]:
     """Per cell (key, label, [(run_id, seed, config)] of completed runs): the metric's summary over
     seeds and its comparison with the baseline cell (higher is better: abl.analysis.metrics), plus per-slice
-    means."""
+    means, the task's no-recall baseline and the seeds at or below it (``did_not_learn``, ``health``)."""
+    floor_name = baseline_metric(metric[:-len("_accuracy")]) if metric.endswith("_accuracy") else None
+    # a probe at its baseline shows a model without recall, not one that failed to learn what it trained on
+    flag = "at the no-recall baseline" if metric.startswith("probe_") else stats.DID_NOT_LEARN
     values = {key: {seed: finals[rid][metric] for rid, seed, _ in runs if metric in finals.get(rid, {})}
               for key, _, runs in cells}
     if baseline not in values or not values[baseline]:
@@ -76,8 +85,13 @@ def metric_table(cells: list[tuple[str, str, list[tuple[str, int, dict]]]], fina
             for name, v in finals.get(rid, {}).items():
                 if name.startswith(metric + "_"):
                     slices.setdefault(name[len(metric) + 1:], []).append(v)
+        floors = [finals[rid][floor_name] for rid, _, _ in runs if floor_name in finals.get(rid, {})]
+        below = sum(at_baseline(finals[rid][metric], finals[rid][floor_name]) for rid, _, _ in runs
+                    if metric in finals.get(rid, {}) and floor_name in finals.get(rid, {}))
         s, c = res.summary, res.comparison
-        rows.append({"cell_key": key, "label": label, "config": runs[0][2], "n": s.n, "mean": s.mean,
+        rows.append({"baseline": sum(floors) / len(floors) if floors else None, "did_not_learn": below,
+                     "health": f"{flag} {below}/{s.n}" if below else "ok" if floors else "-",
+                     "cell_key": key, "label": label, "config": runs[0][2], "n": s.n, "mean": s.mean,
                      "std": s.std, "ci_low": s.ci_low, "ci_high": s.ci_high, "delta": c.delta,
                      "p_value": c.p_value, "test": c.test, "verdict": c.verdict, "is_baseline": key == baseline,
                      "slices": {k: sum(v) / len(v) for k, v in sorted(slices.items(), key=_slice_order)}})
@@ -140,8 +154,8 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
         title = (f"{grid.cells[0].experiment.name}: final {metric} by cell (exact match on the answer positions; "
                  "higher is better; the same statistics as val_loss)")
         table = Table(title=title, title_justify="left")
-        header = ["#", "cell", "seeds", f"{name} (mean ± std)", "95% CI", "Δ vs baseline (p)",
-                  *[f"{name} {s}" for s in slice_names]]
+        header = ["#", "cell", "seeds", f"{name} (mean ± std)", "95% CI", "Δ vs baseline (p)", "no-recall baseline",
+                  "health", *[f"{name} {s}" for s in slice_names]]
         for col in header:
             table.add_column(col, no_wrap=col != "cell", overflow="fold")
         texts = []
@@ -150,8 +164,8 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
             ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
             delta = "baseline" if r["is_baseline"] else (
                 "-" if r["delta"] is None else f"{r['delta']:+.3f} ({stats.fmt_p(r['p_value'])})")
-            row = [str(numbers[r["cell_key"]]), r["label"], str(r["n"]), acc, ci, delta,
-                   *[stats.fmt(r["slices"].get(s), 3) for s in slice_names]]
+            row = [str(numbers[r["cell_key"]]), r["label"], str(r["n"]), acc, ci, delta, stats.fmt(r["baseline"], 3),
+                   r["health"], *[stats.fmt(r["slices"].get(s), 3) for s in slice_names]]
             texts.append(row)
             table.add_row(*row)
         if PRESENTATION.layout == "wide" or (PRESENTATION.layout == "auto" and fits(console, table)):
@@ -216,6 +230,8 @@ def accuracy_figure(rows_by_metric: dict[str, list[dict]], curves: dict, runs_by
                  ylim=(-0.02, 1.02))
         ax_w.set_xscale("log", base=2)
         ax_w.axhline(0.9, color="0.6", lw=0.8, ls=":")
+        for floor in sorted({round(r["baseline"], 3) for r in rows if r.get("baseline") is not None}):
+            ax_w.axhline(floor, color="0.3", lw=0.8, ls="--")  # a no-recall baseline (one per slice setting)
         for ax in (ax_c, ax_w):
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:  # beside the panel, never over the data
@@ -272,16 +288,19 @@ def report_section(doc: Any, cells: list[Any], baseline: Any, db_path: str, cond
     doc.p("Exact-match accuracy of the greedy prediction on the answer positions of fixed validation "
           "examples (the same for every cell), at the last step; higher is better. Statistics as for "
           "val_loss (harness/analysis/stats/): mean over seeds, 95% t-interval, Δ against the baseline with a "
-          "paired or Welch t-test.")
+          "paired or Welch t-test. \"no-recall baseline\" is what a model reaches without the capability the "
+          "task probes (for MQAR the best rule from the query's position alone, not 1/N); a seed that ends at "
+          f"or below it (within {DID_NOT_LEARN_ACCURACY_MARGIN}) did not learn.")
     for metric, rows in rows_by_metric.items():
         slice_names = list(dict.fromkeys(s for r in rows for s in r["slices"]))
         doc.table(["#", "cell", "mixer", "d_model", "n", "mean", "std", "95% CI", "Δ vs baseline", "p",
-                   "test", "verdict", *slice_names],
+                   "test", "verdict", "no-recall baseline", "health", *slice_names],
                   [[i, r["label"], mixer_label(r["config"]), r["config"]["model"]["d_model"], r["n"],
                     stats.fmt(r["mean"], 3), stats.fmt(r["std"], 3),
                     "-" if r["ci_low"] is None else f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]",
                     "-" if r["is_baseline"] or r["delta"] is None else f"{r['delta']:+.3f}",
-                    stats.fmt_p(r["p_value"]), r["test"], r["verdict"], *[stats.fmt(r["slices"].get(s), 3)
+                    stats.fmt_p(r["p_value"]), r["test"], r["verdict"], stats.fmt(r["baseline"], 3), r["health"],
+                    *[stats.fmt(r["slices"].get(s), 3)
                                                                 for s in slice_names]]
                    for i, r in enumerate(rows, 1)],
                   f"final {metric} per cell; the last columns are its per-slice parts (e.g. accuracy by "
@@ -289,5 +308,6 @@ def report_section(doc: Any, cells: list[Any], baseline: Any, db_path: str, cond
     runs_by_cell = {c.key: [r.run_id for r in c.completed] for c in cells}
     doc.image("task_accuracy.png", plot_accuracy(rows_by_metric, curves, runs_by_cell, cond, pyplot(), to_png),
               f"left: accuracy during training; right: final accuracy against model width, one line per "
-              f"mixer (95% CI bars over seeds; the dotted line is 0.9). {cond}")
+              f"mixer (95% CI bars over seeds; the dotted line is 0.9, the dashed ones the no-recall "
+              f"baselines). {cond}")
     return {m: [{k: v for k, v in r.items() if k != "config"} for r in rows] for m, rows in rows_by_metric.items()}

@@ -9,7 +9,13 @@ wins. With ``train.lr_sweep = [1e-3, 3e-3, 1e-2]`` a grid runs in two phases:
 2. comparison: each variant (a cell of the grid) at the learning rate that
    gave its lowest final ``val_loss`` in phase 1, on the remaining seeds, in
    the experiment ``<name>``. A learning rate whose run did not complete, or
-   did not learn (abl.analysis.health), is never chosen.
+   did not learn (abl.analysis.health), is never chosen while another
+   learned. A variant that learned at no learning rate of the sweep (on a
+   task, a mixer that never leaves the no-recall baseline) still goes to
+   phase 2, at the completed run's lowest final ``val_loss``, with a warning:
+   its phase-2 runs are flagged "did not learn" there, which is the finding
+   (leaving it out would hide it). A variant with no completed tuning run is
+   left out of phase 2.
 
 The tuning seed is kept out of phase 2, so picking the best learning rate on
 it does not bias the comparison (the selection and the test use different
@@ -17,6 +23,13 @@ seeds). Each phase-2 run records what was swept and which learning rate won
 under ``config["lr_tuned"]`` (so in its run id), and its label ends with
 ``lr=<chosen>``: every summary and report says which learning rate each
 variant got. ``abl compare <name>`` compares the phase-2 runs.
+
+Two warnings (printed by ``abl run``, ``--dry-run`` included, and by the
+sweep itself): ``seed_warnings`` when the seeds left after the tuning seed
+are fewer than the statistics need for a verdict (abl.analysis.stats'
+``MIN_SEEDS``; below it every comparison ends "too few seeds to decide"),
+and ``edge_warnings`` after phase 1 when a variant's best learning rate is
+the lowest or the highest of the sweep, so its best may lie outside it.
 """
 
 from __future__ import annotations
@@ -86,21 +99,66 @@ def tuning_results(db_path: Path, tuning: Grid) -> dict[str, dict[float, tuple[f
         loss = r.final.get("val_loss")
         why = ("" if r.status == "completed" and loss is not None and math.isfinite(loss)
                and not (r.final.get("did_not_learn") or 0) >= 0.5
-               else r.status if r.status != "completed" else "did not learn" if loss is not None else "no val_loss")
+               else r.status if r.status != "completed" else DID_NOT_LEARN_WHY if loss is not None else "no val_loss")
         out[variant(c)][c.train.lr] = (loss, why)
     return out
 
 
+DID_NOT_LEARN_WHY = "did not learn"
+
+
 def best_lrs(results: dict[str, dict[float, tuple[float | None, str]]]) -> tuple[dict[str, float], list[str]]:
-    """The usable learning rate with the lowest final val_loss per variant, and the variants without one."""
+    """The learning rate with the lowest final val_loss per variant among the runs that learned (among the
+    completed ones when none learned: ``unlearned`` names those variants), and the variants without a
+    completed run."""
     best, missing = {}, []
     for v, by_lr in results.items():
         ok = [(loss, lr) for lr, (loss, why) in by_lr.items() if not why and loss is not None]
+        ok = ok or [(loss, lr) for lr, (loss, why) in by_lr.items() if why == DID_NOT_LEARN_WHY and loss is not None]
         if ok:
             best[v] = min(ok)[1]
         else:
             missing.append(v)
     return best, missing
+
+
+def unlearned(results: dict[str, dict[float, tuple[float | None, str]]], best: dict[str, float]) -> list[str]:
+    """The variants whose chosen learning rate did not learn (none of the sweep did)."""
+    return [v for v, lr in best.items() if results[v][lr][1] == DID_NOT_LEARN_WHY]
+
+
+def seed_warnings(grid: Grid) -> list[str]:
+    """Why phase 2 cannot give a verdict: too few seeds after the tuning seed (empty when enough)."""
+    from ..analysis.stats import MIN_SEEDS, TOO_FEW
+
+    if not grid.cells or not grid.cells[0].train.lr_sweep:
+        return []
+    seeds = list(grid.cells[0].experiment.seeds)
+    left = len(seeds) - 1
+    if left >= MIN_SEEDS:
+        return []
+    return [f"train.lr_sweep: seed {seeds[0]} tunes the learning rates, leaving {left} seed(s) {seeds[1:]} for "
+            f"the comparison; the statistics need at least {MIN_SEEDS} seeds per cell for a verdict, so every "
+            f"comparison will read \"{TOO_FEW}\": give experiment.seeds at least {MIN_SEEDS + 1} seeds"]
+
+
+def edge_warnings(best: dict[str, float], sweep: list[float], labels: dict | None = None) -> list[str]:
+    """One warning per variant whose best learning rate is the lowest or the highest of the sweep."""
+    from ..grid.labels import grid_label
+
+    lo, hi = min(sweep), max(sweep)
+    shown = "[" + ", ".join(f"{v:g}" for v in sorted(sweep)) + "]"
+    out = []
+    for v, lr in best.items():
+        edge = "top" if math.isclose(lr, hi) else "bottom" if math.isclose(lr, lo) else None
+        if edge is None:
+            continue
+        name = str((labels or {}).get(v) or grid_label(json.loads(v)))
+        beyond = "higher" if edge == "top" else "lower"
+        out.append(f"lr sweep: {name}: its best lr {lr:g} is the {edge} edge of the sweep {shown}, so a {beyond} "
+                   f"learning rate may be better still; extend train.lr_sweep past {lr:g} before trusting the "
+                   "comparison")
+    return out
 
 
 def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tuple[float | None, str]]],
@@ -130,7 +188,8 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
         cells = []
         for lr in lrs:
             loss, why = by_lr.get(lr, (None, "not run"))
-            text = why if why else f"{loss:.4f}"
+            text = (f"{loss:.4f} ({why})" if why == DID_NOT_LEARN_WHY and loss is not None
+                    else why if why else f"{loss:.4f}")
             cells.append(text + (" *" if best.get(v) == lr else ""))
         rows.append((str(labels.get(v, fallback[v])), cells))
         table.add_row(rows[-1][0], *cells)
@@ -158,6 +217,8 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
 
         console = output_console()
     tuning = tuning_grid(grid, registry)
+    for w in seed_warnings(grid):
+        console.print(f"[yellow]warning: {w}[/]", highlight=False)
     console.print(f"[bold]lr sweep[/]: phase 1 tunes every cell at lr in {grid.cells[0].train.lr_sweep} on seed "
                   f"{grid.cells[0].experiment.seeds[0]} (experiment {tuning.cells[0].experiment.name})")
     from ..present import termlayout
@@ -172,11 +233,21 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
     results = tuning_results(db_path, tuning)
     best, missing = best_lrs(results)
     print_tuning_table(console, tuning, results, best)
+    stuck = unlearned(results, best)
+    learned = {v: lr for v, lr in best.items() if v not in stuck}
+    for w in edge_warnings(learned, [float(v) for v in grid.cells[0].train.lr_sweep]):
+        console.print(f"[yellow]warning: {w}[/]", highlight=False)
+    if stuck:
+        from ..grid.labels import grid_label
+
+        console.print(f"[yellow]warning: lr sweep: {len(stuck)} variant(s) did not learn at any lr of the sweep "
+                      f"({'; '.join(grid_label(json.loads(v)) for v in stuck)}); phase 2 trains each at its lowest "
+                      "tuning val_loss, where it will be flagged \"did not learn\"[/]", highlight=False)
     if missing:
-        console.print(f"[red]{len(missing)} variant(s) have no usable tuning run (none completed and learned) "
-                      "and are left out of phase 2[/]")
+        console.print(f"[red]{len(missing)} variant(s) have no completed tuning run and are left out of "
+                      "phase 2[/]")
     if not best:
-        console.print("[red]lr sweep: no variant has a usable tuning run; phase 2 not started[/]")
+        console.print("[red]lr sweep: no variant has a completed tuning run; phase 2 not started[/]")
         return failures + len(missing)
     final = final_grid(grid, registry, best)
     console.print(f"[bold]lr sweep[/]: phase 2 trains each variant at its own best lr on seeds "

@@ -11,7 +11,10 @@ the whole grid or the file system:
   it is a folder, it is some other file, it is not writable).
 
 Each returns one message per problem; ``check`` raises them together as a
-``ConfigError`` (exit status 2, nothing written).
+``ConfigError`` (exit status 2, nothing written). ``warnings`` lists what
+does not stop a run but must be said before it starts (``abl run
+--dry-run`` prints them): an lr sweep whose remaining seeds cannot give a
+verdict (abl.run.lr_sweep.seed_warnings).
 """
 
 from __future__ import annotations
@@ -131,6 +134,13 @@ def _is_duckdb(path: Path) -> bool:
     except OSError:
         return False
     return head[8:12] == b"DUCK"
+
+
+def warnings(grid: Grid) -> list[str]:
+    """What the user should know before the grid runs (empty when nothing)."""
+    from .lr_sweep import seed_warnings
+
+    return seed_warnings(grid)
 
 
 def check(grid: Grid, registry: Registry, db_path: Path | None = None) -> None:

@@ -14,7 +14,7 @@ import torch
 
 from ..contracts.registry import Registry
 from ..data.corpus import Batches
-from ..data.tasks import IGNORE_INDEX, Examples, Task, metric_prefix
+from ..data.tasks import IGNORE_INDEX, Examples, Task, baseline_metric, metric_prefix
 from ..model.decoder import ForwardContext
 
 VAL_STREAM = 0x7A5C  # the validation examples' RNG stream tag (independent of the training seed)
@@ -101,7 +101,10 @@ def accuracy_metrics(model: Any, batches: TaskBatches, n_examples: int, precisio
 
     Returns ``<prefix>_accuracy`` (every marked position of every slice),
     ``<prefix>_example_accuracy`` (examples with every marked position right),
-    ``<prefix>_accuracy_<slice>`` per named slice and, with ``with_loss``,
+    ``<prefix>_accuracy_<slice>`` per named slice, the task's no-recall
+    baseline when it declares one (``<prefix>_no_recall_baseline``, pooled
+    over the slices by their marked positions as the accuracy is, and
+    ``..._<slice>`` per named slice) and, with ``with_loss``,
     ``<prefix>_loss`` (mean cross-entropy on the marked positions of the
     training distribution's validation examples).
     """
@@ -111,9 +114,10 @@ def accuracy_metrics(model: Any, batches: TaskBatches, n_examples: int, precisio
     model.eval()
     right = marked = good = examples = 0
     out: dict[str, float] = {}
+    floors: list[tuple[float | None, int]] = []  # (the slice's baseline, its marked positions)
     try:
         with torch.no_grad():
-            for i, (name, _) in enumerate(batches.task.slices()):
+            for i, (name, slice_params) in enumerate(batches.task.slices()):
                 x, y = batches._tensors(batches.validation(n_examples, i))
                 s_right = s_marked = 0
                 for xb, yb in _batched(x, y, batches.batch_size):
@@ -127,8 +131,12 @@ def accuracy_metrics(model: Any, batches: TaskBatches, n_examples: int, precisio
                     good += int((hit | ~mask).all(dim=1).sum())
                     examples += int(xb.size(0))
                 right, marked = right + s_right, marked + s_marked
+                floor = batches.task.no_recall_baseline(batches.context, **slice_params)
+                floors.append((floor, s_marked))
                 if name:
                     out[f"{prefix}_accuracy_{name}"] = s_right / max(1, s_marked)
+                    if floor is not None:
+                        out[baseline_metric(prefix, name)] = float(floor)
             if with_loss:
                 total = count = 0.0
                 x, y = batches._tensors(batches.validation(n_examples))
@@ -144,6 +152,8 @@ def accuracy_metrics(model: Any, batches: TaskBatches, n_examples: int, precisio
         model.train(was_training)
     out[f"{prefix}_accuracy"] = right / max(1, marked)
     out[f"{prefix}_example_accuracy"] = good / max(1, examples)
+    if floors and all(f is not None for f, _ in floors):
+        out[baseline_metric(prefix)] = sum(f * m for f, m in floors) / max(1, sum(m for _, m in floors))
     return out
 
 
