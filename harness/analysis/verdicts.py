@@ -305,7 +305,7 @@ def cells_table(cells: Sequence[stats.CellInput], analysis: stats.Analysis, titl
         others = ", ".join(f"{n} {st}" for st, n in statuses.items() if st != COMPLETED)
         ms = _f(r.mean) + ("" if r.std is None else f" ± {_f(r.std)}")
         ci = "-" if r.ci_low is None else f"[{_f(r.ci_low)}, {_f(r.ci_high)}]"
-        table.add_row(str(numbers.get(r.key, "-")), "-" if r.rank is None else str(r.rank), r.label,
+        table.add_row(str(numbers.get(r.key, "-")), r.rank_text, r.label,
                       f"{r.n}/{runs}", ms, ci, *[extra[m].get(r.key, "-") for m in extra],
                       *([f"{lr[r.key]:g}" if lr.get(r.key) is not None else "-"] if lr else []),
                       "; ".join(x for x in (r.status or health_text(r.health), others) if x and x != "-") or "-")
@@ -316,7 +316,7 @@ def comparisons_table(analysis: stats.Analysis, title: str):
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", caption=analysis.method, caption_justify="left")
-    for col in ("a", "b", "Δ = a − b", "95% CI", "p", "p (Holm)" if analysis.correction == stats.HOLM else "p (adj.)",
+    for col in ("a", "b", "Δ = a − b", analysis.interval_header, "p", "p (Holm)" if analysis.correction == stats.HOLM else "p (adj.)",
                 "test", "MDD", "verdict"):
         table.add_column(col, no_wrap=col not in ("a", "b", "verdict"))
     for c in analysis.comparisons:

@@ -212,7 +212,7 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
         runs = sum(statuses.values()) or r.n
         others = ", ".join(f"{n} {st}" for st, n in statuses.items() if st != verdicts.COMPLETED)
         out += [("bold", ln) for ln in head(view.numbers[r.key], r.label)]
-        items = ["rank " + ("-" if r.rank is None else str(r.rank)),
+        items = ["rank " + r.rank_text,
                  f"{name} {verdicts.fmt(r.mean)}" + ("" if r.std is None else f" ± {verdicts.fmt(r.std)}"),
                  "" if r.ci_low is None else f"95% CI [{verdicts.fmt(r.ci_low)}, {verdicts.fmt(r.ci_high)}]",
                  f"seeds {r.n}/{runs}"]
@@ -244,10 +244,10 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
             label = c.a_label if one_base else f"{c.a_label}  minus  {c.b_label}"
             out += [("bold", ln) for ln in wrap(label, width, " " * len(lead), first=lead)]
             items = [f"Δ {verdicts.fmt(c.delta, signed=True)}",
-                     "" if c.ci_low is None else
-                     f"95% CI [{verdicts.fmt(c.ci_low, signed=True)}, {verdicts.fmt(c.ci_high, signed=True)}]",
+                     "" if c.ci_low is None else f"{an.interval_header} "
+                     f"[{verdicts.fmt(c.ci_low, signed=True)}, {verdicts.fmt(c.ci_high, signed=True)}]",
                      f"p {stats.fmt_p(c.p_value)}", f"{adj} {stats.fmt_p(c.p_adjusted)}", f"test: {c.test}",
-                     f"MDD {verdicts.fmt(c.mdd)}", f"verdict: {c.verdict}"]
+                     "" if c.mdd is None else f"MDD {verdicts.fmt(c.mdd)}", f"verdict: {c.verdict}"]
             out += [("", ln) for ln in pack(items, width, ind)]
         out += [("dim", ln) for ln in wrap(an.method, width, "")]
     return out
@@ -275,7 +275,7 @@ def csv_rows(view: View) -> list[dict[str, Any]]:
     rows = []
     by_key = {c.key: c for c in view.cells}
     for r in view.ranked():
-        row: dict[str, Any] = {"number": view.numbers[r.key], "label": r.label, "rank": r.rank, "seeds": r.n,
+        row: dict[str, Any] = {"number": view.numbers[r.key], "label": r.label, "rank": r.rank, "group": r.group, "seeds": r.n,
                                "runs": sum(by_key[r.key].statuses.values()) if r.key in by_key else r.n,
                                f"{view.metric}_mean": r.mean, f"{view.metric}_std": r.std,
                                f"{view.metric}_ci_low": r.ci_low, f"{view.metric}_ci_high": r.ci_high}
@@ -329,7 +329,7 @@ def as_md(view: View) -> str:
     rows = []
     for r in view.ranked():
         runs = sum(by_key[r.key].statuses.values()) if r.key in by_key else r.n
-        rows.append([view.numbers[r.key], "-" if r.rank is None else r.rank, r.label, f"{r.n}/{runs}",
+        rows.append([view.numbers[r.key], r.rank_text, r.label, f"{r.n}/{runs}",
                      verdicts.fmt(r.mean) + ("" if r.std is None else f" ± {verdicts.fmt(r.std)}"),
                      "-" if r.ci_low is None else f"[{verdicts.fmt(r.ci_low)}, {verdicts.fmt(r.ci_high)}]",
                      *[(view.figures.get(r.key, {}).get(m) or Figure(m, [])).text().replace("*", "\\*")
@@ -343,7 +343,7 @@ def as_md(view: View) -> str:
     lines += [view.analysis.method, ""]
     for m, an, what in view.tables:
         lines += [f"### {view.title}: {m}, {what}", ""]
-        table(["a", "b", "Δ = a − b", "95% CI", "p", "p (Holm)" if an.correction == stats.HOLM else "p (adj.)",
+        table(["a", "b", "Δ = a − b", an.interval_header, "p", "p (Holm)" if an.correction == stats.HOLM else "p (adj.)",
                "test", "MDD", "verdict"],
               [[f"#{view.numbers.get(c.a)} {c.a_label}", f"#{view.numbers.get(c.b)} {c.b_label}",
                 verdicts.fmt(c.delta, signed=True),

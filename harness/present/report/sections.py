@@ -194,20 +194,21 @@ def comparison_section(ctx: Context) -> None:
     for i, s in enumerate(stat_rows, 1):
         health = (f"did not learn {s['did_not_learn']}/{s['completed']} (floor {stats.fmt(s['unigram_floor'], 3)})"
                   if s["did_not_learn"] else "") or (f"spikes {s['loss_spikes']}" if s["loss_spikes"] else "ok")
-        table_rows.append([i, s["label"], f"{s['n']}/{s['runs']}", "-" if s["rank"] is None else s["rank"],
+        table_rows.append([i, s["label"], f"{s['n']}/{s['runs']}", s.get("rank_text") or "-",
                            stats.fmt(s["mean"]), stats.fmt(s["std"]),
                            _ci(s["ci_low"], s["ci_high"]),
                            "-" if s["is_baseline"] else _signed(s["delta"]),
                            _ci(s["delta_ci_low"], s["delta_ci_high"]), stats.fmt_p(s["p_value"]),
                            stats.fmt_p(s["p_adjusted"]), s["test"], stats.fmt(s["mdd"]), s["verdict"], health])
-    doc.table(["#", "cell", "n", "rank", "mean", "std", "95% CI", "Δ vs baseline", "Δ 95% CI", "p", "p (Holm)",
+    doc.table(["#", "cell", "n", "rank", "mean", "std", "95% CI", "Δ vs baseline",
+               f"Δ {stat_rows[0].get('interval_header', '95% CI')}", "p", "p (Holm)",
                "test", "MDD", "verdict", "health"],
               table_rows,
               (f"val_bpb: bits per byte, the validation loss over the bytes of text its tokens cover "
                f"(the cells' data or tokenizers differ, so a token is not the same unit), "
                if metric == "val_bpb" else
                f"val_loss: mean cross-entropy (nats) on the fixed validation batches at the last step, ")
-              + f"completed runs only. CI: Student t, 95%. Δ = cell - baseline ({base.label}); lower is better. "
+              + f"completed runs only. CI of a mean: Student t, 95%. Δ = cell - baseline ({base.label}); lower is better. "
               f"{stat_rows[0]['method']} Health: did not learn = final val_loss within "
               f"{DID_NOT_LEARN_MARGIN} nats of the data's unigram floor; spikes = training-loss spikes "
               f"(abl.analysis.health). {cond}")
