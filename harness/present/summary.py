@@ -25,6 +25,7 @@ Names, units and which figures are speeds come from the metric catalogue
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ class View:
     extra: list[str]  # further metrics shown per cell
     figures: dict[Any, dict[str, Figure]]
     lr: dict | None
+    effects: list = dataclasses.field(default_factory=list)  # stats.AxisEffect per swept axis: the headline
 
     @property
     def analysis(self) -> stats.Analysis:
@@ -172,8 +174,14 @@ def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | No
                                          bootstrap=bootstrap, correction=correction)
         tables.append((m, an, w))
     extra = [m for m in dict.fromkeys([*rest, *ALWAYS]) if any(m in r.final for r in runs)]
+    # the per-axis answer leads (all swept axes, or the one --by names; none for chosen pairs)
+    effects = [] if pairs else verdicts.axis_effects(cells, paths, first, only=by)
     return View(title=title, metric=first, cells=cells, numbers={c.key: i for i, c in enumerate(cells, 1)},
-                tables=tables, extra=extra, figures=figures(runs, extra), lr=_lrs(runs))
+                tables=tables, extra=extra, figures=figures(runs, extra), lr=_lrs(runs), effects=effects)
+
+
+def effect_lines(view: View) -> list[str]:
+    return verdicts.effect_section(view.effects, view.title, view.metric)
 
 
 # ---------------------------------------------------------------- printing
@@ -204,6 +212,11 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
         first = f"{number:>{digits}}. "
         return wrap(label, width, " " * len(first), first=first)
 
+    for i, line in enumerate(effect_lines(view)):
+        out += [("bold" if i == 0 else "dim" if line == verdicts.EFFECTS_METHOD else "", ln)
+                for ln in wrap(line, width, "      ", first="")]
+    if view.effects:
+        out.append(("", ""))
     out += [("bold", ln) for ln in wrap(f"{view.title}: {view.metric} by cell, best first "
                                          f"(# is the cell's number: --baseline and --pairs take it)", width, "")]
     name = verdicts.display_name(view.metric)
@@ -265,7 +278,8 @@ def as_json(view: View) -> list[dict[str, Any]]:
                           "figures": {k: f.as_dict() for k, f in figs.items()},
                           "contended": any(f.contended for f in figs.values())})
         out.append({"metric": m, "comparisons_of": what, "method": an.method, "cells": cells,
-                    "comparisons": [c.as_dict() for c in an.comparisons]})
+                    "comparisons": [c.as_dict() for c in an.comparisons],
+                    **({"axes": verdicts.effects_json(view.effects)} if m == view.metric else {})})
     return out
 
 
@@ -322,6 +336,9 @@ def as_md(view: View) -> str:
         lines.append("")
 
     by_key = {c.key: c for c in view.cells}
+    eff = effect_lines(view)
+    if eff:
+        lines += [f"### {eff[0]}", "", *[f"- {_md_cell(x.strip())}" for x in eff[1:-1]], "", eff[-1], ""]
     lines += [f"### {view.title}: {view.metric} by cell, best first", ""]
     name = verdicts.display_name(view.metric)
     header = ["#", "rank", "cell", "seeds", f"{name} (mean ± std)", "95% CI",
@@ -377,6 +394,8 @@ def show(console, view: View, presentation: Presentation | None = None) -> None:
         for style, line in stacked_lines(view, console.width):
             console.print(Text(line, style=style), soft_wrap=True)
         return
+    for i, line in enumerate(effect_lines(view)):
+        console.print(Text(line, style="bold" if i == 0 else "dim" if line == verdicts.EFFECTS_METHOD else ""))
     print_wide(console, tables[0])
     if view.contended:
         console.print(CONTENDED_NOTE, style="yellow")
@@ -415,8 +434,10 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None,
                 metrics = ["val_bpb", "val_loss"]
                 console.print("val_bpb: validation loss in bits per byte of text (the cells' data or "
                               "tokenizers differ, so a token is not the same unit: bits per byte rank them)")
-        render(console, runs, metrics=metrics, title=exp.name, order=order, paths=paths,
-               baseline=getattr(exp, "baseline", "") or None, presentation=presentation)
+        p = presentation or termlayout.PRESENTATION
+        view = build(runs, metrics=metrics, title=exp.name, order=order, paths=paths,
+                     baseline=getattr(exp, "baseline", "") or None, every_metric=p.fmt == "json")
+        show(console, view, p)
         labels = run_labels(runs, paths)
         compiled: dict[str, list[float]] = {}  # train.compile cells: their compile time, apart from tokens/s
         for r in runs:
@@ -428,6 +449,8 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None,
         if detect is not None:
             cells = verdicts.cell_inputs(runs, metrics[0], order)
             console.print(verdicts.seeds_for_effect(cells, detect, max(1, len(cells) - 1)))
+        for line in verdicts.verdict_lines(view.effects) if p.fmt == "table" else []:  # the grid's answer, last
+            console.print(line, style="bold", markup=False)
     except verdicts.VerdictError as exc:
         console.print(f"[yellow]statistics: {exc}[/]")
     except Exception as exc:  # noqa: BLE001 - statistics must never hide the results or lose the run

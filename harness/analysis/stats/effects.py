@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence
 
@@ -131,6 +132,16 @@ def main_effects(cells: Sequence[CellInput], axes: Sequence[str], *, alpha: floa
             rows.append({**{_name(i): str(c.settings.get(a)) for i, a in enumerate(axes)},
                          "seed": str(seed), "y": float(v), "data": str(c.data_key)})
     df = pd.DataFrame(rows)
+    # an axis whose levels map one to one onto an earlier axis's (a derived setting) is the same factor
+    keep = []
+    for i, a in enumerate(axes):
+        col = _name(i)
+        if not any(df.groupby(col)[_name(j)].nunique().max() == 1 and
+                   df.groupby(_name(j))[col].nunique().max() == 1 for j in keep):
+            keep.append(i)
+    df = df[[_name(i) for i in keep] + ["seed", "y", "data"]].rename(
+        columns={_name(i): _name(n) for n, i in enumerate(keep)})
+    axes = [axes[i] for i in keep]
     out = []
     for i, axis in enumerate(axes):
         out.append(_one_axis(df, axes, i, alpha=alpha, lower_is_better=lower_is_better, left_out=left_out))
@@ -163,6 +174,10 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
     formula = "y ~ " + " + ".join(f"C({t})" for t in [me, *blocks])
     res = smf.ols(formula, data=df).fit()
     effect.df_resid = float(res.df_resid)
+    if np.linalg.matrix_rank(res.model.exog) < res.model.exog.shape[1]:
+        effect.note = (f"{axes[i]} is confounded with the other factors ({', '.join(effect.blocks)}): "
+                       "its effect cannot be separated")
+        return effect
     levels = list(dict.fromkeys(df[me]))
     # least-squares means: predictions over the full crossing of the blocks' levels, averaged
     grid = pd.DataFrame(list(itertools.product(*[sorted(df[b].unique()) for b in blocks])) or [()],
@@ -174,7 +189,8 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
         lsm[lv] = float(np.mean(res.predict(g)))
     counts = df[me].value_counts().to_dict()
     order = sorted(levels, key=lambda lv: lsm[lv] * (1 if lower_is_better else -1))
-    enough = res.df_resid >= MIN_SEEDS - 1 and min(counts.values()) >= MIN_SEEDS
+    # a verdict per contrast: both levels with MIN_SEEDS runs, and the residual df a 3-seed t-test has
+    df_ok = res.df_resid >= MIN_SEEDS - 1
     # every pair of levels: the difference of their coefficients (treatment coding), a t-test of the contrast
     names = list(res.params.index)
     comps, pairs = [], []
@@ -192,17 +208,18 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
                             int(counts[b]), delta, lo, hi, p if math.isfinite(p) else None, None,
                             f"OLS contrast (df={res.df_resid:g})", "", df=float(res.df_resid),
                             se=se if math.isfinite(se) else None, ci_level=1 - alpha, ci_raw_low=lo, ci_raw_high=hi)
+        enough = df_ok and min(counts[a], counts[b]) >= MIN_SEEDS
         row.mdd = min_detectable(row.se, row.df) if enough else None
-        comps.append(row)
+        comps.append((row, enough))
         pairs.append((a, b))
-    adj = holm(np.array([np.nan if c.p_value is None else c.p_value for c in comps], dtype=float))
+    adj = holm(np.array([np.nan if c.p_value is None else c.p_value for c, _ in comps], dtype=float))
     apart = set()
-    for (a, b), c, pa in zip(pairs, comps, adj):
+    for (a, b), (c, enough), pa in zip(pairs, comps, adj):
         c.p_adjusted = float(pa) if np.isfinite(pa) else None
         _holm_interval(c, {}, alpha, bootstrap=False)
         if not enough:
-            c.verdict = (f"{TOO_FEW} (at least {MIN_SEEDS} runs per level and {MIN_SEEDS - 1} residual "
-                         f"degrees of freedom give a verdict; here {min(counts.values())} and {res.df_resid:g})")
+            c.verdict = (f"{TOO_FEW} (n={min(counts[a], counts[b])} runs; at least {MIN_SEEDS} runs per "
+                         f"level and {MIN_SEEDS - 1} residual degrees of freedom give a verdict)")
         elif c.p_adjusted is None:
             c.verdict = f"{TOO_FEW} (no test)"
         elif c.p_adjusted < alpha:
@@ -218,7 +235,7 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
         r.tied = sum(o.rank == r.rank for o in rows) > 1
     for r, g in zip(rows, letters(len(rows), apart)):
         r.group = g
-    effect.levels, effect.contrasts = rows, comps
+    effect.levels, effect.contrasts = rows, [c for c, _ in comps]
     effect.interactions = _interactions(df, me, blocks, others, res, axes)
     return effect
 
@@ -232,9 +249,12 @@ def _interactions(df: Any, me: str, blocks: list[str], others: list[str], res: A
 
     out = []
     for o in others:
-        full = smf.ols("y ~ " + " + ".join(f"C({t})" for t in [me, *blocks]) + f" + C({me}):C({o})",
-                       data=df).fit()
-        if full.df_resid < 1 or full.df_model <= res.df_model:
+        with warnings.catch_warnings():  # an incomplete grid (excluded cells) leaves interaction columns empty:
+            warnings.simplefilter("ignore")  # statsmodels counts the rank, so the F-test's df stay right
+            full = smf.ols("y ~ " + " + ".join(f"C({t})" for t in [me, *blocks]) + f" + C({me}):C({o})",
+                           data=df).fit()
+        # no residual variance left (synthetic values: every seed moves every cell alike): F is undefined
+        if full.df_resid < 1 or full.df_model <= res.df_model or not full.ssr > 1e-12 * full.centered_tss:
             continue
         with np.errstate(invalid="ignore", divide="ignore"):
             table = anova_lm(res, full)

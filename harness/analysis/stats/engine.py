@@ -344,23 +344,23 @@ def _tie_groups(ranked: list[CellRow], by_key: Mapping, *, alpha: float, correct
 
 def letters(k: int, apart: set[tuple[int, int]]) -> list[str]:
     """The compact letter display of ``k`` items in order of their means (best first), given the pairs
-    (i, j), i < j, that are distinguishable: each maximal run of consecutive items with no distinguishable
-    pair gets a letter (Piepho 2004); "" for every item when there is a single run (the letters would say
-    nothing the rank does not)."""
-    runs, reach = [], -1
-    for i in range(k):
-        j = i
-        while j + 1 < k and all((x, j + 1) not in apart for x in range(i, j + 1)):
-            j += 1
-        if j > reach:  # not inside the previous run
-            runs.append((i, j))
-            reach = j
+    (i, j), i < j, that are distinguishable: items that share a letter are not distinguishable, and every
+    pair that is not distinguishable shares one. Piepho's insert-absorb algorithm (Piepho 2004): start
+    from one group of all items; for each distinguishable pair split every group holding both into one
+    without i and one without j; drop groups inside others. Letters follow the groups' best items. ""
+    for every item when there is a single group (the letters would say nothing the rank does not)."""
+    groups: list[frozenset[int]] = [frozenset(range(k))]
+    for i, j in sorted(apart):
+        split = []
+        for g in groups:
+            split += [g - {i}, g - {j}] if i in g and j in g else [g]
+        groups = [g for g in dict.fromkeys(split) if g and not any(g < h for h in split)]
     out = [""] * k
-    if len(runs) < 2:
+    if len(groups) < 2:
         return out
     abc = "abcdefghijklmnopqrstuvwxyz"
-    for n, (i, j) in enumerate(runs):
-        for x in range(i, j + 1):
+    for n, g in enumerate(sorted(groups, key=lambda g: sorted(g))):
+        for x in g:
             out[x] += abc[n % 26]
     return out
 
