@@ -231,3 +231,26 @@ def test_by_an_axis_works_on_a_budget_matched_grid(tmp_path, monkeypatch):
     out = json.loads(r.output)[0]
     assert len(out["comparisons"]) == 2  # mha against mqa at each norm
     assert [a["axis"] for a in out["axes"]] == ["model.mixer"] and out["axes"][0]["best"] == "mha"
+
+
+def test_the_dashboard_leads_with_the_same_per_axis_lines(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from abl.analysis.verdicts import analyse_runs, axis_effects, effect_section
+    from abl.present.summary import load
+
+    monkeypatch.chdir(tmp_path)
+    grid, db, g = _store(tmp_path, GRID, _norms_value)
+    monkeypatch.setenv("ABL_DB", str(db))
+    monkeypatch.setenv("ABL_RUNS_DIR", str(tmp_path / "results" / "runs"))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py"), default_timeout=90)
+    at.switch_page("views/compare.py")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    text = "\n".join(str(x.value) for x in [*at.markdown, *at.caption, *at.subheader])
+    cells, _, _ = analyse_runs(load(db, experiment="norms-axes"))
+    section = effect_section(axis_effects(cells, (), "val_loss"), "val loss")
+    assert "Per axis: main effects, best level first" in text and "model.block: best pre" in text
+    assert all(ln.strip() in text for ln in section[1:-1])

@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from abl.analysis import stats
-from abl.analysis.verdicts import health_text
+from abl.analysis.verdicts import axis_effects, effect_section, health_text
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 
@@ -158,7 +158,7 @@ caption = (f"Dots: mean over seeds ({n_seeds} per cell, completed runs); bars: 9
            f"(t-distribution, n−1 df). " + ("Dashed line: the baseline's mean; markers and colours: each cell's "
                                             "verdict against the baseline. " if baseline else "")
            + analysis.method)
-table_cols = ["rank", "group", "cell", *axes, "n", "mean", "std", "ci_lo", "ci_hi", "delta", "p", "p_holm", "verdict",
+table_cols = ["rank", "cell", "group", *axes, "n", "mean", "std", "ci_lo", "ci_hi", "delta", "p", "p_holm", "verdict",
               "health"]
 export = summ[[c for c in dict.fromkeys(table_cols + ["cell_key"]) if c in summ]]
 st.subheader(f"{info.label}: mean and 95% CI per cell, {'lower' if lower_better else 'higher'} is better")
@@ -169,6 +169,18 @@ if q.is_speed(metric):
     if hit:
         st.warning(f"{len(hit)} run(s) of the selection were {common.CONTENDED_NOTE}: compare speeds of runs "
                    "measured on a quiet machine (the runs table flags them).", icon=":material/warning:")
+
+if mode != "pairs":  # the per-axis answer, as the CLI summary and abl compare lead with it
+    try:
+        effects = axis_effects(cell_inputs, (), metric, only=kwargs.get("by"))
+    except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not hide the cell tables
+        effects = []
+        st.warning(f"per-axis analysis unavailable: {type(exc).__name__}: {exc}")
+    section = effect_section(effects, info.label, metric)
+    if section:
+        st.subheader("Per axis: main effects, best level first")
+        st.markdown("\n".join(f"- {ln.strip()}" for ln in section[1:-1]))
+        st.caption(section[-1])
 
 st.subheader(f"Verdicts: {what}")
 if comp.empty:
