@@ -254,3 +254,17 @@ def test_the_dashboard_leads_with_the_same_per_axis_lines(tmp_path, monkeypatch)
     section = effect_section(axis_effects(cells, (), "val_loss"), "val loss")
     assert "Per axis: main effects, best level first" in text and "model.block: best pre" in text
     assert all(ln.strip() in text for ln in section[1:-1])
+
+
+def test_the_report_has_the_per_axis_section(tmp_path, monkeypatch):
+    from abl.present.report import build_report, load_runs
+
+    monkeypatch.chdir(tmp_path)
+    grid, db, g = _store(tmp_path, GRID, _norms_value)
+    runs = load_runs(db, run_ids=[c.run_id for c in g.cells])
+    rep = build_report(runs, source=str(grid), db_path=str(db), registry=None,
+                       order=list(dict.fromkeys(c.cell_key for c in g.cells)), grid_raw=g.raw)
+    md = rep.doc.markdown()
+    assert "## Per axis: main effects on val_loss" in md
+    assert md.index("## Per axis") < md.index("## Comparison")  # the answer leads
+    assert "pre is better than sandwich" in md and "model.norm: best" in md

@@ -120,6 +120,7 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
     header(ctx, title, source, missing_runs)
     conditions_section(ctx)
     grid_section(ctx)
+    axes_section(ctx)
     comparison_section(ctx)
     loss_curves_section(ctx)
     quality_vs_cost_section(ctx)
@@ -184,6 +185,36 @@ def grid_section(ctx: Context) -> None:
     shown = {k: v for k, v in fixed.items() if not k.startswith(("train.device", "train.threads"))}
     doc.table(["setting", "value"], [[k, json.dumps(v) if not isinstance(v, str) else v]
                                      for k, v in shown.items()], "settings shared by every cell")
+
+
+def axes_section(ctx: Context) -> None:
+    """3a. Per axis: each swept axis's main effect (abl.analysis.verdicts.axis_effects), the answer the CLI
+    summary and the dashboard lead with: best level, by how much, and whether it is real."""
+    from ...analysis import verdicts
+
+    paths = [k for k in ((ctx.grid_raw or {}).get("grid") or {}) if k != "exclude"]
+    cells = verdicts.cell_inputs([r for c in ctx.cells for r in c.runs], ctx.metric, [c.key for c in ctx.cells])
+    try:
+        effects = verdicts.axis_effects(cells, paths, ctx.metric)
+    except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not lose the report
+        ctx.doc.p(f"Per-axis analysis unavailable: {type(exc).__name__}: {exc}")
+        return
+    if not effects:
+        return
+    ctx.doc.h(2, f"Per axis: main effects on {ctx.metric}, best level first")
+    rows = []
+    for e in effects:
+        h = e.headline()
+        for lv in e.levels:
+            rows.append([e.axis, lv.level, f"{lv.rank}{'=' if lv.tied else ''}", lv.group or "-",
+                         stats.fmt(lv.mean), lv.n, e.verdict() if lv is e.best else ""])
+        if h is not None and e.interaction_text():
+            rows.append([e.axis, "", "", "", "", "", e.interaction_text()])
+    ctx.doc.table(["axis", "level", "rank", "letters", "least-squares mean", "runs", "verdict"], rows,
+                  f"{verdicts.EFFECTS_METHOD} {ctx.cond}")
+    for line in verdicts.effect_lines(effects, ctx.metric):
+        if not line.startswith(" "):
+            ctx.doc.p(line)
 
 
 def comparison_section(ctx: Context) -> None:
