@@ -319,7 +319,7 @@ def cells_table(cells: Sequence[stats.CellInput], analysis: stats.Analysis, titl
     for col in ("#", "rank", "cell", "seeds", f"{display_name(metric)} (mean ± std)", "95% CI", *extra,
                 *(["lr"] if lr else []), "health"):
         table.add_column(col, no_wrap=col not in ("cell", "health"), justify="right" if col == "#" else "left")
-    rows = sorted(analysis.cells, key=lambda r: (r.rank is None, r.rank or 0))
+    rows = sorted(analysis.cells, key=lambda r: r.order_key)
     by_key = {c.key: c for c in cells}
     for r in rows:
         statuses = by_key[r.key].statuses if r.key in by_key else {}

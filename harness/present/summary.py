@@ -154,7 +154,7 @@ class View:
         return any(f.contended for cell in self.figures.values() for m, f in cell.items() if is_speed(m))
 
     def ranked(self) -> list[stats.CellRow]:
-        return sorted(self.analysis.cells, key=lambda r: (r.rank is None, r.rank or 0))
+        return sorted(self.analysis.cells, key=lambda r: r.order_key)
 
 
 def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | None = None,

@@ -94,6 +94,12 @@ class CellRow:
     status: str  # "" or why the cell is not ranked
     group: str = ""  # compact letter display: cells sharing a letter are not distinguishable
     tied: bool = False  # another ranked cell has the same rank
+    position: int | None = None  # 1-based place in the order of means, best first (ranked cells only)
+
+    @property
+    def order_key(self) -> tuple:
+        """Best first: ranked cells in the order of their means (ties stay together), then the others."""
+        return (self.rank is None, self.position or 0)
 
     @property
     def rank_text(self) -> str:
@@ -336,6 +342,7 @@ def _tie_groups(ranked: list[CellRow], by_key: Mapping, *, alpha: float, correct
              if np.isfinite(pa) and pa < alpha and min(c.n_a, c.n_b) >= MIN_SEEDS}
     for j, r in enumerate(ranked):
         r.rank = 1 + sum((i, j) in apart for i in range(j))
+        r.position = j + 1
     for r in ranked:
         r.tied = sum(o.rank == r.rank for o in ranked) > 1
     for r, g in zip(ranked, letters(k, apart)):
