@@ -21,8 +21,10 @@ CI and a two-sided p-value,
 ``abl compare``, ``abl report`` and the dashboard's Compare page all call it
 (through abl.analysis.verdicts), with the same defaults: paired by seed when
 the cells share seeds and data order, else Welch; Holm over the comparisons
-shown; "too few seeds to decide" below MIN_SEEDS seeds, with the minimum
-detectable difference; cells that did not learn are not ranked. ``compare``
+shown, intervals adjusted alike; "too few seeds to decide" below MIN_SEEDS
+seeds (no minimum detectable difference from so few); ranks as tie groups;
+cells that did not learn are not ranked. ``main_effects`` (effects) gives
+each swept axis's answer, pooled over the other axes. ``compare``
 and ``compare_cells`` are thin wrappers over it. The dashboard's other pages
 use ``summarize_groups``, ``t_halfwidth``, ``ema``, ``pareto_mask`` and
 ``downsample`` (frames).

@@ -158,8 +158,8 @@ class Analysis:
         corr = (f"Holm correction over the {tested} comparisons with a p-value shown" if self.correction == HOLM
                 else "no multiple-comparison correction")
         return (f"Test: {test}; {corr}; alpha = {self.alpha}; two-sided; intervals of Δ: {self.interval}; "
-                f"fewer than {MIN_SEEDS} seeds: {TOO_FEW} (no MDD; MDD: minimum detectable difference at the "
-                f"observed variance, power {POWER:.0%}); rank: 1 + the cells distinguishably better (every "
+                f"fewer than {MIN_SEEDS} seeds: {TOO_FEW}; MDD (from {MIN_SEEDS} seeds): minimum detectable "
+                f"difference at the observed variance, power {POWER:.0%}; rank: 1 + the cells distinguishably better (every "
                 f"pair tested, Holm), = marks a tie, cells sharing a letter are not distinguishable; "
                 f"cells that did not learn are not ranked or tested.")
 
