@@ -268,3 +268,21 @@ def test_the_report_has_the_per_axis_section(tmp_path, monkeypatch):
     assert "## Per axis: main effects on val_loss" in md
     assert md.index("## Per axis") < md.index("## Comparison")  # the answer leads
     assert "pre is better than sandwich" in md and "model.norm: best" in md
+
+
+def _cell(key, vals, **levels):
+    return stats.CellInput(key, key, vals, 0, settings={a: json.dumps(v) for a, v in levels.items()})
+
+
+def test_designs_the_model_cannot_pair_or_test_say_so():
+    # one seed, one axis: no residual variance, no verdict invented
+    one = verdicts.axis_effects([_cell("a", {0: 1.0}, x="a"), _cell("b", {0: 1.1}, x="b")], ["x"])
+    assert one[0].contrasts == [] and "no residual variance" in one[0].note
+    assert verdicts.verdict_lines(one) == []
+    # the levels ran different seeds: the seed is no block (it would be confounded with the level)
+    apart = verdicts.axis_effects([_cell("a", {0: 1.0, 1: 1.1, 2: 1.2}, x="a"),
+                                   _cell("b", {3: 1.5, 4: 1.6, 5: 1.75}, x="b")], ["x"])
+    assert apart[0].blocks == [] and "not paired by seed" in apart[0].note
+    c = apart[0].contrasts[0]
+    ref = sps.ttest_ind([1.0, 1.1, 1.2], [1.5, 1.6, 1.75])  # one factor, no blocks: the pooled t-test
+    assert c.p_value == pytest.approx(ref.pvalue) and c.verdict == stats.BETTER

@@ -372,8 +372,12 @@ def axis_effects(cells: Sequence[stats.CellInput], paths: Sequence[str] = (), me
     if not axes or len(cells) < 2:
         return []
     only = only[2:] if only and only.startswith("$.") else only
-    return [e for e in stats.main_effects(cells, axes, lower_is_better=lower_is_better(metric))
-            if not only or e.axis == only]
+    try:
+        effects = stats.main_effects(cells, axes, lower_is_better=lower_is_better(metric))
+    except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not hide the cell tables
+        return [stats.AxisEffect(", ".join(axes), [], [], note=f"per-axis analysis unavailable: "
+                                                              f"{type(exc).__name__}: {exc}")]
+    return [e for e in effects if not only or e.axis == only]
 
 
 EFFECTS_METHOD = ("Per axis: each swept axis's main effect, pooled over the other axes and paired by seed: an OLS "

@@ -171,10 +171,26 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
                         left_out=left_out, lower_is_better=lower_is_better, alpha=alpha)
     if df["data"].nunique() > 1:
         effect.note = "the cells differ in data order (dataset, context or batch size): seeds are not shared blocks"
-    formula = "y ~ " + " + ".join(f"C({t})" for t in [me, *blocks])
-    res = smf.ols(formula, data=df).fit()
+    def fit(terms):
+        with warnings.catch_warnings():  # rank deficiency is checked below, not printed
+            warnings.simplefilter("ignore")
+            return smf.ols("y ~ " + " + ".join(f"C({t})" for t in terms), data=df).fit()
+
+    def deficient(r) -> bool:
+        return bool(np.linalg.matrix_rank(r.model.exog) < r.model.exog.shape[1])
+
+    res = fit([me, *blocks])
+    if deficient(res) and "seed" in blocks:  # seeds not shared across the levels: no pairing by seed
+        blocks = [b for b in blocks if b != "seed"]
+        effect.blocks = [b for b in effect.blocks if b != "seed"]
+        effect.note = "; ".join(x for x in (effect.note, "the levels ran different seeds: not paired by seed") if x)
+        res = fit([me, *blocks])
     effect.df_resid = float(res.df_resid)
-    if np.linalg.matrix_rank(res.model.exog) < res.model.exog.shape[1]:
+    if not res.df_resid > 0:
+        effect.note = "; ".join(x for x in (effect.note, "one run per cell and seed: no residual variance to "
+                                            "test against (run at least 2 seeds)") if x)
+        return effect
+    if deficient(res):
         effect.note = (f"{axes[i]} is confounded with the other factors ({', '.join(effect.blocks)}): "
                        "its effect cannot be separated")
         return effect
