@@ -87,7 +87,7 @@ def solved_paths(config: dict) -> set[str]:
         return set()
     from ..contracts.plugin_manager import get_registry
 
-    comp = get_registry().components.get(("ffn", ffn.get("name")))
+    comp = get_registry().components.get(("ffn", str(ffn.get("name"))))
     knob = comp.width if comp is not None else None
     return {f"ffn.{ffn.get('name')}.{p}" for p in (knob, "multiple_of") if p and p in params}
 

@@ -133,7 +133,7 @@ def main_effects(cells: Sequence[CellInput], axes: Sequence[str], *, alpha: floa
                          "seed": str(seed), "y": float(v), "data": str(c.data_key)})
     df = pd.DataFrame(rows)
     # an axis whose levels map one to one onto an earlier axis's (a derived setting) is the same factor
-    keep = []
+    keep: list[int] = []
     for i, a in enumerate(axes):
         col = _name(i)
         if not any(df.groupby(col)[_name(j)].nunique().max() == 1 and
