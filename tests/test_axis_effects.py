@@ -286,3 +286,33 @@ def test_designs_the_model_cannot_pair_or_test_say_so():
     c = apart[0].contrasts[0]
     ref = sps.ttest_ind([1.0, 1.1, 1.2], [1.5, 1.6, 1.75])  # one factor, no blocks: the pooled t-test
     assert c.p_value == pytest.approx(ref.pvalue) and c.verdict == stats.BETTER
+
+
+def test_the_shipped_norms_grid_at_its_shipped_seeds_ends_with_a_verdict_per_axis(tmp_path, monkeypatch):
+    """ablations/norms.toml as shipped (its seeds), runs written without training: the summary's last lines
+    are a verdict on the norm axis and on the block axis, where the cell table has only 'too few seeds'."""
+    import test_summary_layout as layout
+    from rich.console import Console
+
+    from abl.present.summary import print_run_summary
+    from abl.store import database as store
+
+    def loss(cell):
+        n, b = cell.model.norm, cell.model.block
+        noise = NOISE * np.random.default_rng(zlib.crc32(f"{n}{b}{cell.seed}".encode())).standard_normal()
+        return 2.5 + NORM_EFFECT[n] + BLOCK_EFFECT[b] + 0.03 * cell.seed + noise
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(layout, "_loss", loss)
+    g = layout.write_runs("norms", tmp_path / "runs")
+    assert sorted({c.seed for c in g.cells}) == [0, 1]  # the shipped seeds
+    db = tmp_path / "abl.duckdb"
+    store.ingest_dirs(db, sorted((tmp_path / "runs").iterdir()))
+    console = Console(record=True, width=100)
+    print_run_summary(console, db, g)
+    lines = console.export_text().splitlines()
+    assert lines[-2].startswith("Verdict, model.norm: not distinguishable: ")  # layernorm = rmsnorm here
+    assert lines[-1] == "Verdict, model.block: pre is better than sandwich"
+    # each cell against the baseline, on 2 seeds: every verdict of the comparison table is "too few seeds"
+    assert sum("test: paired t (n=2)" in ln for ln in lines) == 12
+    assert sum("verdict: too few seeds to decide (n=2" in ln for ln in lines) == 12
