@@ -22,16 +22,18 @@ SEED_EFFECT = {0: 0.0, 1: 0.04}  # shared by every cell of a seed (the data orde
 NOISE = 0.004
 
 
-def cells_of_norms(interaction=0.0, seed=1):
+def cells_of_norms(interaction=0.0, seed=1, seeds=None, blocks=None):
     rng = np.random.default_rng(seed)
+    block_effect = blocks or BLOCK_EFFECT
+    seed_effect = SEED_EFFECT if seeds is None else {s: 0.04 * s for s in range(seeds)}
     out = []
     for n in NORMS:
         for b in BLOCKS:
             if n == "none" and b != "pre":
                 continue
             bump = interaction if (n, b) == ("rmsnorm", "post") else 0.0
-            vals = {s: 2.5 + NORM_EFFECT[n] + BLOCK_EFFECT[b] + bump + se + rng.normal(0, NOISE)
-                    for s, se in SEED_EFFECT.items()}
+            vals = {s: 2.5 + NORM_EFFECT[n] + block_effect[b] + bump + se + rng.normal(0, NOISE)
+                    for s, se in seed_effect.items()}
             out.append(stats.CellInput(f"{n}/{b}", f"norm={n}, block={b}", vals, "same data",
                                        settings={"model.norm": json.dumps(n), "model.block": json.dumps(b)}))
     return out
@@ -316,3 +318,28 @@ def test_the_shipped_norms_grid_at_its_shipped_seeds_ends_with_a_verdict_per_axi
     # each cell against the baseline, on 2 seeds: every verdict of the comparison table is "too few seeds"
     assert sum("test: paired t (n=2)" in ln for ln in lines) == 12
     assert sum("verdict: too few seeds to decide (n=2" in ln for ln in lines) == 12
+
+
+def test_seeds_for_an_axis_reach_the_requested_power():
+    """--detect per axis: at the seeds it names, the main-effect contrast finds the difference in >= 80% of
+    simulated grids (Monte Carlo over the norms design at the true residual sd; --detect itself plans at the
+    observed one, an estimate)."""
+    e = _by_axis(verdicts.axis_effects(cells_of_norms(), ["model.norm", "model.block"]))["model.block"]
+    assert e.sigma == pytest.approx(NOISE, rel=0.5)  # the estimate, from 2 seeds
+    e.sigma = NOISE
+    effect = 0.004  # sandwich to post_branch, two of the least-run levels: about 1.5 residual sd
+    blocks = {**BLOCK_EFFECT, "post_branch": BLOCK_EFFECT["sandwich"] + effect}
+    k = stats.seeds_for_axis(e, effect)
+    assert k is not None and 3 <= k <= 10
+    hits = 0
+    for rep in range(40):
+        fx = _by_axis(verdicts.axis_effects(cells_of_norms(seed=100 + rep, seeds=k, blocks=blocks),
+                                            ["model.norm", "model.block"]))
+        c = next(c for c in fx["model.block"].contrasts if {c.a, c.b} == {"sandwich", "post_branch"})
+        hits += c.verdict in (stats.BETTER, stats.WORSE)
+    assert hits / 40 >= 0.7  # 80% power, less Monte-Carlo noise (sd 0.06 at 40 draws)
+    # the sentence --detect prints per axis, at the observed residual sd
+    observed = _by_axis(verdicts.axis_effects(cells_of_norms(), ["model.norm", "model.block"]))["model.block"]
+    lines = verdicts.axis_seeds(cells_of_norms(), effect)
+    assert any(ln.startswith(f"--detect {effect:g}, model.block (main effect") and
+               f": {stats.seeds_for_axis(observed, effect)} seeds" in ln for ln in lines)

@@ -255,7 +255,8 @@ def observed_sd(cells: Sequence[stats.CellInput]) -> tuple[float | None, bool, i
     return math.sqrt(var / dof), False, len(ok)
 
 
-def seeds_for_effect(cells: Sequence[stats.CellInput], effect: float, comparisons: int) -> str:
+def seeds_for_effect(cells: Sequence[stats.CellInput], effect: float, comparisons: int,
+                     paths: Sequence[str] = ()) -> str:
     """A sentence: how many seeds per cell the grid needs to detect ``effect`` (abl run --detect)."""
     sd, is_paired, n = observed_sd(cells)
     if sd is None:
@@ -267,8 +268,25 @@ def seeds_for_effect(cells: Sequence[stats.CellInput], effect: float, comparison
              + (f" / {comparisons} comparisons (Holm's strictest step)" if comparisons > 1 else "")
              + f", power {stats.POWER:.0%}")
     if need is None:
-        return f"--detect {effect:g}: more than 10000 seeds per cell would be needed ({where})"
-    return f"--detect {effect:g}: {need} seeds per cell needed to detect |Δ| = {effect:g} ({where})"
+        out = f"--detect {effect:g}: more than 10000 seeds per cell would be needed ({where})"
+    else:
+        out = f"--detect {effect:g}: {need} seeds per cell needed to detect |Δ| = {effect:g} ({where})"
+    return "\n".join([out, *axis_seeds(cells, effect, paths)])
+
+
+def axis_seeds(cells: Sequence[stats.CellInput], effect: float, paths: Sequence[str] = ()) -> list[str]:
+    """Per swept axis: the seeds its main effect needs to tell two levels ``effect`` apart."""
+    out = []
+    for e in axis_effects(cells, paths):
+        if e.sigma is None:
+            continue
+        k = stats.seeds_for_axis(e, effect)
+        need = f"{k} seeds" if k is not None else "more than 200 seeds"
+        out.append(f"--detect {effect:g}, {e.axis} (main effect, pooled over {', '.join(e.blocks) or 'nothing'}): "
+                   f"{need} to tell its two least-run levels {effect:g} apart at the model's residual sd "
+                   f"{e.sigma:.4g} (alpha {e.alpha} / {len(e.levels) * (len(e.levels) - 1) // 2} level pairs, "
+                   f"power {stats.POWER:.0%})")
+    return out
 
 
 # ---------------------------------------------------------------- rendering (terminal)

@@ -66,7 +66,7 @@ from .engine import (
     letters,
     verdict_word,
 )
-from .effects import AxisEffect, Interaction, LevelRow, main_effects
+from .effects import AxisEffect, Interaction, LevelRow, main_effects, seeds_for_axis
 from .formats import fmt, fmt_p, seeds_of, stars
 from .frames import downsample, ema, ema_by_group, pareto_mask, summarize_groups
 from .power import MIN_SEEDS, POWER, min_detectable, power_t, seeds_needed
@@ -84,7 +84,7 @@ __all__ = [
     "Comparison", "compare", "CellResult", "compare_cells", "VERDICT_WORDS", "verdict_word",
     "letters",
     # main effects per axis of a product grid (statsmodels)
-    "AxisEffect", "LevelRow", "Interaction", "main_effects",
+    "AxisEffect", "LevelRow", "Interaction", "main_effects", "seeds_for_axis",
     # tables and frames
     "fmt", "fmt_p", "stars", "seeds_of", "summarize_groups", "ema", "ema_by_group", "pareto_mask", "downsample",
 ]

@@ -41,7 +41,7 @@ import numpy as np
 
 from .corrections import HOLM, holm
 from .engine import BETTER, SAME, TOO_FEW, WORSE, CellInput, ComparisonRow, _holm_interval, letters
-from .power import MIN_SEEDS, min_detectable
+from .power import MIN_SEEDS, POWER, min_detectable, power_t
 from .ttest import ALPHA
 
 
@@ -74,6 +74,9 @@ class AxisEffect:
     interactions: list[Interaction] = field(default_factory=list)
     blocks: list[str] = field(default_factory=list)  # the other factors of the model
     df_resid: float | None = None
+    sigma: float | None = None  # the model's residual standard deviation
+    seeds: int = 0  # distinct seeds among the runs modelled
+    n_params: int = 0  # parameters of the additive model (its rank)
     left_out: list[str] = field(default_factory=list)  # cells not in the model (did not learn, no value)
     note: str = ""
     lower_is_better: bool = True
@@ -186,6 +189,8 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
         effect.note = "; ".join(x for x in (effect.note, "the levels ran different seeds: not paired by seed") if x)
         res = fit([me, *blocks])
     effect.df_resid = float(res.df_resid)
+    effect.seeds, effect.n_params = int(df["seed"].nunique()), int(res.df_model) + 1
+    effect.sigma = float(np.sqrt(res.scale)) if res.df_resid > 0 else None
     if not res.df_resid > 0:
         effect.note = "; ".join(x for x in (effect.note, "one run per cell and seed: no residual variance to "
                                             "test against (run at least 2 seeds)") if x)
@@ -278,6 +283,25 @@ def _interactions(df: Any, me: str, blocks: list[str], others: list[str], res: A
         if math.isfinite(f) and math.isfinite(p):
             out.append(Interaction(axes[int(o[1:])], f, float(table["df_diff"].iloc[1]), float(full.df_resid), p))
     return out
+
+
+def seeds_for_axis(e: AxisEffect, effect: float, *, power: float = POWER, max_seeds: int = 200) -> int | None:
+    """Seeds for the main-effect contrast between the two least-run levels of ``e``'s axis to detect a true
+    difference ``effect`` with probability ``power`` at the model's residual sd, tested at alpha / m for
+    the m pairs of levels (Holm's strictest step). Each level's runs and the residual df grow in
+    proportion to the seeds (same grid); power from the noncentral t (``power_t``). None without a
+    residual sd or beyond ``max_seeds``."""
+    if not e.sigma or not e.seeds or len(e.levels) < 2 or effect == 0:
+        return None
+    runs = sorted(lv.n / e.seeds for lv in e.levels)[:2]  # runs per seed of the two sparsest levels
+    total = sum(lv.n for lv in e.levels) / e.seeds
+    m = len(e.levels) * (len(e.levels) - 1) // 2
+    for k in range(2, max_seeds + 1):
+        df = total * k - (e.n_params - e.seeds + k)  # the seed block has k levels
+        se = e.sigma * math.sqrt(1 / (runs[0] * k) + 1 / (runs[1] * k))
+        if df > 0 and runs[0] * k >= MIN_SEEDS and power_t(effect, se, df, e.alpha / m) >= power:
+            return k
+    return None
 
 
 def axis_levels(cells: Sequence[CellInput], axis: str) -> dict[Hashable, str]:
