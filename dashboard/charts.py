@@ -16,6 +16,8 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
+from abl.analysis import stats
+
 alt.data_transformers.disable_max_rows()
 # Altair checks every chart against the Vega-Lite JSON schema when it is built and again
 # when it is serialised: over half of a page's render time. The charts here are fixed
@@ -24,8 +26,9 @@ alt.utils.schemapi.disable_debug_mode()
 
 HEIGHT = 340
 PALETTE = "tableau20"
-SIGNIFICANCE = alt.Scale(domain=["baseline", "better", "worse", "not significant", "n/a"],
-                         range=["#1f77b4", "#2ca02c", "#d62728", "#7f7f7f", "#c7c7c7"])
+# the verdict words of abl.analysis.stats (the CLI's and the report's), one colour each
+SIGNIFICANCE = alt.Scale(domain=list(stats.VERDICT_WORDS),
+                         range=["#1f77b4", "#2ca02c", "#d62728", "#7f7f7f", "#bcbd22", "#9467bd", "#c7c7c7"])
 
 
 def png_bytes(chart: alt.TopLevelMixin, width: int = 900, scale: float = 2.0) -> bytes:
@@ -200,7 +203,7 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: s
                alt.Tooltip("ci_hi:Q", title="95% CI high", format=".4f")]
     if "delta" in df:
         tooltip += [alt.Tooltip("delta:Q", title="Δ vs baseline", format="+.4f"),
-                    alt.Tooltip("p:Q", title="p", format=".3g"), alt.Tooltip("marker:N", title="sig.")]
+                    alt.Tooltip("p:Q", title="p", format=".3g"), alt.Tooltip("marker:N", title="verdict")]
     xscale = alt.Scale(zero=False)
     base = alt.Chart(df)
     bars = base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_lo:Q", title=x_title, scale=xscale, axis=x_axis()),
@@ -221,13 +224,13 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: s
 
 
 def delta_chart(df: pd.DataFrame, sort: list[str], x_title: str) -> alt.TopLevelMixin:
-    """Difference to the baseline with its 95% Welch CI, colored by significance."""
+    """Difference to the baseline with its interval (adjusted like the verdicts), colored by the verdict."""
     enc_y = alt.Y("cell:N", title=None, sort=sort, axis=alt.Axis(labelLimit=0))
     color = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(2))
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("delta:Q", title="Δ", format="+.4f"),
-               alt.Tooltip("delta_lo:Q", title="95% CI low", format="+.4f"),
-               alt.Tooltip("delta_hi:Q", title="95% CI high", format="+.4f"),
-               alt.Tooltip("p:Q", title="p", format=".3g"), alt.Tooltip("marker:N", title="sig.")]
+               alt.Tooltip("delta_lo:Q", title="CI low", format="+.4f"),
+               alt.Tooltip("delta_hi:Q", title="CI high", format="+.4f"),
+               alt.Tooltip("p:Q", title="p", format=".3g"), alt.Tooltip("marker:N", title="verdict")]
     base = alt.Chart(df)
     zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#888").encode(x="x:Q")
     bars = base.mark_rule(strokeWidth=2).encode(

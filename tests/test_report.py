@@ -83,10 +83,12 @@ def check_comparison_table(md: str, values: dict[str, dict[int, float]], baselin
         seeds = sorted(set(vals) & set(base))
         assert set(vals) == set(base)  # one grid, same seeds: paired by seed
         d = np.array([vals[s] - base[s] for s in seeds])
-        dlo, dhi = sps.t.interval(0.95, len(d) - 1, loc=d.mean(), scale=sps.sem(d))
+        # the interval is adjusted like the verdict: at Holm's step level alpha * p / p_Holm (issue 26)
+        level = 1 - 0.05 * raw[label] / holm[label]
+        dlo, dhi = sps.t.interval(level, len(d) - 1, loc=d.mean(), scale=sps.sem(d))
         assert row["test"] == f"paired t (n={len(d)})"
         assert float(row["Δ vs baseline"]) == pytest.approx(d.mean(), abs=6e-5)
-        assert parse_ci(row["Δ 95% CI"]) == (pytest.approx(dlo, abs=6e-5), pytest.approx(dhi, abs=6e-5))
+        assert parse_ci(row["Δ CI (Holm-adj.)"]) == (pytest.approx(dlo, abs=6e-5), pytest.approx(dhi, abs=6e-5))
         for col, ref in (("p", raw[label]), ("p (Holm)", holm[label])):
             p = row[col]
             assert (ref < 1e-4) if p == "<0.0001" else float(p) == pytest.approx(ref, abs=6e-5)

@@ -305,8 +305,9 @@ def test_two_seeds_are_too_few_to_decide_and_detect_says_how_many(tmp_path, monk
     store.ingest_dirs(db, sorted((tmp_path / "results" / "runs").iterdir()))
     out = cli_json([str(grid), "--db", str(db)])
     comps = [c for c in out[0]["comparisons"] if not c["verdict"].startswith("did not learn")]
-    assert comps and all(c["verdict"].startswith("too few seeds to decide (n=2; detectable") for c in comps)
-    assert all(c["mdd"] > 0 and f"{c['mdd']:.4f}" in c["verdict"] for c in comps)
+    assert comps and all(c["verdict"].startswith("too few seeds to decide (n=2;") for c in comps)
+    # no detectable difference from a variance with one degree of freedom (issue 26)
+    assert all(c["mdd"] is None and "detectable" not in c["verdict"] for c in comps)
     r = CliRunner().invoke(cli, ["run", str(grid), "--db", str(db), "--dry-run", "--detect", "0.005"])
     assert r.exit_code == 0, r.output
     assert "seeds per cell needed to detect |Δ| = 0.005" in r.output and "paired" in r.output

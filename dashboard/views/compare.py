@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from abl.analysis import stats
-from abl.analysis.verdicts import health_text
+from abl.analysis.verdicts import axis_effects, effect_section, health_text
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 
@@ -113,6 +113,7 @@ summ = pd.DataFrame({
     "rank": [r.rank for r in rows], "health": [r.status or health_text(r.health) for r in rows]})
 summ = summ.merge(cells, on="cell_key", how="left")
 summ["cell"] = summ["cell"].fillna(summ["cell_label"])
+by_row = {r.key: r for r in rows}
 summ = summ.sort_values(["rank", "mean"], ascending=[True, lower_better], na_position="last",
                         kind="stable").reset_index(drop=True)
 comp = pd.DataFrame([c.as_dict() for c in analysis.comparisons])
@@ -120,11 +121,8 @@ by_a = {c.a: c for c in analysis.comparisons} if mode == "baseline" else {}
 
 
 def _significance(c) -> str:
-    if c is None:
-        return "n/a"
-    if c.verdict in (stats.BETTER, stats.WORSE):
-        return c.verdict
-    return "not significant" if c.verdict == stats.SAME else "n/a"
+    """The verdict's words, as the CLI and the report write them (abl.analysis.stats.verdict_word)."""
+    return stats.verdict_word(None if c is None else c.verdict)
 
 
 summ["delta"] = [by_a[k].delta if k in by_a else np.nan for k in summ["cell_key"]]
@@ -133,10 +131,10 @@ summ["p_holm"] = [by_a[k].p_adjusted if k in by_a else np.nan for k in summ["cel
 summ["verdict"] = [by_a[k].verdict if k in by_a else ("baseline" if k == baseline else "")
                    for k in summ["cell_key"]]
 summ["significance"] = ["baseline" if k == baseline else _significance(by_a.get(k)) for k in summ["cell_key"]]
-summ["marker"] = ["baseline" if k == baseline else
-                  ("not ranked" if by_a.get(k) and by_a[k].verdict.startswith(stats.DID_NOT_LEARN) else
-                   stats.stars(by_a[k].p_adjusted if by_a[k].p_adjusted is not None else np.nan)
-                   if k in by_a else "") for k in summ["cell_key"]]
+summ["marker"] = [summ_sig if k in by_a or k == baseline else "" for k, summ_sig in
+                  zip(summ["cell_key"], summ["significance"])]
+# the rank is a tie rank (1 + the cells distinguishably better); letters: cells sharing one are not apart
+summ["group"] = [by_row[k].group for k in summ["cell_key"]]
 for col in ("rank", "delta", "p", "p_holm"):
     summ[col] = pd.to_numeric(summ[col], errors="coerce")
 base_mean = float(summ.loc[summ["cell_key"] == baseline, "mean"].iloc[0]) if baseline in set(summ["cell_key"]) \
@@ -157,10 +155,10 @@ chart = charts.compare_chart(summ, y=y, y_title=None if y == "cell" else y, x_ti
                              facet=None if facet == NONE else facet, sort=y_sort, baseline=base_mean)
 n_seeds = f"{int(summ['n'].min())}–{int(summ['n'].max())}" if summ["n"].nunique() > 1 else str(int(summ["n"].iloc[0]))
 caption = (f"Dots: mean over seeds ({n_seeds} per cell, completed runs); bars: 95% CI of the mean "
-           f"(t-distribution, n−1 df). " + ("Dashed line: the baseline's mean; markers: * p<0.05, ** p<0.01, "
-                                            "*** p<0.001 (adjusted), n.s. not significant. " if baseline else "")
+           f"(t-distribution, n−1 df). " + ("Dashed line: the baseline's mean; markers and colours: each cell's "
+                                            "verdict against the baseline. " if baseline else "")
            + analysis.method)
-table_cols = ["rank", "cell", *axes, "n", "mean", "std", "ci_lo", "ci_hi", "delta", "p", "p_holm", "verdict",
+table_cols = ["rank", "cell", "group", *axes, "n", "mean", "std", "ci_lo", "ci_hi", "delta", "p", "p_holm", "verdict",
               "health"]
 export = summ[[c for c in dict.fromkeys(table_cols + ["cell_key"]) if c in summ]]
 st.subheader(f"{info.label}: mean and 95% CI per cell, {'lower' if lower_better else 'higher'} is better")
@@ -172,6 +170,18 @@ if q.is_speed(metric):
         st.warning(f"{len(hit)} run(s) of the selection were {common.CONTENDED_NOTE}: compare speeds of runs "
                    "measured on a quiet machine (the runs table flags them).", icon=":material/warning:")
 
+if mode != "pairs":  # the per-axis answer, as the CLI summary and abl compare lead with it
+    try:
+        effects = axis_effects(cell_inputs, (), metric, only=kwargs.get("by"))
+    except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not hide the cell tables
+        effects = []
+        st.warning(f"per-axis analysis unavailable: {type(exc).__name__}: {exc}")
+    section = effect_section(effects, info.label, metric)
+    if section:
+        st.subheader("Per axis: main effects, best level first")
+        st.markdown("\n".join(f"- {ln.strip()}" for ln in section[1:-1]))
+        st.caption(section[-1])
+
 st.subheader(f"Verdicts: {what}")
 if comp.empty:
     st.info("Nothing to compare: only one cell is selected.")
@@ -179,21 +189,24 @@ else:
     comp["cell"] = [f"{a} − {b}" for a, b in zip(comp["a_label"], comp["b_label"])]
     comp["delta_lo"], comp["delta_hi"], comp["p"] = comp["ci_low"], comp["ci_high"], comp["p_value"]
     comp["significance"] = [_significance(c) for c in analysis.comparisons]
-    comp["marker"] = [stats.stars(np.nan if c.p_adjusted is None else c.p_adjusted) for c in analysis.comparisons]
+    comp["marker"] = comp["significance"]
     shown = comp[comp["delta"].notna()]
     if not shown.empty:
         charts.show(charts.delta_chart(shown, list(shown["cell"]), f"Δ {metric}"),
                     shown[["cell", "delta", "delta_lo", "delta_hi", "p", "p_adjusted", "test", "verdict"]],
                     f"delta_{metric}", key="delta", height=charts.rows_height(len(shown)),
-                    caption=f"Bars: 95% CI of the difference. Color: the verdict. {analysis.method}")
+                    caption=f"Bars: {analysis.interval} interval of the difference. Color: the verdict. "
+                            f"{analysis.method}")
     st.dataframe(comp[["a_label", "b_label", "n_a", "n_b", "delta", "ci_low", "ci_high", "p_value", "p_adjusted",
                        "test", "mdd", "verdict"]], hide_index=True, width="stretch", column_config={
         "a_label": st.column_config.TextColumn("a"), "b_label": st.column_config.TextColumn("b"),
-        **{c: st.column_config.NumberColumn(c, format="%+.4f") for c in ("delta", "ci_low", "ci_high")},
+        **{c: st.column_config.NumberColumn(c, format="%+.4f") for c in ("delta",)},
+        **{c: st.column_config.NumberColumn(f"{analysis.interval_header} {c[3:]}", format="%+.4f")
+           for c in ("ci_low", "ci_high")},
         "p_value": st.column_config.NumberColumn("p", format="%.3g"),
         "p_adjusted": st.column_config.NumberColumn("Holm p" if use_holm else "p (no correction)", format="%.3g"),
         "mdd": st.column_config.NumberColumn("MDD", format="%.4f", help="minimum detectable difference at the "
-                                             "observed variance (power 80%)"),
+                                             "observed variance (power 80%); none below 3 seeds"),
     })
     st.caption(analysis.method)
 

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol, Sequence
 
+from ..contracts.config import canonical_config
 from ..contracts.status import COMPLETED
 from . import metrics, stats
 from .formats import fmt, fmt_bytes
@@ -64,13 +65,34 @@ def settings(config: dict) -> dict[str, Any]:
         if isinstance(spec, dict) and spec.get("params"):
             for k, v in spec["params"].items():
                 flat[f"{axis}.{spec['name']}.{k}"] = v
-    matched = config.get("matched") or {}
-    if matched.get("by") == "n_layers":  # depth was solved for the budget, not chosen
-        flat.pop("model.n_layers", None)
+    for p in solved_paths(config):  # solved for the budget, not chosen: they belong to the level
+        flat.pop(p, None)
     if config.get("lr_tuned"):  # each variant's own best learning rate (abl.run.lr_sweep)
         for p in TUNED_PATHS:
             flat.pop(p, None)
     return {k: json.dumps(v, sort_keys=True, default=str) for k, v in flat.items()}
+
+
+def solved_paths(config: dict) -> set[str]:
+    """The settings ``train.match`` solved in a stored config (depth, or the FFN's width knob and its
+    ``multiple_of``): a budget-matching adjustment belongs to the level of the axis that caused it, so
+    ``--by model.mixer`` compares matched cells. The rule of abl.model.matching.solved_paths, which this
+    layer may not import; the width knob is the one the FFN declared in the registry."""
+    config = canonical_config(config)
+    matched = config.get("matched") or {}
+    if not matched:
+        return set()
+    if matched.get("by") == "n_layers":
+        return {"model.n_layers"}
+    ffn = (config.get("components") or {}).get("ffn") or {}
+    params = ffn.get("params") or {}
+    if not params:
+        return set()
+    from ..contracts.plugin_manager import get_registry
+
+    comp = get_registry().components.get(("ffn", str(ffn.get("name"))))
+    knob = comp.width if comp is not None else None
+    return {f"ffn.{ffn.get('name')}.{p}" for p in (knob, "multiple_of") if p and p in params}
 
 
 def data_key(run: RunLike) -> tuple:
@@ -262,7 +284,8 @@ def observed_sd(cells: Sequence[stats.CellInput]) -> tuple[float | None, bool, i
     return math.sqrt(var / dof), False, len(ok)
 
 
-def seeds_for_effect(cells: Sequence[stats.CellInput], effect: float, comparisons: int) -> str:
+def seeds_for_effect(cells: Sequence[stats.CellInput], effect: float, comparisons: int,
+                     paths: Sequence[str] = ()) -> str:
     """A sentence: how many seeds per cell the grid needs to detect ``effect`` (abl run --detect)."""
     sd, is_paired, n = observed_sd(cells)
     if sd is None:
@@ -274,8 +297,25 @@ def seeds_for_effect(cells: Sequence[stats.CellInput], effect: float, comparison
              + (f" / {comparisons} comparisons (Holm's strictest step)" if comparisons > 1 else "")
              + f", power {stats.POWER:.0%}")
     if need is None:
-        return f"--detect {effect:g}: more than 10000 seeds per cell would be needed ({where})"
-    return f"--detect {effect:g}: {need} seeds per cell needed to detect |Δ| = {effect:g} ({where})"
+        out = f"--detect {effect:g}: more than 10000 seeds per cell would be needed ({where})"
+    else:
+        out = f"--detect {effect:g}: {need} seeds per cell needed to detect |Δ| = {effect:g} ({where})"
+    return "\n".join([out, *axis_seeds(cells, effect, paths)])
+
+
+def axis_seeds(cells: Sequence[stats.CellInput], effect: float, paths: Sequence[str] = ()) -> list[str]:
+    """Per swept axis: the seeds its main effect needs to tell two levels ``effect`` apart."""
+    out = []
+    for e in axis_effects(cells, paths):
+        if e.sigma is None:
+            continue
+        k = stats.seeds_for_axis(e, effect)
+        need = f"{k} seeds" if k is not None else "more than 200 seeds"
+        out.append(f"--detect {effect:g}, {e.axis} (main effect, pooled over {', '.join(e.blocks) or 'nothing'}): "
+                   f"{need} to tell its two least-run levels {effect:g} apart at the model's residual sd "
+                   f"{e.sigma:.4g} (alpha {e.alpha} / {len(e.levels) * (len(e.levels) - 1) // 2} level pairs, "
+                   f"power {stats.POWER:.0%})")
+    return out
 
 
 # ---------------------------------------------------------------- rendering (terminal)
@@ -326,7 +366,7 @@ def cells_table(cells: Sequence[stats.CellInput], analysis: stats.Analysis, titl
     for col in ("#", "rank", "cell", "seeds", f"{display_name(metric)} (mean ± std)", "95% CI", *extra,
                 *(["lr"] if lr else []), "health"):
         table.add_column(col, no_wrap=col not in ("cell", "health"), justify="right" if col == "#" else "left")
-    rows = sorted(analysis.cells, key=lambda r: (r.rank is None, r.rank or 0))
+    rows = sorted(analysis.cells, key=lambda r: r.order_key)
     by_key = {c.key: c for c in cells}
     for r in rows:
         statuses = by_key[r.key].statuses if r.key in by_key else {}
@@ -334,7 +374,7 @@ def cells_table(cells: Sequence[stats.CellInput], analysis: stats.Analysis, titl
         others = ", ".join(f"{n} {st}" for st, n in statuses.items() if st != COMPLETED)
         ms = _f(r.mean) + ("" if r.std is None else f" ± {_f(r.std)}")
         ci = "-" if r.ci_low is None else f"[{_f(r.ci_low)}, {_f(r.ci_high)}]"
-        table.add_row(str(numbers.get(r.key, "-")), "-" if r.rank is None else str(r.rank), r.label,
+        table.add_row(str(numbers.get(r.key, "-")), r.rank_text, r.label,
                       f"{r.n}/{runs}", ms, ci, *[extra[m].get(r.key, "-") for m in extra],
                       *([f"{lr[r.key]:g}" if lr.get(r.key) is not None else "-"] if lr else []),
                       "; ".join(x for x in (r.status or health_text(r.health), others) if x and x != "-") or "-")
@@ -345,7 +385,7 @@ def comparisons_table(analysis: stats.Analysis, title: str):
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", caption=analysis.method, caption_justify="left")
-    for col in ("a", "b", "Δ = a − b", "95% CI", "p", "p (Holm)" if analysis.correction == stats.HOLM else "p (adj.)",
+    for col in ("a", "b", "Δ = a − b", analysis.interval_header, "p", "p (Holm)" if analysis.correction == stats.HOLM else "p (adj.)",
                 "test", "MDD", "verdict"):
         table.add_column(col, no_wrap=col not in ("a", "b", "verdict"))
     for c in analysis.comparisons:
@@ -353,3 +393,93 @@ def comparisons_table(analysis: stats.Analysis, title: str):
         table.add_row(c.a_label, c.b_label, _f(c.delta, signed=True), ci, stats.fmt_p(c.p_value),
                       stats.fmt_p(c.p_adjusted), c.test, _f(c.mdd), c.verdict)
     return table
+
+
+# ---------------------------------------------------------------- per axis: main effects
+
+
+def design_axes(cells: Sequence[stats.CellInput], paths: Sequence[str] = ()) -> list[str]:
+    """The grid's swept axes: ``paths`` (the grid's own, when known) that the cells hold, else every
+    setting all cells hold that takes more than one value (settings solved for a budget are not among
+    them: they belong to their level)."""
+    if not cells:
+        return []
+    if paths:
+        return [p for p in paths if all(p in c.settings for c in cells)]
+    shared = set.intersection(*(set(c.settings) for c in cells))
+    return sorted(k for k in shared if len({c.settings[k] for c in cells}) > 1)
+
+
+def axis_effects(cells: Sequence[stats.CellInput], paths: Sequence[str] = (), metric: str = "val_loss",
+                 only: str | None = None) -> list[stats.AxisEffect]:
+    """The main effect of each swept axis (abl.analysis.stats.effects): best level, by how much, and
+    whether it is real, pooled over the other axes and paired by seed. ``only``: the one axis to show
+    (``--by``); the others stay in the model as blocks."""
+    axes = design_axes(cells, paths)
+    if not axes or len(cells) < 2:
+        return []
+    only = only[2:] if only and only.startswith("$.") else only
+    try:
+        effects = stats.main_effects(cells, axes, lower_is_better=lower_is_better(metric))
+    except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not hide the cell tables
+        return [stats.AxisEffect(", ".join(axes), [], [], note=f"per-axis analysis unavailable: "
+                                                              f"{type(exc).__name__}: {exc}")]
+    return [e for e in effects if not only or e.axis == only]
+
+
+EFFECTS_METHOD = ("Per axis: each swept axis's main effect, pooled over the other axes and paired by seed: an OLS "
+                  "model of the final value on the axis with the other axes and the seed as blocking factors "
+                  "(statsmodels); level figures are least-squares means; every pair of levels is a t-test of "
+                  "the model's contrast, Holm over the pairs, intervals Holm-adjusted like the verdicts; an "
+                  "interaction with another axis is its F-test, named when p < 0.05.")
+
+
+def effect_lines(effects: Sequence[stats.AxisEffect], metric: str = "val_loss") -> list[str]:
+    """Per axis, one headline (best level, its lead over the runner-up with the verdict) and one line of
+    levels (tie rank, letters, least-squares mean); interactions and notes when they matter."""
+    out = []
+    for e in effects:
+        h, best = e.headline(), e.best
+        if best is None or h is None:
+            out.append(f"{e.axis}: {e.note or 'one level among the cells that learned'}")
+            continue
+        sign = 1 if h.a == best.level else -1
+        delta = None if h.delta is None else sign * h.delta
+        lo, hi = (h.ci_low, h.ci_high) if sign == 1 else (
+            None if h.ci_high is None else -h.ci_high, None if h.ci_low is None else -h.ci_low)
+        ci = "" if lo is None else f", CI (Holm-adj.) [{fmt(lo, signed=True)}, {fmt(hi, signed=True)}]"
+        out.append(f"{e.axis}: best {best.level} ({display_name(metric)} {fmt(best.mean)}); "
+                   f"{best.level} − {e.levels[1].level} Δ {fmt(delta, signed=True)}{ci}, "
+                   f"p (Holm) {stats.fmt_p(h.p_adjusted)}; verdict: {e.verdict()}")
+        out.append("    levels: " + " · ".join(f"{lv.level} {lv.rank}{'=' if lv.tied else ''}"
+                                                f"{f' ({lv.group})' if lv.group else ''} {fmt(lv.mean)}"
+                                                for lv in e.levels)
+                   + f"  [blocks: {', '.join(e.blocks) or 'none'}; residual df {e.df_resid:g}]")
+        for extra in (e.interaction_text(), e.note,
+                      f"left out (did not learn or no value): {', '.join(e.left_out)}" if e.left_out else ""):
+            if extra:
+                out.append(f"    {extra}")
+    return out
+
+
+def effect_section(effects: Sequence[stats.AxisEffect], title: str, metric: str = "val_loss") -> list[str]:
+    """The per-axis section every summary leads with: a title, each axis's lines, the method ([] if none)."""
+    if not effects:
+        return []
+    return [f"{title}: {metric} per axis (main effects), best level first", *effect_lines(effects, metric),
+            EFFECTS_METHOD]
+
+
+def verdict_lines(effects: Sequence[stats.AxisEffect]) -> list[str]:
+    """One closing line per axis: ``Verdict, model.norm: rmsnorm is better than layernorm``."""
+    return [f"Verdict, {e.axis}: {e.verdict()}" + (f" ({e.interaction_text()})" if e.interaction_text() else "")
+            for e in effects if e.best is not None]
+
+
+def effects_json(effects: Sequence[stats.AxisEffect]) -> list[dict[str, Any]]:
+    from dataclasses import asdict
+
+    return [{"axis": e.axis, "best": e.best.level if e.best else None, "verdict": e.verdict(),
+             "levels": [asdict(lv) for lv in e.levels], "contrasts": [c.as_dict() for c in e.contrasts],
+             "interactions": [asdict(i) for i in e.interactions], "blocks": e.blocks, "df_resid": e.df_resid,
+             "left_out": e.left_out, "note": e.note, "method": EFFECTS_METHOD} for e in effects]

@@ -218,7 +218,8 @@ def report_command(**options):
 @click.option("--pairs", "pairs", multiple=True, metavar="A,B",
               help="Compare these two cells, first minus second (repeatable), e.g. --pairs 3,4.")
 @click.option("--by", "by", default=None, metavar="PATH",
-              help="Compare every pair of cells that differ in this setting only, e.g. --by model.ffn.")
+              help="This axis's main effect (pooled over the other axes, paired by seed), then every pair "
+                   "of cells that differ in this setting only, e.g. --by model.ffn.")
 @click.option("--bootstrap", is_flag=True, help="Percentile-bootstrap CIs and p-values (non-normal cells).")
 @click.option("--correction", type=click.Choice(["holm", "none"]), default="holm", show_default=True,
               help="Multiple-comparison correction over the comparisons shown.")
@@ -234,10 +235,13 @@ def report_command(**options):
 def compare_command(**options):
     """Compare the stored runs of an experiment (or grid file) any way you like; nothing is trained.
 
-    Same tests as the run summary, the report and the dashboard: paired by
-    seed when the cells share seeds and data order, else Welch; Holm over the
-    comparisons shown; fewer than 3 seeds: too few to decide, with the minimum
-    detectable difference; cells that did not learn are not ranked.
+    Same tests and words as the run summary, the report and the dashboard:
+    first each swept axis's main effect (OLS with the other axes and the seed
+    as blocks, Holm over the level pairs); then the cells, ranked as tie
+    groups, and the comparisons: paired by seed when the cells share seeds and
+    data order, else Welch; Holm over the comparisons shown, intervals
+    adjusted alike; fewer than 3 seeds: too few to decide (no detectable
+    difference); cells that did not learn are not ranked.
     """
     from .compare import compare
 

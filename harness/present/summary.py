@@ -25,6 +25,7 @@ Names, units and which figures are speeds come from the metric catalogue
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ class View:
     extra: list[str]  # further metrics shown per cell
     figures: dict[Any, dict[str, Figure]]
     lr: dict | None
+    effects: list = dataclasses.field(default_factory=list)  # stats.AxisEffect per swept axis: the headline
 
     @property
     def analysis(self) -> stats.Analysis:
@@ -152,7 +154,7 @@ class View:
         return any(f.contended for cell in self.figures.values() for m, f in cell.items() if is_speed(m))
 
     def ranked(self) -> list[stats.CellRow]:
-        return sorted(self.analysis.cells, key=lambda r: (r.rank is None, r.rank or 0))
+        return sorted(self.analysis.cells, key=lambda r: r.order_key)
 
 
 def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | None = None,
@@ -172,8 +174,14 @@ def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | No
                                          bootstrap=bootstrap, correction=correction)
         tables.append((m, an, w))
     extra = [m for m in dict.fromkeys([*rest, *ALWAYS]) if any(m in r.final for r in runs)]
+    # the per-axis answer leads (all swept axes, or the one --by names; none for chosen pairs)
+    effects = [] if pairs else verdicts.axis_effects(cells, paths, first, only=by)
     return View(title=title, metric=first, cells=cells, numbers={c.key: i for i, c in enumerate(cells, 1)},
-                tables=tables, extra=extra, figures=figures(runs, extra), lr=_lrs(runs))
+                tables=tables, extra=extra, figures=figures(runs, extra), lr=_lrs(runs), effects=effects)
+
+
+def effect_lines(view: View) -> list[str]:
+    return verdicts.effect_section(view.effects, view.title, view.metric)
 
 
 # ---------------------------------------------------------------- printing
@@ -204,6 +212,11 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
         first = f"{number:>{digits}}. "
         return wrap(label, width, " " * len(first), first=first)
 
+    for i, line in enumerate(effect_lines(view)):
+        out += [("bold" if i == 0 else "dim" if line == verdicts.EFFECTS_METHOD else "", ln)
+                for ln in wrap(line, width, "      ", first="")]
+    if view.effects:
+        out.append(("", ""))
     out += [("bold", ln) for ln in wrap(f"{view.title}: {view.metric} by cell, best first "
                                          f"(# is the cell's number: --baseline and --pairs take it)", width, "")]
     name = verdicts.display_name(view.metric)
@@ -212,7 +225,7 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
         runs = sum(statuses.values()) or r.n
         others = ", ".join(f"{n} {st}" for st, n in statuses.items() if st != verdicts.COMPLETED)
         out += [("bold", ln) for ln in head(view.numbers[r.key], r.label)]
-        items = ["rank " + ("-" if r.rank is None else str(r.rank)),
+        items = ["rank " + r.rank_text,
                  f"{name} {verdicts.fmt(r.mean)}" + ("" if r.std is None else f" ± {verdicts.fmt(r.std)}"),
                  "" if r.ci_low is None else f"95% CI [{verdicts.fmt(r.ci_low)}, {verdicts.fmt(r.ci_high)}]",
                  f"seeds {r.n}/{runs}"]
@@ -244,10 +257,10 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
             label = c.a_label if one_base else f"{c.a_label}  minus  {c.b_label}"
             out += [("bold", ln) for ln in wrap(label, width, " " * len(lead), first=lead)]
             items = [f"Δ {verdicts.fmt(c.delta, signed=True)}",
-                     "" if c.ci_low is None else
-                     f"95% CI [{verdicts.fmt(c.ci_low, signed=True)}, {verdicts.fmt(c.ci_high, signed=True)}]",
+                     "" if c.ci_low is None else f"{an.interval_header} "
+                     f"[{verdicts.fmt(c.ci_low, signed=True)}, {verdicts.fmt(c.ci_high, signed=True)}]",
                      f"p {stats.fmt_p(c.p_value)}", f"{adj} {stats.fmt_p(c.p_adjusted)}", f"test: {c.test}",
-                     f"MDD {verdicts.fmt(c.mdd)}", f"verdict: {c.verdict}"]
+                     "" if c.mdd is None else f"MDD {verdicts.fmt(c.mdd)}", f"verdict: {c.verdict}"]
             out += [("", ln) for ln in pack(items, width, ind)]
         out += [("dim", ln) for ln in wrap(an.method, width, "")]
     return out
@@ -265,7 +278,8 @@ def as_json(view: View) -> list[dict[str, Any]]:
                           "figures": {k: f.as_dict() for k, f in figs.items()},
                           "contended": any(f.contended for f in figs.values())})
         out.append({"metric": m, "comparisons_of": what, "method": an.method, "cells": cells,
-                    "comparisons": [c.as_dict() for c in an.comparisons]})
+                    "comparisons": [c.as_dict() for c in an.comparisons],
+                    **({"axes": verdicts.effects_json(view.effects)} if m == view.metric else {})})
     return out
 
 
@@ -275,7 +289,7 @@ def csv_rows(view: View) -> list[dict[str, Any]]:
     rows = []
     by_key = {c.key: c for c in view.cells}
     for r in view.ranked():
-        row: dict[str, Any] = {"number": view.numbers[r.key], "label": r.label, "rank": r.rank, "seeds": r.n,
+        row: dict[str, Any] = {"number": view.numbers[r.key], "label": r.label, "rank": r.rank, "group": r.group, "seeds": r.n,
                                "runs": sum(by_key[r.key].statuses.values()) if r.key in by_key else r.n,
                                f"{view.metric}_mean": r.mean, f"{view.metric}_std": r.std,
                                f"{view.metric}_ci_low": r.ci_low, f"{view.metric}_ci_high": r.ci_high}
@@ -322,6 +336,9 @@ def as_md(view: View) -> str:
         lines.append("")
 
     by_key = {c.key: c for c in view.cells}
+    eff = effect_lines(view)
+    if eff:
+        lines += [f"### {eff[0]}", "", *[f"- {_md_cell(x.strip())}" for x in eff[1:-1]], "", eff[-1], ""]
     lines += [f"### {view.title}: {view.metric} by cell, best first", ""]
     name = verdicts.display_name(view.metric)
     header = ["#", "rank", "cell", "seeds", f"{name} (mean ± std)", "95% CI",
@@ -329,7 +346,7 @@ def as_md(view: View) -> str:
     rows = []
     for r in view.ranked():
         runs = sum(by_key[r.key].statuses.values()) if r.key in by_key else r.n
-        rows.append([view.numbers[r.key], "-" if r.rank is None else r.rank, r.label, f"{r.n}/{runs}",
+        rows.append([view.numbers[r.key], r.rank_text, r.label, f"{r.n}/{runs}",
                      verdicts.fmt(r.mean) + ("" if r.std is None else f" ± {verdicts.fmt(r.std)}"),
                      "-" if r.ci_low is None else f"[{verdicts.fmt(r.ci_low)}, {verdicts.fmt(r.ci_high)}]",
                      *[(view.figures.get(r.key, {}).get(m) or Figure(m, [])).text().replace("*", "\\*")
@@ -343,7 +360,7 @@ def as_md(view: View) -> str:
     lines += [view.analysis.method, ""]
     for m, an, what in view.tables:
         lines += [f"### {view.title}: {m}, {what}", ""]
-        table(["a", "b", "Δ = a − b", "95% CI", "p", "p (Holm)" if an.correction == stats.HOLM else "p (adj.)",
+        table(["a", "b", "Δ = a − b", an.interval_header, "p", "p (Holm)" if an.correction == stats.HOLM else "p (adj.)",
                "test", "MDD", "verdict"],
               [[f"#{view.numbers.get(c.a)} {c.a_label}", f"#{view.numbers.get(c.b)} {c.b_label}",
                 verdicts.fmt(c.delta, signed=True),
@@ -377,6 +394,8 @@ def show(console, view: View, presentation: Presentation | None = None) -> None:
         for style, line in stacked_lines(view, console.width):
             console.print(Text(line, style=style), soft_wrap=True)
         return
+    for i, line in enumerate(effect_lines(view)):
+        console.print(Text(line, style="bold" if i == 0 else "dim" if line == verdicts.EFFECTS_METHOD else ""))
     print_wide(console, tables[0])
     if view.contended:
         console.print(CONTENDED_NOTE, style="yellow")
@@ -415,8 +434,10 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None,
                 metrics = ["val_bpb", "val_loss"]
                 console.print("val_bpb: validation loss in bits per byte of text (the cells' data or "
                               "tokenizers differ, so a token is not the same unit: bits per byte rank them)")
-        render(console, runs, metrics=metrics, title=exp.name, order=order, paths=paths,
-               baseline=getattr(exp, "baseline", "") or None, presentation=presentation)
+        p = presentation or termlayout.PRESENTATION
+        view = build(runs, metrics=metrics, title=exp.name, order=order, paths=paths,
+                     baseline=getattr(exp, "baseline", "") or None, every_metric=p.fmt == "json")
+        show(console, view, p)
         labels = run_labels(runs, paths)
         compiled: dict[str, list[float]] = {}  # train.compile cells: their compile time, apart from tokens/s
         for r in runs:
@@ -428,6 +449,8 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None,
         if detect is not None:
             cells = verdicts.cell_inputs(runs, metrics[0], order)
             console.print(verdicts.seeds_for_effect(cells, detect, max(1, len(cells) - 1)))
+        for line in verdicts.verdict_lines(view.effects) if p.fmt == "table" else []:  # the grid's answer, last
+            console.print(line, style="bold", markup=False)
     except verdicts.VerdictError as exc:
         console.print(f"[yellow]statistics: {exc}[/]")
     except Exception as exc:  # noqa: BLE001 - statistics must never hide the results or lose the run

@@ -21,14 +21,17 @@ CI and a two-sided p-value,
 ``abl compare``, ``abl report`` and the dashboard's Compare page all call it
 (through abl.analysis.verdicts), with the same defaults: paired by seed when
 the cells share seeds and data order, else Welch; Holm over the comparisons
-shown; "too few seeds to decide" below MIN_SEEDS seeds, with the minimum
-detectable difference; cells that did not learn are not ranked. ``compare``
+shown, intervals adjusted alike; "too few seeds to decide" below MIN_SEEDS
+seeds (no minimum detectable difference from so few); ranks as tie groups;
+cells that did not learn are not ranked. ``main_effects`` (effects) gives
+each swept axis's answer, pooled over the other axes. ``compare``
 and ``compare_cells`` are thin wrappers over it. The dashboard's other pages
 use ``summarize_groups``, ``t_halfwidth``, ``ema``, ``pareto_mask`` and
 ``downsample`` (frames).
 
 The rooms: ttest (t-intervals, the paired and Welch tests, per-cell
-summaries), corrections (Holm), power (power, minimum detectable difference,
+summaries), corrections (Holm), effects (main effects per axis, a linear
+model with blocks, statsmodels), power (power, minimum detectable difference,
 seeds needed), bootstrap (percentile bootstrap), engine (the verdict tables
 and which comparisons), frames (dashboard frames and curves), formats (numbers
 as tables print them). numpy + scipy.stats; the frame helpers take pandas
@@ -46,6 +49,7 @@ from .engine import (
     DID_NOT_LEARN,
     SAME,
     TOO_FEW,
+    VERDICT_WORDS,
     WORSE,
     Analysis,
     CellInput,
@@ -59,7 +63,10 @@ from .engine import (
     by_axis,
     compare,
     compare_cells,
+    letters,
+    verdict_word,
 )
+from .effects import AxisEffect, Interaction, LevelRow, main_effects, seeds_for_axis
 from .formats import fmt, fmt_p, seeds_of, stars
 from .frames import downsample, ema, ema_by_group, pareto_mask, summarize_groups
 from .power import MIN_SEEDS, POWER, min_detectable, power_t, seeds_needed
@@ -74,7 +81,10 @@ __all__ = [
     "holm", "power_t", "min_detectable", "seeds_needed", "bootstrap_diff",
     # the verdict engine
     "Health", "CellInput", "CellRow", "ComparisonRow", "Analysis", "analyse", "against_baseline", "by_axis",
-    "Comparison", "compare", "CellResult", "compare_cells",
+    "Comparison", "compare", "CellResult", "compare_cells", "VERDICT_WORDS", "verdict_word",
+    "letters",
+    # main effects per axis of a product grid (statsmodels)
+    "AxisEffect", "LevelRow", "Interaction", "main_effects", "seeds_for_axis",
     # tables and frames
     "fmt", "fmt_p", "stars", "seeds_of", "summarize_groups", "ema", "ema_by_group", "pareto_mask", "downsample",
 ]

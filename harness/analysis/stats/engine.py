@@ -10,8 +10,18 @@ defaults everywhere:
   bootstrap of the difference of means, resampling seeds, paired or not);
 - Holm's step-down correction over the comparisons shown (Holm 1979), so the
   family-wise error rate stays at alpha however many comparisons a table has;
-- fewer than MIN_SEEDS seeds on a side: "too few seeds to decide", with the
-  minimum detectable difference at the observed variance;
+- intervals adjusted the same way as the verdicts: with Holm, each
+  comparison's interval is the t-interval (or bootstrap percentile interval)
+  at the level Holm's step tested it at, alpha * p / p_Holm, so an interval
+  excludes 0 exactly when the verdict is "better" or "worse"; without a
+  correction both are raw, and ``Analysis.interval`` names which;
+- fewer than MIN_SEEDS seeds on a side: "too few seeds to decide", and no
+  minimum detectable difference (a variance from 1 or 2 degrees of freedom
+  gives none worth printing);
+- ranks are tie groups: a cell's rank is 1 + the number of cells
+  distinguishably better than it (every pair tested, Holm over the pairs),
+  and ``CellRow.group`` is its compact letter display (Piepho 2004): cells
+  that share a letter are not distinguishable;
 - a cell that did not learn (final loss at its data's unigram floor) is
   never ranked and never compared as a normal result.
 
@@ -79,9 +89,24 @@ class CellRow:
     std: float | None
     ci_low: float | None
     ci_high: float | None
-    rank: int | None  # 1 = best; None: not ranked (did not learn, or no finished run)
+    rank: int | None  # 1 + the cells distinguishably better; None: not ranked (did not learn, no finished run)
     health: Health
     status: str  # "" or why the cell is not ranked
+    group: str = ""  # compact letter display: cells sharing a letter are not distinguishable
+    tied: bool = False  # another ranked cell has the same rank
+    position: int | None = None  # 1-based place in the order of means, best first (ranked cells only)
+
+    @property
+    def order_key(self) -> tuple:
+        """Best first: ranked cells in the order of their means (ties stay together), then the others."""
+        return (self.rank is None, self.position or 0)
+
+    @property
+    def rank_text(self) -> str:
+        """The rank as every table prints it: "1=" for a tie, with the letters: "1= (ab)"."""
+        if self.rank is None:
+            return "-"
+        return f"{self.rank}{'=' if self.tied else ''}" + (f" ({self.group})" if self.group else "")
 
 
 @dataclass
@@ -104,6 +129,10 @@ class ComparisonRow:
     mdd: float | None = None  # minimum detectable |difference| at the observed variance (power POWER)
     note: str = ""
     df: float | None = None  # degrees of freedom of the t-test
+    se: float | None = None  # standard error of delta (t-tests)
+    ci_level: float | None = None  # confidence of [ci_low, ci_high]: 1 - alpha * p / p_adjusted under Holm
+    ci_raw_low: float | None = None  # the unadjusted interval at the table's confidence
+    ci_raw_high: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,12 +157,37 @@ class Analysis:
         tested = sum(c.p_value is not None for c in self.comparisons)
         corr = (f"Holm correction over the {tested} comparisons with a p-value shown" if self.correction == HOLM
                 else "no multiple-comparison correction")
-        return (f"Test: {test}; {corr}; alpha = {self.alpha}; two-sided; "
-                f"fewer than {MIN_SEEDS} seeds: {TOO_FEW} (MDD: minimum detectable difference at the "
-                f"observed variance, power {POWER:.0%}); cells that did not learn are not ranked or tested.")
+        return (f"Test: {test}; {corr}; alpha = {self.alpha}; two-sided; intervals of Δ: {self.interval}; "
+                f"fewer than {MIN_SEEDS} seeds: {TOO_FEW}; MDD (from {MIN_SEEDS} seeds): minimum detectable "
+                f"difference at the observed variance, power {POWER:.0%}; rank: 1 + the cells distinguishably better (every "
+                f"pair tested, Holm), = marks a tie, cells sharing a letter are not distinguishable; "
+                f"cells that did not learn are not ranked or tested.")
+
+    @property
+    def interval(self) -> str:
+        """Which intervals of the differences the table shows: adjusted like the verdicts, or raw."""
+        if self.correction == HOLM:
+            return ("Holm-adjusted (each at the level its Holm step tested, alpha × p / p_Holm: it excludes 0 "
+                    "exactly when the verdict is better or worse)")
+        return "unadjusted 95%"
+
+    @property
+    def interval_header(self) -> str:
+        return "CI (Holm-adj.)" if self.correction == HOLM else "95% CI"
 
     def cell(self, key: Hashable) -> CellRow:
         return next(c for c in self.cells if c.key == key)
+
+
+VERDICT_WORDS = (BASELINE, BETTER, WORSE, SAME, TOO_FEW, DID_NOT_LEARN, "no value to compare")
+
+
+def verdict_word(verdict: str | None) -> str:
+    """The verdict's leading words, without its parenthesis ("too few seeds to decide (n=2; ...)" ->
+    "too few seeds to decide"): what a chart's colour and marker say, in the tables' words."""
+    if not verdict:
+        return "no value to compare"
+    return next((w for w in VERDICT_WORDS if verdict.startswith(w)), verdict.split(" (")[0])
 
 
 def _verdict(delta: float, p: float, alpha: float, lower_is_better: bool) -> str:
@@ -179,8 +233,12 @@ def _one_comparison(a: CellInput, b: CellInput, *, bootstrap: bool, confidence: 
         bs = bootstrap_diff(ca, cb, paired=is_paired, confidence=confidence)
         row.ci_low, row.ci_high, row.p_value = bs["diff_lo"], bs["diff_hi"], bs["p"]
         row.test = f"bootstrap ({'paired' if is_paired else 'unpaired'}, n={min(len(ca), len(cb))})"
-    row.mdd = min_detectable(se, df)
-    row.df = df
+    # a detectable difference from a variance with fewer than MIN_SEEDS - 1 degrees of freedom means nothing
+    row.mdd = min_detectable(se, df) if min(len(ca), len(cb)) >= MIN_SEEDS else None
+    row.df, row.se = df, se
+    row.ci_raw_low, row.ci_raw_high = row.ci_low, row.ci_high
+    if row.ci_low is not None:
+        row.ci_level = confidence
     return row
 
 
@@ -205,8 +263,7 @@ def analyse(cells: Sequence[CellInput], comparisons: Sequence[tuple[Hashable, Ha
         rows.append(CellRow(c.key, c.label, s.n, s.mean, s.std, s.ci_low, s.ci_high, None, c.health, status))
     ranked = sorted((r for r in rows if not r.status and r.mean is not None),
                     key=lambda r: float(r.mean or 0.0) * (1 if lower_is_better else -1))
-    for i, r in enumerate(ranked, 1):
-        r.rank = i
+    _tie_groups(ranked, by_key, alpha=alpha, correction=correction, bootstrap=bootstrap, confidence=confidence)
     comps: list[ComparisonRow] = []
     for a, b in comparisons:
         for k in (a, b):
@@ -229,14 +286,90 @@ def analyse(cells: Sequence[CellInput], comparisons: Sequence[tuple[Hashable, Ha
             continue
         cr.p_adjusted = None if not np.isfinite(pa) else float(pa)
         n_min = min(cr.n_a, cr.n_b)
+        if correction == HOLM:
+            _holm_interval(cr, by_key, alpha, bootstrap)
         if n_min < MIN_SEEDS:
-            mdd = "no variance estimate" if cr.mdd is None else f"detectable |Δ| ≥ {cr.mdd:.4f} at this variance"
-            cr.verdict = f"{TOO_FEW} (n={n_min}; {mdd})"
+            cr.verdict = f"{TOO_FEW} (n={n_min}; at least {MIN_SEEDS} seeds per cell give a verdict)"
         elif cr.p_adjusted is None:
             cr.verdict = f"{TOO_FEW} (no test)"
         else:
             cr.verdict = _verdict(cr.delta or 0.0, cr.p_adjusted, alpha, lower_is_better)
     return Analysis(rows, comps, alpha, correction, bootstrap, lower_is_better)
+
+
+def _holm_interval(cr: ComparisonRow, by_key: Mapping, alpha: float, bootstrap: bool) -> None:
+    """The interval at the level Holm's procedure tested ``cr`` at (Holm 1979): alpha_i = alpha * p / p_Holm.
+
+    Without the monotonicity step p_Holm = (m - i + 1) p, so alpha_i = alpha / (m - i + 1), Holm's own
+    step level; with it, alpha_i is smaller still. Either way the interval excludes 0 iff p < alpha_i iff
+    p_Holm < alpha: the interval and the verdict cannot disagree."""
+    p, pa = cr.p_value, cr.p_adjusted
+    if p is None or pa is None or cr.ci_low is None or not p > 0 or not pa > 0:
+        return
+    level = alpha * p / pa
+    if bootstrap:
+        a, b = by_key[cr.a], by_key[cr.b]
+        ca, cb = summarize(a.values).values, summarize(b.values).values
+        is_paired = a.data_key == b.data_key and set(ca) == set(cb)
+        bs = bootstrap_diff(ca, cb, paired=is_paired, confidence=1 - level)
+        cr.ci_low, cr.ci_high = bs["diff_lo"], bs["diff_hi"]
+    elif cr.se and cr.df:
+        from scipy import stats as sps
+
+        hw = float(sps.t.ppf(1 - level / 2, cr.df)) * cr.se
+        cr.ci_low, cr.ci_high = (cr.delta or 0.0) - hw, (cr.delta or 0.0) + hw
+    else:
+        return
+    cr.ci_level = 1 - level
+
+
+def _tie_groups(ranked: list[CellRow], by_key: Mapping, *, alpha: float, correction: str, bootstrap: bool,
+                confidence: float) -> None:
+    """Ranks as tie groups over ``ranked`` (best first): every pair tested as the tables test it (Holm over
+    the pairs); distinguishable = corrected p < alpha with at least MIN_SEEDS seeds on each side.
+
+    rank = 1 + the number of cells distinguishably better; ``group``: the compact letter display of the
+    ordered means (Piepho 2004, "An algorithm for a letter-based representation of all-pairwise
+    comparisons", J. Computational and Graphical Statistics 13(2)): each maximal run of consecutive cells
+    with no distinguishable pair gets a letter."""
+    k = len(ranked)
+    pairs = [(i, j) for i in range(k) for j in range(i + 1, k)]
+    comps = [_one_comparison(by_key[ranked[i].key], by_key[ranked[j].key], bootstrap=bootstrap,
+                             confidence=confidence) for i, j in pairs]
+    ps = np.array([np.nan if c.p_value is None else c.p_value for c in comps], dtype=float)
+    adj = holm(ps) if correction == HOLM else ps
+    apart = {(i, j) for (i, j), c, pa in zip(pairs, comps, adj)
+             if np.isfinite(pa) and pa < alpha and min(c.n_a, c.n_b) >= MIN_SEEDS}
+    for j, r in enumerate(ranked):
+        r.rank = 1 + sum((i, j) in apart for i in range(j))
+        r.position = j + 1
+    for r in ranked:
+        r.tied = sum(o.rank == r.rank for o in ranked) > 1
+    for r, g in zip(ranked, letters(k, apart)):
+        r.group = g
+
+
+def letters(k: int, apart: set[tuple[int, int]]) -> list[str]:
+    """The compact letter display of ``k`` items in order of their means (best first), given the pairs
+    (i, j), i < j, that are distinguishable: items that share a letter are not distinguishable, and every
+    pair that is not distinguishable shares one. Piepho's insert-absorb algorithm (Piepho 2004): start
+    from one group of all items; for each distinguishable pair split every group holding both into one
+    without i and one without j; drop groups inside others. Letters follow the groups' best items. ""
+    for every item when there is a single group (the letters would say nothing the rank does not)."""
+    groups: list[frozenset[int]] = [frozenset(range(k))]
+    for i, j in sorted(apart):
+        split = []
+        for g in groups:
+            split += [g - {i}, g - {j}] if i in g and j in g else [g]
+        groups = [g for g in dict.fromkeys(split) if g and not any(g < h for h in split)]
+    out = [""] * k
+    if len(groups) < 2:
+        return out
+    abc = "abcdefghijklmnopqrstuvwxyz"
+    for n, g in enumerate(sorted(groups, key=lambda g: sorted(g))):
+        for x in g:
+            out[x] += abc[n % 26]
+    return out
 
 
 # ---------------------------------------------------------------- which comparisons

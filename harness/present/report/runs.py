@@ -219,7 +219,7 @@ def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPH
         out.append({
             "cell_key": c.key, "label": c.label, "metric": metric, "runs": len(c.runs), "completed": len(c.completed),
             "seeds": sorted(inputs[cells.index(c)].values), "n": row.n, "mean": row.mean, "std": row.std,
-            "ci_low": row.ci_low, "ci_high": row.ci_high, "rank": row.rank,
+            "ci_low": row.ci_low, "ci_high": row.ci_high, "rank": row.rank, "rank_text": row.rank_text,
             "delta": comp.delta if comp else (0.0 if row.n else None),
             "delta_ci_low": comp.ci_low if comp else None, "delta_ci_high": comp.ci_high if comp else None,
             "p_value": comp.p_value if comp else None, "p_adjusted": comp.p_adjusted if comp else None,
@@ -227,6 +227,7 @@ def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPH
             "verdict": comp.verdict if comp else stats.BASELINE, "note": comp.note if comp else "",
             "is_baseline": c.key == baseline.key, "did_not_learn": h.did_not_learn, "unigram_floor": h.floor,
             "loss_spikes": h.loss_spikes, "max_loss_spike": h.max_loss_spike, "method": analysis.method,
+            "interval": analysis.interval, "interval_header": analysis.interval_header,
         })
     return out
 

@@ -122,6 +122,7 @@ def build_report(runs: list[Run], *, source: str, db_path: str, registry, order:
     header(ctx, title, source, missing_runs)
     conditions_section(ctx)
     grid_section(ctx)
+    axes_section(ctx)
     comparison_section(ctx)
     loss_curves_section(ctx)
     quality_vs_cost_section(ctx)
@@ -189,6 +190,36 @@ def grid_section(ctx: Context) -> None:
                                      for k, v in shown.items()], "settings shared by every cell")
 
 
+def axes_section(ctx: Context) -> None:
+    """3a. Per axis: each swept axis's main effect (abl.analysis.verdicts.axis_effects), the answer the CLI
+    summary and the dashboard lead with: best level, by how much, and whether it is real."""
+    from ...analysis import verdicts
+
+    paths = [k for k in ((ctx.grid_raw or {}).get("grid") or {}) if k != "exclude"]
+    cells = verdicts.cell_inputs([r for c in ctx.cells for r in c.runs], ctx.metric, [c.key for c in ctx.cells])
+    try:
+        effects = verdicts.axis_effects(cells, paths, ctx.metric)
+    except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not lose the report
+        ctx.doc.p(f"Per-axis analysis unavailable: {type(exc).__name__}: {exc}")
+        return
+    if not effects:
+        return
+    ctx.doc.h(2, f"Per axis: main effects on {ctx.metric}, best level first")
+    rows = []
+    for e in effects:
+        h = e.headline()
+        for lv in e.levels:
+            rows.append([e.axis, lv.level, f"{lv.rank}{'=' if lv.tied else ''}", lv.group or "-",
+                         stats.fmt(lv.mean), lv.n, e.verdict() if lv is e.best else ""])
+        if h is not None and e.interaction_text():
+            rows.append([e.axis, "", "", "", "", "", e.interaction_text()])
+    ctx.doc.table(["axis", "level", "rank", "letters", "least-squares mean", "runs", "verdict"], rows,
+                  f"{verdicts.EFFECTS_METHOD} {ctx.cond}")
+    for line in verdicts.effect_lines(effects, ctx.metric):
+        if not line.startswith(" "):
+            ctx.doc.p(line)
+
+
 def comparison_section(ctx: Context) -> None:
     """3. The comparison table: the final compared metric per cell over seeds, against the baseline."""
     doc, base, metric, stat_rows, cond = ctx.doc, ctx.base, ctx.metric, ctx.stat_rows, ctx.cond
@@ -197,20 +228,21 @@ def comparison_section(ctx: Context) -> None:
     for i, s in enumerate(stat_rows, 1):
         health = (f"did not learn {s['did_not_learn']}/{s['completed']} (floor {stats.fmt(s['unigram_floor'], 3)})"
                   if s["did_not_learn"] else "") or (f"spikes {s['loss_spikes']}" if s["loss_spikes"] else "ok")
-        table_rows.append([i, s["label"], f"{s['n']}/{s['runs']}", "-" if s["rank"] is None else s["rank"],
+        table_rows.append([i, s["label"], f"{s['n']}/{s['runs']}", s.get("rank_text") or "-",
                            stats.fmt(s["mean"]), stats.fmt(s["std"]),
                            _ci(s["ci_low"], s["ci_high"]),
                            "-" if s["is_baseline"] else _signed(s["delta"]),
                            _ci(s["delta_ci_low"], s["delta_ci_high"]), stats.fmt_p(s["p_value"]),
                            stats.fmt_p(s["p_adjusted"]), s["test"], stats.fmt(s["mdd"]), s["verdict"], health])
-    doc.table(["#", "cell", "n", "rank", "mean", "std", "95% CI", "Δ vs baseline", "Δ 95% CI", "p", "p (Holm)",
+    doc.table(["#", "cell", "n", "rank", "mean", "std", "95% CI", "Δ vs baseline",
+               f"Δ {stat_rows[0].get('interval_header', '95% CI')}", "p", "p (Holm)",
                "test", "MDD", "verdict", "health"],
               table_rows,
               (f"val_bpb: bits per byte, the validation loss over the bytes of text its tokens cover "
                f"(the cells' data or tokenizers differ, so a token is not the same unit), "
                if metric == "val_bpb" else
                f"val_loss: mean cross-entropy (nats) on the fixed validation batches at the last step, ")
-              + f"completed runs only. CI: Student t, 95%. Δ = cell - baseline ({base.label}); lower is better. "
+              + f"completed runs only. CI of a mean: Student t, 95%. Δ = cell - baseline ({base.label}); lower is better. "
               f"{stat_rows[0]['method']} Health: did not learn = final val_loss within "
               f"{DID_NOT_LEARN_MARGIN} nats of the data's unigram floor; spikes = training-loss spikes "
               f"(abl.analysis.health). {cond}")

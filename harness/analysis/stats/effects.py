@@ -1,0 +1,309 @@
+"""Main effects per axis of a product grid: what does swapping X do, pooled over everything else?
+
+For a grid that crosses axes (model.norm × model.block, say), the question
+"which norm is best" is the norm's main effect: every seed of every block
+layout is evidence. Each axis is fitted with an ordinary least-squares model
+(statsmodels) of the final value on the axis, the grid's other axes and the
+seed as blocking factors,
+
+    value ~ C(axis) + C(other axis) + ... + C(seed),
+
+which pairs the cells by seed (the seed's shared data order is a block) and
+by the other axes' levels, as a randomized complete block design does
+(Montgomery, "Design and Analysis of Experiments", 8th ed. 2013, ch. 4 and
+5). The levels of the axis are compared pairwise by t-tests of the model's
+contrasts, Holm-adjusted over the pairs (Holm 1979), with intervals at the
+level each Holm step tested (``engine._holm_interval``), so the verdict and
+the interval never disagree. Each level's figure is its least-squares mean:
+the model's prediction averaged over a balanced grid of the other factors.
+
+An interaction of the axis with another axis (does the norm's effect depend
+on the block layout?) is the F-test of adding C(axis):C(other) to the model
+(a nested-model F-test, ``statsmodels.stats.anova.anova_lm``); when it is
+significant the headline says so, since a main effect then averages effects
+that differ.
+
+A verdict needs, for each level, at least MIN_SEEDS observations (seeds ×
+cells of the other axes) and at least MIN_SEEDS - 1 residual degrees of
+freedom (what a 3-seed paired t-test has); else "too few seeds to decide".
+Cells that did not learn are left out of the model (they are not results).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+from .corrections import HOLM, holm
+from .engine import BETTER, SAME, TOO_FEW, WORSE, CellInput, ComparisonRow, _holm_interval, letters
+from .power import MIN_SEEDS, POWER, min_detectable, power_t
+from .ttest import ALPHA
+
+
+@dataclass
+class LevelRow:
+    level: str
+    mean: float  # least-squares mean (the model's prediction, averaged over the other factors)
+    n: int  # observations (runs) at this level in the model
+    rank: int = 0  # 1 + the levels distinguishably better
+    group: str = ""  # compact letter display over the levels
+    tied: bool = False
+
+
+@dataclass
+class Interaction:
+    other: str
+    f: float
+    df_num: float
+    df_den: float
+    p: float
+
+
+@dataclass
+class AxisEffect:
+    """One swept axis's main effect: its levels best first, the pairwise contrasts, interactions."""
+
+    axis: str
+    levels: list[LevelRow]
+    contrasts: list[ComparisonRow]  # a - b for every pair of levels, Holm over the pairs
+    interactions: list[Interaction] = field(default_factory=list)
+    blocks: list[str] = field(default_factory=list)  # the other factors of the model
+    df_resid: float | None = None
+    sigma: float | None = None  # the model's residual standard deviation
+    seeds: int = 0  # distinct seeds among the runs modelled
+    n_params: int = 0  # parameters of the additive model (its rank)
+    left_out: list[str] = field(default_factory=list)  # cells not in the model (did not learn, no value)
+    note: str = ""
+    lower_is_better: bool = True
+    alpha: float = ALPHA
+
+    @property
+    def best(self) -> LevelRow | None:
+        return self.levels[0] if self.levels else None
+
+    def headline(self) -> ComparisonRow | None:
+        """The best level against the runner-up (the contrast that says whether 'best' is real)."""
+        if len(self.levels) < 2:
+            return None
+        a, b = self.levels[0].level, self.levels[1].level
+        return next((c for c in self.contrasts if {c.a, c.b} == {a, b}), None)
+
+    def verdict(self) -> str:
+        """The axis's answer in the tables' words: best level and whether it beats the runner-up."""
+        h = self.headline()
+        if h is None or self.best is None:
+            return self.note or "no comparison"
+        if h.verdict.startswith(TOO_FEW):
+            return h.verdict
+        best_is_a = h.a == self.best.level
+        if h.verdict in (BETTER, WORSE):
+            return f"{self.best.level} is {BETTER} than {self.levels[1].level}"
+        return (f"{SAME}: {self.best.level} and {self.levels[1].level}" if best_is_a or h.verdict == SAME
+                else h.verdict)
+
+    def interaction_text(self) -> str:
+        hits = [i for i in self.interactions if i.p < self.alpha]
+        if not hits:
+            return ""
+        return "; ".join(f"its effect depends on {i.other} (interaction F({i.df_num:g}, {i.df_den:g}) = "
+                         f"{i.f:.2f}, p {i.p:.3g}): read the cell table too" for i in hits)
+
+
+def _name(i: int) -> str:
+    return f"f{i}"
+
+
+def main_effects(cells: Sequence[CellInput], axes: Sequence[str], *, alpha: float = ALPHA,
+                 lower_is_better: bool = True) -> list[AxisEffect]:
+    """The main effect of every axis in ``axes`` (config paths; each cell's ``settings`` holds its level)
+    that has at least two levels among the cells that learned; [] when fewer than one such axis."""
+    import pandas as pd
+
+    used = [c for c in cells if not c.health.flagged and c.values]
+    left_out = [c.label for c in cells if c not in used]
+    axes = [a for a in axes if len({c.settings.get(a) for c in used}) > 1]
+    if not axes:
+        return []
+    rows = []
+    for c in used:
+        for seed, v in c.values.items():
+            rows.append({**{_name(i): str(c.settings.get(a)) for i, a in enumerate(axes)},
+                         "seed": str(seed), "y": float(v), "data": str(c.data_key)})
+    df = pd.DataFrame(rows)
+    # an axis whose levels map one to one onto an earlier axis's (a derived setting) is the same factor
+    keep: list[int] = []
+    for i, a in enumerate(axes):
+        col = _name(i)
+        if not any(df.groupby(col)[_name(j)].nunique().max() == 1 and
+                   df.groupby(_name(j))[col].nunique().max() == 1 for j in keep):
+            keep.append(i)
+    df = df[[_name(i) for i in keep] + ["seed", "y", "data"]].rename(
+        columns={_name(i): _name(n) for n, i in enumerate(keep)})
+    axes = [axes[i] for i in keep]
+    out = []
+    for i, axis in enumerate(axes):
+        out.append(_one_axis(df, axes, i, alpha=alpha, lower_is_better=lower_is_better, left_out=left_out))
+    return out
+
+
+def _levels_of(raw: str) -> str:
+    """A stored setting (JSON text) as a level name: "rmsnorm", not "\"rmsnorm\""."""
+    import json
+
+    try:
+        v = json.loads(raw)
+    except (ValueError, TypeError):
+        return raw
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_better: bool,
+              left_out: list[str]) -> AxisEffect:
+    import pandas as pd
+    import statsmodels.formula.api as smf
+
+    me = _name(i)
+    others = [_name(j) for j in range(len(axes)) if j != i and df[_name(j)].nunique() > 1]
+    blocks = others + (["seed"] if df["seed"].nunique() > 1 else [])
+    effect = AxisEffect(axes[i], [], [], blocks=[axes[int(b[1:])] if b != "seed" else "seed" for b in blocks],
+                        left_out=left_out, lower_is_better=lower_is_better, alpha=alpha)
+    if df["data"].nunique() > 1:
+        effect.note = "the cells differ in data order (dataset, context or batch size): seeds are not shared blocks"
+    def fit(terms):
+        with warnings.catch_warnings():  # rank deficiency is checked below, not printed
+            warnings.simplefilter("ignore")
+            return smf.ols("y ~ " + " + ".join(f"C({t})" for t in terms), data=df).fit()
+
+    def deficient(r) -> bool:
+        return bool(np.linalg.matrix_rank(r.model.exog) < r.model.exog.shape[1])
+
+    res = fit([me, *blocks])
+    if deficient(res) and "seed" in blocks:  # seeds not shared across the levels: no pairing by seed
+        blocks = [b for b in blocks if b != "seed"]
+        effect.blocks = [b for b in effect.blocks if b != "seed"]
+        effect.note = "; ".join(x for x in (effect.note, "the levels ran different seeds: not paired by seed") if x)
+        res = fit([me, *blocks])
+    effect.df_resid = float(res.df_resid)
+    effect.seeds, effect.n_params = int(df["seed"].nunique()), int(res.df_model) + 1
+    effect.sigma = float(np.sqrt(res.scale)) if res.df_resid > 0 else None
+    if not res.df_resid > 0:
+        effect.note = "; ".join(x for x in (effect.note, "one run per cell and seed: no residual variance to "
+                                            "test against (run at least 2 seeds)") if x)
+        return effect
+    if deficient(res):
+        effect.note = (f"{axes[i]} is confounded with the other factors ({', '.join(effect.blocks)}): "
+                       "its effect cannot be separated")
+        return effect
+    levels = list(dict.fromkeys(df[me]))
+    # least-squares means: predictions over the full crossing of the blocks' levels, averaged
+    grid = pd.DataFrame(list(itertools.product(*[sorted(df[b].unique()) for b in blocks])) or [()],
+                        columns=blocks)
+    lsm = {}
+    for lv in levels:
+        g = grid.copy()
+        g[me] = lv
+        lsm[lv] = float(np.mean(res.predict(g)))
+    counts = df[me].value_counts().to_dict()
+    order = sorted(levels, key=lambda lv: lsm[lv] * (1 if lower_is_better else -1))
+    # a verdict per contrast: both levels with MIN_SEEDS runs, and the residual df a 3-seed t-test has
+    df_ok = res.df_resid >= MIN_SEEDS - 1
+    # every pair of levels: the difference of their coefficients (treatment coding), a t-test of the contrast
+    names = list(res.params.index)
+    comps, pairs = [], []
+    for a, b in itertools.combinations(order, 2):
+        vec = np.zeros(len(names))
+        for lv, sign in ((a, 1.0), (b, -1.0)):
+            col = f"C({me})[T.{lv}]"
+            if col in names:
+                vec[names.index(col)] += sign
+        t = res.t_test(vec)
+        delta, se = float(np.squeeze(t.effect)), float(np.squeeze(t.sd))
+        p = float(np.squeeze(t.pvalue))
+        lo, hi = (float(x) for x in np.squeeze(t.conf_int(alpha=alpha)))
+        row = ComparisonRow(_levels_of(a), _levels_of(b), _levels_of(a), _levels_of(b), int(counts[a]),
+                            int(counts[b]), delta, lo, hi, p if math.isfinite(p) else None, None,
+                            f"OLS contrast (df={res.df_resid:g})", "", df=float(res.df_resid),
+                            se=se if math.isfinite(se) else None, ci_level=1 - alpha, ci_raw_low=lo, ci_raw_high=hi)
+        enough = df_ok and min(counts[a], counts[b]) >= MIN_SEEDS
+        row.mdd = min_detectable(row.se, row.df) if enough else None
+        comps.append((row, enough))
+        pairs.append((a, b))
+    adj = holm(np.array([np.nan if c.p_value is None else c.p_value for c, _ in comps], dtype=float))
+    apart = set()
+    for (a, b), (c, enough), pa in zip(pairs, comps, adj):
+        c.p_adjusted = float(pa) if np.isfinite(pa) else None
+        _holm_interval(c, {}, alpha, bootstrap=False)
+        if not enough:
+            c.verdict = (f"{TOO_FEW} (n={min(counts[a], counts[b])} runs; at least {MIN_SEEDS} runs per "
+                         f"level and {MIN_SEEDS - 1} residual degrees of freedom give a verdict)")
+        elif c.p_adjusted is None:
+            c.verdict = f"{TOO_FEW} (no test)"
+        elif c.p_adjusted < alpha:
+            improves = (c.delta or 0.0) < 0 if lower_is_better else (c.delta or 0.0) > 0
+            c.verdict = BETTER if improves else WORSE
+            apart.add((order.index(a), order.index(b)))
+        else:
+            c.verdict = SAME
+    rows = [LevelRow(_levels_of(lv), lsm[lv], int(counts[lv])) for lv in order]
+    for j, r in enumerate(rows):
+        r.rank = 1 + sum((k, j) in apart for k in range(j))
+    for r in rows:
+        r.tied = sum(o.rank == r.rank for o in rows) > 1
+    for r, g in zip(rows, letters(len(rows), apart)):
+        r.group = g
+    effect.levels, effect.contrasts = rows, [c for c, _ in comps]
+    effect.interactions = _interactions(df, me, blocks, others, res, axes)
+    return effect
+
+
+def _interactions(df: Any, me: str, blocks: list[str], others: list[str], res: Any,
+                  axes: Sequence[str]) -> list[Interaction]:
+    """The F-test of C(axis):C(other) added to the additive model, for each other axis (when the data
+    leave residual degrees of freedom for it)."""
+    import statsmodels.formula.api as smf
+    from statsmodels.stats.anova import anova_lm
+
+    out = []
+    for o in others:
+        with warnings.catch_warnings():  # an incomplete grid (excluded cells) leaves interaction columns empty:
+            warnings.simplefilter("ignore")  # statsmodels counts the rank, so the F-test's df stay right
+            full = smf.ols("y ~ " + " + ".join(f"C({t})" for t in [me, *blocks]) + f" + C({me}):C({o})",
+                           data=df).fit()
+        # no residual variance left (synthetic values: every seed moves every cell alike): F is undefined
+        if full.df_resid < 1 or full.df_model <= res.df_model or not full.ssr > 1e-12 * full.centered_tss:
+            continue
+        with np.errstate(invalid="ignore", divide="ignore"):
+            table = anova_lm(res, full)
+        f, p = float(table["F"].iloc[1]), float(table["Pr(>F)"].iloc[1])
+        if math.isfinite(f) and math.isfinite(p):
+            out.append(Interaction(axes[int(o[1:])], f, float(table["df_diff"].iloc[1]), float(full.df_resid), p))
+    return out
+
+
+def seeds_for_axis(e: AxisEffect, effect: float, *, power: float = POWER, max_seeds: int = 200) -> int | None:
+    """Seeds for the main-effect contrast between the two least-run levels of ``e``'s axis to detect a true
+    difference ``effect`` with probability ``power`` at the model's residual sd, tested at alpha / m for
+    the m pairs of levels (Holm's strictest step). Each level's runs and the residual df grow in
+    proportion to the seeds (same grid); power from the noncentral t (``power_t``). None without a
+    residual sd or beyond ``max_seeds``."""
+    if not e.sigma or not e.seeds or len(e.levels) < 2 or effect == 0:
+        return None
+    runs = sorted(lv.n / e.seeds for lv in e.levels)[:2]  # runs per seed of the two sparsest levels
+    total = sum(lv.n for lv in e.levels) / e.seeds
+    m = len(e.levels) * (len(e.levels) - 1) // 2
+    for k in range(2, max_seeds + 1):
+        df = total * k - (e.n_params - e.seeds + k)  # the seed block has k levels
+        se = e.sigma * math.sqrt(1 / (runs[0] * k) + 1 / (runs[1] * k))
+        if df > 0 and runs[0] * k >= MIN_SEEDS and power_t(effect, se, df, e.alpha / m) >= power:
+            return k
+    return None
+
+
+def axis_levels(cells: Sequence[CellInput], axis: str) -> dict[Hashable, str]:
+    """cell key -> its level of ``axis`` (as a level name)."""
+    return {c.key: _levels_of(str(c.settings.get(axis))) for c in cells}
