@@ -307,6 +307,41 @@ def test_a_signal_during_worker_start_up_is_recorded_killed(tmp_path, registry, 
     assert rundir.runs_again(st["status"])  # a plain re-run restarts it
 
 
+SWALLOWING_PLUGIN = """
+import time
+from pathlib import Path
+
+# stands for start-up code a signal's exception cannot pass through unharmed: a C extension's
+# import (where it once ended in SIGABRT, exit -6, under load) or a library that catches everything
+Path({mark!r}).touch()
+deadline = time.time() + 3
+while time.time() < deadline:
+    try:
+        time.sleep(0.05)
+    except BaseException:
+        pass
+"""
+
+
+def test_a_signal_during_start_up_ends_the_worker_even_where_its_exception_would_be_lost(tmp_path, registry):
+    """During start-up the signal handler itself records the cell as killed and leaves (exit 5),
+    instead of raising into whatever code is running: there, the exception can be swallowed (the
+    cell then trains on, unwanted) or turn into an abort that loses the status."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    mark = tmp_path / "importing"
+    (plugins / "swallow.py").write_text(SWALLOWING_PLUGIN.format(mark=str(mark)))
+    d = tiny_folder(tmp_path, registry)
+    proc = start_worker(d, env={"ABL_PLUGINS_DIR": str(plugins)})
+    wait_for(mark.exists, timeout=120, what="the plugin's import")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 5  # EXIT_CODES["killed"], not a cell that went on to complete
+    st = json.loads((d / "status.json").read_text())
+    assert st["status"] == "killed" and "SIGTERM" in st["error"], st
+    assert n_steps(d) == 0
+    assert not list(d.glob("*.tmp"))
+
+
 FLAKY_PLUGIN = """
 import sys
 from pathlib import Path

@@ -40,6 +40,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from .. import files
 from ..store import rundir
 from ..store.rundir import COMPLETED, DIVERGED, EXIT_CODES, FAILED, KILLED, OOM, RUNNING
 
@@ -58,10 +59,27 @@ _signalled: str | None = None
 STARTUP_RETRY_ENV = "ABL_WORKER_STARTUP_RETRY"
 
 
+# While the worker starts (imports torch and the plugins, builds the cell), a signal must not unwind
+# the stack: an exception raised inside a half-imported C extension can end in std::terminate
+# (SIGABRT, exit -6, status lost; seen under load). So during start-up the handler records the
+# killed status itself and leaves at once with os._exit; once the cell is built, the signal is an
+# exception again, which the training loop's clean-up needs. (run folder, status so far) or None.
+_startup: tuple[Path, dict[str, Any]] | None = None
+
+
 def _on_signal(signum, frame):
     global _signalled
-    _signalled = _signalled or signal.Signals(signum).name
-    raise Killed(f"stopped by signal {signal.Signals(signum).name}")
+    name = signal.Signals(signum).name
+    _signalled = _signalled or name
+    if _startup is not None:
+        run_dir, status = _startup
+        try:
+            files.temporary_beside(run_dir / rundir.METRICS).unlink(missing_ok=True)  # a truncation cut short
+            rundir.write_status(run_dir, {**status, "status": KILLED, "finished": time.time(),
+                                          "error": f"stopped by signal {name} (during start-up)"})
+        finally:
+            os._exit(EXIT_CODES[KILLED])
+    raise Killed(f"stopped by signal {name}")
 
 
 class _Started:
@@ -157,6 +175,8 @@ def run(run_dir: Path) -> int:
     if first_try is not None:
         status["startup_retried"] = first_try
     rundir.write_status(run_dir, status)
+    global _startup
+    _startup = (run_dir, status)
     metrics_path = run_dir / rundir.METRICS
     checkpoint = run_dir / rundir.CHECKPOINT
     sink: _Started | None = None
@@ -189,6 +209,7 @@ def run(run_dir: Path) -> int:
         config = json.loads((run_dir / rundir.CONFIG).read_text())
         cell = cell_from_config(config, registry)
         retryable = True
+        _startup = None  # from here a signal is the Killed exception (the loop closes its files)
         summary = train(cell, registry, sink,
                         on_info=lambda info: rundir.write_json(run_dir / rundir.INFO, info),
                         checkpoint_path=checkpoint if cell.train.checkpoint_every else None,
