@@ -241,7 +241,7 @@ def verdict_runs(store: Store, sel: Selection, metric: str) -> list[RunRecord]:
     """The selected runs as abl.analysis.verdicts records: each with its final ``metric`` and health figures."""
     where, params = sel.where()
     runs_df = store.query(f"""
-        SELECT r.run_id, r.cell_key, r.label, r.seed, r.status, r.config, r.data_fingerprint
+        SELECT r.run_id, r.cell_key, r.label, r.seed, r.status, r.config, r.data_fingerprint, r.env
         FROM runs r WHERE {where} ORDER BY r.started NULLS LAST, r.run_id
     """, params)
     if runs_df.empty:
@@ -261,9 +261,11 @@ def verdict_runs(store: Store, sel: Selection, metric: str) -> list[RunRecord]:
     out = []
     for r in runs_df.itertuples(index=False):
         config = r.config if isinstance(r.config, dict) else json.loads(r.config or "{}")
+        env = r.env if isinstance(r.env, dict) else json.loads(r.env) if isinstance(r.env, str) and r.env else {}
         out.append(RunRecord(cell_key=r.cell_key or r.run_id, label=r.label or "", seed=int(r.seed),
                              status=r.status, config=config, data_fingerprint=r.data_fingerprint or "unknown",
-                             final=by_run.get(r.run_id, {})))
+                             final=by_run.get(r.run_id, {}),
+                             scored_targets=(env or {}).get("scored_targets") or {}))
     return out
 
 

@@ -260,3 +260,25 @@ def test_a_missing_store_is_a_message_not_a_crash(tmp_path, monkeypatch):
     at = AppTest.from_file(str(APP), default_timeout=60).run()
     assert not at.exception
     assert any("No database at" in e.value for e in at.error)
+
+
+def test_verdict_runs_carry_what_each_run_was_scored_on(small_store):
+    """The dashboard's comparisons see the runs' scored_targets fingerprints (stored in runs.env), so a
+    comparison across different validation targets is flagged there as in the CLI and the report."""
+    con = duckdb.connect(small_store.db)
+    con.execute("UPDATE runs SET env = ? WHERE run_id = 'a0'", [json.dumps({"scored_targets": {"val_loss": "f0"}})])
+    con.close()
+    records = {r.seed: r for r in q.verdict_runs(small_store, q.Selection(experiments=("e",)), "val_loss")
+               if r.cell_key == "A"}
+    assert records[0].scored_targets == {"val_loss": "f0"}
+    assert records[1].scored_targets == {}
+
+
+def test_the_run_summary_keeps_what_each_run_was_scored_on():
+    from types import SimpleNamespace
+
+    from abl.present.summary import relabel
+
+    run = SimpleNamespace(cell_key="A", label="A", seed=0, status="completed", config=_config("rmsnorm", 0),
+                          data_fingerprint="d", final={"val_loss": 3.0}, scored_targets={"val_loss": "f0"})
+    assert relabel([run])[0].scored_targets == {"val_loss": "f0"}

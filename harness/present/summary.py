@@ -70,7 +70,7 @@ def relabel(runs, paths: Sequence[str] = ()) -> list[verdicts.RunRecord]:
     """The runs with display labels (abl.grid.labels: the settings that differ between these cells)."""
     labels = run_labels(runs, list(paths))
     return [verdicts.RunRecord(r.cell_key, labels.get(str(r.cell_key), r.label), r.seed, r.status, r.config,
-                               r.data_fingerprint, r.final) for r in runs]
+                               r.data_fingerprint, r.final, r.scored_targets) for r in runs]
 
 
 @dataclass
