@@ -40,7 +40,7 @@ def choose_byte_spans(text: bytes, span_bytes: int = SPAN_BYTES, max_spans: int 
             i += 1
         return i
 
-    out = []
+    out: list[tuple[int, int]] = []
     for s in starts:
         a, b = boundary(int(s)), boundary(int(s) + span_bytes)
         if b > a:
@@ -95,9 +95,10 @@ def encode_spans(tok: Tokenizer, val_text: bytes, prefix: np.ndarray) -> tuple[n
     table = choose_byte_spans(val_text)
     texts = [val_text[a:a + n] for a, n in table]
     encoded = tok.encode(texts)
-    prefix = np.asarray(prefix, np.int64)
-    parts, offsets = [], [0]
-    round_trip = None
+    prefix = np.asarray(prefix, np.int64)  # the separator's tokens, before every span
+    parts: list[np.ndarray] = []
+    offsets = [0]
+    round_trip: dict[str, Any] | None = None
     for (start, length), text, (ids, _) in zip(table, texts, encoded):
         ids = np.asarray(ids, np.int64)
         parts += [prefix, ids]

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ..data.corpus import LN2, TokenData, bits_per_byte
 from ..data.spans import ByteSpans, lossy_message
+from ..model.decoder import ForwardContext
 
 IGNORE = -100  # a position that is not a target (the separator before a span, padding)
 
@@ -57,16 +58,15 @@ def span_windows(spans: ByteSpans, indices, context: int) -> tuple[np.ndarray, n
 def score_spans(nats: NatsFn, spans: ByteSpans, indices, context: int, batch_size: int) -> float:
     """Bits per byte of the chosen spans under ``nats`` (a model, or any scorer of targets)."""
     x, y = span_windows(spans, indices, context)
-    total = 0.0
-    for a in range(0, len(x), max(1, batch_size)):
-        total += nats(x[a:a + batch_size], y[a:a + batch_size])
+    total, step = 0.0, max(1, batch_size)
+    for a in range(0, len(x), step):
+        total += nats(x[a:a + step], y[a:a + step])
     n_bytes = int(sum(spans.lengths[int(i)] for i in indices))
     return total / (LN2 * n_bytes)
 
 
 def model_nats(model, precision, device: torch.device) -> NatsFn:
     """``NatsFn`` of a DecoderLM: the summed cross-entropy of the targets (IGNORE left out)."""
-    from ..model.decoder import ForwardContext
 
     @torch.no_grad()
     def nats(x: np.ndarray, y: np.ndarray) -> float:
