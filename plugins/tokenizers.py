@@ -7,8 +7,12 @@
 - ``pretrained``: a ``tokenizer.json`` (or a Hugging Face tokenizer folder
   holding one) from a local path.
 
-Each reports, per token, the bytes of the document it covers, so
-``val_bpb`` (bits per byte) compares cells with different tokenizers.
+Each reports, per token, the bytes of the document it covers, and decodes ids
+back to bytes. ``val_bpb`` (bits per byte) is scored on the same byte spans of the
+validation text under every tokenizer (abl.data.spans), so it compares cells with
+different tokenizers; a tokenizer that does not give a span back
+(decode(encode(s)) != s, e.g. a ``pretrained`` one with a lowercasing normaliser)
+is refused unless the grid sets ``data.accept_lossy_tokenizer = true``.
 ``tokenizers`` is imported only when a subword tokenizer is used.
 """
 

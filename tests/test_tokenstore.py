@@ -209,42 +209,7 @@ class ListSink:
         return [m[name] for _, m in self.rows if name in m]
 
 
-def test_bits_per_byte_of_a_byte_level_run_is_val_loss_over_ln2(tmp_path, registry):
-    from abl.run.train import train
-
-    cell = expand(grid(tmp_path), registry).cells[0]
-    sink = ListSink()
-    train(cell, registry, sink)
-    losses, bpbs = sink.series("val_loss"), sink.series("val_bpb")
-    assert len(losses) == len(bpbs) == 2
-    for loss, bpb in zip(losses, bpbs):
-        assert bpb == loss / math.log(2)  # exactly: every byte-level token covers one byte
-
-
-def test_bits_per_byte_of_a_subword_run_divides_by_the_bytes_its_tokens_cover(tmp_path, registry):
-    """bpb = nats over the validation targets / (ln 2 x bytes those targets cover), counted here
-    independently by decoding each target window back to text."""
-    from abl.data.corpus import Batches
-    from abl.run.train import train
-
-    cell = expand(grid(tmp_path, "bpe", tokenizer={"bpe": {"vocab_size": 300}}), registry).cells[0]
-    infos: list[dict] = []
-    sink = ListSink()
-    train(cell, registry, sink, on_info=infos.append)
-    assert infos[0]["tokenizer"] == "bpe" and infos[0]["vocab_size"] == 300
-    assert len(infos[0]["tokenizer_fingerprint"]) == 64 and infos[0]["tokenizer_params"] == {
-        "vocab_size": 300, "min_frequency": 2}
-    data = tokenstore.cell_tokens(cell, registry)
-    tok = ByteLevelBPE(300)
-    tok.train(tokenstore.load_corpus(cell.components["dataset"], registry))
-    batches = Batches(data, cell.model.context, cell.train.batch_size, cell.seed)
-    n_bytes = sum(len(tok.decode(y.flatten().tolist())) for _, y in batches.val_batches(cell.train.eval_batches))
-    n_tokens = cell.train.eval_batches * cell.train.batch_size * cell.model.context
-    loss, bpb = sink.series("val_loss")[-1], sink.series("val_bpb")[-1]
-    # decoding a window may cut a multi-byte character at its edges: allow a few bytes per window
-    expected = loss * n_tokens / (math.log(2) * n_bytes)
-    assert bpb == pytest.approx(expected, rel=5e-3)
-    assert 1.2 < n_bytes / n_tokens < 4  # a subword token covers more than a byte
+# val_bpb is scored on the validation text's fixed byte spans: tests/test_span_bpb.py
 
 
 # ---------------------------------------------------------------- hf datasets

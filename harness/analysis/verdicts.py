@@ -22,7 +22,7 @@ from typing import Any, Hashable, Protocol, Sequence
 
 from ..contracts.config import canonical_config
 from ..contracts.status import COMPLETED
-from . import metrics, stats
+from . import comparable, metrics, stats
 from .formats import fmt, fmt_bytes
 from .tables import flatten
 
@@ -222,6 +222,7 @@ def analyse_runs(runs: Sequence[RunLike], *, metric: str = "val_loss", order: Se
     """Cells, their analysis and the sentence naming the comparisons: what every verdict table shows."""
     cells = cell_inputs(runs, metric, order)
     comps, what = choose_comparisons(cells, baseline=baseline, pairs=pairs, by=by)
+    comps, what = comparable.keep_comparable(metric, cells, comps, what)  # no val_loss across tokenizers
     analysis = stats.analyse(cells, comps, bootstrap=bootstrap, correction=correction,
                              lower_is_better=lower_is_better(metric))
     flag_different_targets(runs, metric, analysis)

@@ -157,6 +157,9 @@ class DataConfig:
     dataset: str = _f("pystdlib", "dataset component")
     tokenizer: str = _f("byte", "tokenizer component (turns the dataset's text into tokens; "
                         "the model's vocabulary follows it)")
+    accept_lossy_tokenizer: bool = _f(False, "train with a tokenizer that does not give back the validation text "
+                                      "it encodes (decode(encode(s)) != s); refused by default, and its runs "
+                                      "carry a note (their bits per byte are not over the text's bytes)")
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 Text and token corpora with their fingerprints (corpus), the token store that
 tokenizes a corpus once per tokenizer and shares it between cells (tokenstore),
-and the synthetic tasks with marked answer positions (tasks). May import
+the validation text's fixed byte spans that val_bpb scores under every tokenizer
+and the round-trip check of a tokenizer (spans), and the synthetic tasks with marked answer positions (tasks). May import
 ``abl.contracts``, ``abl.analysis`` and ``abl.kernels``.
 """

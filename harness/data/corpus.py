@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ BYTE_VOCAB = 256
 # joins the documents of a split: no training window silently runs from one document into the next
 DOCUMENT_SEPARATOR = b"\0"
 LN2 = math.log(2.0)
+
+if TYPE_CHECKING:
+    from .spans import ByteSpans
 
 
 class DataError(Exception):
@@ -45,6 +48,8 @@ class TokenData:
     val_bytes: np.ndarray | None = None
     # facts recorded with the run: tokenizer fingerprint, corpus fingerprint, token store key ...
     meta: dict[str, Any] = field(default_factory=dict)
+    # fixed byte spans of the validation text, each tokenised whole (val_bpb scores them); None: no text
+    val_spans: ByteSpans | None = None
 
     def check(self, context: int) -> None:
         for split, arr in (("train", self.train), ("val", self.val)):

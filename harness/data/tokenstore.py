@@ -12,6 +12,8 @@ grid (``prepare_store``) and writes the result beside the database::
       <store key>/meta.json             what the arrays hold (vocabulary, sizes, fingerprints)
       <store key>/train.bin, val.bin    flat little-endian uint16 (vocabulary <= 65,536) or uint32 ids
       <store key>/val_bytes.bin         uint32: bytes of validation text each validation token covers
+      <store key>/val_spans.bin         fixed byte spans of the validation text, each tokenised whole
+                                        (val_bpb scores these; the byte table is in meta.json)
       <store key>/tokenizer.json        the tokenizer's definition, when it has one
 
 The store key is a hash of (corpus fingerprint, tokenizer fingerprint), so a
@@ -22,7 +24,9 @@ never reads, hashes or tokenises the corpus itself.
 
 Everything is checked before anything is written (``prepare_store`` raises
 ``DataError`` with one line per problem): a dataset that cannot be loaded,
-a vocabulary too small for the data, a context longer than a split.
+a vocabulary too small for the data, a context longer than a split, a
+tokenizer that does not give back the validation text it encoded (unless the
+grid sets ``data.accept_lossy_tokenizer``; its runs then carry a note).
 
 Nothing here names a specific dataset or tokenizer.
 """
@@ -42,11 +46,12 @@ import numpy as np
 
 from .. import files
 from .corpus import DOCUMENT_SEPARATOR, DataError, TextCorpus, TokenData, fingerprint
+from .spans import ByteSpans, encode_spans, lossy_errors
 
 TOKENS_DIR = "tokens"
 TOKENIZERS_DIR = "tokenizers"
 RUN_LINK = "tokens.json"  # in a run folder: which store entry the worker maps
-FORMAT = 1
+FORMAT = 2  # 2: val_spans.bin and the round-trip check; an entry of format 1 is built again
 
 
 class Tokenizer:
@@ -211,6 +216,8 @@ def _entry_ok(folder: Path) -> dict[str, Any] | None:
     sizes = {"train.bin": meta["n_train"] * item, "val.bin": meta["n_val"] * item}
     if meta.get("has_val_bytes"):
         sizes["val_bytes.bin"] = meta["n_val"] * 4
+    if meta.get("val_spans"):
+        sizes["val_spans.bin"] = meta["val_spans"]["offsets"][-1] * item
     for name, size in sizes.items():
         try:
             if (folder / name).stat().st_size != size:
@@ -270,6 +277,7 @@ def prepare_tokens(dataset: dict[str, Any], tokenizer: dict[str, Any], registry,
         meta = _entry_ok(root / key)
         if meta is not None:
             return Prepared(key, meta, notes=notes + [f"tokens reused (built in {meta['build_s']:.1f} s)"])
+    span_ids, span_meta = None, None
     if tok is None:
         assert isinstance(corpus, TokenData)
         train, val = np.asarray(corpus.train, np.int64), np.asarray(corpus.val, np.int64)
@@ -281,10 +289,12 @@ def prepare_tokens(dataset: dict[str, Any], tokenizer: dict[str, Any], registry,
             sep = tok.encode([DOCUMENT_SEPARATOR])[0]
             train, _ = _join(tok.encode(corpus.train_docs), sep)
             val, val_bytes = _join(tok.encode(corpus.val_docs), sep)
+            span_ids, span_meta = encode_spans(tok, DOCUMENT_SEPARATOR.join(corpus.val_docs), sep[0])
         except DataError as exc:
             raise DataError(f"tokenizer {tokenizer['name']!r} on dataset {dataset['name']!r}: {exc}") from None
         description = corpus.description
-    hi = int(max(train.max(initial=0), val.max(initial=0)))
+    hi = int(max(train.max(initial=0), val.max(initial=0),
+                 0 if span_ids is None else span_ids.max(initial=0)))
     if hi >= vocab:
         raise DataError(f"dataset {dataset['name']!r}: token id {hi} >= the vocabulary size {vocab}")
     dtype = token_dtype(vocab)
@@ -292,12 +302,15 @@ def prepare_tokens(dataset: dict[str, Any], tokenizer: dict[str, Any], registry,
     arrays = {"train.bin": train, "val.bin": val}
     if val_bytes is not None:
         arrays["val_bytes.bin"] = val_bytes.astype("<u4")
+    if span_ids is not None:
+        arrays["val_spans.bin"] = span_ids.astype(dtype)
     build_s = time.perf_counter() - t0
     meta = {
         "format": FORMAT, "key": key, "dtype": dtype.str, "vocab_size": vocab,
         "n_train": int(len(train)), "n_val": int(len(val)), "max_token_id": hi,
         "has_val_bytes": val_bytes is not None,
         "val_text_bytes": None if val_bytes is None else int(val_bytes.sum()),
+        **(span_meta or {"val_spans": None, "round_trip": None}),
         "data_fingerprint": fingerprint(train, val, vocab_size=vocab),
         "description": description, **tok_meta,
         "build_s": round(build_s, 3), "created": time.time(),
@@ -310,8 +323,15 @@ def tokendata(meta: dict[str, Any], arrays: dict[str, np.ndarray], folder: Path 
     record = {k: meta[k] for k in ("tokenizer", "tokenizer_params", "tokenizer_fingerprint",
                                    "corpus_fingerprint")}
     record["token_store"] = meta["key"]
+    if meta.get("round_trip"):
+        record["lossy_tokenizer"] = meta["round_trip"]
+    spans = None
+    if meta.get("val_spans"):
+        table = meta["val_spans"]
+        spans = ByteSpans(arrays["val_spans.bin"], np.asarray(table["offsets"], np.int64), int(table["prefix"]),
+                          np.asarray(table["starts"], np.int64), np.asarray(table["lengths"], np.int64))
     return TokenData(arrays["train.bin"], arrays["val.bin"], int(meta["vocab_size"]), meta["data_fingerprint"],
-                     meta["description"], meta["tokenizer"], arrays.get("val_bytes.bin"), record)
+                     meta["description"], meta["tokenizer"], arrays.get("val_bytes.bin"), record, spans)
 
 
 def open_tokens(folder: Path) -> TokenData:
@@ -320,8 +340,10 @@ def open_tokens(folder: Path) -> TokenData:
     if meta is None:
         raise DataError(f"token store entry {folder} is missing or incomplete; run abl run again to rebuild it")
     arrays: dict[str, np.ndarray] = {}
+    n_spans = meta["val_spans"]["offsets"][-1] if meta.get("val_spans") else -1
     for name, dtype, n in (("train.bin", meta["dtype"], meta["n_train"]), ("val.bin", meta["dtype"], meta["n_val"]),
-                           ("val_bytes.bin", "<u4", meta["n_val"] if meta["has_val_bytes"] else -1)):
+                           ("val_bytes.bin", "<u4", meta["n_val"] if meta["has_val_bytes"] else -1),
+                           ("val_spans.bin", meta["dtype"], n_spans)):
         if n < 0:
             continue
         arrays[name] = np.memmap(folder / name, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
@@ -380,7 +402,7 @@ def check_cell(cell, meta: dict[str, Any]) -> list[str]:
         if n < ctx + 2:
             errs.append(f"{where}: model.context={ctx} is too long for the data: the {split} split has "
                         f"{n:,} tokens, a window needs context+2={ctx + 2} ({what})")
-    return errs
+    return errs + lossy_errors(cell, meta)
 
 
 def prepare_store(cells: list, registry, root: Path, log: Callable[[str], None] | None = None

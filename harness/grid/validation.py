@@ -176,6 +176,15 @@ def _train_config(tc: TrainConfig) -> dict[str, Any]:
     return out
 
 
+def _data_config(dc) -> dict[str, Any]:
+    """``[data]`` as stored and hashed; ``accept_lossy_tokenizer`` left out at its default (false), so
+    run ids from before it existed stay the same."""
+    out = dataclasses.asdict(dc)
+    if not out["accept_lossy_tokenizer"]:
+        del out["accept_lossy_tokenizer"]
+    return out
+
+
 def head_dim_errors(model: ModelConfig, train: TrainConfig, given: dict) -> list[str]:
     """``model.head_dim``: derived (d_model must then split into the heads) or given, and within
     what the FlashAttention kernel handles when ``train.kernels = "triton"`` asks for it."""
@@ -300,7 +309,7 @@ def _resolved_config(sections: dict[str, Any], seed: int, components: dict[str, 
         "seed": seed,
         "model": dataclasses.asdict(sections["model"]),
         "train": _train_config(sections["train"]),
-        "data": dataclasses.asdict(sections["data"]),
+        "data": _data_config(sections["data"]),
         "eval": {k: v for k, v in dataclasses.asdict(sections["eval"]).items()
                  if k != "probes" or v},  # no probes: the run ids stay as before eval.probes existed
         "components": stored_components(components),

@@ -26,8 +26,9 @@ Recorded names:
   included; the per-step median of tokens_per_s is the kernel-speed figure);
 - with train.compile: compile_s (before the first step, apart from every
   step time);
-- every evaluation: val_loss, and val_bpb (bits per byte) when the data says which bytes
-  its tokens cover (on a task dataset, the loss on its marked positions, plus the
+- every evaluation: val_loss, and val_bpb (bits per byte) on the validation text's fixed
+  byte spans, the same bytes under every tokenizer (abl.run.spanscore; pre-tokenised data
+  that says which bytes its tokens cover: over its windows' bytes) (on a task dataset, the loss on its marked positions, plus the
   task's accuracy metrics: abl.data.tasks);
 - once: n_params, n_params_non_embedding and the measured/predicted costs
   (step 0); the post-training evaluations' metrics, peak_mem_bytes,
@@ -53,7 +54,7 @@ from ..analysis.health import unigram_floor
 from ..contracts.config import Cell
 from ..contracts.precision import Precision
 from ..contracts.registry import Registry
-from ..data.corpus import Batches, TokenData, bits_per_byte
+from ..data.corpus import Batches, TokenData
 from ..data.tasks import IGNORE_INDEX, Task
 from ..kernels import KernelBackend
 from ..kernels import resolve as resolve_kernels
@@ -67,6 +68,7 @@ from .ddp import Distributed
 from .evaluations import TrainedRun, run_evaluations, scored_targets_fingerprints
 from .measure import LoopShare, cpu_peak_rss_bytes, measure_costs, memory_metrics, mfu, mfu_costs, peak_mem_bytes
 from .optim import lr_at, make_optimizer, set_lr
+from . import spanscore
 from .taskdata import make_batches, task_metrics
 
 
@@ -218,6 +220,7 @@ def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> 
                       shapes=ShapeCache(shape_cache, shape_key(cell, tc.batch_size // dist.world, dist.world,
                                                                kernels.name, device_name(device),
                                                                torch.__version__)))
+    run.notes += spanscore.notes(data)
     if kernels.interpreted:
         run.notes.append("Triton kernels ran in the Triton interpreter on CPU (a correctness path: its "
                          "timings say nothing about the kernels' speed)")
@@ -227,6 +230,12 @@ def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> 
 def run_info(run: TrainingRun) -> dict[str, Any]:
     """The environment stored with the run (info.json)."""
     device, mc = run.device, run.cell.model
+    scored = scored_targets_fingerprints(
+        run.batches, run.cell, str(run.data.meta.get("corpus_fingerprint", "")) if isinstance(run.data, TokenData)
+        else "")
+    spans = spanscore.info(run.data, run.cell)
+    if spans:  # val_bpb is scored on fixed byte spans of the text: the same bytes under every tokenizer
+        scored["val_bpb"] = spans["val_bpb_spans"]["sha256"]
     return {
         "device": device_name(device),
         "device_type": device.type,
@@ -238,9 +247,7 @@ def run_info(run: TrainingRun) -> dict[str, Any]:
         **(run.data.meta if isinstance(run.data, TokenData) else {}),
         "vocab_size": mc.vocab_size,
         # what its validation figures are scored on (abl.analysis.verdicts flags a comparison across them)
-        "scored_targets": scored_targets_fingerprints(
-            run.batches, run.cell, str(run.data.meta.get("corpus_fingerprint", "")) if isinstance(run.data, TokenData)
-            else ""),
+        "scored_targets": scored,
         # abl.analysis.health; a task's loss is on its answer positions only, where a unigram floor means nothing
         "unigram_floor": unigram_floor(run.data.train, run.data.val, mc.vocab_size)
         if isinstance(run.data, TokenData) else None,
@@ -256,6 +263,7 @@ def run_info(run: TrainingRun) -> dict[str, Any]:
             "data_order": "depends only on the seed (and train.devices)",
         },
         **run.precision.info(),
+        **spans,
     }
 
 
@@ -368,8 +376,7 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
                             run.dist) if evaluating else None
         if run.dist.is_main and evaluating:
             row["val_loss"] = val_loss
-            bpb = bits_per_byte(row["val_loss"], run.batches.val_target_counts(tc.eval_batches)) \
-                if getattr(run.batches, "val_bytes", None) is not None else None  # a task's batches: no text
+            bpb = spanscore.val_bpb(run, row["val_loss"])  # the same bytes under every tokenizer
             if bpb is not None:
                 row["val_bpb"] = bpb
             row.update(task_metrics(run.core, run.batches, tc.eval_batches, run.precision, run.device,
