@@ -163,6 +163,11 @@ def test_training_scores_val_bpb_on_the_same_spans_whatever_the_tokenizer(tmp_pa
         infos[tok] = got[0]
     assert infos["byte"]["val_bpb_spans"] == infos["bpe"]["val_bpb_spans"]
     assert infos["byte"]["val_bpb_spans"]["bytes"] >= 2 * 4 * 32  # eval_batches x batch_size x context
+    # what the analysis compares (abl.analysis.verdicts.flag_different_targets): val_bpb on the same bytes,
+    # val_loss on different tokens
+    byte_fp, bpe_fp = infos["byte"]["scored_targets"], infos["bpe"]["scored_targets"]
+    assert byte_fp["val_bpb"] == bpe_fp["val_bpb"] == infos["byte"]["val_bpb_spans"]["sha256"]
+    assert byte_fp["val_loss"] != bpe_fp["val_loss"]
     for tok in ("byte", "bpe"):
         bpb = sinks[tok].series("val_bpb")
         assert len(bpb) == 2 and all(0 < v < 9 for v in bpb)
