@@ -233,7 +233,8 @@ def extrapolation_metrics(model: DecoderLM, val: torch.Tensor, context: int, n_s
     so a batch's T x T score matrices are no larger than the regular
     evaluation's and this evaluation does not raise the run's peak memory.
     """
-    metrics, notes = {}, []
+    metrics: dict[str, float] = {}
+    notes: list[str] = []
     limit = getattr(model.position, "max_positions", None)
     fits = [k for k in scales if len(val) >= k * context + 1]
     for k in scales:

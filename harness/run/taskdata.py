@@ -152,8 +152,9 @@ def accuracy_metrics(model: Any, batches: TaskBatches, n_examples: int, precisio
         model.train(was_training)
     out[f"{prefix}_accuracy"] = right / max(1, marked)
     out[f"{prefix}_example_accuracy"] = good / max(1, examples)
-    if floors and all(f is not None for f, _ in floors):
-        out[baseline_metric(prefix)] = sum(f * m for f, m in floors) / max(1, sum(m for _, m in floors))
+    known = [(f, m) for f, m in floors if f is not None]
+    if floors and len(known) == len(floors):  # every slice declares its baseline: pooled by answer positions
+        out[baseline_metric(prefix)] = sum(f * m for f, m in known) / max(1, sum(m for _, m in known))
     return out
 
 

@@ -374,7 +374,7 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
         # every process scores its share of the validation windows; rank 0 records
         val_loss = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device,
                             run.dist) if evaluating else None
-        if run.dist.is_main and evaluating:
+        if run.dist.is_main and val_loss is not None:  # None: not an evaluation step
             row["val_loss"] = val_loss
             bpb = spanscore.val_bpb(run, row["val_loss"])  # the same bytes under every tokenizer
             if bpb is not None:
