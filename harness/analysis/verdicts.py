@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol, Sequence
 
-from ..contracts.config import canonical_config
+from ..contracts.config import solved_paths
 from ..contracts.status import COMPLETED
 from . import comparable, metrics, stats
 from .formats import fmt, fmt_bytes
@@ -71,28 +71,6 @@ def settings(config: dict) -> dict[str, Any]:
         for p in TUNED_PATHS:
             flat.pop(p, None)
     return {k: json.dumps(v, sort_keys=True, default=str) for k, v in flat.items()}
-
-
-def solved_paths(config: dict) -> set[str]:
-    """The settings ``train.match`` solved in a stored config (depth, or the FFN's width knob and its
-    ``multiple_of``): a budget-matching adjustment belongs to the level of the axis that caused it, so
-    ``--by model.mixer`` compares matched cells. The rule of abl.model.matching.solved_paths, which this
-    layer may not import; the width knob is the one the FFN declared in the registry."""
-    config = canonical_config(config)
-    matched = config.get("matched") or {}
-    if not matched:
-        return set()
-    if matched.get("by") == "n_layers":
-        return {"model.n_layers"}
-    ffn = (config.get("components") or {}).get("ffn") or {}
-    params = ffn.get("params") or {}
-    if not params:
-        return set()
-    from ..contracts.plugin_manager import get_registry
-
-    comp = get_registry().components.get(("ffn", str(ffn.get("name"))))
-    knob = comp.width if comp is not None else None
-    return {f"ffn.{ffn.get('name')}.{p}" for p in (knob, "multiple_of") if p and p in params}
 
 
 def data_key(run: RunLike) -> tuple:

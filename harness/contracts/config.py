@@ -376,3 +376,34 @@ def cell_from_config(config: dict[str, Any], registry: Registry) -> Cell:
     return Cell(config=config, run_id=run_id_of(config), experiment=sections["experiment"],
                 model=sections["model"], train=sections["train"], data=sections["data"], seed=config["seed"],
                 components=components, varied={}, eval=sections["eval"])
+
+
+def solved_paths(config: dict[str, Any], registry: Registry | None = None) -> set[str]:
+    """The setting paths ``train.match`` solved in this resolved config (not chosen by anyone):
+    ``model.n_layers``, or the FFN's width knob and its ``multiple_of``, as ``ffn.<name>.<param>``.
+
+    The knob is what the FFN declared in ``registry`` (default: the plugins' registry). One rule for
+    every layer: labels (abl.grid.labels) leave these out, and the analysis (abl.analysis.verdicts)
+    counts them as part of the level whose budget they were solved for.
+    """
+    config = canonical_config(config)  # either stored shape: the FFN's name is read beside its params
+    matched = config.get("matched") or {}
+    if matched.get("by") == "n_layers":
+        return {"model.n_layers"}
+    ffn = (config.get("components") or {}).get("ffn") or {}
+    params = ffn.get("params") or {}
+    if not matched or not params:
+        return set()
+    if registry is None:
+        from .plugin_manager import get_registry
+
+        registry = get_registry()
+    knob = width_param(registry, ffn.get("name"))
+    return {f"ffn.{ffn.get('name')}.{p}" for p in (knob, "multiple_of") if p and p in params}
+
+
+def width_param(registry: Registry, ffn: Any) -> str | None:
+    """The width knob the FFN ``ffn`` declared when it registered (``register(..., width=...)``),
+    or None: an unknown FFN, or one without a knob."""
+    comp = registry.components.get(("ffn", ffn)) if isinstance(ffn, str) else None
+    return comp.width if comp is not None else None

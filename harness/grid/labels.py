@@ -21,8 +21,7 @@ import math
 from typing import Any, Hashable, Mapping, Sequence
 
 from ..analysis.tables import flatten
-from ..contracts.config import CONFIG_FORMAT, canonical_config
-from ..model.matching import solved_paths
+from ..contracts.config import CONFIG_FORMAT, canonical_config, solved_paths
 
 SEP = ", "
 # never a label part: the seed (a cell is every seed of one config), the experiment's name and

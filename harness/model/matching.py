@@ -21,39 +21,10 @@ import copy
 import dataclasses
 from typing import Any
 
-from ..contracts.config import canonical_config
+from ..contracts.config import solved_paths, width_param  # noqa: F401  (solved_paths: the rule lives in contracts)
 from ..contracts.registry import Registry
 
 TOLERANCE = 0.01
-
-
-def solved_paths(config: dict[str, Any], registry: Registry | None = None) -> set[str]:
-    """The setting paths ``train.match`` solved in this resolved config (not chosen by anyone):
-    ``model.n_layers``, or the FFN's width knob and its ``multiple_of``, as ``ffn.<name>.<param>``.
-
-    The knob is what the FFN declared in ``registry`` (default: the plugins' registry).
-    """
-    config = canonical_config(config)  # either stored shape: the FFN's name is read beside its params
-    matched = config.get("matched") or {}
-    if matched.get("by") == "n_layers":
-        return {"model.n_layers"}
-    ffn = (config.get("components") or {}).get("ffn") or {}
-    params = ffn.get("params") or {}
-    if not matched or not params:
-        return set()
-    if registry is None:
-        from ..contracts.plugin_manager import get_registry
-
-        registry = get_registry()
-    knob = width_param(registry, ffn.get("name"))
-    return {f"ffn.{ffn.get('name')}.{p}" for p in (knob, "multiple_of") if p and p in params}
-
-
-def width_param(registry: Registry, ffn: Any) -> str | None:
-    """The width knob the FFN ``ffn`` declared when it registered (``register(..., width=...)``),
-    or None: an unknown FFN, or one without a knob."""
-    comp = registry.components.get(("ffn", ffn)) if isinstance(ffn, str) else None
-    return comp.width if comp is not None else None
 
 
 def _measure(cell, registry: Registry, model, components, what: str, vocab: int) -> float:
