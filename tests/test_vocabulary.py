@@ -107,3 +107,13 @@ def test_dashboard_writes_the_words_of_the_cli():
     for path in ("dashboard/views/compare.py", "dashboard/charts.py"):
         text = (ROOT / path).read_text()
         assert "n.s." not in text and "not significant" not in text and "stars(" not in text, path
+
+
+def test_method_sentence_does_not_claim_a_correction_over_nothing():
+    """The footer read "Holm correction over the 0 comparisons" when no comparison had a p-value (one seed)."""
+    two = {"base": {0: 2.10}, "cell": {0: 2.056}, "other": {0: 2.2}}
+    an = stats.analyse(_cells(two), stats.against_baseline(list(two), "base"))
+    assert all(c.p_value is None for c in an.comparisons)
+    assert "over the 0" not in an.method and "no comparison has a p-value" in an.method
+    one = {"base": {0: 2.1, 1: 2.3, 2: 2.2}, "cell": {0: 2.0, 1: 2.2, 2: 2.12}}
+    assert "over the 1 comparison with a p-value" in stats.analyse(_cells(one), [("cell", "base")]).method

@@ -155,8 +155,12 @@ class Analysis:
                 "paired t-test by seed when both cells ran the same seeds on the same data order, "
                 "else Welch's t-test")
         tested = sum(c.p_value is not None for c in self.comparisons)
-        corr = (f"Holm correction over the {tested} comparisons with a p-value shown" if self.correction == HOLM
-                else "no multiple-comparison correction")
+        if self.correction != HOLM:
+            corr = "no multiple-comparison correction"
+        elif tested == 0:
+            corr = "no comparison has a p-value, so none is corrected (Holm)"
+        else:
+            corr = f"Holm correction over the {tested} comparison{'s' if tested > 1 else ''} with a p-value shown"
         return (f"Test: {test}; {corr}; alpha = {self.alpha}; two-sided; intervals of Δ: {self.interval}; "
                 f"fewer than {MIN_SEEDS} seeds: {TOO_FEW}; MDD (from {MIN_SEEDS} seeds): minimum detectable "
                 f"difference at the observed variance, power {POWER:.0%}; rank: 1 + the cells distinguishably better (every "
