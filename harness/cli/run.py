@@ -31,6 +31,10 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     if dry_run:
         for w in preflight.warnings(full):  # the run itself prints them too (abl.run.lr_sweep)
             click.echo(f"warning: {w}")
+        from ..grid.design import design_lines
+
+        for line in design_lines(full):  # what the seeds can decide, before any run
+            click.echo(line)
         if grid.cells[0].train.lr_sweep:  # abl.run.lr_sweep: phase 2's cells depend on phase 1's results
             from ..run.lr_sweep import tuning_grid
 

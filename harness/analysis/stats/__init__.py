@@ -43,6 +43,15 @@ from __future__ import annotations
 
 from .bootstrap import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, bootstrap_diff
 from .corrections import HOLM, NO_CORRECTION, holm
+from .effects import (
+    AxisEffect,
+    DesignPower,
+    Interaction,
+    LevelRow,
+    detectable_by_design,
+    main_effects,
+    seeds_for_axis,
+)
 from .engine import (
     BASELINE,
     BETTER,
@@ -66,7 +75,6 @@ from .engine import (
     letters,
     verdict_word,
 )
-from .effects import AxisEffect, Interaction, LevelRow, main_effects, seeds_for_axis
 from .formats import fmt, fmt_p, seeds_of, stars
 from .frames import downsample, ema, ema_by_group, pareto_mask, summarize_groups
 from .power import MIN_SEEDS, POWER, min_detectable, power_t, seeds_needed
@@ -84,7 +92,7 @@ __all__ = [
     "Comparison", "compare", "CellResult", "compare_cells", "VERDICT_WORDS", "verdict_word",
     "letters",
     # main effects per axis of a product grid (statsmodels)
-    "AxisEffect", "LevelRow", "Interaction", "main_effects", "seeds_for_axis",
+    "AxisEffect", "LevelRow", "Interaction", "main_effects", "seeds_for_axis", "detectable_by_design", "DesignPower",
     # tables and frames
     "fmt", "fmt_p", "stars", "seeds_of", "summarize_groups", "ema", "ema_by_group", "pareto_mask", "downsample",
 ]

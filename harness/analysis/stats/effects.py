@@ -39,7 +39,7 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from .corrections import HOLM, holm
+from .corrections import holm
 from .engine import BETTER, SAME, TOO_FEW, WORSE, CellInput, ComparisonRow, _holm_interval, letters
 from .power import MIN_SEEDS, POWER, min_detectable, power_t
 from .ttest import ALPHA
@@ -122,20 +122,27 @@ def main_effects(cells: Sequence[CellInput], axes: Sequence[str], *, alpha: floa
                  lower_is_better: bool = True) -> list[AxisEffect]:
     """The main effect of every axis in ``axes`` (config paths; each cell's ``settings`` holds its level)
     that has at least two levels among the cells that learned; [] when fewer than one such axis."""
+    df, axes, left_out = _frame(cells, axes)
+    return [_one_axis(df, axes, i, alpha=alpha, lower_is_better=lower_is_better, left_out=left_out)
+            for i in range(len(axes))]
+
+
+def _frame(cells: Sequence[CellInput], axes: Sequence[str]) -> tuple[Any, list[str], list[str]]:
+    """One row per run of the cells that learned (factor columns f0, f1, ..., seed, y, data), the axes that
+    vary among them (an axis that maps one to one onto an earlier one is the same factor), the left out."""
     import pandas as pd
 
     used = [c for c in cells if not c.health.flagged and c.values]
     left_out = [c.label for c in cells if c not in used]
     axes = [a for a in axes if len({c.settings.get(a) for c in used}) > 1]
     if not axes:
-        return []
+        return pd.DataFrame(), [], left_out
     rows = []
     for c in used:
         for seed, v in c.values.items():
             rows.append({**{_name(i): str(c.settings.get(a)) for i, a in enumerate(axes)},
                          "seed": str(seed), "y": float(v), "data": str(c.data_key)})
     df = pd.DataFrame(rows)
-    # an axis whose levels map one to one onto an earlier axis's (a derived setting) is the same factor
     keep: list[int] = []
     for i, a in enumerate(axes):
         col = _name(i)
@@ -144,10 +151,89 @@ def main_effects(cells: Sequence[CellInput], axes: Sequence[str], *, alpha: floa
             keep.append(i)
     df = df[[_name(i) for i in keep] + ["seed", "y", "data"]].rename(
         columns={_name(i): _name(n) for n, i in enumerate(keep)})
-    axes = [axes[i] for i in keep]
-    out = []
-    for i, axis in enumerate(axes):
-        out.append(_one_axis(df, axes, i, alpha=alpha, lower_is_better=lower_is_better, left_out=left_out))
+    return df, [axes[i] for i in keep], left_out
+
+
+def _fit(df: Any, terms: Sequence[str]) -> Any:
+    import statsmodels.formula.api as smf
+
+    with warnings.catch_warnings():  # rank deficiency is checked by the callers, not printed
+        warnings.simplefilter("ignore")
+        return smf.ols("y ~ " + " + ".join(f"C({t})" for t in terms), data=df).fit()
+
+
+def _deficient(res: Any) -> bool:
+    return bool(np.linalg.matrix_rank(res.model.exog) < res.model.exog.shape[1])
+
+
+def _model(df: Any, n_axes: int, i: int) -> tuple[Any, list[str], bool]:
+    """Axis i's additive model (the other varying axes and the seed as blocks): the fit, its blocks and
+    whether the seed had to leave the blocks (the levels ran different seeds)."""
+    me = _name(i)
+    others = [_name(j) for j in range(n_axes) if j != i and df[_name(j)].nunique() > 1]
+    blocks = others + (["seed"] if df["seed"].nunique() > 1 else [])
+    res = _fit(df, [me, *blocks])
+    unpaired = _deficient(res) and "seed" in blocks
+    if unpaired:
+        blocks = [b for b in blocks if b != "seed"]
+        res = _fit(df, [me, *blocks])
+    return res, blocks, unpaired
+
+
+def _contrast(names: Sequence[str], me: str, a: str, b: str) -> np.ndarray:
+    """The coefficient vector of level a minus level b of factor ``me`` (treatment coding)."""
+    vec = np.zeros(len(names))
+    for lv, sign in ((a, 1.0), (b, -1.0)):
+        col = f"C({me})[T.{lv}]"
+        if col in names:
+            vec[names.index(col)] += sign
+    return vec
+
+
+@dataclass
+class DesignPower:
+    """What a design can decide on one axis: ``sigmas``, the smallest true difference (in residual standard
+    deviations) detected with the stated power for every pair of levels that can get a verdict (None: no
+    pair can); ``short``, the levels with fewer than MIN_SEEDS runs, whose pairs read "too few seeds"."""
+
+    sigmas: float | None
+    short: list[str] = field(default_factory=list)
+
+
+def detectable_by_design(cells: Sequence[CellInput], axes: Sequence[str], *, alpha: float = ALPHA,
+                         power: float = POWER) -> dict[str, DesignPower]:
+    """Before any run: per axis, the smallest true difference between two of its levels, in residual
+    standard deviations (sigma), that the design detects with probability ``power`` for every pair of
+    levels that can get a verdict, each pair tested at alpha / m (m pairs: Holm's strictest step). Exact
+    power of the model's contrast t-test from the noncentral t (``power_t``); the standard error of a
+    contrast depends only on the design, se = sigma * sqrt(c' (X'X)^-1 c). A pair gets no verdict when one
+    of its levels has fewer than MIN_SEEDS runs, and no pair does when the model has fewer than
+    MIN_SEEDS - 1 residual degrees of freedom. The cells' values are not read: only their settings and seeds."""
+    from scipy.optimize import brentq
+
+    rng = np.random.default_rng(0)
+    cells = [CellInput(c.key, c.label, {s: float(rng.normal()) for s in c.values}, c.data_key,
+                       settings=c.settings) for c in cells]
+    df, kept, _ = _frame(cells, axes)
+    out = {a: DesignPower(None) for a in axes}
+    for i, axis in enumerate(kept):
+        res, _, _ = _model(df, len(kept), i)
+        me, counts = _name(i), df[_name(i)].value_counts().to_dict()
+        out[axis].short = [_levels_of(lv) for lv, n in counts.items() if n < MIN_SEEDS]
+        if _deficient(res) or not res.df_resid >= MIN_SEEDS - 1:
+            out[axis].short = [_levels_of(lv) for lv in counts]
+            continue
+        names, cov = list(res.params.index), np.asarray(res.normalized_cov_params)
+        pairs = list(itertools.combinations(sorted(counts), 2))
+        df_r, a_m = float(res.df_resid), alpha / len(pairs)
+        for a, b in pairs:
+            if min(counts[a], counts[b]) < MIN_SEEDS:
+                continue
+            vec = _contrast(names, me, a, b)
+            se = float(np.sqrt(vec @ cov @ vec))
+            approx = min_detectable(se, df_r, a_m, power) or 1.0  # the t-quantile form: the root lies near
+            k = float(brentq(lambda x, se=se, d=df_r, a=a_m: power_t(x, se, d, a) - power, approx / 4, approx * 2))
+            out[axis].sigmas = max(out[axis].sigmas or 0.0, k)
     return out
 
 
@@ -165,29 +251,15 @@ def _levels_of(raw: str) -> str:
 def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_better: bool,
               left_out: list[str]) -> AxisEffect:
     import pandas as pd
-    import statsmodels.formula.api as smf
 
     me = _name(i)
-    others = [_name(j) for j in range(len(axes)) if j != i and df[_name(j)].nunique() > 1]
-    blocks = others + (["seed"] if df["seed"].nunique() > 1 else [])
+    res, blocks, unpaired = _model(df, len(axes), i)
     effect = AxisEffect(axes[i], [], [], blocks=[axes[int(b[1:])] if b != "seed" else "seed" for b in blocks],
                         left_out=left_out, lower_is_better=lower_is_better, alpha=alpha)
     if df["data"].nunique() > 1:
         effect.note = "the cells differ in data order (dataset, context or batch size): seeds are not shared blocks"
-    def fit(terms):
-        with warnings.catch_warnings():  # rank deficiency is checked below, not printed
-            warnings.simplefilter("ignore")
-            return smf.ols("y ~ " + " + ".join(f"C({t})" for t in terms), data=df).fit()
-
-    def deficient(r) -> bool:
-        return bool(np.linalg.matrix_rank(r.model.exog) < r.model.exog.shape[1])
-
-    res = fit([me, *blocks])
-    if deficient(res) and "seed" in blocks:  # seeds not shared across the levels: no pairing by seed
-        blocks = [b for b in blocks if b != "seed"]
-        effect.blocks = [b for b in effect.blocks if b != "seed"]
+    if unpaired:  # seeds not shared across the levels: no pairing by seed
         effect.note = "; ".join(x for x in (effect.note, "the levels ran different seeds: not paired by seed") if x)
-        res = fit([me, *blocks])
     effect.df_resid = float(res.df_resid)
     effect.seeds, effect.n_params = int(df["seed"].nunique()), int(res.df_model) + 1
     effect.sigma = float(np.sqrt(res.scale)) if res.df_resid > 0 else None
@@ -195,7 +267,7 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
         effect.note = "; ".join(x for x in (effect.note, "one run per cell and seed: no residual variance to "
                                             "test against (run at least 2 seeds)") if x)
         return effect
-    if deficient(res):
+    if _deficient(res):
         effect.note = (f"{axes[i]} is confounded with the other factors ({', '.join(effect.blocks)}): "
                        "its effect cannot be separated")
         return effect
@@ -216,12 +288,7 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
     names = list(res.params.index)
     comps, pairs = [], []
     for a, b in itertools.combinations(order, 2):
-        vec = np.zeros(len(names))
-        for lv, sign in ((a, 1.0), (b, -1.0)):
-            col = f"C({me})[T.{lv}]"
-            if col in names:
-                vec[names.index(col)] += sign
-        t = res.t_test(vec)
+        t = res.t_test(_contrast(names, me, a, b))
         delta, se = float(np.squeeze(t.effect)), float(np.squeeze(t.sd))
         p = float(np.squeeze(t.pvalue))
         lo, hi = (float(x) for x in np.squeeze(t.conf_int(alpha=alpha)))
@@ -257,7 +324,7 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
     for r, g in zip(rows, letters(len(rows), apart)):
         r.group = g
     effect.levels, effect.contrasts = rows, [c for c, _ in comps]
-    effect.interactions = _interactions(df, me, blocks, others, res, axes)
+    effect.interactions = _interactions(df, me, blocks, [b for b in blocks if b != "seed"], res, axes)
     return effect
 
 

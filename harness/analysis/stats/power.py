@@ -26,7 +26,9 @@ def power_t(effect: float, se_unit: float, df: float, alpha: float = ALPHA) -> f
         return math.nan
     crit = float(sps.t.ppf(1 - alpha / 2, df))
     ncp = abs(effect) / se_unit
-    return float(sps.nct.sf(crit, df, ncp) + sps.nct.cdf(-crit, df, ncp))
+    # the lower tail as the upper tail of the mirrored distribution: scipy's nct.cdf(-crit) returns NaN
+    # where the value underflows (ncp of about 7 and more), nct.sf does not
+    return float(sps.nct.sf(crit, df, ncp) + sps.nct.sf(crit, df, -ncp))
 
 
 def min_detectable(se: float | None, df: float | None, alpha: float = ALPHA, power: float = POWER) -> float | None:
