@@ -134,7 +134,7 @@ def test_shipped_grids_name_their_summary_metrics():
 
     reg = get_registry()
     assert load_grid("ablations/position.toml", reg).cells[0].experiment.summary == \
-        ["val_loss", "val_loss_x2", "val_loss_x4"]
+        ["val_loss", "val_loss_x1", "val_loss_x2", "val_loss_x4"]
     assert "kv_bytes_per_token" in load_grid("ablations/attention.toml", reg).cells[0].experiment.summary
 
 
