@@ -219,6 +219,13 @@ def test_too_few_comparison_seeds_warn_and_dry_run_says_so(tmp_path, monkeypatch
     grid = load_grid(tmp_path / "g.toml", get_registry())
     (warning,) = seed_warnings(grid)
     assert "2 seed(s)" in warning and f"at least {MIN_SEEDS}" in warning and "too few seeds to decide" in warning
+    assert "no axis can get a verdict either" in warning  # one axis, 2 runs per level
+    # a product grid can still decide an axis from 2 seeds pooled over the other axis: the warning says so
+    product = GRID.replace("seeds = [0, 1, 2, 3]", "seeds = [0, 1, 2]")
+    product = product.replace('[grid]', '[grid]\n"model.norm" = ["rmsnorm", "layernorm", "scalenorm"]', 1)
+    (tmp_path / "p.toml").write_text(product)
+    (w,) = seed_warnings(load_grid(tmp_path / "p.toml", get_registry()))
+    assert "the design can still decide" in w and "model.norm (levels" in w
     r = CliRunner().invoke(cli, ["run", "g.toml", "--dry-run"])
     assert r.exit_code == 0, r.output
     assert "warning" in r.output and "too few seeds to decide" in r.output

@@ -137,9 +137,16 @@ def seed_warnings(grid: Grid) -> list[str]:
     left = len(seeds) - 1
     if left >= MIN_SEEDS:
         return []
+    from ..grid.design import detectable
+
+    decided = {a: d.sigmas for a, d in detectable(grid).items() if d.sigmas is not None}
+    per_axis = ("; per axis, pooled over the other axes, the design can still decide " +
+                ", ".join(f"{a} (levels {k:.1f} σ apart)" for a, k in decided.items()) if decided else
+                "; no axis can get a verdict either")
     return [f"train.lr_sweep: seed {seeds[0]} tunes the learning rates, leaving {left} seed(s) {seeds[1:]} for "
             f"the comparison; the statistics need at least {MIN_SEEDS} seeds per cell for a verdict, so every "
-            f"comparison will read \"{TOO_FEW}\": give experiment.seeds at least {MIN_SEEDS + 1} seeds"]
+            f"comparison of two cells will read \"{TOO_FEW}\"{per_axis}: give experiment.seeds at least "
+            f"{MIN_SEEDS + 1} seeds"]
 
 
 def edge_warnings(best: dict[str, float], sweep: list[float], labels: dict | None = None) -> list[str]:
