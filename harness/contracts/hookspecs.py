@@ -50,7 +50,7 @@ def register_components(register):
 
 @hookspec
 def register_recipes(register):
-    """Register architecture recipes (``model.recipe = "llama"``; abl.contracts.recipes).
+    """Register architecture recipes (``model.recipe = "NAME"``; abl.contracts.recipes).
 
     Call ``register(name, settings, doc=..., gaps=...)`` once per recipe:
 

@@ -1,6 +1,6 @@
 """Architecture recipes: a named family's component choices and ratios, scaled to a grid's size.
 
-A recipe (``model.recipe = "llama"``) is a list of ``Setting``s, each a dotted grid path (the keys a
+A recipe (``model.recipe = "NAME"``) is a list of ``Setting``s, each a dotted grid path (the keys a
 grid file writes: ``model.norm``, ``norm.rmsnorm.eps``, ``mixer.mha.n_kv_heads``) with its value and
 the source that gives it. It fixes choices and ratios only; the grid's ``model.d_model``,
 ``model.n_layers``, ``model.n_heads`` and ``model.context`` set the size, and a value that depends on
@@ -8,7 +8,7 @@ the size (a head layout, a window) is a ``Scaled`` function of the cell's model 
 
 Resolution order, lowest first: the schema's defaults < the recipe < the grid file (its tables and
 its ``[grid]`` axes) < ``--set``. A key the grid file or ``--set`` gives is never touched by the
-recipe, so a grid sweeps one axis away from a recipe ("Llama with LayerNorm").
+recipe, so a grid sweeps one axis away from a recipe (the family with another norm).
 
 What a family has and abl lacks is a ``gaps`` line, never a silent approximation. Recipes come from
 plugins through the ``register_recipes`` hook, the built-in ones included (abl.plugins.recipes).
