@@ -289,3 +289,19 @@ def test_docs_name_every_recipe_and_every_gap():
         assert f"`{recipe.name}`" in text
         for gap in recipe.gaps:
             assert " ".join(gap.split()) in text, (recipe.name, gap)
+
+
+def test_set_puts_a_recipe_under_a_grid_that_has_none():
+    reg = get_registry()
+    plain = load_grid(ROOT / "ablations" / "norms.toml", reg)
+    cells = load_grid(ROOT / "ablations" / "norms.toml", reg, ["model.recipe=qwen3"]).cells
+    assert len(cells) == len(plain.cells)
+    for cell, before in zip(cells, plain.cells):
+        # the grid's own choices stand (norm, block, mixer, ffn); the recipe fills the rest
+        assert cell.components["norm"]["name"] == before.components["norm"]["name"]
+        assert cell.components["ffn"]["name"] == "gelu"
+        assert cell.components["mixer"]["params"]["qk_norm"] is True
+        assert cell.components["mixer"]["params"]["n_kv_heads"] == 1  # n_heads 4 / 4
+        assert cell.run_id != before.run_id
+    r = CliRunner().invoke(cli, ["cost", str(ROOT / "ablations" / "recipes.toml"), "--set", "model.recipe=llama"])
+    assert r.exit_code == 2 and "grid.model.recipe" in r.output  # the grid sweeps it: say how to override
