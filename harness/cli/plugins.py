@@ -65,7 +65,8 @@ def plugins(as_json, recipe=None):
             for gap in r.gaps:
                 lines += wrap(f"gap: {gap}", 8, 4)
         elif r.gaps:
-            lines += wrap(f"{len(r.gaps)} gap(s): what the family has and abl lacks (--recipe {r.name})", 6)
+            lines += wrap(f"{len(r.gaps)} gap(s): what the family has and abl lacks, or where the recipe "
+                          f"departs from it (--recipe {r.name})", 6)
     click.echo("\n".join(lines).lstrip("\n"))
 
 

@@ -61,7 +61,8 @@ def register_recipes(register):
       file that gives it. A recipe never sets the size (``model.d_model``, ``n_layers``, ``n_heads``,
       ``context``); the grid does;
     - ``doc``: one line naming the family and its primary source;
-    - ``gaps``: what the family has that no registered component expresses, one line each.
+    - ``gaps``: what the family has that no registered component expresses, or where the recipe
+      departs from it (a scaled-down expert count), one line each.
 
     Resolution order: defaults < recipe < grid file < ``--set``.
     """
