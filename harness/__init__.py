@@ -26,6 +26,10 @@ Kernels
     The ops are ``abl.kernels.<module>.<op>`` (e.g. ``abl.kernels.rmsnorm.rmsnorm``):
     each picks its Triton kernel or its torch reference from the active backend,
     so a component calls the op. ``use_triton()`` says which backend is active.
+Architecture recipes
+    ``Setting(path, value, source)`` (one line of a recipe), ``Scaled`` (a value computed
+    from the cell's model config), ``per_head``, ``of_context``, ``of_width`` (the common ones);
+    the ``register_recipes`` hook registers them (abl.contracts.recipes).
 Costs
     ``Cost``, ``linear_flops``, ``linear_params`` (analytic cost functions).
 Precision policies
@@ -66,6 +70,11 @@ _PUBLIC: dict[str, str] = {
     "softmax_attention": "abl.model.attention",
     "visible": "abl.model.attention",
     "use_triton": "abl.kernels",
+    "Setting": "abl.contracts.recipes",
+    "Scaled": "abl.contracts.recipes",
+    "per_head": "abl.contracts.recipes",
+    "of_context": "abl.contracts.recipes",
+    "of_width": "abl.contracts.recipes",
     "Cost": "abl.contracts.cost",
     "linear_flops": "abl.contracts.cost",
     "linear_params": "abl.contracts.cost",
@@ -105,6 +114,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and editors
     from .contracts.cost import Cost, linear_flops, linear_params
     from .contracts.hookspecs import hookimpl, hookspec
     from .contracts.precision import Precision
+    from .contracts.recipes import Scaled, Setting, of_context, of_width, per_head
     from .contracts.registry import AXES, Param, RegistryError
     from .data.corpus import (
         DataError,

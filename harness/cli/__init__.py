@@ -108,13 +108,18 @@ def run_command(**options):
 
 @cli.command("plugins")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of the listing.")
+@click.option("--recipe", "recipe", default=None, metavar="NAME",
+              help="Show one architecture recipe whole: every setting with its source, and its gaps.")
 def plugins_command(**options):
-    """List every registered component by axis: where it came from, what it is, its parameters.
+    """List every registered component by axis, and the architecture recipes: where each came from,
+    what it is, its parameters.
 
     Each component gets a line with its name and origin (built-in, the
     installed package of an entry point, or the file a --plugins-dir folder
     held), the first sentence of its docstring, and one line per parameter
-    with its type and default; long lines wrap, nothing is cut.
+    with its type and default; long lines wrap, nothing is cut. Each recipe
+    (model.recipe) gets its origin and a one-line source; --recipe NAME shows
+    its every setting with the source that gives it.
     """
     from .plugins import plugins
 
@@ -163,12 +168,15 @@ def dashboard_command(**options):
 
 
 @cli.command("cost")
-@click.argument("grid_file", type=click.Path(dir_okay=False))
+@click.argument("grid_file", type=click.Path(dir_okay=False), required=False)
+@click.option("--recipe", "recipes", multiple=True, metavar="NAME",
+              help="Cost this architecture recipe at the grid's size (repeatable; 'all' = every recipe); "
+                   "without GRID_FILE, at the default size (--set model.d_model=... to change it).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config key, e.g. --set model.d_model=64 (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (one object per cell) instead.")
 def cost_command(**options):
-    """Print the predicted cost of every cell of GRID_FILE; nothing is trained.
+    """Print the predicted cost of every cell of GRID_FILE (or of each --recipe); nothing is trained.
 
     Parameters, FLOPs per token and per step, activation, parameter/optimizer
     and KV-cache memory, from the cost functions the components declare

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from .common import fail, load_registry, user_errors
 
 
-def cost(grid_file, overrides, as_json):
+def cost(grid_file, recipes, overrides, as_json):
     """The body of ``abl cost``: its options and help are declared in abl.cli."""
-    import json
-
     from ..analysis.formats import fmt_bytes
-    from ..grid.gridfile import load_grid
     from ..model.costmodel import predict
 
     registry = load_registry()
+    if grid_file is None and not recipes:
+        fail("abl cost needs a GRID_FILE, or --recipe NAME (repeatable; 'all' = every recipe)")
     try:
-        grid = load_grid(grid_file, registry, list(overrides))
+        grid = _grid(grid_file, recipes, list(overrides), registry)
         cells = list({c.cell_key: c for c in reversed(grid.cells)}.values())[::-1]
         preds = [predict(c, registry) for c in cells]
     except user_errors() as exc:
@@ -53,6 +54,25 @@ def cost(grid_file, overrides, as_json):
                   "executed (flop-counter convention); useful = model FLOPs for MFU; 6N = 6 x non-embedding "
                   "params, for reference. Conditions: " + "; ".join(
                       f"{t} tokens/step, activations {b} bytes/element, vocab {v}" for t, b, v in conds))
+
+
+def _grid(grid_file, recipes, overrides, registry):
+    """The grid to cost: GRID_FILE, with a sweep over ``model.recipe`` when recipes are named (a grid
+    of the default size without a file). Raises ConfigError."""
+    from ..grid.gridfile import expand, load_grid
+    from ..grid.parsing import apply_override, parse_overrides
+
+    names = list(dict.fromkeys(n for r in recipes for n in (sorted(registry.recipes) if r == "all" else [r])))
+    if names:
+        for name in names:
+            registry.recipe(name)  # an unknown name: RegistryError, listing the recipes
+        overrides = overrides + ["grid.model.recipe=" + json.dumps(names)]
+    if grid_file is not None:
+        return load_grid(grid_file, registry, overrides)
+    raw: dict = {"experiment": {"name": "recipes"}}
+    for key, value in parse_overrides(overrides):
+        apply_override(raw, key, value)
+    return expand(raw, registry, source="--recipe")
 
 
 def _si(x, unit: str = "") -> str:

@@ -4,22 +4,32 @@ from __future__ import annotations
 
 import click
 
-from .common import load_registry
+from .common import fail, load_registry
 
 
-def plugins(as_json):
+def plugins(as_json, recipe=None):
     """The body of ``abl plugins``: its options and help are declared in abl.cli."""
     import json
     import shutil
     import textwrap
 
-    from ..contracts.registry import AXES, show_default
+    from ..contracts.registry import AXES, RegistryError, show_default
 
     registry = load_registry()
     comps = registry.all()
+    recipes = [registry.recipes[n] for n in sorted(registry.recipes)]
+    if recipe is not None:
+        try:
+            recipes = [registry.recipe(recipe)]
+        except RegistryError as exc:
+            fail(str(exc))
     if as_json:
-        click.echo(json.dumps([{**c.summary(), "origin": _origin(c.package, c.version, c.plugin)}
-                               for c in comps], indent=2))
+        rows = [] if recipe is not None else [{**c.summary(), "origin": _origin(c.package, c.version, c.plugin)}
+                                              for c in comps]
+        # a recipe is listed beside the components as axis "recipe" (no params: its settings instead)
+        rows += [{"axis": "recipe", **r.summary(), "params": {}, "origin": _origin(r.package, r.version, r.plugin)}
+                 for r in recipes]
+        click.echo(json.dumps(rows, indent=2))
         return
     width = max(40, shutil.get_terminal_size((100, 24)).columns - 1)
 
@@ -42,6 +52,21 @@ def plugins(as_json):
                 if prm.doc:
                     text += f" - {prm.doc}"
                 lines += wrap(text, 8, 4)
+    if recipe is not None:
+        lines = []
+    lines += ["", *wrap("recipe  (selected by model.recipe; abl plugins --recipe NAME shows every setting "
+                        "with its source)", 0, 4)]
+    for r in recipes:
+        lines += wrap(f"{r.name}  {_origin(r.package, r.version, r.plugin)}", 2, 4)
+        lines += wrap(r.doc, 6)
+        if recipe is not None:
+            for s in r.settings:
+                lines += wrap(f"{s.path} = {s.shown()}  [{s.source}]", 8, 4)
+            for gap in r.gaps:
+                lines += wrap(f"gap: {gap}", 8, 4)
+        elif r.gaps:
+            lines += wrap(f"{len(r.gaps)} gap(s): what the family has and abl lacks, or where the recipe "
+                          f"departs from it (--recipe {r.name})", 6)
     click.echo("\n".join(lines).lstrip("\n"))
 
 

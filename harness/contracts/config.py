@@ -83,6 +83,8 @@ class ModelConfig:
                     "xs, s, m, l, xl (see SCALES); empty = use those fields as given")
     layer_pattern: str = _f("", "hybrid stacks: comma-separated mixer names tiled over the layers, "
                             "e.g. 'mamba2,mamba2,mha'; empty = model.mixer in every layer")
+    recipe: str = _f("", "an architecture recipe (abl plugins lists them, docs/recipes.md): sets every component "
+                     "and parameter as that family defines it, scaled to this size; keys the grid sets win")
 
     def layer_mixer_names(self) -> list[str]:
         """The mixer name of each layer (``layer_pattern`` tiled, or ``mixer`` everywhere)."""
@@ -101,6 +103,15 @@ class ModelConfig:
             self.head_dim = self.d_model // self.n_heads if self.n_heads > 0 else 0
         if not self.init_std or "init_std" in rederive:
             self.init_std = 1.0 / math.sqrt(self.d_model) if self.d_model > 0 else 0.0
+
+
+def model_dict(model: ModelConfig) -> dict[str, Any]:
+    """``[model]`` as stored and hashed; ``recipe`` left out when empty, so run ids from before it existed
+    stay the same."""
+    out = dataclasses.asdict(model)
+    if not out["recipe"]:
+        del out["recipe"]
+    return out
 
 
 @dataclass
@@ -228,7 +239,7 @@ class Cell:
     def resize(self, model: ModelConfig, components: dict[str, Any], matched: dict[str, Any]) -> None:
         """Take a budget-matched model (``train.match``); the config and run id follow."""
         self.model, self.components = model, components
-        self.config["model"] = dataclasses.asdict(model)
+        self.config["model"] = model_dict(model)
         self.config["components"] = stored_components(components)
         self.config["matched"] = matched
         self.run_id = run_id_of(self.config)

@@ -49,6 +49,26 @@ def register_components(register):
 
 
 @hookspec
+def register_recipes(register):
+    """Register architecture recipes (``model.recipe = "NAME"``; abl.contracts.recipes).
+
+    Call ``register(name, settings, doc=..., gaps=...)`` once per recipe:
+
+    - ``name``: unique among recipes; a second plugin registering it is an error naming both;
+    - ``settings``: a sequence of ``abl.Setting(path, value, source)``: a dotted grid path
+      (``model.norm``, ``mixer.mha.n_kv_heads``), its value (or an ``abl.Scaled`` function of the
+      cell's model config, for a head layout or a window) and the paper section or official config
+      file that gives it. A recipe never sets the size (``model.d_model``, ``n_layers``, ``n_heads``,
+      ``context``); the grid does;
+    - ``doc``: one line naming the family and its primary source;
+    - ``gaps``: what the family has that no registered component expresses, or where the recipe
+      departs from it (a scaled-down expert count), one line each.
+
+    Resolution order: defaults < recipe < grid file < ``--set``.
+    """
+
+
+@hookspec
 def register_commands(cli):
     """Add click commands to the ``abl`` command group.
 

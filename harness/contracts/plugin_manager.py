@@ -29,6 +29,7 @@ from pathlib import Path
 import pluggy
 
 from . import hookspecs
+from .recipes import make_recipe
 from .registry import Registry, RegistryError
 
 GROUP = "abl"
@@ -47,6 +48,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "abl.plugins.datasets",
     "abl.plugins.tokenizers",
     "abl.plugins.probes",
+    "abl.plugins.recipes",
 )
 
 pm = pluggy.PluginManager("abl")
@@ -174,6 +176,21 @@ def build_registry() -> Registry:
             raise PluginLoadError(
                 f"plugin {impl.plugin_name!r} ({package} {version}) failed while "
                 f"registering components: {exc!r}"
+            ) from exc
+    for impl in reversed(pm.hook.register_recipes.get_hookimpls()):
+        package, version = provenance(impl.plugin_name)
+
+        def register_recipe(name, settings, *args, _p=impl.plugin_name, _pk=package, _v=version, **kw):
+            return reg.register_recipe(make_recipe(name, settings, *args, plugin=_p, package=_pk, version=_v, **kw))
+
+        try:
+            impl.function(register=register_recipe)
+        except RegistryError:
+            raise
+        except Exception as exc:
+            raise PluginLoadError(
+                f"plugin {impl.plugin_name!r} ({package} {version}) failed while "
+                f"registering recipes: {exc!r}"
             ) from exc
     return reg
 

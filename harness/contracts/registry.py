@@ -230,6 +230,34 @@ class Component:
 @dataclass
 class Registry:
     components: dict[tuple[str, str], Component] = field(default_factory=dict)
+    # architecture recipes by name (abl.contracts.recipes; the ``register_recipes`` hook)
+    recipes: dict[str, Any] = field(default_factory=dict)
+
+    def register_recipe(self, recipe: Any) -> Any:
+        """Add a recipe (an abl.contracts.recipes.Recipe, made by ``make_recipe``); a RegistryError
+        names both plugins of a duplicate name, or the recipe's own problems (a size key, a line
+        without a source)."""
+        name = recipe.name
+        if name in self.recipes:
+            other = self.recipes[name]
+            raise RegistryError(f"duplicate recipe {name!r}: registered by plugin {other.plugin!r} "
+                                f"({other.package} {other.version}) and by plugin {recipe.plugin!r} "
+                                f"({recipe.package} {recipe.version})")
+        errs = recipe.errors()
+        if errs:
+            raise RegistryError(f"plugin {recipe.plugin!r}: " + "; ".join(errs))
+        self.recipes[name] = recipe
+        return recipe
+
+    def recipe(self, name: Any) -> Any:
+        """The recipe ``name``; a RegistryError lists the registered ones."""
+        recipe = self.recipes.get(name) if isinstance(name, str) else None
+        if recipe is None:
+            valid = sorted(self.recipes)
+            close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
+            hint = f" Closest match: {close[0]!r}." if close else ""
+            raise RegistryError(f"unknown recipe {name!r}. Valid recipes: {', '.join(valid) or '(none)'}.{hint}")
+        return recipe
 
     def register(
         self,

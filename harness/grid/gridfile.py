@@ -19,6 +19,7 @@ from .labels import grid_label
 from .parsing import apply_override, parse_overrides, read_toml
 from .parsing import parse_toml_text as parse_toml_text  # re-exported: callers and tests import them from here
 from .parsing import parse_value as parse_value
+from .recipes import apply_recipe
 from .validation import (
     _build_section,
     _check_structure,
@@ -112,6 +113,10 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
         cell_raw = copy.deepcopy({k: v for k, v in raw.items() if k != "grid"})
         for p, v in varied.items():
             apply_override(cell_raw, p, v)
+        cell_raw, e = apply_recipe(cell_raw, registry)
+        if e:
+            errs += [f"{source}: cell [{grid_label(varied)}]: {m}" for m in e]
+            continue
         for seed in exp.seeds:
             cell, e = resolve_cell(cell_raw, seed, varied, registry)
             if e:

@@ -29,7 +29,8 @@ NOT_SHAPE = ("dataset",)  # components that change the data, never the model's s
 
 def shape_key(cell: Cell, batch_per_rank: int, world: int, kernels: str, device: str, torch_version: str) -> str:
     return config_hash({
-        "model": asdict(cell.model),
+        # the recipe's name changes no shape (its settings are in the fields and components)
+        "model": {k: v for k, v in asdict(cell.model).items() if k != "recipe"},
         "components": {k: v for k, v in cell.components.items() if k not in NOT_SHAPE},
         "batch_per_rank": batch_per_rank, "context": cell.model.context, "world": world,
         "kernels": kernels, "compile": cell.train.compile, "device": device, "torch": torch_version,
