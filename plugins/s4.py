@@ -148,18 +148,19 @@ class DiagSSM(nn.Module):
         self.C = nn.Parameter(torch.view_as_real(torch.randn(h, d_state // 2, dtype=torch.complex64)))
         self.D = nn.Parameter(torch.randn(h))
 
-    def ssm(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(log_dt, A, B, C) in fp32 / complex64."""
-        a = torch.complex(-torch.exp(self.log_A_real.float()), self.A_imag.float())
-        return self.log_dt.float(), a, _complex(self.B.float()), _complex(self.C.float())
+    def ssm(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log_dt, A, B, C) in ``dtype`` (fp32 or wider) and its complex counterpart."""
+        a = torch.complex(-torch.exp(self.log_A_real.to(dtype)), self.A_imag.to(dtype))
+        return self.log_dt.to(dtype), a, _complex(self.B.to(dtype)), _complex(self.C.to(dtype))
 
     def forward(self, u: torch.Tensor, state: torch.Tensor | None = None, cached: bool = False):
-        log_dt, a, b, c = self.ssm()
+        """u [B, H, L] in fp32 or wider (the SSM runs in its dtype)."""
+        log_dt, a, b, c = self.ssm(u.dtype)
         if cached:
             y, state = continue_from(u, log_dt, a, b, c, state)
         else:
             y, state = fft_conv(u, s4d_kernel(log_dt, a, b, c, u.size(-1))), None
-        return y + u * self.D[:, None].float(), state
+        return y + u * self.D[:, None].to(u.dtype), state
 
 
 def continue_from(u, log_dt, a, b, c, state):
@@ -184,8 +185,13 @@ def continue_from(u, log_dt, a, b, c, state):
 
 
 def fp32(device: torch.device):
-    """Autocast off: the SSMs run in fp32 whatever the training precision."""
+    """Autocast off: the SSMs run in fp32 (or their input's wider dtype) whatever the training precision."""
     return torch.autocast(device_type=device.type, enabled=False)
+
+
+def wide(t: torch.Tensor) -> torch.Tensor:
+    """t in fp32, or in its own dtype where that is wider (fp64 in tests)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 class S4D(nn.Module):
@@ -208,7 +214,7 @@ class S4D(nn.Module):
         cached = cache is not None and cache.enabled
         with fp32(x.device):
             kept = cache.state() if cached else None
-            y, state = self.ssm(x.float().transpose(1, 2), None if kept is None else _complex(kept["ssm"]), cached)
+            y, state = self.ssm(wide(x).transpose(1, 2), None if kept is None else _complex(kept["ssm"]), cached)
             if cached:
                 cache.set_state(ssm=torch.view_as_real(state).clone())
             y = F.gelu(y).transpose(1, 2)
