@@ -95,10 +95,13 @@ def _h3_cost(cfg, d_state=64, shift_state=64, head_dim=1, bias=True, **_):
     """Counted FLOPs: the four projections; both SSMs are FFT convolutions (not counted)."""
     d, p = cfg.d_model, head_dim
     params = 4 * linear_params(d, d, bias) + d * shift_state + d + diag_ssm_params(d * p, d_state)
-    # saved per token (an estimate): q, k, v, the shift conv's transforms and output, the
-    # d * p product channels and the diagonal SSM's transforms of them, the output before out_proj
-    saved = 4 * d + 6 * d + 8 * d * p + 2 * d
+    # saved for backward, calibrated against torch's MemTracker (context 32 and 64, batch 4 and 8):
+    # per token q, k, v, the shift SSM's output and the d x p product channels; once per forward
+    # the diagonal SSM's Vandermonde kernel (as s4's, over d * p channels)
+    saved = 4 * d + 12 * d * p
+    per_forward = 2.2 * d * p * d_state * cfg.context
     return Cost(params=params, flops_per_token=4 * linear_flops(d, d), activation_elements_per_token=saved,
+                activation_elements_per_forward=per_forward,
                 state_elements_per_sequence=d * (shift_state - 1) + d * p * d_state)
 
 
@@ -212,7 +215,7 @@ def _hyena_filter_params(d, order, filter_width, emb_dim, inner_mlps):
 
 def hyena_filter_flops(cfg, order=2, filter_width=64, emb_dim=3, inner_mlps=2, **_) -> float:
     """FLOPs of one evaluation of the implicit filter's FFN at the model's context: once per forward,
-    shared by every sequence of the batch (so not per token; ``_hyena_cost`` leaves it out)."""
+    shared by every sequence of the batch (``Cost.flops_per_forward``, not per token)."""
     w = filter_width
     return cfg.context * (linear_flops(emb_dim, w) + inner_mlps * linear_flops(w, w)
                           + linear_flops(w, order * cfg.d_model))
@@ -221,7 +224,7 @@ def hyena_filter_flops(cfg, order=2, filter_width=64, emb_dim=3, inner_mlps=2, *
 def _hyena_cost(cfg, order=2, filter_width=64, emb_dim=3, inner_mlps=2, short_filter=3, **_):
     """Counted FLOPs per token: the two projections. The short conv and the gates are elementwise,
     the long convolutions FFTs (O(L log L) per channel and sequence), and the filter FFN runs once
-    per forward for the whole batch (``hyena_filter_flops``): none of them counted per token."""
+    per forward for the whole batch (``hyena_filter_flops``, the cost's ``flops_per_forward``)."""
     d = cfg.d_model
     params = (linear_params(d, (order + 1) * d, True) + (order + 1) * d * (short_filter + 1)
               + _hyena_filter_params(d, order, filter_width, emb_dim, inner_mlps) + order * d
@@ -230,6 +233,9 @@ def _hyena_cost(cfg, order=2, filter_width=64, emb_dim=3, inner_mlps=2, short_fi
     # product, the two transforms and the convolution output, the last gate, out_proj's input
     saved = d + 2 * (order + 1) * d + order * 6 * d + 2 * d
     return Cost(params=params, flops_per_token=linear_flops(d, (order + 1) * d) + linear_flops(d, d),
+                flops_per_forward=hyena_filter_flops(cfg, order, filter_width, emb_dim, inner_mlps),
+                # the filter FFN's activations and the windowed filters, once per forward
+                activation_elements_per_forward=cfg.context * (2 * (1 + inner_mlps) * filter_width + 4 * order * d),
                 activation_elements_per_token=saved, state_elements_per_token=d)
 
 
