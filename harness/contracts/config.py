@@ -61,6 +61,15 @@ class ExperimentConfig:
                        "(default: the grid's first cell); a display choice, nothing retrains")
 
 
+# model.logit_scale: the factor on the LM head's logits, as a function of d_model
+LOGIT_SCALES = ("none", "inv_sqrt_d_model")
+
+
+def logit_factor(scale: str, d_model: int) -> float:
+    """The factor ``model.logit_scale`` puts on the logits: 1, or 1/sqrt(d_model)."""
+    return d_model ** -0.5 if scale == "inv_sqrt_d_model" else 1.0
+
+
 @dataclass
 class ModelConfig:
     d_model: int = _f(128, "residual stream width", min=1)
@@ -83,6 +92,12 @@ class ModelConfig:
                     "xs, s, m, l, xl (see SCALES); empty = use those fields as given")
     layer_pattern: str = _f("", "hybrid stacks: comma-separated mixer names tiled over the layers, "
                             "e.g. 'mamba2,mamba2,mha'; empty = model.mixer in every layer")
+    logit_scale: str = _f("none", "scale the LM head's logits: none, or inv_sqrt_d_model (divide them by "
+                          "sqrt(d_model), Mesh-TensorFlow's Transformer with tied embeddings)",
+                          choices=LOGIT_SCALES)
+    z_loss: float = _f(0.0, "output z-loss coefficient: adds z_loss * mean(log^2 Z), Z the softmax normaliser "
+                       "of the logits at the scored positions, to the training loss (PaLM, Chowdhery et al. "
+                       "2022, arXiv:2204.02311, sec. 5: 1e-4); 0 = off. val_loss stays the cross-entropy", min=0.0)
 
     def layer_mixer_names(self) -> list[str]:
         """The mixer name of each layer (``layer_pattern`` tiled, or ``mixer`` everywhere)."""

@@ -176,6 +176,17 @@ def _train_config(tc: TrainConfig) -> dict[str, Any]:
     return out
 
 
+def _model_config(mc: ModelConfig) -> dict[str, Any]:
+    """``[model]`` as stored and hashed; ``logit_scale`` and ``z_loss`` left out at their defaults (none, 0),
+    so run ids from before they existed stay the same."""
+    out = dataclasses.asdict(mc)
+    if out["logit_scale"] == "none":
+        del out["logit_scale"]
+    if not out["z_loss"]:
+        del out["z_loss"]
+    return out
+
+
 def _data_config(dc) -> dict[str, Any]:
     """``[data]`` as stored and hashed; ``accept_lossy_tokenizer`` left out at its default (false), so
     run ids from before it existed stay the same."""
@@ -307,7 +318,7 @@ def _resolved_config(sections: dict[str, Any], seed: int, components: dict[str, 
         "format": CONFIG_FORMAT,
         "experiment": sections["experiment"].name,
         "seed": seed,
-        "model": dataclasses.asdict(sections["model"]),
+        "model": _model_config(sections["model"]),
         "train": _train_config(sections["train"]),
         "data": _data_config(sections["data"]),
         "eval": {k: v for k, v in dataclasses.asdict(sections["eval"]).items()
