@@ -243,7 +243,7 @@ class Cell:
     def resize(self, model: ModelConfig, components: dict[str, Any], matched: dict[str, Any]) -> None:
         """Take a budget-matched model (``train.match``); the config and run id follow."""
         self.model, self.components = model, components
-        self.config["model"] = dataclasses.asdict(model)
+        self.config["model"] = stored_model(model)
         self.config["components"] = stored_components(components)
         self.config["matched"] = matched
         self.run_id = run_id_of(self.config)
@@ -255,6 +255,17 @@ class Grid:
     raw: dict[str, Any]
     cells: list[Cell]
     grid_paths: list[str]
+
+
+def stored_model(model: ModelConfig) -> dict[str, Any]:
+    """``[model]`` as stored and hashed; ``logit_scale`` and ``z_loss`` left out at their defaults (none,
+    0), so the run ids of cells from before they existed stay the same."""
+    out = dataclasses.asdict(model)
+    if out["logit_scale"] == "none":
+        del out["logit_scale"]
+    if not out["z_loss"]:
+        del out["z_loss"]
+    return out
 
 
 def canonical_json(obj: Any) -> str:

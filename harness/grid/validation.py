@@ -19,6 +19,7 @@ from ..contracts.config import (
     run_id_of,
     section_params,
     stored_components,
+    stored_model,
 )
 from ..contracts.registry import AXES, Registry, RegistryError
 from ..data.tasks import is_task_factory, resolve_probes
@@ -176,17 +177,6 @@ def _train_config(tc: TrainConfig) -> dict[str, Any]:
     return out
 
 
-def _model_config(mc: ModelConfig) -> dict[str, Any]:
-    """``[model]`` as stored and hashed; ``logit_scale`` and ``z_loss`` left out at their defaults (none, 0),
-    so run ids from before they existed stay the same."""
-    out = dataclasses.asdict(mc)
-    if out["logit_scale"] == "none":
-        del out["logit_scale"]
-    if not out["z_loss"]:
-        del out["z_loss"]
-    return out
-
-
 def _data_config(dc) -> dict[str, Any]:
     """``[data]`` as stored and hashed; ``accept_lossy_tokenizer`` left out at its default (false), so
     run ids from before it existed stay the same."""
@@ -318,7 +308,7 @@ def _resolved_config(sections: dict[str, Any], seed: int, components: dict[str, 
         "format": CONFIG_FORMAT,
         "experiment": sections["experiment"].name,
         "seed": seed,
-        "model": _model_config(sections["model"]),
+        "model": stored_model(sections["model"]),
         "train": _train_config(sections["train"]),
         "data": _data_config(sections["data"]),
         "eval": {k: v for k, v in dataclasses.asdict(sections["eval"]).items()
