@@ -7,7 +7,7 @@
 - ``hyena``: Poli, Massaroli, Nguyen, Fu, Dao, Baccus, Bengio, Ermon & Ré 2023, "Hyena
   Hierarchy: Towards Larger Convolutional Language Models", arXiv:2302.10866, sec. 3 (the
   Hyena recurrence, Definition 3.1 and Algorithm 3) and sec. 3.3 (the implicit filter: an FFN
-  of a positional encoding, eq. 7, times an exponential window, the "ExponentialModulation" of
+  of a positional encoding times an exponential window, the "ExponentialModulation" of
   the reference ``hyena.py``).
 
 Decoding. H3 has a recurrent form: the shift SSM's state is the last ``shift_state`` - 1
@@ -120,7 +120,7 @@ class Sin(nn.Module):
 
 
 class HyenaFilter(nn.Module):
-    """The implicit long filter h(t) = Window(t) * FFN(PE(t)) (Hyena sec. 3.3, eq. 7; ``HyenaFilter``).
+    """The implicit long filter h(t) = Window(t) * FFN(PE(t)) (Hyena sec. 3.3; the reference ``HyenaFilter``).
 
     PE(t) = [t/(L-1), Re z_k(t), Im z_k(t)], z_k(t) = exp(-i 2 pi f_k t / L) for
     ``(emb_dim - 1) / 2`` bands f_k in linspace(1e-4, bands - 1), L = the model's context; the FFN

@@ -6,31 +6,31 @@ independent single-input single-output SSMs, one per channel (sec. 2):
 
     x'(t) = A x(t) + B u(t),  y(t) = C x(t) + D u(t),   A = diag(a_1 .. a_N) complex,
 
-kept as N/2 complex modes whose conjugates are implicit (sec. 3.2: the real
-part of the kernel is taken twice, ``2 Re``). Discretised with the zero-order
-hold (sec. 3.1, eq. 5): dA = exp(dt A), dB = (dt A)^-1 (exp(dt A) - I) dt B.
-Training computes the convolution kernel K_l = 2 Re(C dA^l dB) (the
-Vandermonde product of sec. 3.1, eq. 6 / Algorithm 1) and applies it with an
-FFT convolution (S4, Gu, Goel & Ré 2021, arXiv:2111.00396, sec. 3.3); cached
+kept as N/2 complex modes whose conjugates are implicit (sec. 3, conjugate
+symmetry: the real part of the kernel is taken twice, ``2 Re``). Discretised
+with the zero-order hold (sec. 3, discretisation): dA = exp(dt A),
+dB = (dt A)^-1 (exp(dt A) - I) dt B. Training computes the convolution kernel
+K_l = 2 Re(C dA^l dB) (sec. 3, the Vandermonde kernel) and applies it with an
+FFT convolution (S4, Gu, Goel & Ré 2021, arXiv:2111.00396, sec. 3); cached
 decoding runs the recurrence x_t = dA x_{t-1} + dB u_t, y_t = 2 Re(C x_t) + D u_t.
 
 Initialisations (sec. 4, ``init``):
 
-- ``lin``: S4D-Lin, a_n = -1/2 + i pi n (sec. 4.2, eq. 9), B = 1;
-- ``inv``: S4D-Inv, a_n = -1/2 + i N/pi (N/(2n+1) - 1) (sec. 4.2, eq. 8), B = 1;
+- ``lin``: S4D-Lin, a_n = -1/2 + i pi n, B = 1;
+- ``inv``: S4D-Inv, a_n = -1/2 + i N/pi (N/(2n+1) - 1), B = 1;
 - ``legs``: S4D-LegS, the eigenvalues of the normal part of the HiPPO-LegS
-  matrix, A^(N) = A + P P^T with P_n = sqrt(n + 1/2) (sec. 4.1; S4 sec. 3.1 and
-  the HiPPO-LegS matrix of Gu et al. 2020, arXiv:2008.07669, eq. 2), with B
+  matrix, A^(N) = A + P P^T with P_n = sqrt(n + 1/2) (S4D sec. 4; S4 sec. 3 and
+  the HiPPO-LegS matrix of Gu et al. 2020, arXiv:2008.07669, Theorem 2), with B
   projected onto its eigenvectors, B = V^* B_LegS, B_LegS,n = sqrt(2n + 1).
 
 dt is log-uniform in [dt_min, dt_max] per channel, C ~ complex N(0, 1), A
-is parameterised as -exp(log_re) + i im (sec. 4.3, "Constraining the real
-part"), D ~ N(0, 1). The block around the SSM is the S4D paper's (and its
+is parameterised as -exp(log_re) + i im (the real part kept negative through
+exp, one of the parameterisations the paper compares), D ~ N(0, 1). The block around the SSM is the S4D paper's (and its
 reference ``s4d.py``'s): y = GELU(SSM(u) + D u), then a position-wise linear
 H -> 2H and a GLU. One deviation: the reference trains A, B and dt at a
 smaller learning rate (1e-3) without weight decay; the harness has one
-learning rate (the vectors and matrices of this module without decay are
-those ``abl``'s optimizer treats so: every 1-d parameter).
+learning rate, and its optimizer decays every parameter of 2 or more
+dimensions (here A, B and C; the 1-d dt and D are not decayed).
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ INITS = ("lin", "inv", "legs")
 def legs_diagonal(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The S4D-LegS (A, B) for state size n (even): n/2 complex modes, fp64.
 
-    HiPPO-LegS (Gu et al. 2020, eq. 2): A_nk = -sqrt(2n+1) sqrt(2k+1) for n > k, -(n+1) for n = k,
+    HiPPO-LegS (Gu et al. 2020, Theorem 2): A_nk = -sqrt(2n+1) sqrt(2k+1) for n > k, -(n+1) for n = k,
     0 above; B_n = sqrt(2n+1). A + P P^T with P_n = sqrt(n + 1/2) is -1/2 I plus a skew-symmetric
-    matrix (S4, arXiv:2111.00396, sec. 3.1, the normal plus low-rank form), so its eigenvalues are
+    matrix (S4, arXiv:2111.00396, the normal plus low-rank form), so its eigenvalues are
     -1/2 + i w with w the eigenvalues of the Hermitian -i (A + P P^T) (``eigh``). One of each
-    conjugate pair is kept; B is projected onto the eigenvectors, V^* B (S4D sec. 4.1).
+    conjugate pair is kept; B is projected onto the eigenvectors, V^* B (S4D sec. 4).
     """
     q = torch.arange(n, dtype=torch.float64)
     r = torch.sqrt(2 * q + 1)
@@ -86,7 +86,7 @@ def s4d_init(n: int, init: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def zoh(log_dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Zero-order hold (S4D sec. 3.1, eq. 5): (dt A, dA = exp(dt A), dB = (exp(dt A) - 1) / A * B).
+    """Zero-order hold (S4D sec. 3): (dt A, dA = exp(dt A), dB = (exp(dt A) - 1) / A * B).
 
     log_dt [H]; A, B [H, N/2] complex. ``(exp(dt A) - 1) / A`` is (dt A)^-1 (exp(dt A) - I) dt.
     """
@@ -96,7 +96,7 @@ def zoh(log_dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> tuple[torch.T
 
 
 def s4d_kernel(log_dt, A, B, C, length: int) -> torch.Tensor:
-    """K [H, L]: K_l = 2 Re(sum_n C_n dA_n^l dB_n) (S4D sec. 3.1, eq. 6; Vandermonde in dt A).
+    """K [H, L]: K_l = 2 Re(sum_n C_n dA_n^l dB_n) (S4D sec. 3; a Vandermonde product in dt A).
 
     Written as an elementwise product and a sum (not an einsum), so the kernel's O(H N L) work is
     elementwise as the cost model counts it."""
