@@ -26,7 +26,7 @@ import math
 import torch
 from torch import nn
 
-from abl import Cost, KVCache, Param, hookimpl, linear_flops, linear_params, residual_out
+from abl import Cost, KVCache, Param, hookimpl, linear_flops, linear_params, own_init, residual_out
 from abl.plugins.s4 import INITS, DiagSSM, diag_ssm_params, fft_conv, fp32, wide
 
 # ---------------------------------------------------------------- H3
@@ -179,8 +179,10 @@ class Hyena(nn.Module):
         self.in_proj = nn.Linear(d, (order + 1) * d)
         self.short_w = nn.Parameter(torch.randn((order + 1) * d, short_filter) / math.sqrt(short_filter))
         self.short_b = nn.Parameter(torch.zeros((order + 1) * d))
-        self.filter = HyenaFilter(order * d, cfg.context, emb_dim, filter_width, inner_mlps, freq, fast_decay,
-                                  slow_decay, target)
+        # the filter FFN keeps torch's default Linear init, as the reference's: the skeleton's normal init
+        # (std 1/sqrt(d_model)) would change the frequencies its Sin activations start from
+        self.filter = own_init(HyenaFilter(order * d, cfg.context, emb_dim, filter_width, inner_mlps, freq,
+                                           fast_decay, slow_decay, target))
         self.filter_bias = nn.Parameter(torch.randn(order * d))
         self.out_proj = residual_out(nn.Linear(d, d))
 

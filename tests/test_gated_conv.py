@@ -193,3 +193,14 @@ def test_trains_in_a_model(registry, mixer):
     assert math.isfinite(float(loss.detach()))
     loss.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_hyena_filter_keeps_its_own_init_in_a_model(registry):
+    """The skeleton's normal init must not overwrite the implicit filter's (torch's default, as the reference)."""
+    raw = {"model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "context": 16, "vocab_size": 40, "mixer": "hyena",
+                     "position": "nope", "init_std": 1e-3}}
+    cell = expand(raw, registry).cells[0]
+    model = DecoderLM(cell.model, cell.components, registry)
+    first = model.blocks[0].mixer.filter.mlp[0].weight
+    assert first.std() > 0.1  # torch's default for fan-in 3 is uniform(+-1/sqrt(3)), not std 1e-3
+    assert model.blocks[0].mixer.in_proj.weight.std() < 0.01  # the projections do take the skeleton's init
