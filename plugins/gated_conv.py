@@ -63,9 +63,9 @@ class H3(nn.Module):
 
     def forward(self, x, ctx=None):
         b, t, d = x.shape
-        cache = KVCache(ctx) if ctx is not None else None
-        cached = cache is not None and cache.enabled
-        kept = cache.state() if cached else None
+        cache = KVCache(ctx) if ctx is not None and ctx.cache is not None else None
+        cached = cache is not None
+        kept = cache.state() if cache is not None else None
         q, k, v = (p(x) for p in (self.q_proj, self.k_proj, self.v_proj))
         with fp32(x.device):
             k = wide(k).transpose(1, 2)  # [B, d, T]
@@ -76,7 +76,7 @@ class H3(nn.Module):
             state = None if kept is None else torch.view_as_complex(kept["ssm"])
             s, state = self.diag(kv.reshape(b, d * p, t), state, cached)
             o = (wide(q).transpose(1, 2).reshape(b, d // p, p, 1, t) * s.view(b, d // p, p, p, t)).sum(2)
-            if cached:
+            if cache is not None:
                 window = torch.cat([before, k], dim=-1)[..., -(self.m - 1):] if self.m > 1 else before
                 cache.set_state(shift=window.clone(), ssm=torch.view_as_real(state).clone())
         return self.out_proj(o.reshape(b, d, t).transpose(1, 2).to(x.dtype))
@@ -130,6 +130,8 @@ class HyenaFilter(nn.Module):
     L (longer sequences than trained on) follow the same formulas.
     """
 
+    deltas: torch.Tensor
+
     def __init__(self, channels: int, context: int, emb_dim: int = 3, width: int = 64, inner_mlps: int = 2,
                  freq: float = 1.0, fast_decay: float = 0.3, slow_decay: float = 1.5, target: float = 1e-2):
         super().__init__()
@@ -144,7 +146,7 @@ class HyenaFilter(nn.Module):
                                                       channels).abs(), persistent=False)
 
     def positional(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        steps = torch.arange(length, device=device, dtype=self.mlp[0].weight.dtype)
+        steps = torch.arange(length, device=device, dtype=next(self.mlp.parameters()).dtype)
         t = steps / max(self.context - 1, 1)
         bands = (self.emb_dim - 1) // 2
         f = torch.linspace(1e-4, bands - 1, bands, device=device, dtype=steps.dtype)

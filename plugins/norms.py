@@ -95,6 +95,9 @@ class BatchNorm(nn.Module):
     Statistics in fp32 whatever the input dtype.
     """
 
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+
     def __init__(self, dim: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True):
         super().__init__()
         self.eps, self.momentum = eps, momentum

@@ -403,13 +403,13 @@ class SeparatorReset(Task):
 
     def generate(self, n: int, seq_len: int, rng: np.random.Generator, **_: Any) -> Examples:
         pairs, t = self.params["num_kv_pairs"], seq_len
-        k_range, _ = self._ranges()
+        k_range = self._ranges()[0]
         keys_a = 2 + _distinct(rng, n, k_range, pairs)
         if self.params["same_keys"]:
             keys_b = keys_a[np.arange(n)[:, None], _distinct(rng, n, pairs, pairs)]
         else:
             keys_b = 2 + _distinct(rng, n, k_range, pairs)
-        seg_a, _ = self._segment(rng, n, keys_a)
+        seg_a = self._segment(rng, n, keys_a)[0]
         seg_b, queries = self._segment(rng, n, keys_b)
         width = 4 * pairs
         start = rng.integers(0, t - (2 * width + 1) + 1, size=n)  # filler before A

@@ -210,12 +210,12 @@ class S4D(nn.Module):
         self.out_proj = residual_out(nn.Linear(h, 2 * h))
 
     def forward(self, x, ctx=None):
-        cache = KVCache(ctx) if ctx is not None else None
-        cached = cache is not None and cache.enabled
+        cache = KVCache(ctx) if ctx is not None and ctx.cache is not None else None
         with fp32(x.device):
-            kept = cache.state() if cached else None
-            y, state = self.ssm(wide(x).transpose(1, 2), None if kept is None else _complex(kept["ssm"]), cached)
-            if cached:
+            kept = cache.state() if cache is not None else None
+            y, state = self.ssm(wide(x).transpose(1, 2), None if kept is None else _complex(kept["ssm"]),
+                                cache is not None)
+            if cache is not None:
                 cache.set_state(ssm=torch.view_as_real(state).clone())
             y = F.gelu(y).transpose(1, 2)
         return F.glu(self.out_proj(y.to(x.dtype)), dim=-1)
