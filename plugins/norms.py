@@ -3,8 +3,9 @@
 Definitions: LayerNorm from Ba et al. 2016, "Layer Normalization",
 arXiv:1607.06450, sec. 3; RMSNorm from Zhang & Sennrich 2019, "Root Mean
 Square Layer Normalization", arXiv:1910.07467, eq. 4; ScaleNorm from Nguyen
-& Salazar 2019, "Transformers without Tears", arXiv:1910.05895, sec. 2.3.
-Every factory is ``factory(dim, **params)``.
+& Salazar 2019, "Transformers without Tears", arXiv:1910.05895, sec. 2.3;
+BatchNorm from Ioffe & Szegedy 2015, "Batch Normalization", arXiv:1502.03167,
+Algorithms 1 and 2. Every factory is ``factory(dim, **params)``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn as nn
+import torch.nn.functional as F
+from torch import nn
 
 from abl import Param, hookimpl
 from abl.kernels.layernorm import layernorm
@@ -78,6 +80,39 @@ class ScaleNorm(nn.Module):
         return (self.g * xf / norm).to(x.dtype)
 
 
+class BatchNorm(nn.Module):
+    """y = (x - mu_B) / sqrt(var_B + eps) * gamma + beta over the batch (Ioffe & Szegedy 2015).
+
+    arXiv:1502.03167, Algorithm 1: in training, mu_B and var_B (biased) are taken per channel over
+    every token of the batch, all positions of all sequences; the running averages (momentum
+    ``momentum``, unbiased variance as Algorithm 2 and torch keep them) replace them in eval mode.
+
+    In a causal language model this leaks: the statistics of position t include the tokens after
+    t in its own sequence (and in the others), so in training the output at t depends on the
+    future and the model can learn to read it. Training loss then falls below what eval mode (the
+    running statistics, no leak) reaches; ``tests/test_norms_batchnorm.py`` shows it, and
+    docs/variants.md records it. It is offered to measure that failure, not as a working LM norm.
+    Statistics in fp32 whatever the input dtype.
+    """
+
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+
+    def __init__(self, dim: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True):
+        super().__init__()
+        self.eps, self.momentum = eps, momentum
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
+        self.register_buffer("running_mean", torch.zeros(dim))
+        self.register_buffer("running_var", torch.ones(dim))
+
+    def forward(self, x):
+        flat = x.float().reshape(-1, x.size(-1))
+        y = F.batch_norm(flat, self.running_mean, self.running_var, self.weight, self.bias,
+                         training=self.training, momentum=self.momentum, eps=self.eps)
+        return y.reshape(x.shape).to(x.dtype)
+
+
 class NoNorm(nn.Identity):
     """Identity: the ablation "no normalisation at all"."""
 
@@ -112,6 +147,13 @@ def _scalenorm_cost(dim, gain=True, **_):
     return Cost(params=int(gain), activation_elements_per_token=2 * dim + 1)
 
 
+def _batchnorm_cost(dim, affine=True, **_):
+    from abl import Cost
+
+    # x (fp32 copy), the normalised x and the per-channel batch statistics (not per token)
+    return Cost(params=2 * dim if affine else 0, activation_elements_per_token=2 * dim)
+
+
 def _no_norm_cost(dim, **_):
     from abl import Cost
 
@@ -137,4 +179,9 @@ def register_components(register):
         "eps": Param(1e-5, doc="lower bound on the L2 norm", min=0.0),
         "gain": Param(True, doc="learnable scalar g (init sqrt(dim)); False keeps it fixed"),
     }, cost=_scalenorm_cost)
+    register("norm", "batchnorm", BatchNorm, params={
+        "eps": Param(1e-5, doc="added to the batch variance", min=0.0),
+        "momentum": Param(0.1, doc="weight of the current batch in the running statistics", min=0.0, max=1.0),
+        "affine": Param(True, doc="learnable per-channel gamma and beta"),
+    }, cost=_batchnorm_cost)
     register("norm", "none", NoNorm, doc="Identity: no normalisation.", cost=_no_norm_cost)

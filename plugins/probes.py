@@ -17,7 +17,10 @@ model on (``eval.probes = ["mqar"]``).
   ``copying.py`` with ``variable=True``);
 - ``copy``: plain copying of a random prefix, the classic copying task
   (Arjovsky et al. 2016) in the same layout (Mamba fig. 2 left; ``copying.py``
-  with ``variable=False``).
+  with ``variable=False``);
+- ``separator_reset``: two independent recall sequences joined by a separator,
+  the second answered from itself alone: the state reset that selection allows
+  (Gu & Dao 2023, sec. 3.5.2, "Boundary resetting").
 
 Token ids are task-local: a task uses ids below its ``vocab_size`` and says
 which ones are special in its docstring.
@@ -338,6 +341,90 @@ class SelectiveCopy(_Copying):
     variable = True
 
 
+# ---------------------------------------------------------------- separator reset
+
+
+class SeparatorReset(Task):
+    """Two independent associative-recall sequences joined by a separator; only the second one's answers count.
+
+    Gu & Dao 2023, sec. 3.5.2 ("Boundary resetting"): where independent sequences are stitched together, a
+    selective model can reset its state at the boundary, while an LTI one (S4) carries the first
+    sequence's information into the second. Layout, with N = ``num_kv_pairs``, V = ``vocab_size``,
+    T = ``model.context``: id 0 is filler, 1 the separator, keys come from [2, 2 + K) and values from
+    [2 + K, V), K = (V - 2) // 2. A segment is N key-value pairs ``k1 v1 .. kN vN`` (distinct keys,
+    distinct values), then the N keys again in random order, each followed by its value (4N tokens).
+    An example is ``p`` filler tokens (p uniform in [0, T - 8N - 1], so the separator moves), segment
+    A, the separator, segment B, then filler. With ``same_keys`` (the default) B reuses A's keys with
+    fresh values, so a model that does not reset is pulled towards A's answers. The positions that
+    count are B's queries (the target is the value that follows).
+
+    No-recall baseline: H_N / N (H_N the N-th harmonic number). B's queries come in random order and
+    each value is shown after its query (teacher forcing), so a rule that remembers B's values but
+    matches no key picks among the ones not yet answered: 1/N, 1/(N-1), ..., 1, averaged. A's value
+    for the key (no reset) is right only when the two draws coincide, about 1/(V - 2 - K).
+    """
+
+    FILLER, SEPARATOR = 0, 1
+
+    def __init__(self, vocab_size: int = 64, num_kv_pairs: int = 4, same_keys: bool = True):
+        super().__init__(vocab_size, num_kv_pairs=int(num_kv_pairs), same_keys=bool(same_keys))
+
+    def _ranges(self) -> tuple[int, int]:
+        keys = (self.vocab_size - 2) // 2
+        return keys, self.vocab_size - 2 - keys
+
+    def problems(self, seq_len: int) -> list[str]:
+        n, errs = self.params["num_kv_pairs"], []
+        keys, values = self._ranges()
+        if n < 1:
+            return [f"num_kv_pairs must be >= 1, got {n}"]
+        if min(keys, values) < n:
+            errs.append(f"{n} distinct keys and values need vocab_size >= {2 + 2 * n}, got {self.vocab_size}")
+        if 8 * n + 1 > seq_len:
+            errs.append(f"{n} pairs need model.context >= 8 x {n} + 1 = {8 * n + 1} (two segments of 4N tokens and "
+                        f"the separator), got {seq_len}")
+        return errs
+
+    def no_recall_baseline(self, seq_len: int, **_: Any) -> float:
+        n = self.params["num_kv_pairs"]
+        return float(sum(1.0 / k for k in range(1, n + 1)) / n)
+
+    def _segment(self, rng: np.random.Generator, n_ex: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[n_ex, 4N] segments over the given keys [n_ex, N], and the offsets of their queries [n_ex, N]."""
+        n = keys.shape[1]
+        k_range, v_range = self._ranges()
+        values = 2 + k_range + _distinct(rng, n_ex, v_range, n)
+        seg = np.empty((n_ex, 4 * n), dtype=np.int64)
+        seg[:, 0:2 * n:2], seg[:, 1:2 * n:2] = keys, values
+        order = _distinct(rng, n_ex, n, n)  # the query order: a permutation of the pairs
+        rows = np.arange(n_ex)[:, None]
+        seg[:, 2 * n::2], seg[:, 2 * n + 1::2] = keys[rows, order], values[rows, order]
+        return seg, 2 * n + 2 * np.arange(n)[None].repeat(n_ex, 0)
+
+    def generate(self, n: int, seq_len: int, rng: np.random.Generator, **_: Any) -> Examples:
+        pairs, t = self.params["num_kv_pairs"], seq_len
+        k_range = self._ranges()[0]
+        keys_a = 2 + _distinct(rng, n, k_range, pairs)
+        if self.params["same_keys"]:
+            keys_b = keys_a[np.arange(n)[:, None], _distinct(rng, n, pairs, pairs)]
+        else:
+            keys_b = 2 + _distinct(rng, n, k_range, pairs)
+        seg_a = self._segment(rng, n, keys_a)[0]
+        seg_b, queries = self._segment(rng, n, keys_b)
+        width = 4 * pairs
+        start = rng.integers(0, t - (2 * width + 1) + 1, size=n)  # filler before A
+        seq = np.full((n, t + 1), self.FILLER, dtype=np.int64)
+        labels = np.full((n, t + 1), IGNORE_INDEX, dtype=np.int64)
+        for i in range(n):
+            a = int(start[i])
+            b = a + width + 1
+            seq[i, a:a + width] = seg_a[i]
+            seq[i, a + width] = self.SEPARATOR
+            seq[i, b:b + width] = seg_b[i]
+            labels[i, b + queries[i] + 1] = seg_b[i, queries[i] + 1]
+        return Examples(seq[:, :-1].copy(), labels[:, 1:].copy())
+
+
 # ---------------------------------------------------------------- registration
 
 
@@ -363,5 +450,11 @@ def register_components(register):
     }
     register("dataset", "selective_copy", SelectiveCopy, params=copy_params,
              doc="Selective copying (Mamba sec. 3.1).", check=SelectiveCopy.config_check)
+    register("dataset", "separator_reset", SeparatorReset, params={
+        "vocab_size": Param(64, doc=vocab + "; 0 filler, 1 separator, then keys and values", min=4),
+        "num_kv_pairs": Param(4, doc="key-value pairs in each of the two segments", min=1),
+        "same_keys": Param(True, doc="the second segment reuses the first one's keys (with new values)"),
+    }, doc="Separator reset: two recall sequences joined by a separator (Mamba sec. 3.5.2).",
+        check=SeparatorReset.config_check)
     register("dataset", "copy", Copy, params=copy_params,
              doc="Copying a random prefix (Arjovsky et al. 2016).", check=Copy.config_check)

@@ -61,6 +61,15 @@ class ExperimentConfig:
                        "(default: the grid's first cell); a display choice, nothing retrains")
 
 
+# model.logit_scale: the factor on the LM head's logits, as a function of d_model
+LOGIT_SCALES = ("none", "inv_sqrt_d_model")
+
+
+def logit_factor(scale: str, d_model: int) -> float:
+    """The factor ``model.logit_scale`` puts on the logits: 1, or 1/sqrt(d_model)."""
+    return d_model ** -0.5 if scale == "inv_sqrt_d_model" else 1.0
+
+
 @dataclass
 class ModelConfig:
     d_model: int = _f(128, "residual stream width", min=1)
@@ -85,6 +94,12 @@ class ModelConfig:
                             "e.g. 'mamba2,mamba2,mha'; empty = model.mixer in every layer")
     recipe: str = _f("", "an architecture recipe (abl plugins lists them, docs/recipes.md): sets every component "
                      "and parameter as that family defines it, scaled to this size; keys the grid sets win")
+    logit_scale: str = _f("none", "scale the LM head's logits: none, or inv_sqrt_d_model (divide them by "
+                          "sqrt(d_model), Mesh-TensorFlow's Transformer with tied embeddings)",
+                          choices=LOGIT_SCALES)
+    z_loss: float = _f(0.0, "output z-loss coefficient: adds z_loss * mean(log^2 Z), Z the softmax normaliser "
+                       "of the logits at the scored positions, to the training loss (PaLM, Chowdhery et al. "
+                       "2022, arXiv:2204.02311, sec. 5: 1e-4); 0 = off. val_loss stays the cross-entropy", min=0.0)
 
     def layer_mixer_names(self) -> list[str]:
         """The mixer name of each layer (``layer_pattern`` tiled, or ``mixer`` everywhere)."""
@@ -103,15 +118,6 @@ class ModelConfig:
             self.head_dim = self.d_model // self.n_heads if self.n_heads > 0 else 0
         if not self.init_std or "init_std" in rederive:
             self.init_std = 1.0 / math.sqrt(self.d_model) if self.d_model > 0 else 0.0
-
-
-def model_dict(model: ModelConfig) -> dict[str, Any]:
-    """``[model]`` as stored and hashed; ``recipe`` left out when empty, so run ids from before it existed
-    stay the same."""
-    out = dataclasses.asdict(model)
-    if not out["recipe"]:
-        del out["recipe"]
-    return out
 
 
 @dataclass
@@ -239,7 +245,7 @@ class Cell:
     def resize(self, model: ModelConfig, components: dict[str, Any], matched: dict[str, Any]) -> None:
         """Take a budget-matched model (``train.match``); the config and run id follow."""
         self.model, self.components = model, components
-        self.config["model"] = model_dict(model)
+        self.config["model"] = stored_model(model)
         self.config["components"] = stored_components(components)
         self.config["matched"] = matched
         self.run_id = run_id_of(self.config)
@@ -251,6 +257,19 @@ class Grid:
     raw: dict[str, Any]
     cells: list[Cell]
     grid_paths: list[str]
+
+
+def stored_model(model: ModelConfig) -> dict[str, Any]:
+    """``[model]`` as stored and hashed; ``recipe``, ``logit_scale`` and ``z_loss`` left out at their
+    defaults (empty, none, 0), so the run ids of cells from before they existed stay the same."""
+    out = dataclasses.asdict(model)
+    if not out["recipe"]:
+        del out["recipe"]
+    if out["logit_scale"] == "none":
+        del out["logit_scale"]
+    if not out["z_loss"]:
+        del out["z_loss"]
+    return out
 
 
 def canonical_json(obj: Any) -> str:

@@ -18,6 +18,9 @@ Conventions (so predictions can be checked against measurement):
   counted as ``torch.utils.flop_counter`` counts them: 2 per multiply-add in
   matrix products (linear layers, attention scores and values as the
   implementation executes them). Elementwise work is not counted.
+- ``flops_per_forward``: counted FLOPs of work done once per forward pass for the whole batch,
+  whatever its size (a filter or kernel generated from the parameters at the sequence length,
+  e.g. an implicit long-convolution filter); added once per step, not per token.
 - ``useful_flops_per_token``: the same, but only the work the algorithm needs
   (e.g. causal attention counts the lower triangle only, sliding window only
   the window); used for MFU. Defaults to ``flops_per_token``.
@@ -25,6 +28,9 @@ Conventions (so predictions can be checked against measurement):
 - ``activation_elements_per_token``: elements saved for backward per token
   (as Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.1, count them); multiplied by the activation
   dtype's bytes by the caller.
+- ``activation_elements_per_forward``: elements saved for backward once per forward pass for
+  the whole batch (the same work as ``flops_per_forward``: a kernel generated at the sequence
+  length); added once to the step's activations.
 - ``transient_elements_per_token``: elements one instance's backward
   allocates at once on top of what was saved (scan temporaries); the
   largest instance's (or the loss's logit gradient) counts toward the peak.
@@ -43,9 +49,11 @@ from dataclasses import dataclass, fields
 class Cost:
     params: int = 0
     flops_per_token: float = 0.0
+    flops_per_forward: float = 0.0
     useful_flops_per_token: float | None = None
     backward_factor: float = 2.0
     activation_elements_per_token: float = 0.0
+    activation_elements_per_forward: float = 0.0
     transient_elements_per_token: float = 0.0
     state_elements_per_token: float = 0.0
     state_elements_per_sequence: float = 0.0
@@ -57,7 +65,8 @@ class Cost:
 
     def scaled(self, k: float) -> "Cost":
         out = Cost(**{f.name: getattr(self, f.name) for f in fields(self)})
-        for name in ("params", "flops_per_token", "activation_elements_per_token", "transient_elements_per_token",
+        for name in ("params", "flops_per_token", "flops_per_forward", "activation_elements_per_token",
+                     "activation_elements_per_forward", "transient_elements_per_token",
                      "state_elements_per_token", "state_elements_per_sequence", "norms"):
             setattr(out, name, type(getattr(self, name))(getattr(self, name) * k))
         if self.useful_flops_per_token is not None:

@@ -44,6 +44,8 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "abl.plugins.ffn",
     "abl.plugins.moe",
     "abl.plugins.ssm",
+    "abl.plugins.s4",
+    "abl.plugins.gated_conv",
     "abl.plugins.precision",
     "abl.plugins.datasets",
     "abl.plugins.tokenizers",

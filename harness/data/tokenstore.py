@@ -162,8 +162,15 @@ def default_tokenizer(cell) -> str:
 
 
 def vocab_size(cell, registry) -> int:
-    """The vocabulary of a cell's data: its tokenizer's, or a pre-tokenised dataset's (no training)."""
-    data = load_corpus(cell.components["dataset"], registry)
+    """The vocabulary of a cell's data: its tokenizer's, a pre-tokenised dataset's, or a task's (its
+    ``vocab_size``, as training takes it); no training."""
+    from .tasks import is_task_factory
+
+    spec = cell.components["dataset"]
+    factory = registry.get("dataset", spec["name"]).factory
+    if is_task_factory(factory):
+        return int(factory(**spec["params"]).vocab_size)
+    data = load_corpus(spec, registry)
     if isinstance(data, TokenData):
         return int(data.vocab_size)
     return int(make_tokenizer(cell.components["tokenizer"], registry).vocab_size)

@@ -16,10 +16,10 @@ from ..contracts.config import (
     ModelConfig,
     TrainConfig,
     canonical_json,
-    model_dict,
     run_id_of,
     section_params,
     stored_components,
+    stored_model,
 )
 from ..contracts.registry import AXES, Registry, RegistryError
 from ..data.tasks import is_task_factory, resolve_probes
@@ -308,7 +308,7 @@ def _resolved_config(sections: dict[str, Any], seed: int, components: dict[str, 
         "format": CONFIG_FORMAT,
         "experiment": sections["experiment"].name,
         "seed": seed,
-        "model": model_dict(sections["model"]),
+        "model": stored_model(sections["model"]),
         "train": _train_config(sections["train"]),
         "data": _data_config(sections["data"]),
         "eval": {k: v for k, v in dataclasses.asdict(sections["eval"]).items()

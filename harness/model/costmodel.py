@@ -195,7 +195,8 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
     parts = model_parts(model, components, registry)
     d, v = model.d_model, model.vocab_size
     tokens = batch_size * model.context
-    tot = {k: 0.0 for k in ("params", "fwd", "useful_fwd", "train", "useful_train", "act", "kv", "state")}
+    tot = {k: 0.0 for k in ("params", "fwd", "useful_fwd", "train", "useful_train", "act", "kv", "state", "once",
+                            "train_once", "act_once")}
     for p in parts:
         c, k = p.cost, p.count
         tot["params"] += c.params * k
@@ -206,6 +207,9 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
         tot["act"] += c.activation_elements_per_token * k
         tot["kv"] += c.state_elements_per_token * k
         tot["state"] += c.state_elements_per_sequence * k
+        tot["once"] += c.flops_per_forward * k  # once per forward, for the whole batch
+        tot["train_once"] += c.flops_per_forward * (1 + c.backward_factor) * k
+        tot["act_once"] += c.activation_elements_per_forward * k
     n_params = int(round(tot["params"]))
     n_embedding = v * d * (1 if model.tie_embeddings else 2)
     act_per_token = tot["act"] * activation_bytes + v * FP32_BYTES  # + fp32 log-softmax output of the loss
@@ -235,11 +239,11 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
         "train_flops_per_token": tot["train"],
         "useful_train_flops_per_token": tot["useful_train"],
         "flops_6n_per_token": 6.0 * (n_params - n_embedding),
-        "forward_flops_per_step": tot["fwd"] * tokens,
-        "flops_per_step": tot["train"] * tokens,
-        "useful_flops_per_step": tot["useful_train"] * tokens,
+        "forward_flops_per_step": tot["fwd"] * tokens + tot["once"],
+        "flops_per_step": tot["train"] * tokens + tot["train_once"],
+        "useful_flops_per_step": tot["useful_train"] * tokens + tot["train_once"],
         "activation_bytes_per_token": act_per_token,
-        "activation_bytes_per_step": act_per_token * tokens,
+        "activation_bytes_per_step": act_per_token * tokens + tot["act_once"] * activation_bytes,
         "kv_cache_bytes_per_token": kv_per_token,
         "state_bytes_per_sequence": state_per_seq,
         "decode_cache_bytes_per_sequence": kv_per_token * model.context + state_per_seq,
@@ -247,7 +251,8 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
         "static_bytes": static_bytes,
         "loss_backward_bytes": loss_backward,
         "backward_transient_bytes": max(loss_backward, transient),
-        "train_peak_bytes": static_bytes + act_per_token * tokens + max(loss_backward, transient),
+        "train_peak_bytes": (static_bytes + act_per_token * tokens + tot["act_once"] * activation_bytes
+                             + max(loss_backward, transient)),
         "parts": [p.as_dict() for p in parts],
     }
 

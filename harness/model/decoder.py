@@ -1,12 +1,19 @@
 """The shared decoder-only skeleton. Every part comes from the registry.
 
-    tokens -> embedding -> position.embed -> N x block -> final norm -> LM head -> CE
+    tokens -> embedding -> position.embed -> N x block -> final norm -> LM head (x logit scale) -> CE
+                                                                             (+ z-loss)
 
 (the GPT-2 layout, Radford et al. 2019, "Language Models are Unsupervised
 Multitask Learners", sec. 2.3: a decoder-only Transformer, Vaswani et al. 2017,
 arXiv:1706.03762, with a final norm after the last block). The block
 component lays out its norm(s), mixer and FFN; the position component talks to
 mixers only through ``PositionEncoding``. Nothing here names a variant.
+
+Two options of the head, both config keys of the skeleton: ``model.logit_scale`` multiplies the
+logits by a factor of d_model (``inv_sqrt_d_model``: 1/sqrt(d_model), Mesh-TensorFlow's
+Transformer with tied embeddings, Shazeer et al. 2018, arXiv:1811.02084); ``model.z_loss`` adds
+the output z-loss c * mean(log^2 Z) over the scored positions, Z = sum_v exp(logit_v) (PaLM,
+Chowdhery et al. 2022, arXiv:2204.02311, sec. 5, c = 1e-4), to the training loss.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 
-from ..contracts.config import ModelConfig
+from ..contracts.config import ModelConfig, logit_factor
 from ..contracts.registry import Registry
+from ..data.tasks import IGNORE_INDEX
 from ..kernels import TORCH, KernelBackend, use_triton
 
 
@@ -335,21 +343,31 @@ class DecoderLM(nn.Module):
             ctx.layer = i
             x = block(x, ctx)
         x = self.final_norm(x)
+        scale = logit_factor(self.cfg.logit_scale, self.cfg.d_model)
         fusable = type(self.lm_head) is nn.Linear and self.lm_head.bias is None  # not swapped (fp8)
         # Only the Triton op fuses the LM head into the loss (the [B*T, V] logits never exist
-        # whole); the reference would form them anyway, so on torch the model keeps them.
-        if use_triton() and targets is not None and not ctx.need_logits and fusable:
+        # whole); the reference would form them anyway, so on torch the model keeps them. The
+        # z-loss needs the logits' normaliser, so it keeps them too.
+        if use_triton() and targets is not None and not ctx.need_logits and fusable and not self.cfg.z_loss:
             # imported here, not at the top: the kernel modules import triton, which decides once
             # at import whether it interprets, and a worker imports this module (through the
             # trainer) before it has switched the interpreter on for a CPU triton cell
             from ..kernels.cross_entropy import linear_cross_entropy
 
-            logits, ce = None, linear_cross_entropy(x, self.lm_head.weight, targets)
+            # (s x) W^T = s (x W^T): the scale goes on the head's input
+            logits, ce = None, linear_cross_entropy(x * scale if scale != 1.0 else x, self.lm_head.weight, targets)
         else:
             logits = self.lm_head(x)
+            if scale != 1.0:
+                logits = logits * scale
             ce = None
             if targets is not None:
                 ce = self.loss(logits, targets)
+                if self.cfg.z_loss:
+                    log_z = torch.logsumexp(logits.float(), dim=-1)[targets != IGNORE_INDEX]
+                    mean_sq = (log_z ** 2).mean()
+                    ctx.add_aux_loss("z_loss", self.cfg.z_loss * mean_sq)
+                    ctx.add_metric("log_z_sq", mean_sq)
         loss = None
         if ce is not None:
             ctx.metrics["ce_loss"] = ce.detach()

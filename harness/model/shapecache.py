@@ -17,12 +17,11 @@ device and the torch version.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from .. import files
-from ..contracts.config import Cell, config_hash
+from ..contracts.config import Cell, config_hash, stored_model
 
 NOT_SHAPE = ("dataset",)  # components that change the data, never the model's shape
 
@@ -30,7 +29,7 @@ NOT_SHAPE = ("dataset",)  # components that change the data, never the model's s
 def shape_key(cell: Cell, batch_per_rank: int, world: int, kernels: str, device: str, torch_version: str) -> str:
     return config_hash({
         # the recipe's name changes no shape (its settings are in the fields and components)
-        "model": {k: v for k, v in asdict(cell.model).items() if k != "recipe"},
+        "model": {k: v for k, v in stored_model(cell.model).items() if k != "recipe"},
         "components": {k: v for k, v in cell.components.items() if k not in NOT_SHAPE},
         "batch_per_rank": batch_per_rank, "context": cell.model.context, "world": world,
         "kernels": kernels, "compile": cell.train.compile, "device": device, "torch": torch_version,

@@ -1,0 +1,86 @@
+"""model.logit_scale and model.z_loss (harness/model/decoder.py): the LM head's logit scaling and PaLM's
+output z-loss, as config keys of the skeleton; left out of the hashed config at their defaults."""
+
+import math
+
+import pytest
+import torch
+
+from abl.contracts.config import ConfigError
+from abl.data.tasks import IGNORE_INDEX
+from abl.grid.gridfile import expand
+from abl.model.decoder import DecoderLM, ForwardContext
+from tests.kernels.helpers import triton_device
+
+V = 40
+
+
+def _cell(registry, **model):
+    raw = {"experiment": {"name": "logits"},
+           "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "context": 8, "vocab_size": V, **model}}
+    return expand(raw, registry).cells[0]
+
+
+def _model(registry, **model):
+    cell = _cell(registry, **model)
+    torch.manual_seed(0)
+    return DecoderLM(cell.model, cell.components, registry)
+
+
+def test_inv_sqrt_d_model_divides_the_logits_by_sqrt_d_model(registry):
+    plain, scaled = _model(registry), _model(registry, logit_scale="inv_sqrt_d_model")
+    x = torch.randint(0, V, (2, 8))
+    a, b = plain(x)[0], scaled(x)[0]
+    torch.testing.assert_close(b, a / math.sqrt(16))
+    _, loss, _ = scaled(x, x)
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(b.reshape(-1, V), x.reshape(-1)))
+
+
+def test_z_loss_adds_the_mean_squared_log_normaliser_at_scored_positions(registry):
+    model = _model(registry, z_loss=1e-2)
+    x = torch.randint(0, V, (2, 8))
+    y = x.clone()
+    y[:, :3] = IGNORE_INDEX
+    logits, loss, ctx = model(x, y)
+    log_z = torch.logsumexp(logits.float(), -1)[:, 3:]
+    want_z = 1e-2 * (log_z ** 2).mean()
+    assert float(want_z.detach()) > 0
+    torch.testing.assert_close(loss - ctx.metrics["ce_loss"], want_z)
+    torch.testing.assert_close(ctx.metrics["log_z_sq"], (log_z ** 2).mean())
+    loss.backward()  # the z-loss pulls on the head: its gradient differs from the cross-entropy's alone
+    with_z = model.lm_head.weight.grad.clone()
+    model.zero_grad()
+    model.cfg.z_loss = 0.0
+    _, ce, _ = model(x, y)
+    ce.backward()
+    assert not torch.allclose(with_z, model.lm_head.weight.grad)
+
+
+def test_defaults_leave_the_hashed_config_and_run_id_as_before(registry):
+    base = _cell(registry)
+    assert "logit_scale" not in base.config["model"] and "z_loss" not in base.config["model"]
+    assert _cell(registry, logit_scale="none", z_loss=0.0).run_id == base.run_id
+    other = _cell(registry, z_loss=1e-4)
+    assert other.config["model"]["z_loss"] == 1e-4 and other.run_id != base.run_id
+    scaled = _cell(registry, logit_scale="inv_sqrt_d_model")
+    assert scaled.config["model"]["logit_scale"] == "inv_sqrt_d_model" and scaled.run_id != base.run_id
+
+
+@pytest.mark.parametrize("model,message", [({"logit_scale": "sqrt"}, "logit_scale must be one of"),
+                                           ({"z_loss": -1.0}, "z_loss must be >= 0")])
+def test_bad_values_are_refused(registry, model, message):
+    with pytest.raises(ConfigError, match=message):
+        _cell(registry, **model)
+
+
+@pytest.mark.skipif(triton_device() is None, reason="needs Triton (CUDA, or TRITON_INTERPRET=1 on CPU)")
+def test_the_fused_head_applies_the_scale_too(registry):
+    from abl.kernels import resolve
+
+    device = triton_device()
+    model = _model(registry, logit_scale="inv_sqrt_d_model").to(device)
+    x = torch.randint(0, V, (2, 8), device=device)
+    ref = model(x, x)[1]
+    with model.using_kernels(resolve("triton", torch.device(device))):
+        _, fused, _ = model(x, x, ForwardContext(position=model.position, need_logits=False))
+    torch.testing.assert_close(fused, ref, rtol=1e-4, atol=1e-4)
