@@ -9,8 +9,7 @@ import torch
 from abl.contracts.config import ConfigError
 from abl.data.tasks import IGNORE_INDEX
 from abl.grid.gridfile import expand
-from abl.model.decoder import DecoderLM, ForwardContext
-from tests.kernels.helpers import triton_device
+from abl.model.decoder import DecoderLM
 
 V = 40
 
@@ -71,16 +70,3 @@ def test_defaults_leave_the_hashed_config_and_run_id_as_before(registry):
 def test_bad_values_are_refused(registry, model, message):
     with pytest.raises(ConfigError, match=message):
         _cell(registry, **model)
-
-
-@pytest.mark.skipif(triton_device() is None, reason="needs Triton (CUDA, or TRITON_INTERPRET=1 on CPU)")
-def test_the_fused_head_applies_the_scale_too(registry):
-    from abl.kernels import resolve
-
-    device = triton_device()
-    model = _model(registry, logit_scale="inv_sqrt_d_model").to(device)
-    x = torch.randint(0, V, (2, 8), device=device)
-    ref = model(x, x)[1]
-    with model.using_kernels(resolve("triton", torch.device(device))):
-        _, fused, _ = model(x, x, ForwardContext(position=model.position, need_logits=False))
-    torch.testing.assert_close(fused, ref, rtol=1e-4, atol=1e-4)
