@@ -29,11 +29,15 @@ mkdir -p "$DEST"
 
 # bytes of what travels: tracked and untracked-not-ignored files, plus the wheel folder
 tree_bytes() {
-    local n
-    n=$(git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
-    echo "${n:-0}"
+    git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null \
+        | awk '{s += $1} END {print s + 0}'
+    return 0
 }
-folder_bytes() { du -cb "$DEST"/*.whl 2>/dev/null | tail -1 | cut -f1 || echo 0; }
+folder_bytes() {
+    local n=0 f
+    for f in "$DEST"/*.whl; do [ -e "$f" ] && n=$((n + $(stat -c %s "$f"))); done
+    echo "$n"
+}
 
 fetch() {  # fetch SPEC OPTIONAL: download SPEC's wheel; an optional one is kept only within the budget
     local spec=$1 optional=$2 tmp
@@ -44,7 +48,8 @@ fetch() {  # fetch SPEC OPTIONAL: download SPEC's wheel; an optional one is kept
         echo "error: could not download $spec" >&2; return 1
     fi
     local add total
-    add=$(du -cb "$tmp"/*.whl | tail -1 | cut -f1)
+    add=0
+    for whl in "$tmp"/*.whl; do add=$((add + $(stat -c %s "$whl"))); done
     total=$(( $(tree_bytes) + $(folder_bytes) + add ))
     if [ "$optional" = 1 ] && [ "$total" -gt "$BUDGET" ]; then
         echo "skipped $spec: $((add / 1024)) KiB would bring what travels to $((total / 1048576)) MiB (budget $((BUDGET / 1048576)) MiB)"
