@@ -118,15 +118,20 @@ def test_every_op_has_shapes_for_both_devices_and_quick_covers_each_dtype():
     assert len(full) == sum(len(SHAPE["cpu"]) for SHAPE in sk.SHAPES.values()) * 3
 
 
+FORMATS = {"fp32": ("fp32", "fp32"), "tf32": ("tf32", "fp32"), "bf16": ("bf16", "bf16"), "fp8": ("fp8", "bf16")}
+
+
 def _cell(p, k, c, loss, status="completed", ratio=1.0):
-    return {"precision": p, "kernels": k, "compile": c, "status": status, "error": None, "val_loss": loss,
-            "memory_ratio": ratio, "memory_verdict": "agrees" if 0.9 <= ratio <= 1.25 else "DISAGREES",
+    fmt, compute = FORMATS[p]
+    return {"precision": p, "format": fmt, "compute": compute, "kernels": k, "compile": c, "status": status,
+            "error": None, "val_loss": loss, "memory_ratio": ratio,
+            "memory_verdict": "agrees" if 0.9 <= ratio <= 1.25 else "DISAGREES",
             "measured_peak_tensor_bytes": ratio * 2**20, "predicted_peak_bytes": 2**20}
 
 
 def test_training_checks_hold_losses_to_their_tolerance_and_memory_to_the_band():
     rows = [_cell("fp32", "torch", False, 3.00), _cell("bf16", "torch", False, 3.05),  # 1.7%: within 3%
-            _cell("fp8", "torch", False, 3.30),  # 8% from bf16: outside 5%
+            _cell("fp8", "torch", False, 3.30),  # 8% from bf16 (its compute format): outside 5%
             _cell("fp32", "triton", False, 3.00, ratio=0.7),  # the fused kernels save more: not held
             _cell("fp32", "torch", True, 3.10),  # compiled 3.3% off eager fp32: outside 0.5%
             _cell("tf32", "torch", False, 3.0, status="failed")]
@@ -141,27 +146,50 @@ def test_training_checks_hold_losses_to_their_tolerance_and_memory_to_the_band()
     assert "fp32 torch compiled: memory predicted vs measured" not in checks  # inductor's memory, not the model's
 
 
+def test_precision_policies_say_themselves_what_is_real_on_a_cpu(registry):
+    got = {p.name: p for p in tr.policies(torch.device("cpu"), registry)}
+    assert set(got) == set(registry.names("precision"))
+    assert got["fp32"].real and got["bf16"].real and got["bf16"].format == "bf16"
+    assert not got["tf32"].real and "TF32" in got["tf32"].why  # the policy's own note: identical to fp32
+    assert not got["fp8"].real and "emulated" in got["fp8"].why
+    assert torch.get_float32_matmul_precision() == "highest"  # nothing left switched on
+
+
 # ---------------------------------------------------------------- GPU-only branches, device faked
 
 
-def test_training_plan_on_gpus_keeps_only_what_is_real(fake_gpu):
-    cells, skipped = tr.plan(CUDA, quick=False)
-    assert {c[0] for c in cells} == set(tr.PRECISIONS) and len(cells) == 20  # H100: all of it, both ways
-    cells, skipped = tr.plan(CUDA, quick=True)
+def _policies(*real):
+    return [tr.Policy(n, n in real, "" if n in real else "not here", FORMATS[n][0], FORMATS[n][1])
+            for n in ("fp32", "tf32", "bf16", "fp8")]
+
+
+def test_training_plan_on_gpus_keeps_only_what_is_real(fake_gpu, monkeypatch):
+    monkeypatch.setattr(tr, "policies", lambda device, registry: _policies("fp32", "tf32", "bf16", "fp8"))
+    cells, skipped = tr.plan(CUDA, quick=False, registry=object())
+    assert {c[0] for c in cells if not c[2]} == {"fp32", "tf32", "bf16", "fp8"}  # eager: every one, both ways
+    assert {(c[0], c[1]) for c in cells if c[2]} == {(p, k) for p in ("fp32", "bf16") for k in ("torch", "triton")}
+    cells, skipped = tr.plan(CUDA, quick=True, registry=object())
     assert {c for c in cells if c[2]} == {("bf16", "torch", True), ("bf16", "triton", True)}
-    fake_gpu.capability = (8, 0)  # A100: no fp8
-    cells, skipped = tr.plan(CUDA, quick=False)
-    assert "fp8" not in {c[0] for c in cells}
-    assert any(name.startswith("fp8") and "8.9" in why for name, why in skipped)
-    fake_gpu.capability = (7, 0)  # V100: neither TF32 nor bf16
-    cells, _ = tr.plan(CUDA, quick=False)
-    assert {c[0] for c in cells} == {"fp32", "fp16"}
+    monkeypatch.setattr(tr, "policies", lambda device, registry: _policies("fp32", "bf16"))
+    cells, skipped = tr.plan(CUDA, quick=False, registry=object())
+    assert {c[0] for c in cells} == {"fp32", "bf16"}
+    assert ("fp8 (every backend)", "not here") in skipped
 
 
-def test_training_grid_excludes_what_the_plan_leaves_out(registry, fake_gpu):
+def test_precision_policies_on_an_old_gpu(fake_gpu, registry):
+    fake_gpu.capability = (7, 0)  # V100: no TF32, no fp8 (the policies' own device checks)
+    got = {p.name: p for p in tr.policies(CUDA, registry)}
+    assert not got["tf32"].real and "8.0" in got["tf32"].why
+    assert not got["fp8"].real and got["fp32"].real
+    assert tr.format_unreal("bf16", CUDA).startswith("needs compute capability 8.0")
+    fake_gpu.capability = (9, 0)
+    assert tr.format_unreal("fp8", CUDA) is None and tr.format_unreal("tf32", CUDA) is None
+
+
+def test_training_grid_excludes_what_the_plan_leaves_out(registry):
     from abl.grid.gridfile import expand
 
-    cells, _ = tr.plan(CUDA, quick=True)
+    cells = [("fp32", "torch", False), ("bf16", "torch", False), ("bf16", "triton", True)]
     raw = tr.grid_raw(CUDA, True, cells)
     grid = expand(raw, registry, source="test")
     got = {(c.train.precision, c.train.kernels, c.train.compile) for c in grid.cells}
@@ -173,11 +201,11 @@ def test_environment_on_a_gpu_reports_capability_precisions_and_providers(fake_g
     monkeypatch.setattr(st, "driver_version", lambda: "580.1")
     env, _ = st.environment(CUDA)
     assert env["capability"] == "9.0" and env["driver"] == "580.1" and env["memory_gib"] == 80.0
-    assert env["precisions"] == dict.fromkeys(tr.PRECISIONS, "real")
+    assert env["precisions"]["bf16"] == "real" and env["precisions"]["tf32"] == "real"
     assert set(env["providers"]) == {"liger-kernel", "flash-attn", "fla", "mamba-ssm"}
-    fake_gpu.capability = (8, 6)
+    fake_gpu.capability = (7, 5)
     env, _ = st.environment(CUDA)
-    assert env["precisions"]["fp8"].startswith("no fp8") and env["precisions"]["bf16"] == "real"
+    assert env["precisions"]["tf32"] != "real" and env["precisions"]["fp32"] == "real"
 
 
 def test_gpu_matmul_and_copy_figures_from_the_timer():

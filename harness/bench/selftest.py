@@ -110,9 +110,10 @@ def provider_status(module: str) -> tuple[str | None, str]:
 
 
 def environment(device: torch.device) -> tuple[dict[str, Any], list[Check]]:
+    from ..contracts.plugin_manager import get_registry
     from ..kernels.utils import TRITON_VERSION, interpreting
     from ..store.provenance import device_name, package_versions
-    from .selftest_training import PRECISIONS, precision_unreal
+    from .selftest_training import policies
 
     env: dict[str, Any] = {"device": device_name(device), "device_type": device.type,
                            "versions": package_versions(("abl", "torch", "triton", "duckdb", "numpy"), missing=None),
@@ -130,11 +131,10 @@ def environment(device: torch.device) -> tuple[dict[str, Any], list[Check]]:
               for k in ("device", "capability", "driver", "cuda", "triton")]
     checks.append(Check("environment", "torch", "info", detail=torch.__version__))
     env["precisions"] = {}
-    for p in PRECISIONS:
-        why = precision_unreal(p, device)
-        env["precisions"][p] = why or "real"
-        checks.append(Check("environment", f"precision {p}", "info" if why is None else "skip",
-                            detail="real here" if why is None else why))
+    for p in policies(device, get_registry()):
+        env["precisions"][p.name] = "real" if p.real else p.why
+        checks.append(Check("environment", f"precision {p.name}", "info" if p.real else "skip",
+                            detail=f"real here (matmuls in {p.format})" if p.real else p.why))
     env["providers"] = {}
     for dist, module in PROVIDER_MODULES.items():
         version, why = provider_status(module)
@@ -190,13 +190,13 @@ def gpu_copy_gbps(device: torch.device, nbytes: int, timer: Callable[[Callable[[
 
 def measure_peaks(device: torch.device, quick: bool) -> dict[str, Any]:
     """{"tflops": {fmt: TFLOP/s}, "gbps": DRAM/HBM copy, "cache_gbps": (CPU), "skipped": {fmt: why}}."""
-    from .selftest_training import precision_unreal
+    from .selftest_training import format_unreal
 
     out: dict[str, Any] = {"tflops": {}, "skipped": {}, "cache_gbps": None}
     if device.type == "cuda":  # pragma: no cover - needs a GPU (the parts are tested with a fake timer)
         n = 4096 if quick else 8192
         for fmt in ("fp32", "tf32", "bf16", "fp16", "fp8"):
-            why = precision_unreal(fmt, device) if fmt in ("tf32", "bf16", "fp8") else None
+            why = format_unreal(fmt, device) if fmt in ("tf32", "bf16", "fp8") else None
             if why:
                 out["skipped"][fmt] = why
                 continue

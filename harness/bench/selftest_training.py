@@ -3,9 +3,10 @@
 One small grid is run the way ``abl run`` runs it (abl.run.runner, a worker
 per cell, in a scratch store), over ``train.precision`` x ``train.kernels`` x
 ``train.compile``; a combination that cannot be real on this device is left
-out with the reason (TF32 needs an sm_80+ GPU, fp8 an sm_90+ one; on CPU the
+out with the reason (TF32 needs an sm_80+ GPU, fp8 an sm_89+ one; on CPU the
 Triton backend runs in the interpreter and compiling takes minutes, so
-``quick`` keeps fp32 for it and compiles nothing). Each cell reports its
+``quick`` keeps fp32 for it and compiles nothing; on a GPU the compiled cells
+are fp32 and bf16, in ``quick`` bf16 alone). Each cell reports its
 tokens/s, MFU, peak memory and the cost model's predicted training peak
 beside the tensor peak it measured.
 
@@ -26,16 +27,62 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 # relative difference of the final validation loss allowed against the reference cell
+# relative difference of the final validation loss allowed against the reference cell, by the number
+# format a policy's matmuls run in (its ``peak_format`` after setup on this device)
 LOSS_TOLERANCE = {"fp32": 0.005, "tf32": 0.01, "bf16": 0.03, "fp16": 0.03, "fp8": 0.05}
-# which cell a precision is compared with (fp8 against bf16: Micikevicius et al. 2022, arXiv:2209.05433, sec. 5)
-LOSS_REFERENCE = {"tf32": "fp32", "bf16": "fp32", "fp16": "fp32", "fp8": "bf16"}
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+# the format a cell is compared with: reduced-precision formats against fp32; fp8 GEMMs against the
+# policy's own compute format without them (Micikevicius et al. 2022, arXiv:2209.05433, sec. 5: fp8
+# training is judged against 16-bit training)
+LOSS_REFERENCE = {"tf32": "fp32", "bf16": "fp32", "fp16": "fp32", "fp8": "compute"}
+FORMAT_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A registered precision policy as it sets itself up on this device."""
+
+    name: str
+    real: bool
+    why: str  # why it is not real here ("" when it is)
+    format: str  # the number format its matmuls run in here (``peak_format``)
+    compute: str  # the format of its activations (``compute_dtype``)
+
+
+def policies(device: torch.device, registry) -> list[Policy]:
+    """Every registered precision policy, set up for ``device`` on a one-layer model.
+
+    Real here: not ``emulated`` and, where its info() names an ``effective_precision``,
+    that is the policy itself (TF32 on a device without it runs as fp32). The
+    float32 matmul precision and cuDNN's TF32 switch are put back afterwards.
+    """
+    out = []
+    for name in registry.names("precision"):
+        matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+        try:
+            policy = registry.get("precision", name).factory()
+            # the probe model stays on the CPU: only the policy's decisions for ``device`` matter here
+            policy.setup(torch.nn.Sequential(torch.nn.Linear(16, 16)), device)
+            info = policy.info()
+        except Exception as exc:  # noqa: BLE001 - a policy that cannot be set up is reported, not raised
+            out.append(Policy(name, False, f"cannot be set up here: {type(exc).__name__}: {exc}", "fp32", "fp32"))
+            continue
+        finally:
+            torch.set_float32_matmul_precision(matmul)
+            torch.backends.cudnn.allow_tf32 = cudnn
+        effective = info.get("effective_precision", name)
+        note = str(getattr(policy, "note", "") or "")
+        why = ("" if not policy.emulated and effective == name else
+               note or ("emulated here" if policy.emulated else f"runs as {effective} here"))
+        out.append(Policy(name, not why, why, policy.peak_format(),
+                          FORMAT_OF_DTYPE.get(policy.compute_dtype, "fp32")))
+    return out
 
 
 def sizes(device: torch.device, quick: bool) -> dict[str, Any]:
@@ -47,58 +94,64 @@ def sizes(device: torch.device, quick: bool) -> dict[str, Any]:
             "train": {"steps": 6 if quick else 20, "batch_size": 4, "warmup_steps": 2}}
 
 
-def plan(device: torch.device, quick: bool) -> tuple[list[tuple[str, str, bool]], list[tuple[str, str]]]:
-    """(precision, kernels, compile) of every cell to run, and (combination, why not) of those left out."""
+def why_not(p: Policy, kernels: str, compiled: bool, device: torch.device, quick: bool) -> str | None:
+    """Why one (policy, backend, compile mode) is left out here; None: it runs."""
     from ..kernels.utils import HAS_TRITON
 
+    cpu = device.type == "cpu"
+    if kernels == "triton" and not HAS_TRITON:
+        return "triton is not installed"
+    if cpu and compiled and quick:
+        return "--quick on CPU: compiling a model takes minutes here; run without --quick"
+    if cpu and quick and p.format == "fp16":
+        return "--quick on CPU: fp16 (slow CPU matmuls) is left to the full run"
+    if cpu and kernels == "triton" and compiled:
+        return "the Triton interpreter cannot run inside a compiled graph"
+    if cpu and kernels == "triton" and p.format != "fp32":
+        return "on CPU the Triton backend runs in the interpreter (slow): fp32 only"
+    if not cpu and quick and compiled and p.format != "bf16":
+        return "--quick: compiled cells in bf16 only (compile time per cell)"
+    if not cpu and compiled and p.format not in ("fp32", "bf16"):
+        return ("compiled cells in fp32 and bf16 only (compile time per cell: the selftest fits one "
+                "10-minute call); the eager cells cover every precision")
+    if cpu and compiled and p.format != "fp32":
+        return "on CPU one compiled cell (fp32) stands for the rest (compile time per cell)"
+    return None
+
+
+def plan(device: torch.device, quick: bool, registry=None) -> tuple[list[tuple[str, str, bool]],
+                                                                    list[tuple[str, str]]]:
+    """(precision, kernels, compile) of every cell to run, and (combination, why not) of those left out."""
+    if registry is None:
+        from ..contracts.plugin_manager import get_registry
+
+        registry = get_registry()
     skipped: list[tuple[str, str]] = []
-    precisions = []
-    for p in PRECISIONS:
-        why = precision_unreal(p, device)
-        if why:
-            skipped.append((f"{p} (every backend)", why))
-        else:
-            precisions.append(p)
     cells = []
-    for p in precisions:
+    for p in policies(device, registry):
+        if not p.real:
+            skipped.append((f"{p.name} (every backend)", p.why))
+            continue
         for kernels in ("torch", "triton"):
             for compiled in (False, True):
-                why = None
-                if kernels == "triton" and not HAS_TRITON:
-                    why = "triton is not installed"
-                elif device.type == "cpu" and compiled and quick:
-                    why = "--quick on CPU: compiling a model takes minutes here; run without --quick"
-                elif device.type == "cpu" and quick and p == "fp16":
-                    why = "--quick on CPU: fp16 (slow CPU matmuls) is left to the full run"
-                elif device.type == "cpu" and kernels == "triton" and compiled:
-                    why = "the Triton interpreter cannot run inside a compiled graph"
-                elif device.type == "cpu" and kernels == "triton" and p != "fp32":
-                    why = "on CPU the Triton backend runs in the interpreter (slow): fp32 only"
-                elif device.type == "cuda" and quick and compiled and p != "bf16":
-                    why = "--quick: compiled cells in bf16 only (compile time per cell)"
-                elif device.type == "cpu" and compiled and p != "fp32":
-                    why = "on CPU one compiled cell (fp32) stands for the rest (compile time per cell)"
+                why = why_not(p, kernels, compiled, device, quick)
                 if why:
-                    skipped.append((f"{p} {kernels} {'compiled' if compiled else 'eager'}", why))
+                    skipped.append((f"{p.name} {kernels} {'compiled' if compiled else 'eager'}", why))
                 else:
-                    cells.append((p, kernels, compiled))
+                    cells.append((p.name, kernels, compiled))
     return cells, skipped
 
 
-def precision_unreal(name: str, device: torch.device) -> str | None:
-    """Why ``name`` would not be what it says on ``device`` (None: it is real here)."""
+def format_unreal(fmt: str, device: torch.device) -> str | None:
+    """Why matmuls in number format ``fmt`` do not run on ``device``'s hardware (None: they do)."""
     if device.type != "cuda":
-        if name == "tf32":
-            return "no TF32 on a CPU (the policy would run fp32)"
-        if name == "fp8":
-            return "no fp8 matmuls on a CPU (the policy would emulate them)"
-        return None
+        return {"tf32": "no TF32 on a CPU", "fp8": "no fp8 matmuls on a CPU"}.get(fmt)
     cap = torch.cuda.get_device_capability(device)
-    if name in ("tf32", "bf16") and cap < (8, 0):
+    if fmt in ("tf32", "bf16") and cap < (8, 0):
         return f"needs compute capability 8.0 (this GPU: {cap[0]}.{cap[1]})"
-    if name == "fp8" and cap < (8, 9):
+    if fmt == "fp8" and cap < (8, 9):
         return f"no fp8 tensor cores before compute capability 8.9 (this GPU: {cap[0]}.{cap[1]})"
-    if name == "fp8" and not hasattr(torch, "_scaled_mm"):
+    if fmt == "fp8" and not hasattr(torch, "_scaled_mm"):
         return "this torch has no torch._scaled_mm"
     return None
 
@@ -106,7 +159,7 @@ def precision_unreal(name: str, device: torch.device) -> str | None:
 def grid_raw(device: torch.device, quick: bool, cells: list[tuple[str, str, bool]]) -> dict[str, Any]:
     """A grid over the three axes with every combination not in ``cells`` excluded."""
     s = sizes(device, quick)
-    precisions = sorted({c[0] for c in cells}, key=PRECISIONS.index)
+    precisions = list(dict.fromkeys(c[0] for c in cells))
     kernels = sorted({c[1] for c in cells})
     compiled = sorted({c[2] for c in cells})
     wanted = set(cells)
@@ -137,10 +190,11 @@ def run_training(device: torch.device, quick: bool,
     from ..run.runner import run_grid
     from ..store import database as store
 
-    cells, skipped = plan(device, quick)
+    registry = get_registry()
+    cells, skipped = plan(device, quick, registry)
     if not cells:
         return [], skipped
-    registry = get_registry()
+    formats = {p.name: p for p in policies(device, registry)}
     grid = expand(grid_raw(device, quick, cells), registry, source="abl selftest")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="abl-selftest-") as tmp:
@@ -159,7 +213,9 @@ def run_training(device: torch.device, quick: bool,
                     predicted = None
                 measured = m.get("peak_tensor_bytes")
                 ratio, verdict = agreement(predicted, measured, MEMORY_BAND)
-                rows.append({"precision": c.train.precision, "kernels": c.train.kernels, "compile": c.train.compile,
+                policy = formats[c.train.precision]
+                rows.append({"precision": c.train.precision, "format": policy.format, "compute": policy.compute,
+                             "kernels": c.train.kernels, "compile": c.train.compile,
                              "status": status[0] if status else "missing",
                              "error": (status[1] if status else None) or None,
                              "val_loss": m.get("val_loss"), "train_loss": m.get("train_loss"),
@@ -188,8 +244,13 @@ def training_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not done:
             continue
         comparisons = []
-        if r["precision"] in LOSS_REFERENCE:
-            comparisons.append((LOSS_REFERENCE[r["precision"]], r["kernels"], r["compile"]))
+        ref_format = LOSS_REFERENCE.get(r["format"])
+        if ref_format == "compute":
+            ref_format = r["compute"]
+        reference = next((q for q in rows if ref_format and q["format"] == ref_format and q["compute"] in
+                          (ref_format, "fp32") and q["precision"] != r["precision"]), None)
+        if reference is not None:
+            comparisons.append((reference["precision"], r["kernels"], r["compile"]))
         if r["kernels"] != "torch":
             comparisons.append((r["precision"], "torch", r["compile"]))
         if r["compile"]:
@@ -198,7 +259,8 @@ def training_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ref = by.get(ref_key)
             if ref is None or ref["status"] != "completed" or ref["val_loss"] is None or r["val_loss"] is None:
                 continue
-            tol = max(LOSS_TOLERANCE[r["precision"]], LOSS_TOLERANCE[ref_key[0]])
+            tol = max(LOSS_TOLERANCE.get(r["format"], LOSS_TOLERANCE["fp8"]),
+                      LOSS_TOLERANCE.get(ref["format"], LOSS_TOLERANCE["fp8"]))
             diff = abs(r["val_loss"] - ref["val_loss"]) / abs(ref["val_loss"])
             out.append({"name": f"{tag(*key)}: loss vs {tag(*ref_key)}", "ok": diff <= tol, "value": diff,
                         "tolerance": tol, "detail": f"final val_loss {r['val_loss']:.4f} vs {ref['val_loss']:.4f}: "
@@ -210,6 +272,7 @@ def training_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append({"name": f"{tag(*key)}: memory predicted vs measured", "ok": "DISAGREES" not in
                         r["memory_verdict"] if checked else None, "value": r["memory_ratio"], "tolerance": None,
                         "detail": f"tensor peak {r['measured_peak_tensor_bytes'] / 2**20:.2f} MiB measured, "
-                                  f"{r['predicted_peak_bytes'] / 2**20:.2f} MiB predicted: " + (r["memory_verdict"] if checked else
-                                  "not held to the band (the cost model predicts the torch path)")})
+                                  f"{r['predicted_peak_bytes'] / 2**20:.2f} MiB predicted: "
+                                  + (r["memory_verdict"] if checked else
+                                     "not held to the band (the cost model predicts the torch path)")})
     return out
