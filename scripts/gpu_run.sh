@@ -16,9 +16,13 @@
 #   ABL_GPU_WHEELS        the folder scripts/gpu_prepare.sh filled (default .gpu-wheels)
 #   ABL_GPU_PYTHON        the interpreter (default python3)
 #   ABL_GPU_INSTALL=0     use the interpreter's abl as it is (no install; the CPU test does this)
+#   ABL_GPU_SELFTEST_ARGS more options for abl selftest (e.g. --quick, if the full one outruns a call)
 #   ABL_GPU_TINY=1        tiny sizes (the CPU test): selftest --quick, one cell of each grid
 #                         with a few steps, the big cell shrunk
 set -uo pipefail
+
+# the whole script is one function, parsed before it runs: editing the file mid-run cannot derail it
+main() {
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/gpu-out}
@@ -71,7 +75,7 @@ run_stage() {  # run_stage NAME LOGFILE COMMAND...: one stage, its status and wa
 for stage in "${STAGES[@]}"; do
     case $stage in
     selftest)
-        quick=(); [ "$TINY" = 1 ] && quick=(--quick)
+        quick=(${ABL_GPU_SELFTEST_ARGS:-}); [ "$TINY" = 1 ] && quick+=(--quick)
         t0=$SECONDS
         "${ABL[@]}" selftest "${quick[@]}" --json --db "$DB" > "$OUT/selftest.json" 2> "$OUT/selftest.txt"
         status "selftest: exit $? in $((SECONDS - t0)) s"
@@ -107,3 +111,6 @@ done
 rm -rf "$WORK"
 grep -q "exit [^0]" "$OUT/status.txt" && exit 1
 exit 0
+}
+
+main "$@"

@@ -266,6 +266,7 @@ def bench_checks(device: torch.device, quick: bool, measured: dict[str, Any],
         else:
             nbytes = (r["gbps"] or 0) * r["p50"] * 1e-3 * 1e9
             bw, against = bandwidth_peak(peak, nbytes, llc)
+            against = "measured " + against.replace("HBM datasheet", "HBM copy")  # the peak here is measured
             frac, why = peak_fraction(r["gbps"], bw)
             figure, unit = r["gbps"], "GB/s"
         detail = (f"p50 {r['p50']:.4g} ms" + (f", {figure:.3g} {unit}" if figure else "")
@@ -275,12 +276,12 @@ def bench_checks(device: torch.device, quick: bool, measured: dict[str, Any],
                             {"p50_ms": r["p50"], "fraction_of_measured_peak": frac,
                              "fraction_of_recorded_peak": r["peak_fraction"]}))
     ran = {r["provider"] for r in rows}
-    for prov, why in available_providers(device).items():
+    for prov, unavailable in available_providers(device).items():
         if prov == "torch.compile" and device.type != "cuda":
             checks.append(Check("bench", f"provider {prov}", "skip", detail="not run by default on CPU "
                                 "(compile time): abl bench kernels --provider torch.compile"))
-        elif why:
-            checks.append(Check("bench", f"provider {prov}", "skip", detail=why))
+        elif unavailable:
+            checks.append(Check("bench", f"provider {prov}", "skip", detail=unavailable))
         else:
             checks.append(Check("bench", f"provider {prov}", "pass" if prov in ran else "fail",
                                 detail="timed" if prov in ran else "available, but no op could be timed"))
