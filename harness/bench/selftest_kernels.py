@@ -24,8 +24,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-# Largest error allowed, relative to the largest magnitude of the reference.
-TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+from ..kernels.utils import TOLERANCE as _TOLERANCE
+
+# Largest error allowed, relative to the largest magnitude of the reference (abl.kernels.utils).
+TOLERANCE = {getattr(torch, name): tol for name, tol in _TOLERANCE.items()}
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 

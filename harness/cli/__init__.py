@@ -306,8 +306,8 @@ def bench_harness_command(**options):
 
 
 @cli.command("selftest")
-@click.option("--quick", is_flag=True, help="Small sizes, one shape per op and dtype, short cells (CI: under a "
-              "minute on a CPU, where the kernels run in the Triton interpreter).")
+@click.option("--quick", is_flag=True, help="Small sizes, one shape per op and dtype, short cells (what CI runs; "
+              "on a CPU the kernels run in the Triton interpreter).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout (progress goes to stderr).")
 @click.option("--db", "db_path", default=DEFAULT_DB, show_default=True,
               help="DuckDB file to write the report's rows to (table selftest); its JSON file goes beside it, "
