@@ -227,3 +227,26 @@ def test_a_gpu_peak_above_the_datasheet_fails(fake_gpu):
     assert checks["matmul bf16"].status == "pass" and checks["matmul bf16"].reference == 989.0
     assert checks["matmul fp8"].status == "fail"  # 2500 > 1.1 x 1979: the measurement is wrong
     assert checks["copy (DRAM/HBM)"].status == "pass" and "90%" in checks["copy (DRAM/HBM)"].detail
+
+
+def test_a_failed_check_exits_1_and_is_still_stored(tmp_path, monkeypatch):
+    from datetime import datetime
+
+    from click.testing import CliRunner
+
+    from abl.cli import cli
+
+    checks = [st.Check("kernels", "rmsnorm fwd", "fail", 0.5, "rel. error", 2e-5, "output vs reference: 0.5"),
+              st.Check("peaks", "matmul fp32", "pass", 1.0, "TFLOP/s", None, "measured")]
+    report = st.Report("0123456789abcdef", datetime(2026, 1, 1), "cpu (test)", True, {"versions": {}}, checks)
+    monkeypatch.setattr(st, "run_selftest", lambda device, quick, log: report)
+    db = tmp_path / "abl.duckdb"
+    r = CliRunner().invoke(cli, ["selftest", "--quick", "--device", "cpu", "--db", str(db)])
+    assert r.exit_code == 1, r.output
+    assert "1 check(s) FAILED" in r.output
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT section, name, status, reference FROM selftest ORDER BY section").fetchall()
+    con.close()
+    assert rows == [("kernels", "rmsnorm fwd", "fail", 2e-5), ("peaks", "matmul fp32", "pass", None)]
+    saved = json.loads(next((tmp_path / "selftest").glob("*.json")).read_text())
+    assert saved["passed"] is False and saved["failed"] == 1
