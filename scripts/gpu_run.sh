@@ -29,7 +29,7 @@ OUT=${OUT:-$ROOT/gpu-out}
 WHEELS=${ABL_GPU_WHEELS:-$ROOT/.gpu-wheels}
 PY=${ABL_GPU_PYTHON:-python3}
 TINY=${ABL_GPU_TINY:-0}
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/abl-gpu.XXXXXX")
+WORK=$(mktemp -d -t abl-gpu.XXXXXX)
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(selftest grids big)
 for s in "${STAGES[@]}"; do
