@@ -10,7 +10,8 @@
 #   abl.duckdb      the store: selftest rows, kernel bench rows, every run's metrics
 #   status.txt      each stage's exit status and wall time
 #
-# Usage: bash scripts/gpu_run.sh [STAGE...]    STAGE: selftest, grids, big (default: all three)
+# Usage: bash scripts/gpu_run.sh [STAGE...]    STAGE: selftest, grids (= norms precision), big
+#        (default: selftest grids big)
 # Environment:
 #   OUT                   output folder (default ./gpu-out)
 #   ABL_GPU_WHEELS        the folder scripts/gpu_prepare.sh filled (default .gpu-wheels)
@@ -33,7 +34,8 @@ WORK=$(mktemp -d -t abl-gpu.XXXXXX)
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(selftest grids big)
 for s in "${STAGES[@]}"; do
-    case $s in selftest|grids|big) ;; *) echo "error: unknown stage '$s' (selftest, grids, big)" >&2; exit 2;; esac
+    case $s in selftest|grids|norms|precision|big) ;;
+        *) echo "error: unknown stage '$s' (selftest, grids, norms, precision, big)" >&2; exit 2;; esac
 done
 mkdir -p "$OUT"
 DB=$WORK/abl.duckdb
@@ -80,14 +82,15 @@ for stage in "${STAGES[@]}"; do
         "${ABL[@]}" selftest "${quick[@]}" --json --db "$DB" > "$OUT/selftest.json" 2> "$OUT/selftest.txt"
         status "selftest: exit $? in $((SECONDS - t0)) s"
         ;;
-    grids)
+    grids|norms|precision)
+        grids=("$stage"); [ "$stage" = grids ] && grids=(norms precision)
         extra=()
         if [ "$TINY" = 1 ]; then
             extra=(--cells 1 --set 'experiment.seeds=[0]' --set train.steps=2 --set train.eval_every=2
                    --set train.eval_batches=1 --set train.batch_size=2 --set model.context=32
                    --set model.d_model=32 --set model.n_layers=1)
         fi
-        for grid in norms precision; do
+        for grid in "${grids[@]}"; do
             for kernels in triton torch; do
                 echo "== abl run $grid, train.kernels = $kernels" >> "$OUT/grids.txt"
                 run_stage "grid $grid kernels=$kernels" "$OUT/grids.txt" "${ABL[@]}" run "$grid" --db "$DB" \
@@ -106,8 +109,8 @@ for stage in "${STAGES[@]}"; do
         run_stage "big cell" "$OUT/big.txt" "${ABL[@]}" run scripts/gpu_big.toml --db "$DB" "${extra[@]}"
         ;;
     esac
+    [ -f "$DB" ] && cp "$DB" "$OUT/abl.duckdb"  # after each stage: a call cut off at its limit keeps the rest
 done
-[ -f "$DB" ] && cp "$DB" "$OUT/abl.duckdb"
 rm -rf "$WORK"
 grep -q "exit [^0]" "$OUT/status.txt" && exit 1
 exit 0
