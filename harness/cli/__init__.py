@@ -1,7 +1,7 @@
 """The ``abl`` command line: every command's click declaration (its arguments, options and help) in one place.
 
 Each command's body lives in a module of its own, imported when the command
-runs: run, plugins, ingest, dashboard, cost, report, compare, bench; what they
+runs: run, plugins, ingest, dashboard, cost, report, compare, bench, selftest; what they
 share (the default store, user errors as exit status 2, the store's lock) is
 in common. Imports stay lazy so ``abl --help`` does not load torch. The top
 layer: may import every layer of ``abl`` below it (run, bench, present, store,
@@ -311,6 +311,30 @@ def bench_harness_command(**options):
     from .bench import harness
 
     harness(**options)
+
+
+@cli.command("selftest")
+@click.option("--quick", is_flag=True, help="Small sizes, one shape per op and dtype, short cells (what CI runs; "
+              "on a CPU the kernels run in the Triton interpreter).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout (progress goes to stderr).")
+@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True,
+              help="DuckDB file to write the report's rows to (table selftest); its JSON file goes beside it, "
+                   "in selftest/.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+def selftest_command(**options):
+    """Validate this machine in one command: environment, kernels, peaks, kernel bench, training.
+
+    Reports the device and versions, which precisions are real here and which
+    optional kernel providers import; checks every kernel op forward and
+    backward against its reference; measures matmul and copy peaks beside the
+    recorded ones; times the kernels against those peaks; trains short cells
+    per precision, kernel backend and compile mode and checks that their
+    losses agree. Writes a table, a JSON file and rows in the store; exits 1
+    when a check fails.
+    """
+    from .selftest import selftest
+
+    selftest(**options)
 
 
 def main() -> None:

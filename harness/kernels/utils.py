@@ -48,6 +48,12 @@ except ImportError:  # pragma: no cover
     tl = _StubLanguage()  # type: ignore[assignment]
 
 
+# The error each dtype's kernels are held to against their torch reference: max |kernel - reference|
+# over max |reference| (outputs and gradients are rounded to the input dtype at the end). The kernel
+# tests (tests/kernels/) and ``abl selftest`` both check it; keyed by torch dtype name.
+TOLERANCE = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 2.5e-2}
+
+
 def interpreting() -> bool:
     """True when Triton kernels run in the interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

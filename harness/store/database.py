@@ -82,6 +82,25 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         CREATE INDEX bench_op ON bench (op, provider)
     """),
+    (6, "selftest reports", """
+        CREATE TABLE selftest (
+            selftest_id VARCHAR NOT NULL,
+            created TIMESTAMP,
+            section VARCHAR NOT NULL,
+            name VARCHAR NOT NULL,
+            status VARCHAR NOT NULL,
+            value DOUBLE,
+            unit VARCHAR,
+            reference DOUBLE,
+            detail VARCHAR,
+            data JSON,
+            device VARCHAR,
+            quick BOOLEAN,
+            versions JSON,
+            git_commit VARCHAR
+        );
+        CREATE INDEX selftest_id ON selftest (selftest_id, section)
+    """),
 ]
 
 class StoreError(Exception):

@@ -2,9 +2,12 @@
 
 import torch
 
+from abl.kernels.utils import TOLERANCE as _TOLERANCE
+
 # Largest error allowed, relative to the largest magnitude of the reference
-# (outputs and gradients are rounded to the input dtype at the end).
-TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+# (outputs and gradients are rounded to the input dtype at the end): abl.kernels.utils,
+# which abl selftest checks too.
+TOLERANCE = {getattr(torch, name): tol for name, tol in _TOLERANCE.items()}
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# One command on an offline GPU machine: install abl from the prepared wheels and the tree,
+# run abl selftest, the norms and precision grids over both kernel backends, and a >= 100M
+# parameter bf16 cell. Everything lands in one folder ($OUT if set), at most 8 files:
+#   env.txt         device, driver, versions (nvidia-smi, python, pip's view of the key packages)
+#   selftest.json   the selftest report (abl selftest --json)
+#   selftest.txt    its tables and progress, as a terminal shows them
+#   grids.txt       the norms and precision grids' summaries, train.kernels = triton and torch
+#   big.txt         the >= 100M-parameter bf16 cell (scripts/gpu_big.toml)
+#   abl.duckdb      the store: selftest rows, kernel bench rows, every run's metrics
+#   status.txt      each stage's exit status and wall time
+#
+# Usage: bash scripts/gpu_run.sh [STAGE...]    STAGE: selftest, grids (= norms precision), big
+#        (default: selftest grids big)
+# Environment:
+#   OUT                   output folder (default ./gpu-out)
+#   ABL_GPU_WHEELS        the folder scripts/gpu_prepare.sh filled (default .gpu-wheels)
+#   ABL_GPU_PYTHON        the interpreter (default python3)
+#   ABL_GPU_INSTALL=0     use the interpreter's abl as it is (no install; the CPU test does this)
+#   ABL_GPU_SELFTEST_ARGS more options for abl selftest (e.g. --quick, if the full one outruns a call)
+#   ABL_GPU_TINY=1        tiny sizes (the CPU test): selftest --quick, one cell of each grid
+#                         with a few steps, the big cell shrunk
+set -uo pipefail
+
+# the whole script is one function, parsed before it runs: editing the file mid-run cannot derail it
+main() {
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT=${OUT:-$ROOT/gpu-out}
+WHEELS=${ABL_GPU_WHEELS:-$ROOT/.gpu-wheels}
+PY=${ABL_GPU_PYTHON:-python3}
+TINY=${ABL_GPU_TINY:-0}
+WORK=$(mktemp -d -t abl-gpu.XXXXXX)
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(selftest grids big)
+for s in "${STAGES[@]}"; do
+    case $s in selftest|grids|norms|precision|big) ;;
+        *) echo "error: unknown stage '$s' (selftest, grids, norms, precision, big)" >&2; exit 2;; esac
+done
+mkdir -p "$OUT"
+DB=$WORK/abl.duckdb
+export PYTHONUNBUFFERED=1 ABL_CACHE_DIR=$WORK/cache
+status() { echo "$*" | tee -a "$OUT/status.txt"; }
+
+if [ "${ABL_GPU_INSTALL:-1}" != 0 ]; then
+    SITE=$WORK/site
+    wheels=("$WHEELS"/*.whl)
+    if [ ! -e "${wheels[0]}" ]; then
+        echo "error: no wheels in $WHEELS; run scripts/gpu_prepare.sh first (docs/gpu.md)" >&2
+        exit 2
+    fi
+    # --target: beside the image's packages, which stay as they are (torch, triton, ...)
+    "$PY" -m pip install -q --no-deps --no-index --no-compile --target "$SITE" "${wheels[@]}" || exit 2
+    "$PY" -m pip install -q --no-deps --no-index --no-build-isolation --no-compile --target "$SITE" "$ROOT" \
+        || exit 2
+    rm -rf "$ROOT/build"
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+fi
+ABL=("$PY" -m abl.cli)
+
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; echo "stages: ${STAGES[*]}  tiny: $TINY"
+    command -v nvidia-smi >/dev/null && nvidia-smi
+    "$PY" -c 'import platform, torch; print("python", platform.python_version(), "| torch", torch.__version__,
+"| cuda", torch.version.cuda, "| gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")'
+    "$PY" -m pip list 2>/dev/null | grep -iE '^(abl|torch|triton|duckdb|liger|fla|flash|mamba|numpy) ' || true
+} > "$OUT/env.txt" 2>&1
+
+run_stage() {  # run_stage NAME LOGFILE COMMAND...: one stage, its status and wall time in status.txt
+    local name=$1 log=$2; shift 2
+    local t0=$SECONDS rc
+    "$@" >> "$log" 2>&1
+    rc=$?
+    status "$name: exit $rc in $((SECONDS - t0)) s"
+}
+
+for stage in "${STAGES[@]}"; do
+    case $stage in
+    selftest)
+        quick=(${ABL_GPU_SELFTEST_ARGS:-}); [ "$TINY" = 1 ] && quick+=(--quick)
+        t0=$SECONDS
+        "${ABL[@]}" selftest "${quick[@]}" --json --db "$DB" > "$OUT/selftest.json" 2> "$OUT/selftest.txt"
+        status "selftest: exit $? in $((SECONDS - t0)) s"
+        ;;
+    grids|norms|precision)
+        grids=("$stage"); [ "$stage" = grids ] && grids=(norms precision)
+        extra=()
+        if [ "$TINY" = 1 ]; then
+            extra=(--cells 1 --set 'experiment.seeds=[0]' --set train.steps=2 --set train.eval_every=2
+                   --set train.eval_batches=1 --set train.batch_size=2 --set model.context=32
+                   --set model.d_model=32 --set model.n_layers=1)
+        fi
+        for grid in "${grids[@]}"; do
+            for kernels in triton torch; do
+                echo "== abl run $grid, train.kernels = $kernels" >> "$OUT/grids.txt"
+                run_stage "grid $grid kernels=$kernels" "$OUT/grids.txt" "${ABL[@]}" run "$grid" --db "$DB" \
+                    --set "experiment.name=$grid-$kernels" --set "train.kernels=$kernels" "${extra[@]}"
+            done
+        done
+        ;;
+    big)
+        extra=()
+        if [ "$TINY" = 1 ]; then
+            extra=(--set train.steps=2 --set train.eval_every=2 --set train.eval_batches=1 --set train.batch_size=2
+                   --set model.context=32 --set model.d_model=32 --set model.n_layers=1 --set model.n_heads=2
+                   --set train.compile=false --set train.precision=fp32 --set train.device=cpu)
+        fi
+        "${ABL[@]}" cost scripts/gpu_big.toml "${extra[@]}" >> "$OUT/big.txt" 2>&1
+        run_stage "big cell" "$OUT/big.txt" "${ABL[@]}" run scripts/gpu_big.toml --db "$DB" "${extra[@]}"
+        ;;
+    esac
+    [ -f "$DB" ] && cp "$DB" "$OUT/abl.duckdb"  # after each stage: a call cut off at its limit keeps the rest
+done
+rm -rf "$WORK"
+grep -q "exit [^0]" "$OUT/status.txt" && exit 1
+exit 0
+}
+
+main "$@"

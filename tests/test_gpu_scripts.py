@@ -1,0 +1,107 @@
+"""scripts/gpu_run.sh end to end on the CPU (tiny sizes, this interpreter's abl: no install, no
+network), and scripts/gpu_prepare.sh's budget and refusals with pip faked (docs/gpu.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_gpu_run_script_runs_end_to_end_on_cpu(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), ABL_GPU_INSTALL="0", ABL_GPU_TINY="1", ABL_GPU_PYTHON=sys.executable,
+               TMPDIR=str(tmp_path), TRITON_INTERPRET="1")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh")], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=1200, check=False)
+    status = (out / "status.txt").read_text() if (out / "status.txt").exists() else ""
+    assert r.returncode == 0, status + r.stdout[-2000:] + r.stderr[-2000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and all(p.is_file() for p in out.iterdir())  # what the device tool brings back
+    assert set(files) == {"env.txt", "selftest.json", "selftest.txt", "grids.txt", "big.txt", "abl.duckdb",
+                          "status.txt"}
+    assert json.loads((out / "selftest.json").read_text())["passed"]
+    # every stage ran and said so: selftest, 2 grids x 2 kernel backends, the big cell
+    assert len(status.strip().splitlines()) == 6 and "exit 0" in status
+    con = duckdb.connect(str(out / "abl.duckdb"), read_only=True)
+    experiments = {e for (e,) in con.execute("SELECT DISTINCT experiment FROM runs WHERE status = 'completed'")
+                   .fetchall()}
+    kernels = {k for (k,) in con.execute("SELECT DISTINCT json_extract_string(config, '$.train.kernels') "
+                                         "FROM runs").fetchall()}
+    assert con.execute("SELECT count(*) FROM selftest").fetchone()[0] > 0
+    con.close()
+    assert experiments == {"norms-triton", "norms-torch", "precision-triton", "precision-torch", "gpu-big"}
+    assert kernels >= {"triton", "torch"}
+    assert "non-embedding" in (out / "big.txt").read_text().lower() or "params" in (out / "big.txt").read_text()
+
+
+def test_gpu_run_script_refuses_an_unknown_stage(tmp_path):
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "everything"], cwd=tmp_path,
+                       env=dict(os.environ, OUT=str(tmp_path / "out")), capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 2 and "unknown stage" in r.stderr
+
+
+def test_gpu_run_script_without_prepared_wheels_says_what_to_do(tmp_path):
+    env = dict(os.environ, OUT=str(tmp_path / "out"), ABL_GPU_WHEELS=str(tmp_path / "none"))
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh")], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "gpu_prepare.sh" in r.stderr
+
+
+FAKE_PIP = """#!/usr/bin/env bash
+# a stand-in for "python -m pip download ... -d DIR SPEC": writes DIR/NAME-1.0-py3-none-any.whl of the size
+# FAKE_SIZE_<NAME> says (KiB), or fails for a name in FAKE_MISSING
+dest=""; spec=""
+while [ $# -gt 0 ]; do
+    case $1 in -d) dest=$2; shift 2;; -*) shift;; *) spec=$1; shift;; esac
+done
+name=${spec%%[<>=]*}; var=FAKE_SIZE_${name//-/_}
+case " $FAKE_MISSING " in *" $name "*) exit 1;; esac
+head -c $(( ${!var:-100} * 1024 )) /dev/zero > "$dest/${name//-/_}-1.0-py3-none-any.whl"
+"""
+
+
+def _prepare(tmp_path, **env):
+    fake = tmp_path / "fakepython"
+    fake.write_text(FAKE_PIP)
+    fake.chmod(0o755)
+    wheels = ROOT / ".gpu-wheels-test"
+    full = dict(os.environ, PYTHON=str(fake), ABL_GPU_WHEELS=str(wheels.name), **env)
+    try:
+        r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_prepare.sh")], cwd=ROOT, env=full,
+                           capture_output=True, text=True, timeout=120, check=False)
+        kept = sorted(p.name.split("-")[0] for p in wheels.glob("*.whl")) if wheels.exists() else []
+    finally:
+        for p in wheels.glob("*") if wheels.exists() else []:
+            p.unlink()
+        if wheels.exists():
+            wheels.rmdir()
+    return r, kept
+
+
+def test_gpu_prepare_keeps_optional_wheels_only_within_the_budget(tmp_path):
+    # the budget: the working tree plus 100 KiB of duckdb, 200 KiB of liger-kernel; fla-core's 10 MiB is over
+    tree = subprocess.run("git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- | tail -1",
+                          shell=True, cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()[0]
+    budget_mib = (int(tree) + 2 * 2**20) // 2**20 + 1
+    r, kept = _prepare(tmp_path, ABL_GPU_BUDGET_MIB=str(budget_mib), FAKE_SIZE_liger_kernel="200",
+                       FAKE_SIZE_fla_core=str(10 * 1024))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert kept == ["duckdb", "liger_kernel"]
+    assert "skipped fla-core" in r.stdout and "budget" in r.stdout
+
+
+def test_gpu_prepare_fails_without_duckdb_but_not_without_an_optional_wheel(tmp_path):
+    r, kept = _prepare(tmp_path, FAKE_MISSING="duckdb")
+    assert r.returncode != 0 and "duckdb" in r.stderr
+    r, kept = _prepare(tmp_path, FAKE_MISSING="fla-core")
+    assert r.returncode == 0 and "skipped fla-core: no wheel" in r.stdout and "duckdb" in kept
