@@ -19,6 +19,7 @@ import streamlit as st
 from abl.analysis import formats, sections
 from abl.dashboard import queries as q
 from abl.grid import labels as abl_labels
+from abl.present import palette
 
 ABSENT = "(absent)"
 
@@ -260,3 +261,18 @@ def fmt_num(x: Any, digits: int = 4) -> str:
 
 def metric_title(name: str) -> str:
     return q.metric_info(name).title  # the catalogue's label [unit] (abl.analysis.metrics)
+
+
+# ---------------------------------------------------------------- one cell, one colour
+
+
+def cell_styles(sel: q.Selection) -> dict[str, palette.CellStyle]:
+    """Each cell's style (abl.present.palette) by its position in its grid: the cells of the selected
+    experiments in the order their first runs started (the grid's order), whatever the other filters hide,
+    so a cell keeps its colour on every page and in the report."""
+    whole = q.Selection(experiments=sel.experiments)
+    keys = list(cell_table(whole)["cell_key"])
+    out = palette.styles(keys)
+    for k in cell_table(sel)["cell_key"]:  # a cell outside the experiments' listing (none expected): after them
+        out.setdefault(k, palette.style(len(out)))
+    return out

@@ -1,11 +1,13 @@
 """Matplotlib helpers shared by the report's figures (abl.present.report) and the task-accuracy figure
 (abl.present.taskreport): a distinct style per cell, one legend outside the panels, tick labels that never
-overlap, the conditions footer below everything. Imports nothing of abl."""
+overlap, the conditions footer below everything. Imports only abl.present.palette."""
 
 from __future__ import annotations
 
 import io
 from typing import Any
+
+from . import palette
 
 
 def fig_to_png(fig) -> bytes:
@@ -26,22 +28,15 @@ def pyplot():
     return plt
 
 
-LINE_STYLES = ("-", "--", ":", "-.")
-MARKERS = ("o", "s", "^", "D")
+LINE_STYLES = palette.LINE_STYLES
+MARKERS = palette.MARKERS
 
 
 def cell_styles(n: int) -> list[dict[str, Any]]:
-    """A distinct (colour, line style, marker) per cell: tab10 up to 10 cells, tab20 (its dark shades
-    first) up to 20, past that tab20 again with the next line style and marker."""
-    import matplotlib
-
-    if n <= 10:
-        cols = list(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
-    else:
-        t = list(matplotlib.colormaps["tab20"].colors)  # type: ignore[attr-defined]
-        cols = t[0::2] + t[1::2]
-    return [{"color": cols[i % len(cols)], "ls": LINE_STYLES[(i // len(cols)) % len(LINE_STYLES)],
-             "marker": MARKERS[(i // len(cols)) % len(MARKERS)]} for i in range(n)]
+    """The (colour, line style, marker) of the cells at grid positions 0..n-1 (abl.present.palette: the
+    dashboard draws each cell in the same style): Paul Tol's muted colours, then the next line style and
+    marker past them."""
+    return [{"color": s.colour, "ls": s.mpl_ls, "marker": s.marker} for s in palette.distinct(n)]
 
 
 def legend_outside(fig, axes, extra: list | None = None) -> None:
