@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pandas as pd
 import streamlit as st
 
-from abl.analysis import formats, sections
+from abl.analysis import formats, metrics, sections
 from abl.dashboard import queries as q
 from abl.grid import labels as abl_labels
 from abl.present import palette
@@ -257,6 +257,59 @@ def fmt_num(x: Any, digits: int = 4) -> str:
     if abs(x) >= 1000:
         return f"{x:,.0f}"
     return f"{x:.{digits}f}"
+
+
+def fmt_metric(name: str, value: Any) -> str:
+    """A figure of the metric ``name`` in its unit (abl.analysis.metrics.display: MiB, GFLOP, tokens/s...)."""
+    return metrics.display(name, None if value is None or pd.isna(value) else value, missing="–")
+
+
+def metric_summary_text(summary: pd.DataFrame) -> pd.DataFrame:
+    """A run's per-metric summary (first, last, min, max, mean) in each metric's unit, not raw numbers
+    (``268231000``), with the catalogue's label beside the stored name."""
+    out = summary.copy()
+    for col in ("first", "last", "min", "max", "mean"):
+        if col in out:
+            out[col] = [fmt_metric(n, v) for n, v in zip(out["name"], out[col])]
+    out.insert(1, "what", [metrics.metric(n).label for n in out["name"]])
+    return out
+
+
+# ---------------------------------------------------------------- tables
+
+PAGE_ROWS = 50  # rows of one page of a table (the norms grid's 26 runs on one); more: the table pages
+ROW_PX, HEADER_PX = 35, 38  # st.dataframe's row and header heights
+
+
+def table_height(rows: int) -> int:
+    """The height that shows ``rows`` rows and the header with no inner scroll bar."""
+    return HEADER_PX + ROW_PX * max(1, rows) + 2
+
+
+def page_of(df: pd.DataFrame, key: str, page_rows: int = PAGE_ROWS) -> pd.DataFrame:
+    """The rows of ``df`` on the page picked above the table (all of them when they fit on one page)."""
+    n = len(df)
+    pages = max(1, -(-n // page_rows))
+    if pages == 1:
+        return df
+    page = int(st.number_input(f"Page (of {pages}, {page_rows} rows each)", min_value=1, max_value=pages,
+                               value=1, step=1, key=f"{key}_page"))
+    part = df.iloc[(page - 1) * page_rows: page * page_rows]
+    first = (page - 1) * page_rows + 1
+    st.caption(f"Rows {first}–{first + len(part) - 1} of {n}.")
+    return part
+
+
+def table(df: pd.DataFrame, key: str, column_config: dict | None = None, page_rows: int = PAGE_ROWS,
+          help_text: str | None = None, column_order: list[str] | None = None) -> None:
+    """``df`` as a table that shows every row of its page (no rows hidden behind an inner scroll bar): past
+    ``page_rows`` rows a page picker above it, and a caption saying which rows are shown. ``column_order``:
+    the columns shown (the ones that fit a laptop's width), the others kept in the data and its CSV."""
+    part = page_of(df, key, page_rows)
+    st.dataframe(part, hide_index=True, width="stretch", height=table_height(len(part)),
+                 column_config=column_config or {}, key=key, column_order=column_order)
+    if help_text:
+        st.caption(help_text)
 
 
 def metric_title(name: str) -> str:

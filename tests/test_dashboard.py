@@ -255,7 +255,8 @@ def test_curves_page_mean_band_seeds_axes_and_smoothing(fixture_store):
     assert marks == ["area", "line"]  # CI band, mean line
 
     # raw (no EMA): the mean at step 1 is the mean of the seeds' train_loss at step 1
-    ok(find(at.slider, "EMA smoothing").set_value(0.0))
+    # smoothing is off by default, labelled for the training loss, and never touches val_loss
+    assert find(at.slider, "EMA smoothing of train_loss").value == 0.0
     data = next(iter(vega(at)[0]["_data"].values()))
     data = data[data["kind"] == "mean"]
     raw = fixture_store.sql("""
@@ -349,7 +350,7 @@ def test_compare_page_cis_tests_and_facets(fixture_store):
     # group by one axis, facet by another
     ok(find(at.selectbox, "Group by").set_value("model.norm"))
     ok(find(at.selectbox, "Facet by").set_value("model.block"))
-    spec = vega(at)[0]
+    spec = next(sp for sp in vega(at) if "facet" in sp)  # the per-cell chart, after the paired differences
     assert spec["facet"]["column"]["field"] == "model.block"
     assert _layers(spec)[-1]["encoding"]["y"]["field"] == "model.norm"
 
@@ -372,7 +373,10 @@ def test_tradeoffs_page_pareto_fronts(fixture_store):
     for spec in specs:
         pts = [d for d in spec["_data"].values() if "front" in d and len(d) == 3][0]
         front = pts[pts["front"]]
-        assert len(front) >= 1
+        # a speed measured on a contended machine never enters the front (this store's runs trained on a
+        # busy CI machine may all be): the front is over the quiet cells only
+        quiet = pts[pts["x_front"].notna()] if "x_front" in pts else pts
+        assert len(front) >= (1 if len(quiet) else 0) and set(front.index) <= set(quiet.index)
         # nothing on the front is dominated (lower y; lower x, or higher for throughput)
         higher = spec["layer"][0]["mark"].get("interpolate") == "step-before"
         for _, a in front.iterrows():

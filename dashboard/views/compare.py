@@ -161,15 +161,6 @@ caption = (f"Dots: mean over seeds ({n_seeds} per cell, completed runs); bars: 9
 table_cols = ["rank", "cell", "group", *axes, "n", "mean", "std", "ci_lo", "ci_hi", "delta", "p", "p_holm", "verdict",
               "health"]
 export = summ[[c for c in dict.fromkeys(table_cols + ["cell_key"]) if c in summ]]
-st.subheader(f"{info.label}: mean and 95% CI per cell, {'lower' if lower_better else 'higher'} is better")
-charts.show(chart, export, f"compare_{metric}", key="compare", caption=caption,
-            height=charts.rows_height(len(y_sort), facets=facet != NONE))
-if q.is_speed(metric):
-    hit = common.contended_runs(sel)
-    if hit:
-        st.warning(f"{len(hit)} run(s) of the selection were {common.CONTENDED_NOTE}: compare speeds of runs "
-                   "measured on a quiet machine (the runs table flags them).", icon=":material/warning:")
-
 if mode != "pairs":  # the per-axis answer, as the CLI summary and abl compare lead with it
     try:
         effects = axis_effects(cell_inputs, (), metric, only=kwargs.get("by"))
@@ -197,9 +188,12 @@ else:
                     f"delta_{metric}", key="delta", height=charts.rows_height(len(shown)),
                     caption=f"Bars: {analysis.interval} interval of the difference. Color: the verdict. "
                             f"{analysis.method}")
-    st.dataframe(comp[["a_label", "b_label", "n_a", "n_b", "delta", "ci_low", "ci_high", "p_value", "p_adjusted",
-                       "test", "mdd", "verdict"]], hide_index=True, width="stretch", column_config={
-        "a_label": st.column_config.TextColumn("a"), "b_label": st.column_config.TextColumn("b"),
+    comp_cols = ["cell", "delta", "ci_low", "ci_high", "p_adjusted", "significance", "n_a", "n_b", "p_value", "test",
+                 "mdd", "verdict"]
+    common.table(comp[comp_cols], key="cmp_comparisons", column_config={
+        # what fits a laptop's width: the pair, Δ with its interval, the adjusted p and the verdict's words;
+        # the raw p, the test, the MDD and the verdict's full sentence are in the CSV and the caption
+        "cell": st.column_config.TextColumn("a − b"), "significance": st.column_config.TextColumn("verdict"),
         **{c: st.column_config.NumberColumn(c, format="%+.4f") for c in ("delta",)},
         **{c: st.column_config.NumberColumn(f"{analysis.interval_header} {c[3:]}", format="%+.4f")
            for c in ("ci_low", "ci_high")},
@@ -207,16 +201,36 @@ else:
         "p_adjusted": st.column_config.NumberColumn("Holm p" if use_holm else "p (no correction)", format="%.3g"),
         "mdd": st.column_config.NumberColumn("MDD", format="%.4f", help="minimum detectable difference at the "
                                              "observed variance (power 80%); none below 3 seeds"),
-    })
+    }, column_order=["cell", "delta", "ci_low", "ci_high", "p_adjusted", "significance"])
+    st.download_button("Comparisons (CSV, every column)", data=lambda: comp[comp_cols].to_csv(index=False),
+                       file_name=f"comparisons_{metric}.csv", mime="text/csv", on_click="ignore",
+                       icon=":material/download:")
     st.caption(analysis.method)
 
+st.subheader(f"{info.label}: mean and 95% CI per cell, {'lower' if lower_better else 'higher'} is better")
+st.caption("Each cell's own interval, across its seeds: with few seeds it is wide (t with n−1 df), and it "
+           "says nothing about the difference between two cells run on the same seeds. The paired differences "
+           "above are the test.")
+charts.show(chart, export, f"compare_{metric}", key="compare", caption=caption,
+            height=charts.rows_height(len(y_sort), facets=facet != NONE))
+if q.is_speed(metric):
+    hit = common.contended_runs(sel)
+    if hit:
+        st.warning(f"{len(hit)} run(s) of the selection were {common.CONTENDED_NOTE}: compare speeds of runs "
+                   "measured on a quiet machine (the runs table flags them).", icon=":material/warning:")
+
+
 st.subheader("Table")
-fmt = "%.4f" if info.is_loss else "%.4g"
-st.dataframe(export.drop(columns=["cell_key"]), hide_index=True, width="stretch", column_config={
+fmt = "%.4f" if info.is_loss else "%.0f" if info.unit == "tokens/s" else "%.4g"
+unit = "" if info.is_loss or not info.unit else f" [{info.unit}]"
+table = export.drop(columns=["cell_key"]).assign(significance=summ["significance"].to_numpy())
+common.table(table, key="cmp_table", column_config={
     "n": st.column_config.NumberColumn("seeds"),
-    **{c: st.column_config.NumberColumn(c, format=fmt) for c in ("mean", "std", "ci_lo", "ci_hi")},
-    "delta": st.column_config.NumberColumn("delta", format="%+.4f" if info.is_loss else "%+.4g"),
+    **{c: st.column_config.NumberColumn(f"{c}{unit}", format=fmt) for c in ("mean", "std", "ci_lo", "ci_hi")},
+    "delta": st.column_config.NumberColumn(f"delta{unit}", format="%+.4f" if info.is_loss else "%+.4g"),
     "p": st.column_config.NumberColumn("p", format="%.3g"),
     "p_holm": st.column_config.NumberColumn("Holm p" if use_holm else "p (no correction)", format="%.3g"),
-})
+    "significance": st.column_config.TextColumn("verdict"),
+}, column_order=[c for c in ("rank", "group", "cell", "n", "mean", "ci_lo", "ci_hi", "delta", "p_holm",
+                             "significance", "health") if c in table])
 st.caption(f"{analysis.method} {len(summ)} cells, {int(summ['n'].sum())} completed runs.")

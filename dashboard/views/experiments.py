@@ -94,10 +94,12 @@ column_config = {
     "contended seeds": st.column_config.NumberColumn("⚠ contended seeds", help="Seeds whose speed was measured "
                                                      "on a contended machine"),
 }
-for n in metric_cols:
+for n in metric_cols:  # each in its unit (the metric catalogue): MiB, whole tokens/s, percentages
     info = q.metric_info(n)
-    label = f"{n} [MiB]" if n in mem_cols else n
-    fmt = "%.4f" if q.metric_info(n).is_loss else "%.1f" if n in mem_cols else "compact" if n.startswith("n_") else "%.4g"
+    unit = "MiB" if n in mem_cols else info.unit
+    label = f"{n} [{unit}]" if unit and not info.is_loss else n
+    fmt = ("%.4f" if info.is_loss else "%.1f" if n in mem_cols else "%.0f" if unit == "tokens/s"
+           else "percent" if unit == "fraction" else "localized" if n.startswith("n_") else "%.4g")
     column_config[n] = st.column_config.NumberColumn(label, format=fmt, help=info.description or info.label)
 
 if view == "one per cell (seeds aggregated)":
@@ -111,7 +113,7 @@ if view == "one per cell (seeds aggregated)":
     speed_cols = [n for n in metric_cols if q.is_speed(n)]
     for n in speed_cols:  # one speed per seed: the spread, not one number
         lo, hi, k = groups[n].min(), groups[n].max(), groups[n].count()
-        spread = {c: (f"{common.fmt_num(lo[c])} – {common.fmt_num(hi[c])}" if k[c] > 1 else "")
+        spread = {c: (f"{common.fmt_metric(n, lo[c])} – {common.fmt_metric(n, hi[c])}" if k[c] > 1 else "")
                   for c in lo.index}
         table[f"{n} min–max"] = table["cell_key"].map(spread)
     if "val_loss" in df:
@@ -133,15 +135,24 @@ else:
     if not table["activity"].astype(bool).any():
         order.remove("activity")
 table = table.reset_index(drop=True)
-shown = [c for c in dict.fromkeys(order) if c in table]
-event = st.dataframe(table[shown], hide_index=True, width="stretch", column_config=column_config,
+available = [c for c in dict.fromkeys(order) if c in table]
+# the columns that fit a laptop's width; the rest one click away (a table wider than its room hides columns)
+first = [c for c in available if c in {*axes, "seed", "seeds", "status", "progress", *metric_cols[:1],
+                                          "val_loss ±95% CI", "tokens_per_s", "tokens_per_s min–max",
+                                          "peak_mem_bytes", "contended", "contended seeds", "activity", "run"}]
+more = st.multiselect("More columns", [c for c in available if c not in first], key="runs_more_cols",
+                      placeholder="add columns: " + ", ".join(c for c in available if c not in first)[:80] + "…")
+shown = [c for c in available if c in first or c in more]
+page = common.page_of(table, "runs_table")
+event = st.dataframe(page[available], hide_index=True, width="stretch", column_config=column_config,
+                     column_order=shown,
                      on_select="rerun", selection_mode="multi-row", key="runs_table",
-                     height=min(38 * (len(table) + 1) + 3, 640))
+                     height=common.table_height(len(page)))
 
 
 def _use_selected_cells() -> None:
     rows = st.session_state["runs_table"]["selection"]["rows"]
-    st.session_state["f_cells"] = list(dict.fromkeys(table.loc[rows, "cell_key"]))
+    st.session_state["f_cells"] = list(dict.fromkeys(page.iloc[rows]["cell_key"]))
 
 
 rows = event.selection.rows if event is not None else []
@@ -151,7 +162,7 @@ left.button(f"Compare the {len(rows)} selected row(s)' cells", disabled=not rows
             help="Restricts every page to these cells (the sidebar's 'Cells to compare').")
 if mid.button("Open run detail", disabled=len(rows) != 1 or "run_id" not in table,
               icon=":material/description:"):
-    st.session_state["detail_run"] = table.loc[rows[0], "run_id"]
+    st.session_state["detail_run"] = page.iloc[rows[0]]["run_id"]
     st.switch_page("views/run_detail.py")
 right.download_button("Download this table (CSV)", data=lambda: table[shown].to_csv(index=False),
                       file_name="runs.csv", mime="text/csv", on_click="ignore", icon=":material/download:")

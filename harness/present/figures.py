@@ -60,9 +60,31 @@ def legend_outside(fig, axes, extra: list | None = None) -> None:
                    ncol=ncol, fontsize=8, frameon=False)
 
 
-def _overlapping(labels: list) -> bool:
-    boxes = [t.get_window_extent() for t in labels]
+MIN_GAP_PX = 6  # tick labels closer than this read as one ("8000 9000 1000011000")
+
+
+def _overlapping(labels: list, gap: float = MIN_GAP_PX) -> bool:
+    """Whether two of ``labels`` overlap or sit closer than ``gap`` pixels (so that they run together)."""
+    boxes = [t.get_window_extent().expanded(1.0, 1.0).padded(gap / 2) for t in labels]
     return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def si_ticks(axis, unit: str = "") -> None:
+    """Tick labels in SI prefixes (``8k``, ``1.2M``, ``3G``) on a linear axis of large counts (tokens,
+    FLOPs): short labels that do not run together, with no offset or power-of-ten multiplier."""
+    from matplotlib.ticker import EngFormatter
+
+    axis.set_major_formatter(EngFormatter(unit=unit, sep="" if not unit else " ", places=None))
+
+
+def plain_ticks(axis) -> None:
+    """Each tick label the number itself: no offset or scientific multiplier (a ``1e7`` above the axis that
+    the reader has to add to every label)."""
+    from matplotlib.ticker import ScalarFormatter
+
+    fmt = ScalarFormatter(useOffset=False)
+    fmt.set_scientific(False)
+    axis.set_major_formatter(fmt)
 
 
 def tick_labels(axis) -> list:
@@ -78,7 +100,7 @@ def thin_ticks(fig) -> None:
     fig.canvas.draw()
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
-            for step in range(5):
+            for step in range(6):
                 if not _overlapping(tick_labels(axis)):
                     break
                 if step == 0:
