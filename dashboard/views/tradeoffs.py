@@ -82,7 +82,8 @@ def points(cost: str) -> pd.DataFrame:
     gx = df.groupby("cell_key", sort=False)["x"]
     s["x"] = gx.mean().reindex(s["cell_key"]).to_numpy()
     if speed and contended:  # a cell's speed: its runs on a quiet machine; the front: those cells only
-        quiet = df[~df["run_id"].isin(contended)].groupby("cell_key")["x"].mean().reindex(s["cell_key"]).to_numpy()
+        quiet_runs = df[~df["run_id"].isin(contended)]
+        quiet = quiet_runs.groupby("cell_key")["x"].mean().reindex(s["cell_key"]).to_numpy()
         s["x_front"] = quiet
         s["x"] = pd.Series(quiet).fillna(pd.Series(s["x"].to_numpy())).to_numpy()
     if speed and (gx.count() > 1).any():  # one speed per seed: show the spread, not one number
