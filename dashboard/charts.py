@@ -86,6 +86,9 @@ def rows_height(n_rows: int, facets: bool = False) -> int:
 
 MAX_COLOURS = 20  # more cells than this in one chart: facet by the first grid axis
 CONTENDED_COLOUR = "#d62728"
+# the trade-off plot's two small legends above it and its axis take room from the plot: give it back (at 1024 px
+# the plot area was about 100 px tall)
+PARETO_EXTRA = 220
 
 
 def cell_scales(domain: list[str], styles: list[palette.CellStyle] | None = None) -> tuple[alt.Scale, alt.Scale]:
@@ -313,7 +316,7 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
     line = alt.Chart(front).mark_line(interpolate=step, color="#444", strokeDash=[6, 3]).encode(x=xs, y=ys)
     n_legend = -(-len(domain) // (legend_columns(domain) if field == "cell" else 4))
     return (alt.layer(line, err, *layers, pts).add_params(pick, alt.selection_interval(bind="scales"))
-            .properties(height=_with_legend(n_legend + 2)))
+            .properties(height=_with_legend(n_legend + 2, extra=PARETO_EXTRA)))
 
 
 # ---------------------------------------------------------------- kernels

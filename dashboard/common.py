@@ -312,6 +312,25 @@ def table(df: pd.DataFrame, key: str, column_config: dict | None = None, page_ro
         st.caption(help_text)
 
 
+_TEXT_TABLE_CSS = """<style>
+.abl-text-table table {width: 100%; border-collapse: collapse; font-size: 0.85rem; margin-bottom: 0.5rem}
+.abl-text-table th, .abl-text-table td {padding: 0.2rem 0.45rem; border-bottom: 1px solid rgba(128,128,128,0.25);
+  text-align: left; vertical-align: top; overflow-wrap: break-word}
+.abl-text-table th {font-weight: 600}
+</style>"""
+
+
+def text_table(df: pd.DataFrame, key: str, page_rows: int = PAGE_ROWS, caption: str | None = None) -> None:
+    """``df`` (its values as they should read: abl.analysis.formats) as a plain table that fits its column:
+    a long value wraps inside its cell instead of pushing columns out of view; past ``page_rows`` rows,
+    pages. For tables that are read, not sorted or selected."""
+    part = page_of(df, key, page_rows)
+    html = part.to_html(index=False, escape=True, border=0, na_rep="–")
+    st.markdown(f'{_TEXT_TABLE_CSS}<div class="abl-text-table">{html}</div>', unsafe_allow_html=True)
+    if caption:
+        st.caption(caption)
+
+
 def metric_title(name: str) -> str:
     return q.metric_info(name).title  # the catalogue's label [unit] (abl.analysis.metrics)
 

@@ -73,6 +73,11 @@ CUT_TABLES = """() => {
             }
         }
     });
+    // plain tables in markdown (abl.dashboard.common.text_table): wider than the block they sit in
+    document.querySelectorAll('[data-testid="stMarkdownContainer"] table').forEach((t, i) => {
+        const room = t.parentElement.clientWidth;
+        if (t.scrollWidth > room + 2) out.push(`markdown table #${i}: columns cut (${t.scrollWidth} px in ${room})`);
+    });
     return out;
 }"""
 

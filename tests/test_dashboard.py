@@ -150,6 +150,48 @@ def find(widgets, label):
     raise AssertionError(f"no widget {label!r} among {[w.label for w in widgets]}")
 
 
+def text_tables(at: AppTest) -> list:
+    """The plain tables of a page (abl.dashboard.common.text_table: HTML in markdown) as DataFrames of text."""
+    import html as html_lib
+    from html.parser import HTMLParser
+
+    import pandas as pd
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.cell = [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.cell is not None:
+                self.rows[-1].append(html_lib.unescape(self.cell).strip())
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    out = []
+    for md in at.markdown:
+        if "abl-text-table" in md.value:
+            p = Cells()
+            p.feed(md.value)
+            out.append(pd.DataFrame(p.rows[1:], columns=p.rows[0]))
+    return out
+
+
+def cell_frame(at: AppTest):
+    """The Compare page's per-cell numbers (mean, CI, rank, delta, p, verdict, health): the data of its per-cell
+    chart, the numbers its text tables print."""
+    return next(d for sp in vega(at) for d in sp["_data"].values() if "ci_lo" in d and "health" in d)
+
+
 def vega(at: AppTest) -> list[dict]:
     """Each chart's spec, with its datasets as DataFrames under '_data'."""
     import altair as alt
@@ -232,7 +274,7 @@ def test_sidebar_axis_filter_and_cell_selection_reach_every_page(fixture_store):
         "SELECT DISTINCT cell_key FROM runs WHERE status = 'completed' ORDER BY cell_key")][:2]
     ok(cells.set_value(cell_keys))
     ok(at.switch_page("views/compare.py"))
-    table = at.dataframe[-1].value
+    table = cell_frame(at)
     assert len(table) == 2
 
 
@@ -292,7 +334,7 @@ def test_compare_page_cis_tests_and_facets(fixture_store):
     ok(find(at.toggle, "Holm correction").set_value(False))
     baseline = find(at.selectbox, "Baseline cell")
     assert_ok(at)
-    table = at.dataframe[-1].value
+    table = cell_frame(at)
     assert len(table) == 3  # the diverged cell has no completed run
     assert list(table["mean"]) == sorted(table["mean"])  # best first
     # the numbers, recomputed from the store with scipy
@@ -482,7 +524,7 @@ def test_run_detail_shows_error_config_diff_environment_and_metrics(fixture_stor
                                            at.error[0].value.rsplit("=", 1)[1]]
     assert [t.label for t in at.tabs] == ["Metrics", "Config", "Diff vs baseline", "Environment", "Run folder"]
     assert find(at.selectbox, "Baseline cell").value == base
-    frames = [d.value for d in at.dataframe]
+    frames = text_tables(at)
     diff = next(f for f in frames if list(f.columns) == ["path", "this run", "baseline"])
     assert list(diff["path"]) == ["train.diverge_loss"]
     env = next(f for f in frames if "value" in f.columns and "device" in set(f.iloc[:, 0]))
@@ -490,6 +532,12 @@ def test_run_detail_shows_error_config_diff_environment_and_metrics(fixture_stor
     assert facts["device"] and facts["git commit"] != "–"
     summary = next(f for f in frames if "last_step" in f.columns)
     assert "train_loss" in set(summary["name"])
+    # every figure in its unit: a parameter count with separators, memory in MiB (not 268231000)
+    by_name = dict(zip(summary["name"], summary["last"]))
+    if "n_params" in by_name:
+        assert "," in by_name["n_params"] or float(by_name["n_params"]) < 1000
+    if "peak_mem_bytes" in by_name:
+        assert by_name["peak_mem_bytes"].endswith("iB"), by_name["peak_mem_bytes"]
     assert at.get("json")  # the full config
 
     # a completed run: its metric chart

@@ -256,7 +256,7 @@ def test_runs_table_flags_contended_runs(norms2, monkeypatch):
 def test_run_detail_figures_are_a_table_with_full_values(norms2, monkeypatch):
     at = app(norms2, monkeypatch, "run_detail")
     assert not at.metric  # no tiles: a tile cuts a long value at a laptop width ("573.8 …")
-    figures = at.table[0].value
+    figures = at.table[0].value.T  # shown one figure a row
     assert list(figures.columns)[:4] == ["final val_loss", "final train_loss", "tokens/s (median)", "peak memory"]
     assert figures["peak memory"].iloc[0].endswith("MiB") and "…" not in figures["peak memory"].iloc[0]
     assert "over 2 seeds" in figures["tokens/s (median)"].iloc[0]  # the cell's spread beside the run's number
@@ -266,7 +266,7 @@ def test_run_detail_figures_are_a_table_with_full_values(norms2, monkeypatch):
 def test_run_detail_marks_a_contended_run(norms2, monkeypatch):
     run_id = next(r for r in _run_ids(norms2) if r.startswith("scalsand") and r.endswith("s0"))
     at = app(norms2, monkeypatch, "run_detail", detail_run=run_id)
-    figures = at.table[0].value
+    figures = at.table[0].value.T
     assert "⚠ contended" in figures["tokens/s (median)"].iloc[0]
     assert any("busy with other work" in c.value for c in at.caption)
 
