@@ -265,13 +265,13 @@ def fmt_metric(name: str, value: Any) -> str:
 
 
 def metric_summary_text(summary: pd.DataFrame) -> pd.DataFrame:
-    """A run's per-metric summary (first, last, min, max, mean) in each metric's unit, not raw numbers
-    (``268231000``), with the catalogue's label beside the stored name."""
-    out = summary.copy()
-    for col in ("first", "last", "min", "max", "mean"):
-        if col in out:
-            out[col] = [fmt_metric(n, v) for n, v in zip(out["name"], out[col])]
-    out.insert(1, "what", [metrics.metric(n).label for n in out["name"]])
+    """A run's per-metric summary in each metric's unit, not raw numbers (``268231000``): the metric, its
+    final value, its range and how many rows it has, the columns that fit beside the sidebar (every row of
+    every metric is in the run's CSV)."""
+    out = pd.DataFrame({"metric": summary["name"]})
+    for col, head in (("last", "final"), ("min", "min"), ("max", "max")):
+        out[head] = [fmt_metric(n, v) for n, v in zip(summary["name"], summary[col])]
+    out["rows"] = summary["rows"].astype(int)
     return out
 
 

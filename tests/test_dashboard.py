@@ -530,10 +530,10 @@ def test_run_detail_shows_error_config_diff_environment_and_metrics(fixture_stor
     env = next(f for f in frames if "value" in f.columns and "device" in set(f.iloc[:, 0]))
     facts = dict(zip(env.iloc[:, 0], env["value"]))
     assert facts["device"] and facts["git commit"] != "–"
-    summary = next(f for f in frames if "last_step" in f.columns)
-    assert "train_loss" in set(summary["name"])
+    summary = next(f for f in frames if "final" in f.columns and "metric" in f.columns)
+    assert "train_loss" in set(summary["metric"])
     # every figure in its unit: a parameter count with separators, memory in MiB (not 268231000)
-    by_name = dict(zip(summary["name"], summary["last"]))
+    by_name = dict(zip(summary["metric"], summary["final"]))
     if "n_params" in by_name:
         assert "," in by_name["n_params"] or float(by_name["n_params"]) < 1000
     if "peak_mem_bytes" in by_name:
