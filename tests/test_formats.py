@@ -59,3 +59,11 @@ def test_speeds_at_one_precision():
                                                      ("train_tokens_per_s", 24584.4))]
     assert texts == ["92", "111", "24,584"]
     assert formats.fmt_speed(91.5038) == "92 tokens/s"
+
+
+def test_a_fixed_size_decode_cache_is_not_zero_bytes():
+    """sliding_window and linear printed ``KV/tok 0 B``: their cache is a fixed size per sequence."""
+    assert formats.fmt_decode_cache(0, 65536) == "64.0 KiB/seq fixed"
+    assert formats.fmt_decode_cache(2048, 0) == "2.0 KiB/tok"
+    assert formats.fmt_decode_cache(None, None) == "-"
+    assert formats.fmt_decode_cache(0, 0) == "none"

@@ -105,3 +105,16 @@ def fmt_unit(x: Any, unit: str, digits: int = 4, missing: str = "-") -> str:
     if abs(v) >= 1e5 or (v != 0 and abs(v) < 10 ** -digits):
         return f"{v:.{digits - 1}e} {unit}".rstrip()
     return f"{v:.{digits}f} {unit}".rstrip()
+
+
+def fmt_decode_cache(per_token: Any, per_sequence: Any, missing: str = "-") -> str:
+    """A decode cache (abl.model.costmodel.predict's ``kv_cache_bytes_per_token`` and
+    ``state_bytes_per_sequence``): per token when it grows with the sequence (a KV cache), ``/seq fixed`` when
+    its size is fixed (a sliding window's cache, a recurrent state), both when both; never a bare ``0 B`` for a
+    cache that is not empty, and ``none`` for one that is."""
+    if _missing(per_token) and _missing(per_sequence):
+        return missing
+    tok = 0.0 if _missing(per_token) else float(per_token)
+    seq = 0.0 if _missing(per_sequence) else float(per_sequence)
+    parts = ([f"{fmt_bytes(tok)}/tok"] if tok else []) + ([f"{fmt_bytes(seq)}/seq fixed"] if seq else [])
+    return " + ".join(parts) or "none"

@@ -79,12 +79,7 @@ def cost_table(title: str, paths, cells, rows: list[dict], cols):
 
 
 def decode_cache_text(p: dict) -> str:
-    """The decode cache of a prediction (abl.model.costmodel.predict): per token when it grows with the
-    sequence, per sequence when it is fixed (a sliding window, a recurrent state), both when both; never a bare
-    "0 B" for a cache that is not empty."""
-    from ..analysis.formats import fmt_bytes
+    """The decode cache of a prediction (abl.model.costmodel.predict), as abl.analysis.formats writes it."""
+    from ..analysis.formats import fmt_decode_cache
 
-    per_tok, per_seq = p.get("kv_cache_bytes_per_token") or 0, p.get("state_bytes_per_sequence") or 0
-    parts = ([f"{fmt_bytes(per_tok)}/tok"] if per_tok else []) + ([f"{fmt_bytes(per_seq)}/seq fixed"] if per_seq
-                                                                  else [])
-    return " + ".join(parts) or "none"
+    return fmt_decode_cache(p.get("kv_cache_bytes_per_token") or 0, p.get("state_bytes_per_sequence") or 0)
