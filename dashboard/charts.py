@@ -17,6 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from abl.analysis import stats
+from abl.present import palette
 
 alt.data_transformers.disable_max_rows()
 # Altair checks every chart against the Vega-Lite JSON schema when it is built and again
@@ -25,10 +26,14 @@ alt.data_transformers.disable_max_rows()
 alt.utils.schemapi.disable_debug_mode()
 
 HEIGHT = 340
-PALETTE = "tableau20"
-# the verdict words of abl.analysis.stats (the CLI's and the report's), one colour each
+# the verdict words of abl.analysis.stats (the CLI's and the report's), one colour each, from the same
+# colour-blind-safe scheme as the cells (abl.present.palette): baseline indigo, better green, worse rose,
+# the undecided ones in greys and sand
+_VERDICT_COLOURS = {stats.BASELINE: "#332288", stats.BETTER: "#117733", stats.WORSE: "#CC6677",
+                    stats.SAME: "#777777", stats.TOO_FEW: "#DDCC77", stats.DID_NOT_LEARN: "#882255",
+                    stats.NOT_COMPARABLE: "#44AA99"}
 SIGNIFICANCE = alt.Scale(domain=list(stats.VERDICT_WORDS),
-                         range=["#1f77b4", "#2ca02c", "#d62728", "#7f7f7f", "#bcbd22", "#9467bd", "#c7c7c7"])
+                         range=[_VERDICT_COLOURS.get(w, palette.NEUTRAL) for w in stats.VERDICT_WORDS])
 
 
 def png_bytes(chart: alt.TopLevelMixin, width: int = 900, scale: float = 2.0) -> bytes:
@@ -81,11 +86,20 @@ def rows_height(n_rows: int, facets: bool = False) -> int:
 
 MAX_COLOURS = 20  # more cells than this in one chart: facet by the first grid axis
 CONTENDED_COLOUR = "#d62728"
+# the trade-off plot's two small legends above it and its axis take room from the plot: give it back (at 1024 px
+# the plot area was about 100 px tall)
+PARETO_EXTRA = 220
 
 
-def _scheme(n: int) -> Any:  # a Vega scheme name (altair types it as a Literal of every scheme)
-    """A palette with a distinct colour for each of ``n`` series (up to MAX_COLOURS)."""
-    return "tableau10" if n <= 10 else "category20"
+def cell_scales(domain: list[str], styles: list[palette.CellStyle] | None = None) -> tuple[alt.Scale, alt.Scale]:
+    """(colour, strokeDash) scales for the series ``domain`` in the styles ``styles`` (abl.present.palette, one
+    per series, by the cell's grid position: the same colour on every page and in the report; default: the
+    series' own order)."""
+    styles = list(styles) if styles is not None else palette.distinct(len(domain))
+    if len(styles) != len(domain):
+        raise ValueError(f"{len(domain)} series but {len(styles)} styles")
+    colours, dashes = palette.vega_scales(domain, styles)
+    return alt.Scale(**colours), alt.Scale(**dashes)
 
 
 def cell_legend(columns: int = 1, **kw: Any) -> alt.Legend:
@@ -118,7 +132,8 @@ def _scale(log: bool, zero: bool = False) -> alt.Scale:
 def curve_chart(mean: pd.DataFrame, seeds: pd.DataFrame | None, x_title: str, y_title: str,
                 log_x: bool = False, log_y: bool = False, band: bool = True,
                 x_format: str = ",.4~g", domain: list[str] | None = None,
-                facet: str | None = None) -> alt.TopLevelMixin:
+                facet: str | None = None, styles: list[palette.CellStyle] | None = None,
+                y_domain: tuple[float, float] | None = None) -> alt.TopLevelMixin:
     """Mean line per cell, with its 95% CI band (``band``) and/or a faint line per seed (``seeds``).
 
     ``mean``: cell, x, mean, lo, hi, n. ``seeds``: cell, seed, x, y. With more
@@ -131,8 +146,10 @@ def curve_chart(mean: pd.DataFrame, seeds: pd.DataFrame | None, x_title: str, y_
     # a fixed domain keeps each cell's color the same in every chart of the page
     domain = domain or sorted(mean["cell"].unique())
     faceted = bool(facet) and len(domain) > MAX_COLOURS and facet in mean
-    color = alt.Color("cell:N", title="cell", scale=alt.Scale(scheme=_scheme(len(domain)), domain=domain),
-                      legend=cell_legend(legend_columns(domain), symbolType="stroke", symbolStrokeWidth=3))
+    colour_scale, dash_scale = cell_scales(domain, styles)
+    legend = cell_legend(legend_columns(domain), symbolType="stroke", symbolStrokeWidth=3)
+    color = alt.Color("cell:N", title="cell", scale=colour_scale, legend=legend)
+    dash = alt.StrokeDash("cell:N", title="cell", scale=dash_scale, legend=legend)
     faded = alt.condition(pick, alt.value(1.0), alt.value(0.12))
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
                alt.Tooltip("mean:Q", title=f"{y_title} (mean)", format=".4f"),
@@ -145,6 +162,9 @@ def curve_chart(mean: pd.DataFrame, seeds: pd.DataFrame | None, x_title: str, y_
     data = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     base = alt.Chart(data)
     y_scale = _scale(log_y)
+    if y_domain is not None:
+        y_scale = alt.Scale(type="log", domain=list(y_domain)) if log_y else alt.Scale(zero=False,
+                                                                                        domain=list(y_domain))
     layers = []
     if band:
         layers.append(base.transform_filter("datum.kind == 'mean'").mark_area(opacity=0.18).encode(
@@ -159,7 +179,7 @@ def curve_chart(mean: pd.DataFrame, seeds: pd.DataFrame | None, x_title: str, y_
                                        alt.Tooltip("y:Q", title=y_title, format=".4f")]))
     layers.append(base.transform_filter("datum.kind == 'mean'")
                   .mark_line(strokeWidth=2, point=alt.OverlayMarkDef(size=12, opacity=0.0)).encode(
-        x=x, y=alt.Y("mean:Q", title=y_title, scale=y_scale, axis=y_axis()), color=color,
+        x=x, y=alt.Y("mean:Q", title=y_title, scale=y_scale, axis=y_axis()), color=color, strokeDash=dash,
         opacity=faded, tooltip=tooltip))
     n_legend = -(-len(domain) // legend_columns(domain))
     chart = alt.layer(*layers).add_params(pick, zoom)
@@ -195,7 +215,8 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: s
         col = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(2))
     elif color:
         n = df[color].nunique()
-        col = alt.Color(f"{color}:N", scale=alt.Scale(scheme=_scheme(n)), legend=cell_legend(1 if n < 5 else 2))
+        col = alt.Color(f"{color}:N", scale=cell_scales(sorted(df[color].astype(str).unique()))[0],
+                        legend=cell_legend(1 if n < 5 else 2))
     else:
         col = alt.value("#1f77b4")  # type: ignore[assignment]  # a constant colour instead of a field
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("n:Q", title="seeds"),
@@ -243,7 +264,8 @@ def delta_chart(df: pd.DataFrame, sort: list[str], x_title: str) -> alt.TopLevel
 
 
 def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: str | None,
-                 log_x: bool, x_better: str, domain: list[str] | None = None) -> alt.TopLevelMixin:
+                 log_x: bool, x_better: str, domain: list[str] | None = None,
+                 styles: list[palette.CellStyle] | None = None) -> alt.TopLevelMixin:
     """Quality (y, lower is better) against a cost; ``df`` has x, y, y_lo, y_hi, cell, front.
 
     Optional columns: ``x_lo``/``x_hi`` (the cost's min and max over a cell's
@@ -255,7 +277,7 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
     field = color or "cell"
     domain = domain or sorted(df[field].astype(str).unique())
     pick = alt.selection_point(fields=[field], bind="legend")
-    col = alt.Color(f"{field}:N", scale=alt.Scale(scheme=_scheme(len(domain)), domain=domain),
+    col = alt.Color(f"{field}:N", scale=cell_scales(domain, styles)[0],
                     legend=cell_legend(legend_columns(domain) if field == "cell" else 4))
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
                alt.Tooltip("y:Q", title=y_title, format=".4f"), alt.Tooltip("n:Q", title="runs"),
@@ -294,7 +316,7 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
     line = alt.Chart(front).mark_line(interpolate=step, color="#444", strokeDash=[6, 3]).encode(x=xs, y=ys)
     n_legend = -(-len(domain) // (legend_columns(domain) if field == "cell" else 4))
     return (alt.layer(line, err, *layers, pts).add_params(pick, alt.selection_interval(bind="scales"))
-            .properties(height=_with_legend(n_legend + 2)))
+            .properties(height=_with_legend(n_legend + 2, extra=PARETO_EXTRA)))
 
 
 # ---------------------------------------------------------------- kernels
@@ -303,7 +325,8 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
 def bench_chart(df: pd.DataFrame, value: str, title: str, lo: str | None = None, hi: str | None = None,
                 rule: float | None = None) -> alt.TopLevelMixin:
     """Providers side by side for each case (``df``: case, provider and the value columns)."""
-    color = alt.Color("provider:N", scale=alt.Scale(scheme="tableau10"), legend=cell_legend(4))
+    providers = sorted(df["provider"].astype(str).unique())
+    color = alt.Color("provider:N", scale=cell_scales(providers)[0], legend=cell_legend(4))
     tooltip: list[Any] = [alt.Tooltip("case:N"), alt.Tooltip("provider:N"),
                           alt.Tooltip(f"{value}:Q", title=title, format=".4~g")]
     if lo and hi:

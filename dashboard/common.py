@@ -16,9 +16,10 @@ from typing import Any, Callable
 import pandas as pd
 import streamlit as st
 
-from abl.analysis import formats, sections
+from abl.analysis import formats, metrics, sections
 from abl.dashboard import queries as q
 from abl.grid import labels as abl_labels
+from abl.present import palette
 
 ABSENT = "(absent)"
 
@@ -258,5 +259,92 @@ def fmt_num(x: Any, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
 
 
+def fmt_metric(name: str, value: Any) -> str:
+    """A figure of the metric ``name`` in its unit (abl.analysis.metrics.display: MiB, GFLOP, tokens/s...)."""
+    return metrics.display(name, None if value is None or pd.isna(value) else value, missing="–")
+
+
+def metric_summary_text(summary: pd.DataFrame) -> pd.DataFrame:
+    """A run's per-metric summary in each metric's unit, not raw numbers (``268231000``): the metric, its
+    final value, its range and how many rows it has, the columns that fit beside the sidebar (every row of
+    every metric is in the run's CSV)."""
+    out = pd.DataFrame({"metric": summary["name"]})
+    for col, head in (("last", "final"), ("min", "min"), ("max", "max")):
+        out[head] = [fmt_metric(n, v) for n, v in zip(summary["name"], summary[col])]
+    out["rows"] = summary["rows"].astype(int)
+    return out
+
+
+# ---------------------------------------------------------------- tables
+
+PAGE_ROWS = 50  # rows of one page of a table (the norms grid's 26 runs on one); more: the table pages
+ROW_PX, HEADER_PX = 35, 38  # st.dataframe's row and header heights
+
+
+def table_height(rows: int) -> int:
+    """The height that shows ``rows`` rows and the header with no inner scroll bar."""
+    return HEADER_PX + ROW_PX * max(1, rows) + 2
+
+
+def page_of(df: pd.DataFrame, key: str, page_rows: int = PAGE_ROWS) -> pd.DataFrame:
+    """The rows of ``df`` on the page picked above the table (all of them when they fit on one page)."""
+    n = len(df)
+    pages = max(1, -(-n // page_rows))
+    if pages == 1:
+        return df
+    page = int(st.number_input(f"Page (of {pages}, {page_rows} rows each)", min_value=1, max_value=pages,
+                               value=1, step=1, key=f"{key}_page"))
+    part = df.iloc[(page - 1) * page_rows: page * page_rows]
+    first = (page - 1) * page_rows + 1
+    st.caption(f"Rows {first}–{first + len(part) - 1} of {n}.")
+    return part
+
+
+def table(df: pd.DataFrame, key: str, column_config: dict | None = None, page_rows: int = PAGE_ROWS,
+          help_text: str | None = None, column_order: list[str] | None = None) -> None:
+    """``df`` as a table that shows every row of its page (no rows hidden behind an inner scroll bar): past
+    ``page_rows`` rows a page picker above it, and a caption saying which rows are shown. ``column_order``:
+    the columns shown (the ones that fit a laptop's width), the others kept in the data and its CSV."""
+    part = page_of(df, key, page_rows)
+    st.dataframe(part, hide_index=True, width="stretch", height=table_height(len(part)),
+                 column_config=column_config or {}, key=key, column_order=column_order)
+    if help_text:
+        st.caption(help_text)
+
+
+_TEXT_TABLE_CSS = """<style>
+.abl-text-table table {width: 100%; border-collapse: collapse; font-size: 0.85rem; margin-bottom: 0.5rem}
+.abl-text-table th, .abl-text-table td {padding: 0.2rem 0.45rem; border-bottom: 1px solid rgba(128,128,128,0.25);
+  text-align: left; vertical-align: top; overflow-wrap: break-word}
+.abl-text-table th {font-weight: 600}
+</style>"""
+
+
+def text_table(df: pd.DataFrame, key: str, page_rows: int = PAGE_ROWS, caption: str | None = None) -> None:
+    """``df`` (its values as they should read: abl.analysis.formats) as a plain table that fits its column:
+    a long value wraps inside its cell instead of pushing columns out of view; past ``page_rows`` rows,
+    pages. For tables that are read, not sorted or selected."""
+    part = page_of(df, key, page_rows)
+    html = part.to_html(index=False, escape=True, border=0, na_rep="–")
+    st.markdown(f'{_TEXT_TABLE_CSS}<div class="abl-text-table">{html}</div>', unsafe_allow_html=True)
+    if caption:
+        st.caption(caption)
+
+
 def metric_title(name: str) -> str:
     return q.metric_info(name).title  # the catalogue's label [unit] (abl.analysis.metrics)
+
+
+# ---------------------------------------------------------------- one cell, one colour
+
+
+def cell_styles(sel: q.Selection) -> dict[str, palette.CellStyle]:
+    """Each cell's style (abl.present.palette) by its position in its grid: the cells of the selected
+    experiments in the order their first runs started (the grid's order), whatever the other filters hide,
+    so a cell keeps its colour on every page and in the report."""
+    whole = q.Selection(experiments=sel.experiments)
+    keys = list(cell_table(whole)["cell_key"])
+    out = palette.styles(keys)
+    for k in cell_table(sel)["cell_key"]:  # a cell outside the experiments' listing (none expected): after them
+        out.setdefault(k, palette.style(len(out)))
+    return out

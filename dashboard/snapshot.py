@@ -54,6 +54,33 @@ READY = """() => {
     return drawn && document.fonts.status === 'loaded';
 }"""
 
+# every table (st.dataframe, st.table) that hides columns or rows behind a scroll bar of its own: an element
+# inside it that scrolls and whose content is wider (or taller) than its box
+CUT_TABLES = """() => {
+    const out = [];
+    document.querySelectorAll('[data-testid="stDataFrame"], [data-testid="stTable"]').forEach((el, i) => {
+        for (const e of [el, ...el.querySelectorAll('*')]) {
+            const st = getComputedStyle(e);
+            const wide = ['auto', 'scroll'].includes(st.overflowX) && e.scrollWidth > e.clientWidth + 2;
+            const tall = ['auto', 'scroll'].includes(st.overflowY) && e.scrollHeight > e.clientHeight + 2;
+            if (wide || tall) {
+                const head = (el.innerText || '').split('\\n')[0].slice(0, 40);
+                out.push(`${el.getAttribute('data-testid')} #${i} (${head}): ` +
+                         (wide ? `columns cut (${e.scrollWidth} px in ${e.clientWidth})` : '') +
+                         (wide && tall ? ', ' : '') +
+                         (tall ? `rows cut (${e.scrollHeight} px in ${e.clientHeight})` : ''));
+                break;
+            }
+        }
+    });
+    // plain tables in markdown (abl.dashboard.common.text_table): wider than the block they sit in
+    document.querySelectorAll('[data-testid="stMarkdownContainer"] table').forEach((t, i) => {
+        const room = t.parentElement.clientWidth;
+        if (t.scrollWidth > room + 2) out.push(`markdown table #${i}: columns cut (${t.scrollWidth} px in ${room})`);
+    });
+    return out;
+}"""
+
 # what the tests and the command check on each page
 MEASURE = """() => {
     const main = document.querySelector('[data-testid="stMain"]') || document.scrollingElement;
@@ -66,8 +93,9 @@ MEASURE = """() => {
         content_height: Math.max(main.scrollHeight, block ? block.scrollHeight : 0),
         charts: document.querySelectorAll('[data-testid="stVegaLiteChart"]').length,
         main_left: block ? Math.round(block.getBoundingClientRect().left) : 0,
+        cut_tables: CUT_TABLES(),
     };
-}"""
+}""".replace("CUT_TABLES()", "(" + CUT_TABLES + ")()")
 
 
 class SnapshotError(Exception):
@@ -86,6 +114,7 @@ class Shot:
     content_height: int
     charts: int
     main_left: int  # where the page's own content starts (right of the sidebar)
+    cut_tables: list[str]  # tables whose columns or rows are hidden behind their own scroll bar (CUT_TABLES)
 
 
 def chromium() -> str:
@@ -201,7 +230,7 @@ def _shoot(page: Any, url: str, script: str, width: int, out_dir: Path, timeout_
     return Shot(page=name, width=width, path=path, exceptions=int(m["exceptions"]), errors=list(m["errors"]),
                 scroll_width=int(m["scroll_width"]), viewport_width=int(m["viewport_width"]),
                 content_height=int(m["content_height"]), charts=int(m["charts"]),
-                main_left=int(m["main_left"]))
+                main_left=int(m["main_left"]), cut_tables=list(m["cut_tables"]))
 
 
 def snapshot(db: Path, runs_dir: Path, out_dir: Path, widths: Sequence[int], log_path: Path) -> list[Shot]:

@@ -385,8 +385,40 @@ def test_abl_cost_prints_the_predicted_table_without_training(tmp_path, monkeypa
     assert rows[1]["n_params"] > rows[0]["n_params"]
     r = CliRunner().invoke(cli, ["cost", str(grid), "--set", "model.d_model=48"])
     assert r.exit_code == 0, r.output
-    assert "train FLOP/step" in r.output and "est. peak" in r.output and "vocab 64" in r.output
+    assert "train FLOP /step" in r.output and "est. peak" in r.output and "vocab 64" in r.output
     assert not (tmp_path / "results").exists()  # nothing trained, no database
+
+
+@pytest.mark.parametrize("columns", ["60", "100", "200"])
+def test_abl_cost_cuts_no_header_and_no_value(tmp_path, monkeypatch, columns):
+    """The header read ``params+grad+a…`` in a narrow window: every header word and every value whole."""
+    from click.testing import CliRunner
+
+    from abl.cli import cli
+    from abl.cli.cost import COMPUTE, MEMORY
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", columns)
+    grid = tmp_path / "g.toml"
+    grid.write_text(GRID.replace('"model.n_layers" = [1, 2]', '"model.n_layers" = [1, 2]\n'
+                                 '"model.mixer" = ["mha", "sliding_window", "linear"]'))
+    r = CliRunner().invoke(cli, ["cost", str(grid)], terminal_width=int(columns))
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.output
+    for col in (*COMPUTE, *MEMORY, "model.n_layers", "model.mixer", "sliding_window"):
+        assert col in r.output, (col, r.output)
+
+
+def test_decode_cache_says_fixed_size_not_zero():
+    """A sliding window or a recurrent state has no per-token KV cache but is not "0 B"."""
+    from abl.cli.cost import decode_cache_text
+
+    assert decode_cache_text({"kv_cache_bytes_per_token": 2048, "state_bytes_per_sequence": 0}) == "2.0 KiB/tok"
+    assert decode_cache_text({"kv_cache_bytes_per_token": 0, "state_bytes_per_sequence": 65536}) == \
+        "64.0 KiB/seq fixed"
+    assert decode_cache_text({"kv_cache_bytes_per_token": 512, "state_bytes_per_sequence": 1024}) == \
+        "512 B/tok + 1.0 KiB/seq fixed"
+    assert decode_cache_text({"kv_cache_bytes_per_token": 0, "state_bytes_per_sequence": 0}) == "none"
 
 
 def test_abl_cost_names_a_component_without_cost_and_exits_2(tmp_path):

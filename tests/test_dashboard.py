@@ -150,6 +150,48 @@ def find(widgets, label):
     raise AssertionError(f"no widget {label!r} among {[w.label for w in widgets]}")
 
 
+def text_tables(at: AppTest) -> list:
+    """The plain tables of a page (abl.dashboard.common.text_table: HTML in markdown) as DataFrames of text."""
+    import html as html_lib
+    from html.parser import HTMLParser
+
+    import pandas as pd
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.cell = [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.cell is not None:
+                self.rows[-1].append(html_lib.unescape(self.cell).strip())
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    out = []
+    for md in at.markdown:
+        if "abl-text-table" in md.value:
+            p = Cells()
+            p.feed(md.value)
+            out.append(pd.DataFrame(p.rows[1:], columns=p.rows[0]))
+    return out
+
+
+def cell_frame(at: AppTest):
+    """The Compare page's per-cell numbers (mean, CI, rank, delta, p, verdict, health): the data of its per-cell
+    chart, the numbers its text tables print."""
+    return next(d for sp in vega(at) for d in sp["_data"].values() if "ci_lo" in d and "health" in d)
+
+
 def vega(at: AppTest) -> list[dict]:
     """Each chart's spec, with its datasets as DataFrames under '_data'."""
     import altair as alt
@@ -232,7 +274,7 @@ def test_sidebar_axis_filter_and_cell_selection_reach_every_page(fixture_store):
         "SELECT DISTINCT cell_key FROM runs WHERE status = 'completed' ORDER BY cell_key")][:2]
     ok(cells.set_value(cell_keys))
     ok(at.switch_page("views/compare.py"))
-    table = at.dataframe[-1].value
+    table = cell_frame(at)
     assert len(table) == 2
 
 
@@ -255,7 +297,8 @@ def test_curves_page_mean_band_seeds_axes_and_smoothing(fixture_store):
     assert marks == ["area", "line"]  # CI band, mean line
 
     # raw (no EMA): the mean at step 1 is the mean of the seeds' train_loss at step 1
-    ok(find(at.slider, "EMA smoothing").set_value(0.0))
+    # smoothing is off by default, labelled for the training loss, and never touches val_loss
+    assert find(at.slider, "EMA smoothing of train_loss").value == 0.0
     data = next(iter(vega(at)[0]["_data"].values()))
     data = data[data["kind"] == "mean"]
     raw = fixture_store.sql("""
@@ -291,7 +334,7 @@ def test_compare_page_cis_tests_and_facets(fixture_store):
     ok(find(at.toggle, "Holm correction").set_value(False))
     baseline = find(at.selectbox, "Baseline cell")
     assert_ok(at)
-    table = at.dataframe[-1].value
+    table = cell_frame(at)
     assert len(table) == 3  # the diverged cell has no completed run
     assert list(table["mean"]) == sorted(table["mean"])  # best first
     # the numbers, recomputed from the store with scipy
@@ -349,7 +392,7 @@ def test_compare_page_cis_tests_and_facets(fixture_store):
     # group by one axis, facet by another
     ok(find(at.selectbox, "Group by").set_value("model.norm"))
     ok(find(at.selectbox, "Facet by").set_value("model.block"))
-    spec = vega(at)[0]
+    spec = next(sp for sp in vega(at) if "facet" in sp)  # the per-cell chart, after the paired differences
     assert spec["facet"]["column"]["field"] == "model.block"
     assert _layers(spec)[-1]["encoding"]["y"]["field"] == "model.norm"
 
@@ -372,7 +415,10 @@ def test_tradeoffs_page_pareto_fronts(fixture_store):
     for spec in specs:
         pts = [d for d in spec["_data"].values() if "front" in d and len(d) == 3][0]
         front = pts[pts["front"]]
-        assert len(front) >= 1
+        # a speed measured on a contended machine never enters the front (this store's runs trained on a
+        # busy CI machine may all be): the front is over the quiet cells only
+        quiet = pts[pts["x_front"].notna()] if "x_front" in pts else pts
+        assert len(front) >= (1 if len(quiet) else 0) and set(front.index) <= set(quiet.index)
         # nothing on the front is dominated (lower y; lower x, or higher for throughput)
         higher = spec["layer"][0]["mark"].get("interpolate") == "step-before"
         for _, a in front.iterrows():
@@ -478,14 +524,20 @@ def test_run_detail_shows_error_config_diff_environment_and_metrics(fixture_stor
                                            at.error[0].value.rsplit("=", 1)[1]]
     assert [t.label for t in at.tabs] == ["Metrics", "Config", "Diff vs baseline", "Environment", "Run folder"]
     assert find(at.selectbox, "Baseline cell").value == base
-    frames = [d.value for d in at.dataframe]
+    frames = text_tables(at)
     diff = next(f for f in frames if list(f.columns) == ["path", "this run", "baseline"])
     assert list(diff["path"]) == ["train.diverge_loss"]
     env = next(f for f in frames if "value" in f.columns and "device" in set(f.iloc[:, 0]))
     facts = dict(zip(env.iloc[:, 0], env["value"]))
     assert facts["device"] and facts["git commit"] != "–"
-    summary = next(f for f in frames if "last_step" in f.columns)
-    assert "train_loss" in set(summary["name"])
+    summary = next(f for f in frames if "final" in f.columns and "metric" in f.columns)
+    assert "train_loss" in set(summary["metric"])
+    # every figure in its unit: a parameter count with separators, memory in MiB (not 268231000)
+    by_name = dict(zip(summary["metric"], summary["final"]))
+    if "n_params" in by_name:
+        assert "," in by_name["n_params"] or float(by_name["n_params"]) < 1000
+    if "peak_mem_bytes" in by_name:
+        assert by_name["peak_mem_bytes"].endswith("iB"), by_name["peak_mem_bytes"]
     assert at.get("json")  # the full config
 
     # a completed run: its metric chart

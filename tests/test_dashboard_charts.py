@@ -25,6 +25,7 @@ import pandas as pd  # noqa: E402
 
 from abl.dashboard import charts  # noqa: E402
 from abl.grid import labels as abl_labels  # noqa: E402
+from abl.present import palette  # noqa: E402
 
 APP = ROOT / "dashboard" / "app.py"
 CONTENDED_CELLS = {(n, b) for n, b, _ in norms_store.CONTENDED}
@@ -116,13 +117,74 @@ def test_curves_colours_legend_and_labels(norms2, monkeypatch):
     for spec in specs(at):
         color = layers(spec)[-1]["encoding"]["color"]
         domain = color["scale"]["domain"]
-        assert len(domain) == len(set(domain)) == 13  # the default: every cell, up to the palette's 20
-        assert color["scale"]["scheme"] == "category20"  # 20 distinct colours for 13 cells
+        assert len(domain) == len(set(domain)) == 13  # the default: every cell, up to MAX_COLOURS
+        # colour-blind-safe colours (abl.present.palette), a line style past them: 13 distinct looks
+        colours, dashes = color["scale"]["range"], layers(spec)[-1]["encoding"]["strokeDash"]["scale"]["range"]
+        assert set(colours) <= set(palette.COLOURS)
+        assert len({(c, tuple(d)) for c, d in zip(colours, dashes)}) == 13
         legend = color["legend"]
         assert legend["orient"] == "bottom" and legend["labelLimit"] == 0  # outside the plot, never cut
         assert set(domain) <= expected_labels()
         x_axis = layers(spec)[-1]["encoding"]["x"]["axis"]
         assert x_axis["labelOverlap"] is True and x_axis["labelAngle"] == 0
+
+
+def _by_metric(at: AppTest) -> dict[str, dict]:
+    return {layers(sp)[-1]["encoding"]["y"]["title"]: sp for sp in specs(at)}
+
+
+def test_val_loss_is_drawn_raw_and_the_axis_holds_every_final_value(norms2, monkeypatch):
+    """An EMA of 0.6 on val_loss ended the best line near 2.84 with its final value 2.747, off the axis."""
+    import duckdb
+
+    con = duckdb.connect(str(norms2), read_only=True)
+    finals = dict(con.sql("SELECT r.label, avg(m.value) FROM metrics m JOIN runs r USING (run_id) "
+                          "WHERE m.name = 'val_loss' AND m.step = 200 GROUP BY r.label").fetchall())
+    raw_train = dict(con.sql("SELECT r.label, avg(m.value) FROM metrics m JOIN runs r USING (run_id) "
+                             "WHERE m.name = 'train_loss' AND m.step = 101 GROUP BY r.label").fetchall())
+    con.close()
+    at = app(norms2, monkeypatch, "curves")
+    assert next(s for s in at.slider if s.label.startswith("EMA smoothing")).value == 0.0  # off by default
+    next(s for s in at.slider if s.label.startswith("EMA smoothing")).set_value(0.8)
+    at.run()
+    charts_ = _by_metric(at)
+    val = charts_["val_loss"]
+    data = next(d for d in val["_data"].values() if "kind" in d)
+    mean = data[data["kind"] == "mean"]
+    last = mean[mean["step"] == 200].set_index("cell")["mean"]
+    assert len(last) == 13
+    for label, v in last.items():
+        assert v == pytest.approx(finals[label])  # the line ends at the tables' number
+    lo, hi = layers(val)[-1]["encoding"]["y"]["scale"]["domain"]
+    assert lo <= min(finals.values()) and hi >= max(finals.values())
+    # the training loss is smoothed at 0.8 (its line is not the raw mean) and its caption says so
+    train = next(d for d in charts_["train_loss"]["_data"].values() if "kind" in d)
+    tm = train[(train["kind"] == "mean") & (train["step"] == 101)].set_index("cell")["mean"]
+    assert any(abs(tm[k] - raw_train[k]) > 1e-3 for k in tm.index)
+    captions = " ".join(c.value for c in at.caption)
+    assert "train_loss smoothed: EMA 0.80" in captions and "raw values (no smoothing)" in captions
+
+
+def _colour_of(spec: dict) -> dict[str, str]:
+    for layer in layers(spec):
+        color = layer.get("encoding", {}).get("color", {})
+        if color.get("field") == "cell" and "range" in color.get("scale", {}):
+            return dict(zip(color["scale"]["domain"], color["scale"]["range"]))
+    raise AssertionError("no cell colour")
+
+
+def test_one_cell_one_colour_on_every_page(norms2, monkeypatch):
+    """Curves ranked the cells, Trade-offs kept the grid's order: a cell changed colour between pages. Its
+    colour is its grid position's (the order its first run started), on every page."""
+    curves = _colour_of(specs(app(norms2, monkeypatch, "curves"))[0])
+    trade = _colour_of(specs(app(norms2, monkeypatch, "tradeoffs"))[0])
+    assert set(curves) == set(trade) and len(curves) == 13
+    assert curves == trade
+    first = [f"norm={n}, block={b}" for n, b in norms_store.cells()]  # the grid's order, as the store ran it
+    looks = palette.styles(first)
+    labels = expected_labels()
+    assert {lbl: looks[lbl].colour for lbl in first if lbl in labels} == \
+        {lbl: c for lbl, c in curves.items() if lbl in first}
 
 
 def test_more_cells_than_colours_are_faceted_by_the_first_axis():
@@ -132,7 +194,8 @@ def test_more_cells_than_colours_are_faceted_by_the_first_axis():
     spec = charts.curve_chart(mean, None, "step", "loss", band=False, facet="norm").to_dict()
     assert spec["facet"]["field"] == "norm"
     few = charts.curve_chart(mean.head(5), None, "step", "loss", band=False, facet="norm").to_dict()
-    assert "facet" not in few and few["layer"][-1]["encoding"]["color"]["scale"]["scheme"] == "tableau10"
+    assert "facet" not in few
+    assert few["layer"][-1]["encoding"]["color"]["scale"]["range"] == list(palette.COLOURS[:5])
 
 
 # ---------------------------------------------------------------- contention
@@ -158,6 +221,12 @@ def test_tradeoffs_ring_contended_cells_and_show_the_speed_spread(norms2, monkey
     # two seeds: the min-max of tokens/s per cell, drawn as a horizontal bar
     assert (data["x_lo"] <= data["x"]).all() and (data["x"] <= data["x_hi"]).all()
     assert (data["x_hi"] > data["x_lo"]).all()
+    # a cell's speed is its runs on a quiet machine (rmsnorm/post: seed 0 quiet, seed 1 contended and slower),
+    # and a cell with no quiet run is never on the Pareto front
+    by_cell = {_cell_of(c): row for c, row in zip(data["cell"], data.to_dict("records"))}
+    assert by_cell[("rmsnorm", "post")]["x"] == pytest.approx(by_cell[("rmsnorm", "post")]["x_hi"])
+    assert by_cell[("scalenorm", "sandwich")]["front"] is False or not by_cell[("scalenorm", "sandwich")]["front"]
+    assert all(not row["front"] or row["x_front"] == row["x_front"] for row in by_cell.values())  # not NaN
     assert any(m["encoding"].get("x", {}).get("field") == "x_lo" and "x2" in m["encoding"] for m in layers(speed))
     assert any("Red rings" in c.value for c in at.caption)
     # a cost that is not a speed is never marked; one that every cell shares within 5% (the store's
@@ -187,7 +256,7 @@ def test_runs_table_flags_contended_runs(norms2, monkeypatch):
 def test_run_detail_figures_are_a_table_with_full_values(norms2, monkeypatch):
     at = app(norms2, monkeypatch, "run_detail")
     assert not at.metric  # no tiles: a tile cuts a long value at a laptop width ("573.8 …")
-    figures = at.table[0].value
+    figures = at.table[0].value.T  # shown one figure a row
     assert list(figures.columns)[:4] == ["final val_loss", "final train_loss", "tokens/s (median)", "peak memory"]
     assert figures["peak memory"].iloc[0].endswith("MiB") and "…" not in figures["peak memory"].iloc[0]
     assert "over 2 seeds" in figures["tokens/s (median)"].iloc[0]  # the cell's spread beside the run's number
@@ -197,7 +266,7 @@ def test_run_detail_figures_are_a_table_with_full_values(norms2, monkeypatch):
 def test_run_detail_marks_a_contended_run(norms2, monkeypatch):
     run_id = next(r for r in _run_ids(norms2) if r.startswith("scalsand") and r.endswith("s0"))
     at = app(norms2, monkeypatch, "run_detail", detail_run=run_id)
-    figures = at.table[0].value
+    figures = at.table[0].value.T
     assert "⚠ contended" in figures["tokens/s (median)"].iloc[0]
     assert any("busy with other work" in c.value for c in at.caption)
 

@@ -4,7 +4,8 @@ On a norms-shaped store (13 cells x 2 seeds, tests/dashboard/norms_store.py),
 served once for the module, through the same code as ``abl dashboard
 --snapshot``. Each page must render: no exception box, not blank (pixel
 variance in the main area), as tall as its content, and no horizontal
-overflow (the document is no wider than the window). The PNGs are kept under
+overflow (the document is no wider than the window), and no table that hides
+columns or rows behind a scroll bar of its own. The PNGs are kept under
 the test's tmp folder, and copied to $ABL_SCREENSHOT_DIR when it is set.
 """
 
@@ -74,6 +75,8 @@ def test_page_renders_without_error_blank_or_overflow(shots, script):
         assert s.exceptions == 0, where
         assert s.errors == [], (where, s.errors)
         assert s.scroll_width <= s.viewport_width == width, (where, s.scroll_width)  # no horizontal overflow
+        # every table shows all its columns and the rows of its page (no inner scroll bar hiding some)
+        assert s.cut_tables == [], (where, s.cut_tables)
         assert s.content_height >= 400, where
         if name in CHART_PAGES:
             assert s.charts >= CHART_PAGES[name], (where, s.charts)

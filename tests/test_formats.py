@@ -37,3 +37,33 @@ def test_no_other_module_spells_the_byte_units():
                 if isinstance(node, ast.Constant) and node.value in ("KiB", "TiB"):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, "byte units spelled outside abl.analysis.formats: " + ", ".join(found)
+
+
+def test_units_of_the_catalogue():
+    from abl.analysis import metrics
+
+    assert formats.fmt_si(2.5e9, "FLOP") == "2.5 GFLOP"
+    assert metrics.display("peak_mem_bytes", 3.53001e8) == "336.6 MiB"  # not 3.53001e+08
+    assert metrics.display("n_params", 268231000) == "268,231,000"  # not 268231000
+    assert metrics.display("flops_per_token", 2.5e9) == "2.5 GFLOP"
+    assert metrics.display("mfu", 0.1234) == "12.3%"
+    assert metrics.display("val_loss", 2.74712) == "2.7471"
+    assert metrics.display("val_loss", None, missing="–") == "–"
+
+
+def test_speeds_at_one_precision():
+    """``91.5038*`` beside ``111*``: every tokens/s figure is whole tokens per second."""
+    from abl.analysis import verdicts
+
+    texts = [verdicts.value_text(m, v) for m, v in (("decode_tokens_per_s", 91.5038), ("tokens_per_s", 111.0),
+                                                     ("train_tokens_per_s", 24584.4))]
+    assert texts == ["92", "111", "24,584"]
+    assert formats.fmt_speed(91.5038) == "92 tokens/s"
+
+
+def test_a_fixed_size_decode_cache_is_not_zero_bytes():
+    """sliding_window and linear printed ``KV/tok 0 B``: their cache is a fixed size per sequence."""
+    assert formats.fmt_decode_cache(0, 65536) == "64.0 KiB/seq fixed"
+    assert formats.fmt_decode_cache(2048, 0) == "2.0 KiB/tok"
+    assert formats.fmt_decode_cache(None, None) == "-"
+    assert formats.fmt_decode_cache(0, 0) == "none"

@@ -158,6 +158,14 @@ def test_equal_flops_give_no_flops_axis(norms_store, tmp_path):
     # the predicted-vs-measured plot keeps only the figure that differs between cells (memory)
     fig = report.predicted_vs_measured_figure(rep.cost_rows, "")
     assert [ax.get_title() for ax in fig.axes] == ["training memory (peak tensor bytes)"]
+    # in MiB, each tick the number itself: not raw bytes under a 1e7 offset
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "predicted [MiB]" and ax.get_ylabel() == "measured [MiB]"
+    fig.canvas.draw()
+    assert not ax.xaxis.get_offset_text().get_text() and not ax.yaxis.get_offset_text().get_text()
+    top = max(float(t.get_text().replace(",", "").replace("−", "-")) for t in ax.get_yticklabels()
+              if t.get_text())
+    assert 1 < top < 1e5  # MiB of a small model, not bytes
     del get_registry
 
 
@@ -222,13 +230,18 @@ def _assert_readable(fig):
         lb = leg.get_window_extent(renderer)
         for ax in fig.axes:
             assert not lb.overlaps(ax.get_window_extent(renderer)), "legend over a panel"
+    from abl.present.figures import MIN_GAP_PX
+
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
-            boxes = [t.get_window_extent(renderer) for t in axis.get_ticklabels(which="both")
-                     if t.get_visible() and t.get_text()]
+            # apart by a few pixels, not merely not overlapping: touching labels read as one
+            # ("8000 9000 1000011000")
+            boxes = [t.get_window_extent(renderer).padded(MIN_GAP_PX / 2 - 0.5)
+                     for t in axis.get_ticklabels(which="both") if t.get_visible() and t.get_text()]
             for i, a in enumerate(boxes):
                 for b in boxes[i + 1:]:
-                    assert not a.overlaps(b), f"overlapping tick labels on {ax.get_title()!r}"
+                    assert not a.overlaps(b), f"tick labels running together on {ax.get_title()!r}"
+            assert not axis.get_offset_text().get_text(), f"an offset multiplier on {ax.get_title()!r}"
 
 
 def test_thirteen_cells_are_told_apart_named_by_their_settings_with_the_legend_outside(norms_store, tmp_path):
@@ -314,8 +327,10 @@ def test_the_costs_page_follows_the_same_rules(norms_store, monkeypatch):
     assert "1 of 52 compared checks disagree: norm=rmsnorm, block=post: train_peak_bytes" in text
     assert "3 of 26 completed runs ran on a contended machine" in text
     assert "No scaling fit of L(N, D)" in text and "model sizes" in text
-    summary, outliers = at.table[0].value, at.table[1].value
-    assert len(summary) == 4 and list(outliers["figure"]) == ["train_peak_bytes"]
+    # plain tables that wrap to fit the page (abl.dashboard.common.text_table): a header row and their rows
+    summary, outliers = [m.value for m in at.markdown if "abl-text-table" in m.value][:2]
+    assert summary.count("<tr") == 1 + 4 and outliers.count("<tr") == 1 + 1
+    assert "<td>train_peak_bytes</td>" in outliers
     assert len(at.dataframe[0].value) == 52  # the full table, folded in an expander
     assert "Scaling fit" in {s.value for s in at.subheader}
 

@@ -334,3 +334,20 @@ def test_output_that_is_not_a_terminal_takes_columns_when_set(monkeypatch):
     assert output_console().width == 80
     monkeypatch.delenv("COLUMNS")
     assert output_console().width >= LOG_WIDTH
+
+
+@pytest.mark.parametrize("columns", [60, 90])
+def test_detect_line_wraps_at_columns(tmp_path, monkeypatch, capsys, columns):
+    """``abl run --dry-run --detect`` printed one unwrapped line however narrow the window (soft wrap)."""
+    from types import SimpleNamespace
+
+    from abl.present import summary
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    exp = SimpleNamespace(summary=["val_loss"])
+    grid = SimpleNamespace(cells=[SimpleNamespace(experiment=exp, cell_key=k, run_id=f"r{k}") for k in "ab"])
+    summary.print_detect(grid, tmp_path / "absent.duckdb", 0.01)
+    out = capsys.readouterr().out
+    assert "--detect 0.01" in out and "2 completed seeds" in " ".join(out.split())
+    assert max(len(line) for line in out.splitlines()) <= columns, out
+    assert len(out.splitlines()) >= 2  # the sentence is longer than one line at these widths

@@ -104,6 +104,9 @@ def test_dashboard_writes_the_words_of_the_cli():
                     "did not learn (a)", "better", "not distinguishable", "baseline"):
         assert stats.verdict_word(verdict) in stats.VERDICT_WORDS
     assert stats.verdict_word("too few seeds to decide (n=2)") == stats.TOO_FEW
+    from abl.analysis.verdicts import NOT_COMPARABLE
+
+    assert stats.verdict_word(NOT_COMPARABLE) == stats.NOT_COMPARABLE  # a colour of its own, not a stray word
     for path in ("dashboard/views/compare.py", "dashboard/charts.py"):
         text = (ROOT / path).read_text()
         assert "n.s." not in text and "not significant" not in text and "stars(" not in text, path

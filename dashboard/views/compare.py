@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from abl.analysis import stats
+from abl.analysis import formats, stats
 from abl.analysis.verdicts import axis_effects, effect_section, health_text
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
@@ -143,6 +143,17 @@ summ["baseline"] = base_mean
 
 sort = list(summ["cell"])
 x_title = common.metric_title(metric)
+unit = "" if info.is_loss or not info.unit else f" [{info.unit}]"
+
+
+def value_fmt(x, signed: bool = False) -> str:
+    """A mean, difference or interval end of ``metric`` as the CLI prints it (abl.analysis.formats)."""
+    if x is None or pd.isna(x):
+        return "–"
+    if info.unit == "bytes":
+        return ("+" if signed and x > 0 else "") + formats.fmt_bytes(x)
+    return formats.fmt(float(x), 4, signed=signed) if info.is_loss or abs(float(x)) < 1e3 else \
+        (f"{float(x):+,.0f}" if signed else f"{float(x):,.0f}")
 if group != NONE:
     others = [a for a in axes if a not in (group, facet)]
     summ["variant"] = summ[others].astype(str).agg(", ".join, axis=1) if others else summ[group].astype(str)
@@ -161,15 +172,6 @@ caption = (f"Dots: mean over seeds ({n_seeds} per cell, completed runs); bars: 9
 table_cols = ["rank", "cell", "group", *axes, "n", "mean", "std", "ci_lo", "ci_hi", "delta", "p", "p_holm", "verdict",
               "health"]
 export = summ[[c for c in dict.fromkeys(table_cols + ["cell_key"]) if c in summ]]
-st.subheader(f"{info.label}: mean and 95% CI per cell, {'lower' if lower_better else 'higher'} is better")
-charts.show(chart, export, f"compare_{metric}", key="compare", caption=caption,
-            height=charts.rows_height(len(y_sort), facets=facet != NONE))
-if q.is_speed(metric):
-    hit = common.contended_runs(sel)
-    if hit:
-        st.warning(f"{len(hit)} run(s) of the selection were {common.CONTENDED_NOTE}: compare speeds of runs "
-                   "measured on a quiet machine (the runs table flags them).", icon=":material/warning:")
-
 if mode != "pairs":  # the per-axis answer, as the CLI summary and abl compare lead with it
     try:
         effects = axis_effects(cell_inputs, (), metric, only=kwargs.get("by"))
@@ -197,26 +199,44 @@ else:
                     f"delta_{metric}", key="delta", height=charts.rows_height(len(shown)),
                     caption=f"Bars: {analysis.interval} interval of the difference. Color: the verdict. "
                             f"{analysis.method}")
-    st.dataframe(comp[["a_label", "b_label", "n_a", "n_b", "delta", "ci_low", "ci_high", "p_value", "p_adjusted",
-                       "test", "mdd", "verdict"]], hide_index=True, width="stretch", column_config={
-        "a_label": st.column_config.TextColumn("a"), "b_label": st.column_config.TextColumn("b"),
-        **{c: st.column_config.NumberColumn(c, format="%+.4f") for c in ("delta",)},
-        **{c: st.column_config.NumberColumn(f"{analysis.interval_header} {c[3:]}", format="%+.4f")
-           for c in ("ci_low", "ci_high")},
-        "p_value": st.column_config.NumberColumn("p", format="%.3g"),
-        "p_adjusted": st.column_config.NumberColumn("Holm p" if use_holm else "p (no correction)", format="%.3g"),
-        "mdd": st.column_config.NumberColumn("MDD", format="%.4f", help="minimum detectable difference at the "
-                                             "observed variance (power 80%); none below 3 seeds"),
-    })
+    comp_cols = ["cell", "delta", "ci_low", "ci_high", "p_adjusted", "significance", "n_a", "n_b", "p_value", "test",
+                 "mdd", "verdict"]
+    # what fits a laptop's width: the pair, Δ with its interval, the adjusted p and the verdict's words; the raw
+    # p, the test, the MDD and the verdict's full sentence are in the CSV and the caption
+    p_head = "Holm p" if use_holm else "p (no correction)"
+    common.text_table(pd.DataFrame({
+        "a − b": comp["cell"], f"Δ{unit}": [value_fmt(d, signed=True) for d in comp["delta"]],
+        analysis.interval_header: [f"[{value_fmt(lo, signed=True)}, {value_fmt(hi, signed=True)}]"
+                                   for lo, hi in zip(comp["ci_low"], comp["ci_high"])],
+        p_head: [stats.fmt_p(p) if pd.notna(p) else "–" for p in comp["p_adjusted"]],
+        "verdict": comp["significance"]}), key="cmp_comparisons")
+    st.download_button("Comparisons (CSV, every column)", data=lambda: comp[comp_cols].to_csv(index=False),
+                       file_name=f"comparisons_{metric}.csv", mime="text/csv", on_click="ignore",
+                       icon=":material/download:")
     st.caption(analysis.method)
 
+st.subheader(f"{info.label}: mean and 95% CI per cell, {'lower' if lower_better else 'higher'} is better")
+st.caption("Each cell's own interval, across its seeds: with few seeds it is wide (t with n−1 df), and it "
+           "says nothing about the difference between two cells run on the same seeds. The paired differences "
+           "above are the test.")
+charts.show(chart, export, f"compare_{metric}", key="compare", caption=caption,
+            height=charts.rows_height(len(y_sort), facets=facet != NONE))
+if q.is_speed(metric):
+    hit = common.contended_runs(sel)
+    if hit:
+        st.warning(f"{len(hit)} run(s) of the selection were {common.CONTENDED_NOTE}: compare speeds of runs "
+                   "measured on a quiet machine (the runs table flags them).", icon=":material/warning:")
+
+
 st.subheader("Table")
-fmt = "%.4f" if info.is_loss else "%.4g"
-st.dataframe(export.drop(columns=["cell_key"]), hide_index=True, width="stretch", column_config={
-    "n": st.column_config.NumberColumn("seeds"),
-    **{c: st.column_config.NumberColumn(c, format=fmt) for c in ("mean", "std", "ci_lo", "ci_hi")},
-    "delta": st.column_config.NumberColumn("delta", format="%+.4f" if info.is_loss else "%+.4g"),
-    "p": st.column_config.NumberColumn("p", format="%.3g"),
-    "p_holm": st.column_config.NumberColumn("Holm p" if use_holm else "p (no correction)", format="%.3g"),
-})
+cells_text = pd.DataFrame({
+    "rank": [("" if pd.isna(r) else f"{int(r)}") + (f" ({g})" if g else "") for r, g in zip(summ["rank"], summ["group"])],
+    "cell": summ["cell"], "seeds": summ["n"].astype(int),
+    f"mean{unit}": [value_fmt(m) for m in summ["mean"]],
+    "95% CI": [f"[{value_fmt(lo)}, {value_fmt(hi)}]" if pd.notna(lo) else "–"
+               for lo, hi in zip(summ["ci_lo"], summ["ci_hi"])],
+    "verdict": summ["significance"], "health": summ["health"]})
+common.text_table(cells_text, key="cmp_table")
+st.download_button("This table (CSV, every column)", data=lambda: export.to_csv(index=False),
+                   file_name=f"compare_{metric}.csv", mime="text/csv", on_click="ignore", icon=":material/download:")
 st.caption(f"{analysis.method} {len(summ)} cells, {int(summ['n'].sum())} completed runs.")

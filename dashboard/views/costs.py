@@ -63,15 +63,15 @@ if outliers:
                + (" ..." if len(outliers) > 8 else ""), icon=":material/warning:")
 else:
     st.success(f"Every measured check agrees ({compared} of {len(table)} checks have a measurement).")
-st.table(pd.DataFrame([{
+common.text_table(pd.DataFrame([{
     "figure": s["figure"], "cells": s["cells"], "agree": s["agree"], "disagree": s["disagree"],
     "not compared": s["not_compared"],
     "worst measured / predicted": "-" if s["worst_ratio"] is None else f"{s['worst_ratio']:.4f} ({s['worst_cell']})",
-} for s in summary]))
+} for s in summary]), key="costs_summary")
 if outliers:
     st.markdown("**The checks that disagree**")
-    st.table(pd.DataFrame(outliers)[["label", "figure", "predicted", "measured", "ratio", "agreement"]].rename(
-        columns={"label": "cell", "ratio": "measured / predicted"}))
+    common.text_table(pd.DataFrame(outliers)[["label", "figure", "predicted", "measured", "ratio", "agreement"]]
+                      .rename(columns={"label": "cell", "ratio": "measured / predicted"}), key="costs_outliers")
 st.caption("Required: parameters exact; FLOPs per step within 5% of torch.utils.flop_counter on one step; "
            f"peak tensor memory (one whole training step, torch's MemTracker) within {MEMORY_BAND[0]:g}-"
            f"{MEMORY_BAND[1]:g}x of the prediction, which models the torch reference path. Predictions come "

@@ -5,9 +5,13 @@ t-interval of that mean as a band (where at least two seeds reached the step).
 The bands are on by default only when every cell shown has at least 3 seeds
 (``abl.analysis.sections.bands_by_default``: at n = 2 the t multiplier is 12.7 and a
 band is a smear); otherwise each seed's line is drawn faintly instead, and a
-toggle turns the bands on. Smoothing is a debiased EMA applied to each run
-before averaging. More cells than the palette has distinct colours: one panel
-per value of the first grid axis.
+toggle turns the bands on. Validation figures are drawn raw: a smoothed
+val_loss ends above the final value every table shows. Smoothing (a debiased
+EMA of each run before averaging) is offered for the training loss only, off
+by default, and the caption says when it is on. The y axis holds every cell's
+final value. Each cell has its grid position's colour and line style
+(abl.present.palette), the same on every page and in the report. More cells
+than MAX_COLOURS: one panel per value of the first grid axis.
 """
 
 import numpy as np
@@ -19,6 +23,7 @@ from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 
 MAX_POINTS = 400  # per line, after smoothing
+SMOOTHABLE = ("train_loss",)  # noisy per-batch figures; a validation figure is drawn as measured
 DEFAULT_CELLS = charts.MAX_COLOURS  # as many as the palette tells apart (the best first when there are more)
 
 # The FLOPs axis, from the first of these a run records: cumulative training FLOPs at each
@@ -62,8 +67,9 @@ top = st.columns([3, 2, 2])
 default_metrics = [m for m in ("train_loss", "val_loss") if m in per_step] or per_step[:1]
 metrics = top[0].multiselect("Metrics", per_step, default=default_metrics, key="curve_metrics")
 x_kind = top[1].radio("x axis", list(x_options), format_func=x_options.get, horizontal=True, key="curve_x")
-smooth = top[2].slider("EMA smoothing", 0.0, 0.99, 0.6, 0.01, key="curve_ema",
-                       help="weight of the previous value; 0 = raw. Debiased like TensorBoard's.")
+smooth = top[2].slider("EMA smoothing of train_loss", 0.0, 0.99, 0.0, 0.01, key="curve_ema",
+                       help="Weight of the previous value; 0 = raw (the default). Debiased like TensorBoard's. "
+                            "Applies to the training loss only: validation figures are always drawn raw.")
 keys = list(cells["cell_key"])
 default_cells = keys if len(keys) <= DEFAULT_CELLS else keys[:DEFAULT_CELLS]
 shown_keys = [k for k in st.session_state.get("curve_cells") or () if k in keys] or default_cells
@@ -105,13 +111,19 @@ if x_kind == "flops" and not flops_cum:
     flops_factor = f * (meta["tokens_per_step"].astype(float).reindex(f.index) if unit == "token" else 1.0)
 
 
+def smoothing_of(metric: str) -> float:
+    """The EMA weight applied to ``metric``: the slider's for the training loss, 0 for every other figure."""
+    return float(smooth) if metric in SMOOTHABLE else 0.0
+
+
 def curve_frames(metric: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     df = common.load(q.curves, run_ids, metric, x_kind == "wall", flops_cum if x_kind == "flops" else None)
     if df.empty:
         return df, df
     df = df.join(meta, on="run_id")
     df = df.sort_values(["run_id", "step"], kind="stable")
-    df["y"] = stats.ema_by_group(df, "run_id", "y", smooth)
+    if smoothing_of(metric) > 0:
+        df["y"] = stats.ema_by_group(df, "run_id", "y", smoothing_of(metric))
     if x_kind == "step":
         df["x"] = df["step"].astype(float)
     elif x_kind == "tokens":
@@ -141,6 +153,24 @@ def curve_frames(metric: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     return agg, seeds
 
 
+def y_extent(metric: str, agg: pd.DataFrame, seeds: pd.DataFrame) -> tuple[float, float]:
+    """The y axis's extent: every value drawn and every shown cell's final value (as the tables show it),
+    with a little room; a log axis keeps positive values only."""
+    drawn = [agg["mean"], agg["lo"], agg["hi"]] + ([seeds["y"]] if show_seeds else [])
+    finals = common.load(q.cell_values, sel, metric, False)
+    finals = finals[finals["run_id"].isin(run_ids)]
+    cell_finals = finals.groupby("cell_key")["value"].mean()  # the number the tables show for each cell
+    values = pd.concat([*drawn, finals["value"], cell_finals], ignore_index=True).dropna()
+    if log_y:
+        values = values[values > 0]
+    lo, hi = float(values.min()), float(values.max())
+    if log_y:
+        return lo / 1.02, hi * 1.02
+    pad = 0.03 * (hi - lo) if hi > lo else max(abs(hi) * 0.01, 1e-3)
+    return lo - pad, hi + pad
+
+
+styles = common.cell_styles(sel)
 for metric in metrics:
     agg, seeds = curve_frames(metric)
     st.subheader(metric)
@@ -151,7 +181,8 @@ for metric in metrics:
                                seeds if show_seeds else None, x_options[x_kind], metric,
                                log_x=log_x, log_y=log_y, band=show_band,
                                x_format={"step": "d", "wall": ",.0f"}.get(x_kind, "~s"),
-                               domain=[labels[k] for k in chosen], facet=facet)
+                               domain=[labels[k] for k in chosen], facet=facet,
+                               styles=[styles[k] for k in chosen], y_domain=y_extent(metric, agg, seeds))
     # the x column under its own name (step is there already)
     x_col = {"tokens": "tokens", "flops": "flops", "wall": "elapsed_s"}.get(x_kind)
     cols = ["cell", "cell_key", "step", *(["x"] if x_col else []), "mean", "std", "n", "lo", "hi"]
@@ -160,13 +191,15 @@ for metric in metrics:
         per_seed = seeds[["cell", "seed", "step", *(["x"] if x_col else []), "y"]]
         export = pd.concat([export.assign(kind="mean over seeds"),
                             per_seed.rename(columns={"x": x_col, "y": "mean"}).assign(kind="one seed")])
-    what = ["solid: mean over seeds"]
+    what = ["lines: mean over seeds (colour and line style: the cell)"]
     if show_seeds:
-        what.append("dashed: each seed")
+        what.append("thin faint lines: each seed")
     if show_band:
         what.append("band: 95% t-interval across seeds")
     charts.show(chart, export, f"{metric}_vs_{x_kind}", key=f"curve_{metric}",
-                caption="; ".join(what) + f"; EMA {smooth:.2f}; "
+                caption="; ".join(what)
+                        + (f"; train_loss smoothed: EMA {smoothing_of(metric):.2f}" if smoothing_of(metric)
+                           else "; raw values (no smoothing)") + "; "
                         "drag to pan, scroll to zoom, click a legend entry to highlight a cell")
     if q.is_speed(metric) and contended:
         hit = sorted({labels.get(k, k) for k in sub.loc[sub["run_id"].isin(contended), "cell_key"]})

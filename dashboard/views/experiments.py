@@ -3,6 +3,7 @@
 import streamlit as st
 
 from abl.analysis import stats
+from abl.analysis.verdicts import value_text
 from abl.dashboard import common
 from abl.dashboard import queries as q
 from abl.store.rundir import COMPLETED, NOT_COMPLETED, RUNNING
@@ -76,7 +77,7 @@ if n_running:
 st.subheader("Runs")
 view = st.segmented_control("Rows", ["one per run", "one per cell (seeds aggregated)"],
                             default="one per run", key="rows_view")
-metric_cols = [n for n in names if n in df]
+metric_cols = [n for n in names if n in df and n != "contended"]  # contended: the ⚠ column
 mem_cols = [n for n in metric_cols if n.endswith("_bytes")]  # totals in MiB; per-token bytes stay bytes
 for n in mem_cols:
     df[n] = df[n] / 2**20
@@ -89,15 +90,18 @@ column_config = {
     "run": st.column_config.LinkColumn("detail", display_text="open", help="Run detail in a new tab"),
     "run_id": st.column_config.TextColumn("run_id"),
     "activity": st.column_config.TextColumn("activity"),
-    "contended": st.column_config.CheckboxColumn("⚠ contended", help="Speed measured on a contended machine: "
+    "contended": st.column_config.CheckboxColumn("⚠", help="Speed measured on a contended machine: "
                                                  "its tokens/s and MFU are the machine's load, not a result"),
-    "contended seeds": st.column_config.NumberColumn("⚠ contended seeds", help="Seeds whose speed was measured "
+    "contended seeds": st.column_config.NumberColumn("⚠ seeds", help="Seeds whose speed was measured "
                                                      "on a contended machine"),
 }
-for n in metric_cols:
+for n in metric_cols:  # each in its unit (the metric catalogue): MiB, whole tokens/s, percentages
     info = q.metric_info(n)
-    label = f"{n} [MiB]" if n in mem_cols else n
-    fmt = "%.4f" if q.metric_info(n).is_loss else "%.1f" if n in mem_cols else "compact" if n.startswith("n_") else "%.4g"
+    unit = "MiB" if n in mem_cols else info.unit
+    label = {"tokens/s": "tokens/s", "MiB": "peak MiB" if n == "peak_mem_bytes" else f"{n} [MiB]"}.get(
+        unit, f"{n} [{unit}]" if unit and not info.is_loss else n)
+    fmt = ("%.4f" if info.is_loss else "%.1f" if n in mem_cols else "%.0f" if unit == "tokens/s"
+           else "percent" if unit == "fraction" else "localized" if n.startswith("n_") else "%.4g")
     column_config[n] = st.column_config.NumberColumn(label, format=fmt, help=info.description or info.label)
 
 if view == "one per cell (seeds aggregated)":
@@ -111,7 +115,7 @@ if view == "one per cell (seeds aggregated)":
     speed_cols = [n for n in metric_cols if q.is_speed(n)]
     for n in speed_cols:  # one speed per seed: the spread, not one number
         lo, hi, k = groups[n].min(), groups[n].max(), groups[n].count()
-        spread = {c: (f"{common.fmt_num(lo[c])} – {common.fmt_num(hi[c])}" if k[c] > 1 else "")
+        spread = {c: (f"{value_text(n, lo[c])} – {value_text(n, hi[c])}" if k[c] > 1 else "")
                   for c in lo.index}
         table[f"{n} min–max"] = table["cell_key"].map(spread)
     if "val_loss" in df:
@@ -133,15 +137,38 @@ else:
     if not table["activity"].astype(bool).any():
         order.remove("activity")
 table = table.reset_index(drop=True)
-shown = [c for c in dict.fromkeys(order) if c in table]
-event = st.dataframe(table[shown], hide_index=True, width="stretch", column_config=column_config,
+available = [c for c in dict.fromkeys(order) if c in table]
+# the columns that fit a laptop's width (1024 px leaves about 560 px beside the sidebar); the rest one click
+# away: a table wider than its room hides columns behind a scroll bar
+per_cell = view == "one per cell (seeds aggregated)"
+first = [*axes, "seeds" if per_cell else "seed",
+         *(["status"] if (df["status"] != COMPLETED).any() else []),
+         *(["progress"] if (df["status"] == RUNNING).any() else []), *(["activity"] if n_running else []),
+         *metric_cols[:1], *(["val_loss ±95% CI", "tokens_per_s min–max"] if per_cell else
+                             ["tokens_per_s", "peak_mem_bytes"]),
+         *(["contended seeds" if per_cell else "contended"] if contended else [])]
+first = [c for c in first if c in available]
+for c in first:  # widths that add up to the room; with more room they stretch
+    cfg = column_config.get(c)
+    width = 90 if c in axes else 45 if c in ("seed", "seeds", "contended", "contended seeds") else \
+        110 if c.endswith("min–max") else 75
+    if cfg is not None:
+        cfg["width"] = width
+    else:
+        column_config[c] = {"width": width}
+more = st.multiselect("More columns", [c for c in available if c not in first], key="runs_more_cols",
+                      placeholder="add columns: " + ", ".join(c for c in available if c not in first)[:80] + "…")
+shown = [c for c in available if c in first or c in more]
+page = common.page_of(table, "runs_table")
+event = st.dataframe(page[available], hide_index=True, width="stretch", column_config=column_config,
+                     column_order=shown,
                      on_select="rerun", selection_mode="multi-row", key="runs_table",
-                     height=min(38 * (len(table) + 1) + 3, 640))
+                     height=common.table_height(len(page)))
 
 
 def _use_selected_cells() -> None:
     rows = st.session_state["runs_table"]["selection"]["rows"]
-    st.session_state["f_cells"] = list(dict.fromkeys(table.loc[rows, "cell_key"]))
+    st.session_state["f_cells"] = list(dict.fromkeys(page.iloc[rows]["cell_key"]))
 
 
 rows = event.selection.rows if event is not None else []
@@ -151,7 +178,7 @@ left.button(f"Compare the {len(rows)} selected row(s)' cells", disabled=not rows
             help="Restricts every page to these cells (the sidebar's 'Cells to compare').")
 if mid.button("Open run detail", disabled=len(rows) != 1 or "run_id" not in table,
               icon=":material/description:"):
-    st.session_state["detail_run"] = table.loc[rows[0], "run_id"]
+    st.session_state["detail_run"] = page.iloc[rows[0]]["run_id"]
     st.switch_page("views/run_detail.py")
 right.download_button("Download this table (CSV)", data=lambda: table[shown].to_csv(index=False),
                       file_name="runs.csv", mime="text/csv", on_click="ignore", icon=":material/download:")

@@ -67,20 +67,21 @@ def _wall(v) -> str:
 
 
 # key figures as a table, not metric tiles: a tile cuts a long value ("573.8 …") at a laptop width
-tps_text = common.fmt_num(tps)
+tps_text = common.fmt_metric("tokens_per_s", tps)
 if this_contended:
     tps_text += " ⚠ contended"
 if len(cell_tps) > 1:
-    tps_text += f" (cell: {common.fmt_num(cell_tps.min())} – {common.fmt_num(cell_tps.max())} over {len(cell_tps)} seeds)"
+    tps_text += (f" (cell: {common.fmt_metric('tokens_per_s', cell_tps.min())} – "
+                 f"{common.fmt_metric('tokens_per_s', cell_tps.max())} over {len(cell_tps)} seeds)")
 figures = pd.DataFrame({
-    "final val_loss": [common.fmt_num(last.get("val_loss"))],
-    "final train_loss": [common.fmt_num(last.get("train_loss"))],
+    "final val_loss": [common.fmt_metric("val_loss", last.get("val_loss"))],
+    "final train_loss": [common.fmt_metric("train_loss", last.get("train_loss"))],
     "tokens/s (median)": [tps_text],
-    q.metric_info("peak_mem_bytes").label: [common.fmt_bytes(last.get("peak_mem_bytes"))],
-    q.metric_info("n_params").label: [common.fmt_num(last.get("n_params"))],
+    q.metric_info("peak_mem_bytes").label: [common.fmt_metric("peak_mem_bytes", last.get("peak_mem_bytes"))],
+    q.metric_info("n_params").label: [common.fmt_metric("n_params", last.get("n_params"))],
     "wall time": [_wall(last.get("wall_s"))],
 })
-st.table(figures.set_index(pd.Index([""])))
+st.table(figures.T.set_axis(["value"], axis=1))  # a figure a row: two columns fit any width
 if this_contended:
     st.caption(f"⚠ This run was {common.CONTENDED_NOTE}"
                + (f" (CPU share {last['cpu_util']:.2f}" if last.get("cpu_util") is not None else "")
@@ -119,8 +120,8 @@ with tab_metrics:
             series = data[data["name"] == name][["step", "value"]]
             charts.show(charts.line_chart(series, "step", "value", "step", name, log_y=log_y),
                         series.rename(columns={"value": name}), f"{run_id[:8]}_{name}", key="detail_metric")
-        st.dataframe(summary, hide_index=True, width="stretch", column_config={
-            c: st.column_config.NumberColumn(c, format="%.6g") for c in ("first", "last", "min", "max", "mean")})
+        common.text_table(common.metric_summary_text(summary), key="detail_summary",
+                          caption="Each figure in its metric's unit (abl.analysis.metrics).")
         everything = common.load(q.run_metrics, run_id)
         st.download_button("All metrics of this run (CSV, long format)",
                            data=lambda: everything.to_csv(index=False),
@@ -156,7 +157,7 @@ with tab_diff:
             elif diff.empty:
                 st.info("No difference apart from the seed.")
             else:
-                st.dataframe(diff, hide_index=True, width="stretch")
+                common.text_table(diff, key="detail_diff")
                 st.caption(f"{len(diff)} setting(s) differ (the seed is ignored).")
 
 with tab_env:
@@ -174,8 +175,8 @@ with tab_env:
     for extra in ("attempts", "executor", "code_changed"):
         if extra in row and row[extra] is not None and not (isinstance(row[extra], float) and math.isnan(row[extra])):
             facts[extra.replace("_", " ")] = row[extra]
-    st.dataframe(pd.DataFrame({"": list(facts), "value": [str(v) if v is not None else "–" for v in facts.values()]}),
-                 hide_index=True, width="stretch")
+    common.text_table(pd.DataFrame({"": list(facts), "value": [str(v) if v is not None else "–"
+                                                               for v in facts.values()]}), key="detail_env")
     if str(row.get("git_commit") or "").endswith("-dirty"):
         st.caption("`-dirty`: the source tree had uncommitted changes when this run started.")
     c1, c2 = st.columns(2)

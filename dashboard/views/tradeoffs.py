@@ -9,13 +9,16 @@ one model size, one KV layout) gets one sentence instead of a plot; a cost
 chosen under "More cost axes" is always drawn. Speed axes (tokens/s, MFU) show the min–max over a cell's seeds as a
 horizontal bar, and ring in red the cells (or runs) measured on a contended
 machine (``abl.analysis.sections.is_contended``): their speed is the machine's load,
-not a result.
+not a result. A cell's speed is the mean of its runs measured on a quiet machine,
+and only those speeds enter the Pareto front: a cell whose every run was
+contended is drawn (ringed) but is never on the front. Each cell has its grid
+position's colour (abl.present.palette), as on every page and in the report.
 """
 
 import pandas as pd
 import streamlit as st
 
-from abl.analysis import sections, stats
+from abl.analysis import metrics, sections, stats
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 
@@ -73,10 +76,16 @@ def points(cost: str) -> pd.DataFrame:
         df["cell"] = df["cell"] + " · seed " + df["seed"].astype(str)
         if speed and contended:
             df["contended"] = df["run_id"].isin(contended)
+            df["x_front"] = df["x"].where(~df["contended"])  # a contended speed never enters the front
         return df
     s = stats.summarize_groups(df, "cell_key", "value").rename(columns={"mean": "y", "ci_lo": "y_lo", "ci_hi": "y_hi"})
     gx = df.groupby("cell_key", sort=False)["x"]
     s["x"] = gx.mean().reindex(s["cell_key"]).to_numpy()
+    if speed and contended:  # a cell's speed: its runs on a quiet machine; the front: those cells only
+        quiet_runs = df[~df["run_id"].isin(contended)]
+        quiet = quiet_runs.groupby("cell_key")["x"].mean().reindex(s["cell_key"]).to_numpy()
+        s["x_front"] = quiet
+        s["x"] = pd.Series(quiet).fillna(pd.Series(s["x"].to_numpy())).to_numpy()
     if speed and (gx.count() > 1).any():  # one speed per seed: show the spread, not one number
         s["x_lo"] = gx.min().reindex(s["cell_key"]).to_numpy()
         s["x_hi"] = gx.max().reindex(s["cell_key"]).to_numpy()
@@ -90,6 +99,7 @@ def points(cost: str) -> pd.DataFrame:
     return s.merge(cells[["cell_key", "cell", *axes]], on="cell_key", how="left")
 
 
+styles = common.cell_styles(sel)
 plots = [(c, better_direction(c), False) for c in [*COSTS, *custom]]
 # one plot per row: side by side, a laptop-wide window leaves each plot too narrow for its legend
 for i, (cost, better, log_default) in enumerate(plots):
@@ -107,21 +117,25 @@ for i, (cost, better, log_default) in enumerate(plots):
         if cost not in custom and not q.is_speed(cost) and not sections.differs(df["x"]):
             # a cost every cell shares is no axis to trade against (the norms grid: one model size)
             st.info(f"Every cell shown has the same {cost} (within {sections.AXIS_REL_TOL:.0%}: "
-                    f"{df['x'].min():,.6g} to {df['x'].max():,.6g}), so there is nothing to trade against it.")
+                    f"{metrics.display(cost, df['x'].min())} to {metrics.display(cost, df['x'].max())}), "
+                    "so there is nothing to trade against it.")
             continue
         scale = 2**20 if q.metric_info(cost).unit == "bytes" and df["x"].max() > 2**20 else 1
         if scale != 1:
-            for c in ("x", "x_lo", "x_hi"):
+            for c in ("x", "x_lo", "x_hi", "x_front"):
                 if c in df:
                     df[c] = df[c] / scale
             title = f"{q.metric_info(cost).label} [MiB]"
-        df["front"] = stats.pareto_mask(df["x"], df["y"], better)
+        df["front"] = stats.pareto_mask(df["x_front"] if "x_front" in df else df["x"], df["y"], better)
         log_x = st.toggle("log x", value=log_default, key=f"tr_log_{cost}")
         domain = sorted(cells[color].astype(str).unique()) if color != "cell" else list(cells["cell"])
-        if per_run and color == "cell":
+        looks = [styles[k] for k in cells["cell_key"]] if color == "cell" else None
+        if per_run and color == "cell":  # a run in its cell's style
+            by_label = dict(zip(df["cell"], df["cell_key"]))
             domain = sorted(df["cell"].unique())
+            looks = [styles[by_label[lbl]] for lbl in domain]
         df[color] = df[color].astype(str)
-        chart = charts.pareto_chart(df, "x", title, quality, color, log_x, better, domain=domain)
+        chart = charts.pareto_chart(df, "x", title, quality, color, log_x, better, domain=domain, styles=looks)
         export = df[[c for c in ["cell", "cell_key", "seed", *axes, "x", "x_lo", "x_hi", "y", "y_lo", "y_hi", "n",
                                  "front", "contended"]
                      if c in df]].rename(columns={"x": cost if scale == 1 else f"{cost}_MiB", "y": quality,
@@ -131,7 +145,11 @@ for i, (cost, better, log_default) in enumerate(plots):
                     caption=f"{'Higher' if better == 'higher' else 'Lower'} {cost} is better. "
                             f"Pareto front ({len(front)} of {len(df)}, diamonds, dashed line), cheapest first: "
                             + " → ".join(front["cell"]) + ". Vertical bars: 95% CI of the mean across seeds"
-                            + ("; horizontal bars: min–max over seeds." if "x_lo" in df else "."))
+                            + ("; horizontal bars: min–max over seeds." if "x_lo" in df else ".")
+                            + (" Speeds from runs on a quiet machine only; a cell with no such run is not on "
+                               "the front." if "x_front" in df else "")
+                            + (" No cell has a speed measured on a quiet machine, so there is no front."
+                               if "x_front" in df and df["x_front"].isna().all() else ""))
         if "contended" in df and df["contended"].any():
             n_hit = len(contended & set(y["run_id"]))
             st.caption(f"⚠ Red rings: cells with a run {common.CONTENDED_NOTE} ({n_hit} run(s)).")

@@ -245,3 +245,12 @@ def final_value(name: str, rows) -> float | None:
         mid = len(vs) // 2
         return vs[mid] if len(vs) % 2 else (vs[mid - 1] + vs[mid]) / 2
     return max(pts, key=lambda p: p[0])[1]
+
+
+def display(name: str, value, missing: str = "-") -> str:
+    """``value`` of the metric ``name`` as every table shows it: in the catalogue's unit through
+    abl.analysis.formats (``peak_mem_bytes`` 3.5e8 -> ``333.8 MiB``, ``tokens_per_s`` 91503.8 ->
+    ``91,504 tokens/s``); a loss at four decimals."""
+    from .formats import fmt_unit
+
+    return fmt_unit(value, metric(name).unit if metric(name).unit != "nats/token" else "", missing=missing)

@@ -23,7 +23,7 @@ from typing import Any, Hashable, Protocol, Sequence
 from ..contracts.config import solved_paths
 from ..contracts.status import COMPLETED
 from . import comparable, metrics, stats
-from .formats import fmt, fmt_bytes
+from .formats import fmt, fmt_bytes, fmt_fraction, fmt_speed
 from .tables import flatten
 
 # config paths never used to decide whether two cells differ in one axis only: the learning
@@ -207,7 +207,7 @@ def analyse_runs(runs: Sequence[RunLike], *, metric: str = "val_loss", order: Se
     return cells, analysis, what
 
 
-NOT_COMPARABLE = "not comparable: scored on different validation targets"
+NOT_COMPARABLE = f"{stats.NOT_COMPARABLE}: scored on different validation targets"
 
 
 def flag_different_targets(runs: Sequence[RunLike], metric: str, analysis: stats.Analysis) -> None:
@@ -309,13 +309,17 @@ _f = fmt
 
 
 def value_text(metric: str, x: float | None) -> str:
-    """A metric's value as the tables print it (bytes in KiB/MiB/GiB, large rates with separators)."""
+    """A metric's value as the tables print it, the unit in the column's header (bytes in KiB/MiB/GiB, tokens/s
+    as whole tokens with separators at every magnitude, shares as percentages)."""
     if x is None or not math.isfinite(x):
         return "-"
-    if metrics.metric(metric).unit == "bytes":
+    unit = metrics.metric(metric).unit
+    if unit == "bytes":
         return fmt_bytes(x)
-    if metric in ("mfu", "hfu"):
-        return f"{100 * x:.1f}%"
+    if unit == "tokens/s":
+        return fmt_speed(x, unit=False)
+    if unit == "fraction" and metrics.is_speed(metric):
+        return fmt_fraction(x)
     return f"{x:,.0f}" if abs(x) >= 1e4 else f"{x:.4g}" if abs(x) >= 100 else f"{x:.4f}"
 
 

@@ -11,7 +11,7 @@ from .common import fail, load_registry, user_errors
 
 def cost(grid_file, recipes, overrides, as_json):
     """The body of ``abl cost``: its options and help are declared in abl.cli."""
-    from ..analysis.formats import fmt_bytes
+    from ..analysis.formats import fmt_bytes, fmt_si
     from ..model.costmodel import predict
 
     registry = load_registry()
@@ -28,32 +28,62 @@ def cost(grid_file, recipes, overrides, as_json):
                               indent=1))
         return
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"{grid.path}: predicted cost per cell (no training)", title_justify="left")
-    table.add_column("#", justify="right")
-    for path in grid.grid_paths or ["cell"]:
-        table.add_column(path)
-    cols = ("params", "non-emb", "fwd FLOP/tok", "train FLOP/step", "useful", "6N·tok", "act./step",
-            "params+grad+adam", "KV/tok", "est. peak")
-    for col in cols:
-        table.add_column(col, justify="right")
-    for i, (c, p) in enumerate(zip(cells, preds), 1):
-        names = [str(c.varied.get(k, "?")) for k in grid.grid_paths] or [c.label]
-        table.add_row(str(i), *names, f"{p['n_params']:,}", f"{p['n_params_non_embedding']:,}",
-                      _si(p["flops_per_token"]), _si(p["flops_per_step"]), _si(p["useful_flops_per_step"]),
-                      _si(p["flops_6n_per_token"] * p["tokens_per_step"]),
-                      fmt_bytes(p["activation_bytes_per_step"]), fmt_bytes(p["static_bytes"]),
-                      fmt_bytes(p["kv_cache_bytes_per_token"]), fmt_bytes(p["train_peak_bytes"]))
+    from ..present import termlayout
+
+    rows = [{"params": f"{p['n_params']:,}", "non-emb": f"{p['n_params_non_embedding']:,}",
+             "fwd FLOP /tok": fmt_si(p["flops_per_token"]), "train FLOP /step": fmt_si(p["flops_per_step"]),
+             "useful": fmt_si(p["useful_flops_per_step"]),
+             "6N·tok": fmt_si(p["flops_6n_per_token"] * p["tokens_per_step"]),
+             "act. /step": fmt_bytes(p["activation_bytes_per_step"]),
+             "params + grad + Adam": fmt_bytes(p["static_bytes"]), "decode cache": decode_cache_text(p),
+             "est. peak": fmt_bytes(p["train_peak_bytes"])} for p in preds]
+    title = f"{grid.path}: predicted cost per cell (no training)"
     console = Console()
     if not console.is_terminal:
         console = Console(width=max(console.width, 160))
-    console.print(table)
+    table = cost_table(title, grid.grid_paths, cells, rows, list(rows[0]))
+    if termlayout.fits(console, table):
+        console.print(table)
+    else:  # too wide for the terminal: compute and memory apart, each at its full width (no column cut)
+        for part, cols in (("compute", COMPUTE), ("memory", MEMORY)):
+            termlayout.print_wide(console, cost_table(f"{title}, {part}", grid.grid_paths, cells, rows, cols))
     conds = sorted({(p["tokens_per_step"], p["activation_dtype_bytes"], p["vocab_size"]) for p in preds})
     console.print("per step = train.batch_size x model.context tokens; training = forward + backward as "
                   "executed (flop-counter convention); useful = model FLOPs for MFU; 6N = 6 x non-embedding "
-                  "params, for reference. Conditions: " + "; ".join(
+                  "params, for reference; decode cache = bytes per token of a cache that grows with the sequence "
+                  "(/tok: a KV cache), or a fixed size per sequence (/seq fixed: a sliding window's cache or a "
+                  "recurrent state). Conditions: " + "; ".join(
                       f"{t} tokens/step, activations {b} bytes/element, vocab {v}" for t, b, v in conds))
+
+
+COMPUTE = ("params", "non-emb", "fwd FLOP /tok", "train FLOP /step", "useful", "6N·tok")
+MEMORY = ("act. /step", "params + grad + Adam", "decode cache", "est. peak")
+
+
+def cost_table(title: str, paths, cells, rows: list[dict], cols):
+    """A rich table of the cells' settings and the columns ``cols`` of ``rows``. Nothing is cut: a setting's
+    name and values keep their width, and a header breaks only at its spaces."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right")
+    names = [[str(c.varied.get(k, "?")) for k in paths] or [c.label] for c in cells]
+    for j, path in enumerate(paths or ["cell"]):
+        table.add_column(path, min_width=max(len(v) for v in [path, *(n[j] for n in names)]), no_wrap=True)
+    for col in cols:
+        table.add_column(col, justify="right", no_wrap=True,
+                         min_width=max([len(w) for w in col.split()] + [len(r[col]) for r in rows]))
+    for i, (n, r) in enumerate(zip(names, rows), 1):
+        table.add_row(str(i), *n, *(r[c] for c in cols))
+    return table
+
+
+def decode_cache_text(p: dict) -> str:
+    """The decode cache of a prediction (abl.model.costmodel.predict), as abl.analysis.formats writes it."""
+    from ..analysis.formats import fmt_decode_cache
+
+    return fmt_decode_cache(p.get("kv_cache_bytes_per_token") or 0, p.get("state_bytes_per_sequence") or 0)
 
 
 def _grid(grid_file, recipes, overrides, registry):
@@ -73,12 +103,3 @@ def _grid(grid_file, recipes, overrides, registry):
     for key, value in parse_overrides(overrides):
         apply_override(raw, key, value)
     return expand(raw, registry, source="--recipe")
-
-
-def _si(x, unit: str = "") -> str:
-    if x is None:
-        return "-"
-    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(x) >= scale:
-            return f"{x / scale:.3g} {prefix}{unit}".rstrip()
-    return f"{x:.3g} {unit}".rstrip()

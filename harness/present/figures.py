@@ -1,11 +1,13 @@
 """Matplotlib helpers shared by the report's figures (abl.present.report) and the task-accuracy figure
 (abl.present.taskreport): a distinct style per cell, one legend outside the panels, tick labels that never
-overlap, the conditions footer below everything. Imports nothing of abl."""
+overlap, the conditions footer below everything. Imports only abl.present.palette."""
 
 from __future__ import annotations
 
 import io
 from typing import Any
+
+from . import palette
 
 
 def fig_to_png(fig) -> bytes:
@@ -26,22 +28,15 @@ def pyplot():
     return plt
 
 
-LINE_STYLES = ("-", "--", ":", "-.")
-MARKERS = ("o", "s", "^", "D")
+LINE_STYLES = palette.LINE_STYLES
+MARKERS = palette.MARKERS
 
 
 def cell_styles(n: int) -> list[dict[str, Any]]:
-    """A distinct (colour, line style, marker) per cell: tab10 up to 10 cells, tab20 (its dark shades
-    first) up to 20, past that tab20 again with the next line style and marker."""
-    import matplotlib
-
-    if n <= 10:
-        cols = list(matplotlib.colormaps["tab10"].colors)  # type: ignore[attr-defined]
-    else:
-        t = list(matplotlib.colormaps["tab20"].colors)  # type: ignore[attr-defined]
-        cols = t[0::2] + t[1::2]
-    return [{"color": cols[i % len(cols)], "ls": LINE_STYLES[(i // len(cols)) % len(LINE_STYLES)],
-             "marker": MARKERS[(i // len(cols)) % len(MARKERS)]} for i in range(n)]
+    """The (colour, line style, marker) of the cells at grid positions 0..n-1 (abl.present.palette: the
+    dashboard draws each cell in the same style): Paul Tol's muted colours, then the next line style and
+    marker past them."""
+    return [{"color": s.colour, "ls": s.mpl_ls, "marker": s.marker} for s in palette.distinct(n)]
 
 
 def legend_outside(fig, axes, extra: list | None = None) -> None:
@@ -65,9 +60,31 @@ def legend_outside(fig, axes, extra: list | None = None) -> None:
                    ncol=ncol, fontsize=8, frameon=False)
 
 
-def _overlapping(labels: list) -> bool:
-    boxes = [t.get_window_extent() for t in labels]
+MIN_GAP_PX = 6  # tick labels closer than this read as one ("8000 9000 1000011000")
+
+
+def _overlapping(labels: list, gap: float = MIN_GAP_PX) -> bool:
+    """Whether two of ``labels`` overlap or sit closer than ``gap`` pixels (so that they run together)."""
+    boxes = [t.get_window_extent().expanded(1.0, 1.0).padded(gap / 2) for t in labels]
     return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def si_ticks(axis, unit: str = "") -> None:
+    """Tick labels in SI prefixes (``8k``, ``1.2M``, ``3G``) on a linear axis of large counts (tokens,
+    FLOPs): short labels that do not run together, with no offset or power-of-ten multiplier."""
+    from matplotlib.ticker import EngFormatter
+
+    axis.set_major_formatter(EngFormatter(unit=unit, sep="" if not unit else " ", places=None))
+
+
+def plain_ticks(axis) -> None:
+    """Each tick label the number itself: no offset or scientific multiplier (a ``1e7`` above the axis that
+    the reader has to add to every label)."""
+    from matplotlib.ticker import ScalarFormatter
+
+    fmt = ScalarFormatter(useOffset=False)
+    fmt.set_scientific(False)
+    axis.set_major_formatter(fmt)
 
 
 def tick_labels(axis) -> list:
@@ -83,7 +100,7 @@ def thin_ticks(fig) -> None:
     fig.canvas.draw()
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
-            for step in range(5):
+            for step in range(6):
                 if not _overlapping(tick_labels(axis)):
                     break
                 if step == 0:

@@ -448,7 +448,7 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None,
                           "(before the first step; not in tokens/s)")
         if detect is not None:
             cells = verdicts.cell_inputs(runs, metrics[0], order)
-            console.print(verdicts.seeds_for_effect(cells, detect, max(1, len(cells) - 1)))
+            termlayout.print_wrapped(console, verdicts.seeds_for_effect(cells, detect, max(1, len(cells) - 1)))
         for line in verdicts.verdict_lines(view.effects) if p.fmt == "table" else []:  # the grid's answer, last
             console.print(line, style="bold", markup=False)
     except verdicts.VerdictError as exc:
@@ -459,14 +459,13 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None,
 
 def print_detect(grid, db_path: Path, detect: float) -> None:
     """``abl run --dry-run --detect``: the seeds needed, from the grid's runs stored so far."""
-    from rich.console import Console
-
     exp = grid.cells[0].experiment
     metrics = list(exp.summary or ["val_loss"])
     order = list(dict.fromkeys(c.cell_key for c in grid.cells))
     runs = load(db_path, run_ids=[c.run_id for c in grid.cells], metrics=metrics) if db_path.exists() else []
     cells = verdicts.cell_inputs(runs, metrics[0], order)
-    Console().print(verdicts.seeds_for_effect(cells, detect, max(1, len(order) - 1)), soft_wrap=True)
+    termlayout.print_wrapped(termlayout.output_console(),
+                             verdicts.seeds_for_effect(cells, detect, max(1, len(order) - 1)))
 
 
 def run_compare(source: str, *, db_path: str | None, default_db: str, registry, metrics: Sequence[str] = (),
@@ -513,6 +512,6 @@ def run_compare(source: str, *, db_path: str | None, default_db: str, registry, 
         cells = verdicts.cell_inputs(runs, metrics[0], order)
         msg = verdicts.seeds_for_effect(cells, detect, max(1, len(cells) - 1))
         if presentation.fmt == "table":
-            console.print(msg)
+            termlayout.print_wrapped(console, msg)
         else:
             click.echo(msg, err=True)

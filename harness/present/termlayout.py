@@ -80,3 +80,13 @@ def output_console():
         return console
     cols = os.environ.get("COLUMNS", "")
     return Console(width=int(cols) if cols.isdigit() and int(cols) > 0 else max(console.width, LOG_WIDTH))
+
+
+def print_wrapped(console, text: str, indent: str = "    ") -> None:
+    """Print ``text`` wrapped at the console's width (a terminal's, or ``COLUMNS`` in a log: see
+    ``output_console``), each paragraph's continuation lines indented; no markup, no highlighting."""
+    lines = []
+    for para in text.splitlines() or [""]:
+        lead = para[:len(para) - len(para.lstrip())]
+        lines += wrap(para.strip(), console.width, lead + indent, first=lead) if para.strip() else [""]
+    console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)

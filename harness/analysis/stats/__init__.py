@@ -56,6 +56,7 @@ from .engine import (
     BASELINE,
     BETTER,
     DID_NOT_LEARN,
+    NOT_COMPARABLE,
     SAME,
     TOO_FEW,
     VERDICT_WORDS,
@@ -81,7 +82,7 @@ from .power import MIN_SEEDS, POWER, min_detectable, power_t, seeds_needed
 from .ttest import ALPHA, CONFIDENCE, Summary, paired, paired_test, summarize, t_halfwidth, welch, welch_test
 
 __all__ = [
-    "ALPHA", "CONFIDENCE", "BETTER", "WORSE", "SAME", "BASELINE", "TOO_FEW", "DID_NOT_LEARN", "HOLM",
+    "ALPHA", "CONFIDENCE", "BETTER", "WORSE", "SAME", "BASELINE", "TOO_FEW", "DID_NOT_LEARN", "NOT_COMPARABLE", "HOLM",
     "NO_CORRECTION", "MIN_SEEDS", "POWER", "BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED",
     # t-intervals and tests
     "t_halfwidth", "welch", "paired", "paired_test", "welch_test", "Summary", "summarize",

@@ -183,7 +183,9 @@ class Analysis:
         return next(c for c in self.cells if c.key == key)
 
 
-VERDICT_WORDS = (BASELINE, BETTER, WORSE, SAME, TOO_FEW, DID_NOT_LEARN, "no value to compare")
+# a comparison of cells scored on different validation targets (abl.analysis.verdicts.flag_different_targets)
+NOT_COMPARABLE = "not comparable"
+VERDICT_WORDS = (BASELINE, BETTER, WORSE, SAME, TOO_FEW, DID_NOT_LEARN, NOT_COMPARABLE, "no value to compare")
 
 
 def verdict_word(verdict: str | None) -> str:

@@ -12,7 +12,7 @@ import math
 from ...analysis import metrics as catalogue
 from ...analysis import sections, stats
 from ...model.costmodel import MEMORY_BAND
-from ..figures import cell_styles, fig_to_png, finish_figure, pyplot
+from ..figures import cell_styles, fig_to_png, finish_figure, plain_ticks, pyplot, si_ticks
 from .costs import CONTENDED_MARK, measured
 from .runs import Cell, Run
 
@@ -138,6 +138,8 @@ def loss_curves_figure(cells: list[Cell], footer: str):
         t, xl, yl = titles[name]
         ax.set(title=t, xlabel=xl, ylabel=yl)
         ax.grid(alpha=0.3)
+        if name in ("train", "tokens", "flops"):  # counts in the thousands and up: 8k 9k 10k, not 8000 9000 10000
+            si_ticks(ax.xaxis)
     return finish_figure(fig, list(axes.values()), footer, [_contended_handle()] if any_contended else None)
 
 
@@ -218,6 +220,10 @@ def plot_quality_vs_cost(cells: list[Cell], stat_rows: list[dict], footer: str) 
 
 PLOTTED_CHECKS = {"n_params": "parameters (exact)", "flops_per_step": "FLOPs per step (flop counter)",
                   "train_peak_bytes": "training memory (peak tensor bytes)"}
+# each panel's unit: the figures are divided by the scale, and the axes say the unit (memory in MiB, not bytes
+# with a 1e7 offset)
+PANEL_UNITS = {"n_params": (1e6, "M parameters"), "flops_per_step": (1e9, "GFLOP"),
+               "train_peak_bytes": (2.0 ** 20, "MiB")}
 
 
 def predicted_vs_measured_panels(rows: list[dict]) -> list[str]:
@@ -241,8 +247,9 @@ def predicted_vs_measured_figure(rows: list[dict], footer: str):
                              layout="constrained")
     axes = list(grid[0])
     for ax, name in zip(axes, figures):
-        pts = [(r["predicted"], r["measured"], str(r["agreement"]).startswith("DISAGREES")) for r in rows
-               if r["figure"] == name and r["predicted"] and r["measured"]]
+        div, unit = PANEL_UNITS[name]
+        pts = [(r["predicted"] / div, r["measured"] / div, str(r["agreement"]).startswith("DISAGREES"))
+               for r in rows if r["figure"] == name and r["predicted"] and r["measured"]]
         xs, ys, bad = zip(*pts)
         lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.25
         ax.plot([lo, hi], [lo, hi], color="0.5", lw=1, label="measured = predicted")
@@ -260,8 +267,11 @@ def predicted_vs_measured_figure(rows: list[dict], footer: str):
         if no:
             ax.scatter(*zip(*no), s=24, zorder=4, color="tab:red", marker="D", label="disagrees")
         scale = "log" if hi / lo > 30 else "linear"
-        ax.set(xscale=scale, yscale=scale, xlabel=f"predicted {name}", ylabel="measured",
+        ax.set(xscale=scale, yscale=scale, xlabel=f"predicted [{unit}]", ylabel=f"measured [{unit}]",
                title=PLOTTED_CHECKS[name])
+        if scale == "linear":
+            plain_ticks(ax.xaxis)
+            plain_ticks(ax.yaxis)
         ax.grid(alpha=0.3, which="both")
     return finish_figure(fig, axes, footer)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from ...analysis import metrics as catalogue
 from ...analysis import sections, stats
+from ...analysis.formats import fmt_decode_cache, fmt_speed
 from ...analysis.health import DID_NOT_LEARN_MARGIN
 from ...model.costmodel import MEMORY_BAND
 from ...store.rundir import COMPLETED
@@ -300,10 +301,11 @@ def predicted_vs_measured_section(ctx: Context) -> None:
         prow.append([c.label, _num(pr.get("n_params")), _num(pr.get("n_params_non_embedding")),
                      _num(pr.get("flops_per_step")), _num(pr.get("useful_flops_per_step")),
                      _bytes(pr.get("static_bytes")), _bytes(pr.get("activation_bytes_per_step")),
-                     _bytes(pr.get("kv_cache_bytes_per_token")),
-                     _num(measured(c, "tokens_per_s")) + mark, _pct(model_flops_utilization(c)) + mark])
+                     fmt_decode_cache(pr.get("kv_cache_bytes_per_token"), pr.get("state_bytes_per_sequence")),
+                     fmt_speed(measured(c, "tokens_per_s"), unit=False) + mark,  # one precision: whole tokens/s
+                     _pct(model_flops_utilization(c)) + mark])
     doc.table(["cell", "params", "non-emb. params", "train FLOPs/step", "useful FLOPs/step",
-               "params+grads+AdamW", "activations/step", catalogue.label("kv_bytes_per_token"), "tokens/s (measured)",
+               "params+grads+AdamW", "activations/step", "decode cache", "tokens/s (measured)",
                "MFU (measured)"], prow,
               "predicted from the components' cost functions (harness/model/costmodel.py) at each cell's batch size, "
               "context and precision; tokens/s: median over steps, mean over seeds; MFU: useful (model) FLOPs "

@@ -1,0 +1,91 @@
+"""One cell, one style: the colour (and, past the palette, the line style and marker) of a cell on every
+dashboard page and in every report figure.
+
+A cell's style follows from its position in its grid (the order the grid file lists its cells, which is
+the order their first runs start), never from the order of a table or a ranking, so a cell keeps its colour
+from the Curves page to Trade-offs to the report. The colours are Paul Tol's "muted" qualitative scheme
+(P. Tol, "Colour Schemes", SRON technical note SRON/EPS/TN/09-002, 2021, figure 4): nine colours that stay
+apart for the common forms of colour blindness and on a white page. A tenth cell starts again at the first
+colour with the next line style (solid, dashed, dotted, dash-dot) and the next marker (eight), so 72 cells
+are told apart by (colour, line style, marker) and a scatter's points by (colour, marker).
+
+Plain data, no plotting library: the report (matplotlib) and the dashboard (Vega-Lite) translate a
+``CellStyle`` into their own terms (``mpl_ls``, ``vega_dash``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+# Paul Tol's muted scheme, in his order (rose, indigo, sand, green, cyan, wine, teal, olive, purple)
+COLOURS: tuple[str, ...] = ("#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99",
+                            "#999933", "#AA4499")
+# line styles past the colours: matplotlib's names and the same dashes as Vega-Lite strokeDash arrays
+LINE_STYLES: tuple[str, ...] = ("-", "--", ":", "-.")
+VEGA_DASHES: tuple[tuple[int, ...], ...] = ((1, 0), (6, 3), (2, 2), (6, 2, 2, 2))
+MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X", "*")
+VEGA_SHAPES: tuple[str, ...] = ("circle", "square", "triangle-up", "diamond", "triangle-down", "cross",
+                                "triangle-left", "triangle-right")
+# a colour for "not a cell" (a reference line, a band): Tol's pale grey is kept out of COLOURS for this
+NEUTRAL = "#DDDDDD"
+
+
+@dataclass(frozen=True)
+class CellStyle:
+    """The look of the cell at ``position`` (0-based) in its grid."""
+
+    position: int
+
+    @property
+    def colour(self) -> str:
+        return COLOURS[self.position % len(COLOURS)]
+
+    @property
+    def _round(self) -> int:
+        """How many times the colours have come round before this cell (0 for the first nine)."""
+        return self.position // len(COLOURS)
+
+    @property
+    def mpl_ls(self) -> str:
+        return LINE_STYLES[self._round % len(LINE_STYLES)]
+
+    @property
+    def vega_dash(self) -> list[int]:
+        return list(VEGA_DASHES[self._round % len(VEGA_DASHES)])
+
+    @property
+    def marker(self) -> str:
+        return MARKERS[self._round % len(MARKERS)]
+
+    @property
+    def vega_shape(self) -> str:
+        return VEGA_SHAPES[self._round % len(VEGA_SHAPES)]
+
+
+def style(position: int) -> CellStyle:
+    if position < 0:
+        raise ValueError(f"a cell's grid position is 0 or more, not {position}")
+    return CellStyle(position)
+
+
+def styles(keys_in_grid_order: Iterable[str]) -> dict[str, CellStyle]:
+    """Each cell key's style, by its position in ``keys_in_grid_order`` (every cell of the grid, not only the
+    ones shown: hiding a cell must not recolour the others). A repeated key keeps its first position."""
+    out: dict[str, CellStyle] = {}
+    for k in keys_in_grid_order:
+        if k not in out:
+            out[k] = style(len(out))
+    return out
+
+
+def distinct(n: int) -> list[CellStyle]:
+    """The first ``n`` styles (for a figure whose series are not cells of a grid)."""
+    return [style(i) for i in range(n)]
+
+
+def vega_scales(labels: Sequence[str], keyed: Sequence[CellStyle]) -> tuple[dict, dict]:
+    """(colour scale, strokeDash scale) for series named ``labels`` with the styles ``keyed`` (same order), as
+    Vega-Lite scale dicts: the domain is fixed, so a series' colour does not depend on what else is drawn."""
+    return ({"domain": list(labels), "range": [s.colour for s in keyed]},
+            {"domain": list(labels), "range": [s.vega_dash for s in keyed]})
