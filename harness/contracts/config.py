@@ -240,6 +240,7 @@ class Grid:
     raw: dict[str, Any]
     cells: list[Cell]
     grid_paths: list[str]
+    notes: list[str] = field(default_factory=list)  # what loading changed, for the commands to say
 
 
 def canonical_json(obj: Any) -> str:
