@@ -10,8 +10,9 @@ built once per shape on the CPU and measured:
   torch reference path. These are the FLOPs as executed: there is no separate
   "useful" count, so MFU uses them as they are;
 - memory: the peak of live tensor storages over one whole training step
-  (forward, backward, an AdamW step) tracked by torch's ``MemTracker``
-  (abl.model.memory), which is what a run records as ``peak_tensor_bytes``.
+  (forward, backward, an AdamW step; the second, once the optimizer's state
+  exists, as a run tracks it) by torch's ``MemTracker`` (abl.model.memory),
+  which is what a run records as ``peak_tensor_bytes``.
   With it unavailable the peak is left out.
 
 The decoding cache is not measured (no figure rather than a wrong one). Every
@@ -80,12 +81,19 @@ def _measure(model, components: dict[str, Any], registry: Registry, batch_size: 
     with flop_counter() as bwd_counter:
         loss.backward()
     core.zero_grad(set_to_none=True)
-    optimizer = torch.optim.AdamW(core.parameters(), lr=1e-4)
-    with StepMemory(core, optimizer, x, y) as mem:
+    params = [p for p in core.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-4)
+
+    def step() -> None:  # as abl.run.train's step: forward, then the old gradients go, backward, update
         with precision.autocast(cpu):
             _, loss, _ = core(x, y, ctx())
-        loss.backward()
-        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        precision.backward(loss)
+        precision.step(optimizer, params, 0.0)
+
+    step()  # the optimizer's state exists from here on, as on a run's tracked (second) step
+    with StepMemory(core, optimizer, x, y) as mem:
+        step()
     tokens = batch_size * t
     fwd, bwd = float(fwd_counter.get_total_flops()), float(bwd_counter.get_total_flops())
     n_params = core.n_params()
