@@ -35,7 +35,7 @@ def cpu_peak_rss_bytes() -> int:
 
 
 def peak_mem_bytes(device: torch.device) -> int:
-    """CUDA's peak allocated bytes, or on CPU the process's peak resident set (README: What is recorded)."""
+    """CUDA's peak allocated bytes, or on CPU the process's peak resident set (docs/recorded.md)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return cpu_peak_rss_bytes()
