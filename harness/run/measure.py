@@ -97,9 +97,9 @@ def mfu_costs(run: TrainingRun) -> dict[str, float]:
         out["useful_flops_per_step"] = float(predict(run.cell, run.registry, vocab_size=run.cell.model.vocab_size)
                                              ["useful_flops_per_step"])
     except RegistryError:
-        counted = run.shapes.get("flops") if run.shapes.has("flops") else None
+        counted = run.shapes.data.get("flops") if run.shapes.has("flops") else None  # read, not "reused"
         if counted and counted.get("flops_per_step_measured"):  # as measure_costs: the counted FLOPs
-            out["useful_flops_per_step"] = counted["flops_per_step_measured"]
+            out["useful_flops_per_step"] = float(counted["flops_per_step_measured"])
     return out
 
 
