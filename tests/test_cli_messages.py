@@ -7,7 +7,6 @@ import re
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import run_abl
 
 from abl.cli import cli
@@ -81,8 +80,8 @@ def test_a_problem_some_cells_share_names_them():
     msgs.append("g.toml: cell [norm=a, block=pre]: something else")
     msgs.append("g.toml: unknown key 'model.x'")
     out = one_per_problem(msgs, n_cells=8)
-    assert out == ["g.toml: model.context too long (in 4 cells: norm=a, block=pre; norm=b, block=pre; "
-                   "norm=c, block=pre; and 1 more)",
+    assert out == [("g.toml: model.context too long (in 4 cells: norm=a, block=pre; norm=b, block=pre; "
+                    "norm=c, block=pre; and 1 more)"),
                    "g.toml: cell [norm=a, block=pre]: something else",
                    "g.toml: unknown key 'model.x'"]
     assert one_per_problem(msgs[:4], n_cells=4) == ["g.toml: model.context too long (in every cell)"]

@@ -21,12 +21,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-BLOCK = re.compile(r"(?:<!-- docs-test: (?P<mark>[^\n]*?) -->\n)?```bash\n(?P<body>.*?)```", re.S)
-FILE = re.compile(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", re.S)
+BLOCK = re.compile(r"(?:<!-- docs-test: (?P<mark>[^\n]*?) -->\n)?```bash\n(?P<body>.*?)```", re.DOTALL)
+FILE = re.compile(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", re.DOTALL)
 MARKS = ("skip: ", "slow: ", "needs the norms store")
 
 # The README's first command trains ablations/norms.toml into results/abl.duckdb (4 min); this is the
@@ -61,7 +60,7 @@ def _run(script: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("ABL_PLUGINS", "ABL_PLUGINS_DIR")}
     env["COLUMNS"] = "120"
     return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=900, check=False)
 
 
 @pytest.mark.parametrize("page", [_param(p) for p in PAGES if any(not m.startswith("skip") for m, _ in blocks(p))])

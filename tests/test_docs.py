@@ -65,7 +65,7 @@ def _extra_requirements(extras: list[str]) -> set[str]:
 
 def test_the_first_command_installs_what_run_and_dashboard_need_and_nothing_more():
     readme = (ROOT / "README.md").read_text()
-    block = re.search(r"```bash\n(.*?)```", readme, re.S)[1]
+    block = re.search(r"```bash\n(.*?)```", readme, re.DOTALL)[1]
     first = next(line for line in block.splitlines() if line.strip() and not line.startswith("#"))
     extras = re.search(r"-e '\.\[([\w,]+)\]'", first)[1].split(",")
     assert extras == ["dashboard"], extras
