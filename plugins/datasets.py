@@ -69,7 +69,7 @@ def _import_datasets() -> Any:
     try:
         import datasets
     except ImportError:
-        raise DataError("dataset hf needs the datasets package: pip install datasets") from None
+        raise DataError("dataset hf needs the datasets package: pip install 'abl[hf]'") from None
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     return datasets

@@ -58,7 +58,7 @@ class SinusoidalPosition(PositionEncoding):
     sqrt(d_model) first, as the paper does (sec. 3.4): with embeddings at the
     default init std 1/sqrt(d) the token part then has RMS 1 against the
     table's 1/sqrt(2). Unscaled, the fixed table outweighs the tokens sqrt(d)
-    times over and the model barely learns (README "Default initialisation").
+    times over and the model barely learns (docs/findings.md, "Default initialisation").
     """
 
     inv_freq: torch.Tensor  # a buffer

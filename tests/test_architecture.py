@@ -216,7 +216,7 @@ def test_every_source_path_the_docs_and_code_name_exists():
 
     named = re.compile(r"\b((?:harness|plugins|dashboard)/[\w/]+(?:\.py|/))")
     stale = []
-    texts = [ROOT / "README.md", *[p for f in SOURCES.values() for p in sorted(f.rglob("*.py"))]]
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *[p for f in SOURCES.values() for p in sorted(f.rglob("*.py"))]]
     for path in texts:
         for lineno, line in enumerate(path.read_text().splitlines(), 1):
             for ref in named.findall(line):

@@ -5,6 +5,9 @@ declares a cost function is checked, inside a model whose other parts are the
 defaults (or, on an axis where nothing declares a cost yet, a stub defined here).
 """
 
+import dataclasses
+import json
+
 import pytest
 import torch
 import torch.nn as nn
@@ -330,6 +333,45 @@ def test_a_component_without_a_cost_function_is_named(reg):
     assert costmodel.missing_costs(cell.components, reg) == ["mixer 'test_stub_nocost'"]
 
 
+def test_a_component_without_a_cost_function_is_measured_when_asked(reg):
+    """predict(measure_missing=True): the model built once per shape and measured (abl.model.measuredcost)."""
+    from abl.model import measuredcost
+    from abl.model.decoder import DecoderLM
+
+    cell = make_cell(reg, select={"mixer": "test_stub_nocost"})
+    got = costmodel.predict(cell, reg, measure_missing=True)
+    assert got["cost_source"] == "measured"
+    model = DecoderLM(dataclasses.replace(cell.model, vocab_size=got["vocab_size"]), cell.components, reg)
+    assert got["n_params"] == model.n_params()
+    assert got["n_params_non_embedding"] == model.n_params(non_embedding=True)
+    assert got["flops_per_step"] > got["forward_flops_per_step"] > 0
+    assert got["train_peak_bytes"] > got["static_bytes"] > 0
+    assert got["kv_cache_bytes_per_token"] is None  # not measured: no figure rather than a wrong one
+    # once per shape: a second seed of the cell is not built again
+    calls = []
+    real = measuredcost._measure
+    measuredcost._measure = lambda *a: calls.append(a) or real(*a)
+    try:
+        again = costmodel.predict(dataclasses.replace(cell, seed=cell.seed + 1), reg, measure_missing=True)
+    finally:
+        measuredcost._measure = real
+    assert not calls and again["flops_per_step"] == got["flops_per_step"]
+    # a cell whose components all declare a cost is predicted, as before
+    assert costmodel.predict(make_cell(reg), reg, measure_missing=True)["cost_source"] == "predicted"
+
+
+def test_a_run_without_a_cost_prediction_takes_its_counted_flops_for_mfu(reg):
+    from abl.run.measure import measure_costs, mfu
+
+    cell = make_cell(reg, select={"mixer": "test_stub_nocost"})
+    precision = reg.get("precision", "fp32").factory()
+    costs = measure_costs(None, cell, reg, None, precision, torch.device("cpu"), 1, counted=2.0e9)
+    assert costs["useful_flops_per_step"] == 2.0e9
+    assert "counted by torch" in costs["_note"]
+    costs["device_peak_flops"] = 1.0e12
+    assert mfu(costs, [0.5]) == pytest.approx(2.0e9 / 0.5 / 1.0e12)
+
+
 def test_a_cost_function_returning_the_wrong_type_is_named(reg):
     cell = make_cell(reg, select={"mixer": "test_stub_badcost"})
     with pytest.raises(costmodel.CostModelError, match="test_stub_badcost.*returned int"):
@@ -421,11 +463,9 @@ def test_decode_cache_says_fixed_size_not_zero():
     assert decode_cache_text({"kv_cache_bytes_per_token": 0, "state_bytes_per_sequence": 0}) == "none"
 
 
-def test_abl_cost_names_a_component_without_cost_and_exits_2(tmp_path):
-    from conftest import run_abl
-
+def _costless_mixer(tmp_path, forward="return self.p(x)"):
     plug = tmp_path / "plugs"
-    plug.mkdir()
+    plug.mkdir(exist_ok=True)
     (plug / "nocost.py").write_text(
         "import torch.nn as nn\n"
         "from abl.contracts.hookspecs import hookimpl\n"
@@ -434,13 +474,33 @@ def test_abl_cost_names_a_component_without_cost_and_exits_2(tmp_path):
         "        super().__init__()\n"
         "        self.p = nn.Linear(cfg.d_model, cfg.d_model)\n"
         "    def forward(self, x, ctx):\n"
-        "        return self.p(x)\n"
+        f"        {forward}\n"
         "@hookimpl\n"
         "def register_components(register):\n"
         "    register('mixer', 'costless', M)\n")
     grid = tmp_path / "g.toml"
     grid.write_text(GRID.replace('vocab_size = 64', 'vocab_size = 64\nmixer = "costless"'))
+    return plug, grid
+
+
+def test_abl_cost_measures_a_component_without_cost(tmp_path):
+    """cost= is optional (issue 25): such a cell is measured, and abl cost says so."""
+    from conftest import run_abl
+
+    plug, grid = _costless_mixer(tmp_path)
+    r = run_abl(["--plugins-dir", str(plug), "cost", str(grid), "--json"], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(r.stdout)
+    assert rows and all(row["cost_source"] == "measured" for row in rows)
+    r = run_abl(["--plugins-dir", str(plug), "cost", str(grid)], cwd=tmp_path)
+    assert r.returncode == 0 and "mixer 'costless'" in r.stdout and "no cost" in r.stdout and "measured" in r.stdout
+
+
+def test_abl_cost_names_a_component_whose_measurement_fails_and_exits_2(tmp_path):
+    from conftest import run_abl
+
+    plug, grid = _costless_mixer(tmp_path, forward="raise RuntimeError('broken mixer')")
     r = run_abl(["--plugins-dir", str(plug), "cost", str(grid)], cwd=tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "mixer 'costless'" in r.stderr and "no cost function" in r.stderr
+    assert "mixer 'costless'" in r.stderr and "no cost function" in r.stderr and "broken mixer" in r.stderr
     assert "Traceback" not in r.stderr

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install 'abl[dashboard]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 if str(ROOT) not in sys.path:
@@ -679,7 +679,7 @@ def _chromium() -> str | None:
 @pytest.mark.skipif(_chromium() is None,
                     reason="Debian's chromium is not installed (apt-get install chromium); CI installs it")
 def test_browser_renders_the_charts(server, tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dashboard extra")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the snapshot and dev extras")
     url, port, proc = server
     shots = []
     with sync_api.sync_playwright() as p:

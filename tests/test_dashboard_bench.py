@@ -14,7 +14,7 @@ import time
 import pytest
 from conftest import ROOT
 
-pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install 'abl[dashboard]'")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install 'abl[dashboard]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 if str(ROOT) not in sys.path:

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT, run_abl
 
-pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install 'abl[dashboard]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 if str(ROOT) not in sys.path:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-pd = pytest.importorskip("pandas", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
+pd = pytest.importorskip("pandas", reason="the dashboard extra is not installed: pip install 'abl[dashboard]'")
 pytest.importorskip("scipy")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

@@ -18,8 +18,8 @@ import pytest
 
 from conftest import ROOT
 
-pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
-pytest.importorskip("playwright.sync_api", reason="playwright is in the dashboard extra")
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install 'abl[dashboard]'")
+pytest.importorskip("playwright.sync_api", reason="playwright is in the snapshot and dev extras")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent / "dashboard"))

@@ -36,12 +36,12 @@ NOTE_REFERENCES = [
 
 
 def package_files(root: Path) -> list[Path]:
-    """Every text file the package ships under ``root``, plus its README.md."""
+    """Every text file the package ships under ``root``, plus its README.md and docs/*.md."""
     pyproject = root / "pyproject.toml"
     folders = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-dir"].values()
     files = [p for folder in sorted(set(folders)) for p in sorted((root / folder).rglob("*"))
              if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts]
-    return files + [root / "README.md"]
+    return files + [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
 def note_references(root: Path) -> list[str]:
@@ -63,7 +63,7 @@ def test_the_package_cites_papers_not_the_notes():
 
 def test_the_scan_covers_every_shipped_folder():
     scanned = {p.relative_to(ROOT).parts[0] for p in package_files(ROOT)}
-    assert {"harness", "plugins", "dashboard", "ablations", "README.md"} <= scanned
+    assert {"harness", "plugins", "dashboard", "ablations", "README.md", "docs"} <= scanned
     assert ROOT / "harness" / "kernels" / "rmsnorm.py" in package_files(ROOT)
 
 

@@ -1,4 +1,4 @@
-"""The README's external plugin, installed with pip the way a user would, then trained with."""
+"""The external plugin of docs/plugins.md, installed with pip the way a user would, then trained with."""
 
 import json
 import os
@@ -13,9 +13,9 @@ from conftest import ROOT, run_abl
 
 
 def readme_files():
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "plugins.md").read_text()
     blocks = re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, re.S)
-    assert len(blocks) == 2, "the README's plugin example should be two files"
+    assert len(blocks) == 2, "docs/plugins.md's plugin example should be two files"
     return blocks
 
 

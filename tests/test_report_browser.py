@@ -33,7 +33,7 @@ def _chromium() -> str | None:
 @pytest.mark.skipif(_chromium() is None,
                     reason="Debian's chromium is not installed (apt-get install chromium); CI installs it")
 def test_html_report_renders_at_desktop_and_laptop_width(norms_store, tmp_path):  # noqa: F811
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dashboard extra")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the snapshot and dev extras")
     import numpy as np
     from PIL import Image
 

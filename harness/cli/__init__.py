@@ -38,20 +38,33 @@ class AblGroup(click.Group):
         return cmd
 
 
+def _add_plugins_dirs(ctx, param, value):
+    """``--plugins-dir``, before or after the command: each folder joins ``ABL_PLUGINS_DIR``
+    (abl.contracts.plugin_manager loads every *.py file in it) before any plugin loads."""
+    if value:
+        existing = [p for p in os.environ.get("ABL_PLUGINS_DIR", "").split(os.pathsep) if p]
+        added = [str(Path(d).resolve()) for d in value]
+        os.environ["ABL_PLUGINS_DIR"] = os.pathsep.join(existing + [d for d in added if d not in existing])
+    return value
+
+
+def plugins_dir_option(f):
+    """The ``--plugins-dir`` option: on the group (``abl --plugins-dir D run ...``) and on every command
+    that loads plugins (``abl run ... --plugins-dir D``)."""
+    return click.option("--plugins-dir", type=click.Path(file_okay=False), multiple=True, expose_value=False,
+                        is_eager=True, callback=_add_plugins_dirs,
+                        help="Also load every *.py file in this folder as a plugin (repeatable).")(f)
+
+
 @click.group(cls=AblGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="abl")
-@click.option("--plugins-dir", type=click.Path(file_okay=False), multiple=True,
-              help="Also load every *.py file in this folder as a plugin (repeatable).")
-def cli(plugins_dir):
+@plugins_dir_option
+def cli():
     """abl: ablations of decoder-only LM architectures, on your data and hardware.
 
     Run a grid of small training runs (abl run GRID.toml), list the variants
     (abl plugins), and compare results (abl dashboard).
     """
-    if plugins_dir:
-        existing = [p for p in os.environ.get("ABL_PLUGINS_DIR", "").split(os.pathsep) if p]
-        os.environ["ABL_PLUGINS_DIR"] = os.pathsep.join(
-            existing + [str(Path(d).resolve()) for d in plugins_dir])
 
 
 @cli.command("run")
@@ -93,6 +106,7 @@ def cli(plugins_dir):
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "md"]), default="table",
               show_default=True, help="The summary at the end as JSON, CSV or Markdown on stdout (progress goes "
               "to stderr), for piping.")
+@plugins_dir_option
 def run_command(**options):
     """Expand GRID_FILE into cells, validate them all, then train those not yet completed.
 
@@ -110,6 +124,7 @@ def run_command(**options):
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of the listing.")
 @click.option("--recipe", "recipe", default=None, metavar="NAME",
               help="Show one architecture recipe whole: every setting with its source, and its gaps.")
+@plugins_dir_option
 def plugins_command(**options):
     """List every registered component by axis, and the architecture recipes: where each came from,
     what it is, its parameters.
@@ -131,6 +146,7 @@ def plugins_command(**options):
 @click.option("--db", "db_path", default=DEFAULT_DB, show_default=True)
 @click.option("--runs-dir", default=None, help="Ingest every run folder in here (default: runs/ beside the database).")
 @click.option("--wait", is_flag=True, help="If another abl run or ingest writes this database, queue behind it.")
+@plugins_dir_option
 def ingest_command(**options):
     """Copy run folders into the database (rebuilds it from the folders if needed).
 
@@ -155,6 +171,7 @@ def ingest_command(**options):
                    "(headless Chromium; a plain `chromium --screenshot` captures the page before it has drawn).")
 @click.option("--width", "widths", multiple=True, type=click.IntRange(320, 4000),
               help="Window width in pixels for --snapshot (repeatable; default 1400).")
+@plugins_dir_option
 def dashboard_command(**options):
     """Serve the Streamlit comparison dashboard (needs the 'dashboard' extra).
 
@@ -175,6 +192,7 @@ def dashboard_command(**options):
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override any config key, e.g. --set model.d_model=64 (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list (one object per cell) instead.")
+@plugins_dir_option
 def cost_command(**options):
     """Print the predicted cost of every cell of GRID_FILE (or of each --recipe); nothing is trained.
 
@@ -199,6 +217,7 @@ def cost_command(**options):
               help="Baseline cell by label, cell key prefix or 1-based index (default: the grid's first cell).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Overrides used when the grid was run (so the same cells are found).")
+@plugins_dir_option
 def report_command(**options):
     """Write a self-contained report of a finished (or partly finished) grid.
 
@@ -240,6 +259,7 @@ def report_command(**options):
               "one block per cell).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Overrides used when the grid was run (so the same cells are found).")
+@plugins_dir_option
 def compare_command(**options):
     """Compare the stored runs of an experiment (or grid file) any way you like; nothing is trained.
 
@@ -302,6 +322,7 @@ def bench_kernels_command(**options):
               help="Run this many cells of the same shape (seeds) one after another and report a cell "
                    "in the running grid (the first, with the run's one-off costs, apart).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@plugins_dir_option
 def bench_harness_command(**options):
     """One cell as abl run runs it: its wall time split into training steps and the rest.
 

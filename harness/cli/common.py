@@ -15,7 +15,12 @@ DEFAULT_DB = "results/abl.duckdb"
 
 
 def fail(message: str) -> None:
-    """A user error: a clear message, exit status 2, no traceback."""
+    """A user error: a clear message, exit status 2, no traceback. The same problem found in
+    several cells (``cell [LABEL]: ...`` lines) is one line naming them (abl.grid.validation)."""
+    if "cell [" in message:
+        from ..grid.validation import one_per_problem
+
+        message = "\n".join(one_per_problem(message.split("\n")))
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
 
@@ -31,6 +36,16 @@ def user_errors():
     from ..store.lock import StoreBusy
 
     return (ConfigError, RegistryError, PluginLoadError, DataError, StoreError, StoreBusy, AdmissionError)
+
+
+def note_new_store(db: Path) -> None:
+    """Say so when a command that writes is about to start a new store: a misspelt ``--db`` folder
+    would otherwise quietly split the results in two. The folder is created (docs/store.md)."""
+    if db.exists():
+        return
+    missing = next((p for p in reversed([db.parent, *db.parent.parents]) if not p.exists()), None)
+    created = f"; creating the folder {missing}" if missing is not None else ""
+    click.echo(f"note: new store at {db} (no database there yet{created})", err=True)
 
 
 def take_store_lock(db: Path, wait: bool):

@@ -11,7 +11,7 @@ from .common import fail, load_registry, user_errors
 
 def cost(grid_file, recipes, overrides, as_json):
     """The body of ``abl cost``: its options and help are declared in abl.cli."""
-    from ..analysis.formats import fmt_bytes, fmt_si
+    from ..analysis.formats import fmt_si
     from ..model.costmodel import predict
 
     registry = load_registry()
@@ -20,9 +20,11 @@ def cost(grid_file, recipes, overrides, as_json):
     try:
         grid = _grid(grid_file, recipes, list(overrides), registry)
         cells = list({c.cell_key: c for c in reversed(grid.cells)}.values())[::-1]
-        preds = [predict(c, registry) for c in cells]
+        preds = [predict(c, registry, measure_missing=True) for c in cells]
     except user_errors() as exc:
         fail(str(exc))
+    for note in grid.notes:
+        click.echo(f"note: {note}", err=True)
     if as_json:
         click.echo(json.dumps([{"cell": c.label, "cell_key": c.cell_key, **p} for c, p in zip(cells, preds)],
                               indent=1))
@@ -31,14 +33,22 @@ def cost(grid_file, recipes, overrides, as_json):
 
     from ..present import termlayout
 
+    def si(x) -> str:
+        return "-" if x is None else fmt_si(x)
+
     rows = [{"params": f"{p['n_params']:,}", "non-emb": f"{p['n_params_non_embedding']:,}",
-             "fwd FLOP /tok": fmt_si(p["flops_per_token"]), "train FLOP /step": fmt_si(p["flops_per_step"]),
-             "useful": fmt_si(p["useful_flops_per_step"]),
-             "6N·tok": fmt_si(p["flops_6n_per_token"] * p["tokens_per_step"]),
-             "act. /step": fmt_bytes(p["activation_bytes_per_step"]),
-             "params + grad + Adam": fmt_bytes(p["static_bytes"]), "decode cache": decode_cache_text(p),
-             "est. peak": fmt_bytes(p["train_peak_bytes"])} for p in preds]
-    title = f"{grid.path}: predicted cost per cell (no training)"
+             "fwd FLOP /tok": si(p["flops_per_token"]), "train FLOP /step": si(p["flops_per_step"]),
+             "useful": si(p["useful_flops_per_step"]),
+             "6N·tok": si(p["flops_6n_per_token"] * p["tokens_per_step"]),
+             "act. /step": _bytes(p["activation_bytes_per_step"]),
+             "params + grad + Adam": _bytes(p["static_bytes"]),
+             "decode cache": "-" if p["cost_source"] == "measured" else decode_cache_text(p),
+             "est. peak": _bytes(p["train_peak_bytes"]), "source": p["cost_source"]} for p in preds]
+    measured = [i for i, p in enumerate(preds, 1) if p["cost_source"] == "measured"]
+    title = "predicted cost per cell (no training)" if not measured else (
+        "cost per cell: predicted, or measured on one step where a component declares no cost function"
+        if len(measured) < len(preds) else "measured cost per cell (one step each on the CPU, no training)")
+    title = f"{grid.path}: {title}"
     console = Console()
     if not console.is_terminal:
         console = Console(width=max(console.width, 160))
@@ -55,10 +65,27 @@ def cost(grid_file, recipes, overrides, as_json):
                   "(/tok: a KV cache), or a fixed size per sequence (/seq fixed: a sliding window's cache or a "
                   "recurrent state). Conditions: " + "; ".join(
                       f"{t} tokens/step, activations {b} bytes/element, vocab {v}" for t, b, v in conds))
+    if measured:
+        from ..model.costmodel import missing_costs
+
+        why = sorted({m for c, p in zip(cells, preds) if p["cost_source"] == "measured"
+                      for m in missing_costs(c.components, registry)})
+        console.print(f"measured (cells {', '.join(map(str, measured))}): {', '.join(why)} declare(s) no cost "
+                      "function, so those cells were built once per shape on the CPU: FLOPs counted over one "
+                      "forward and backward by torch.utils.flop_counter.FlopCounterMode (as executed, so useful "
+                      "= counted), est. peak = live tensor memory over one training step (torch's MemTracker); "
+                      "'-' = not measured (activations per step, KV cache). A cost function (docs/plugins.md, "
+                      "'Costs') predicts them without building the model.")
 
 
-COMPUTE = ("params", "non-emb", "fwd FLOP /tok", "train FLOP /step", "useful", "6N·tok")
-MEMORY = ("act. /step", "params + grad + Adam", "decode cache", "est. peak")
+def _bytes(x) -> str:
+    from ..analysis.formats import fmt_bytes
+
+    return "-" if x is None else fmt_bytes(x)
+
+
+COMPUTE = ("params", "non-emb", "fwd FLOP /tok", "train FLOP /step", "useful", "6N·tok", "source")
+MEMORY = ("act. /step", "params + grad + Adam", "decode cache", "est. peak", "source")
 
 
 def cost_table(title: str, paths, cells, rows: list[dict], cols):

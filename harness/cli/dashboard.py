@@ -17,7 +17,7 @@ def dashboard(db_path, runs_dir, port, host, snapshot_dir, widths):
     import subprocess
 
     if importlib.util.find_spec("streamlit") is None:
-        fail("the dashboard needs Streamlit: pip install -e '.[dashboard]'")
+        fail("the dashboard needs Streamlit: pip install 'abl[dashboard]'")
     db = Path(db_path).resolve()
     if snapshot_dir is not None:
         _dashboard_snapshot(db, Path(runs_dir).resolve() if runs_dir else db.parent / "runs", Path(snapshot_dir),
@@ -51,7 +51,7 @@ def _dashboard_snapshot(db: Path, runs_dir: Path, out_dir: Path, widths: list[in
     if not db.is_file():
         fail(f"no database at {db}: nothing to take a snapshot of (pass --db)")
     if importlib.util.find_spec("playwright") is None:
-        fail("--snapshot needs Playwright: pip install -e '.[dashboard]'")
+        fail("--snapshot needs Playwright: pip install 'abl[snapshot]'")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / ".abl_write_test"

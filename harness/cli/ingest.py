@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .common import fail, take_store_lock, user_errors
+from .common import fail, note_new_store, take_store_lock, user_errors
 
 
 def ingest(run_dirs, db_path, runs_dir, wait):
@@ -25,6 +25,7 @@ def ingest(run_dirs, db_path, runs_dir, wait):
     problems = preflight.db_problems(db)
     if problems:
         fail("\n".join(problems))
+    note_new_store(db)
     lock = take_store_lock(db, wait)
     try:
         result = store.ingest_dirs(db, dirs)

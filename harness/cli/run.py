@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .common import DEFAULT_DB, fail, load_registry, remove_if_untouched, take_store_lock, user_errors
+from .common import DEFAULT_DB, fail, load_registry, note_new_store, remove_if_untouched, take_store_lock, user_errors
 
 
 def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
@@ -27,6 +27,8 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         grid = select(full, only, cell_numbers)
     except user_errors() as exc:
         fail(str(exc))
+    for note in full.notes:
+        click.echo(f"note: {note}", err=True)
     termlayout.PRESENTATION = termlayout.Presentation(layout="wide" if wide else "auto", fmt=fmt)
     if dry_run:
         for w in preflight.warnings(full):  # the run itself prints them too (abl.run.lr_sweep)
@@ -65,9 +67,10 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         engine = _make_executor(executor, workers, runs, slurm_partition, slurm_time, slurm_cluster,
                                 gpus_per_cell, ray_address)
     except ImportError as exc:
-        fail(f"--executor {executor} needs an extra package ({exc.name}): pip install -e '.[distributed]'")
+        fail(f"--executor {executor} needs an extra package ({exc.name}): pip install 'abl[distributed]'")
     except user_errors() as exc:
         fail(str(exc))
+    note_new_store(db)
     fresh = [p for p in (db.parent, *db.parent.parents) if not p.exists()]  # folders the lock will create
     lock = take_store_lock(db, wait)  # held until this process exits, however it exits
     try:

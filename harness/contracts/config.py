@@ -81,7 +81,7 @@ class ModelConfig:
     vocab_size: int = _f(0, "0 = take it from the dataset", min=0)
     tie_embeddings: bool = _f(True, "share the token embedding with the LM head")
     init_std: float = _f(0.0, "std of the normal init of linear and embedding weights; 0 = 1/sqrt(d_model) "
-                         "(fan-in; see README 'Default initialisation')", min=0.0)
+                         "(fan-in; see docs/findings.md 'Default initialisation')", min=0.0)
     dropout: float = _f(0.0, "dropout on sublayer outputs", min=0.0, max=1.0)
     norm: str = _f("rmsnorm", "norm component")
     block: str = _f("pre", "block layout component")
@@ -257,6 +257,7 @@ class Grid:
     raw: dict[str, Any]
     cells: list[Cell]
     grid_paths: list[str]
+    notes: list[str] = field(default_factory=list)  # what loading changed, for the commands to say
 
 
 def stored_model(model: ModelConfig) -> dict[str, Any]:

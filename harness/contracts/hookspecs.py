@@ -5,7 +5,7 @@ The host owns every registry; a plugin only calls the callbacks it is handed.
 pluggy lets an implementation accept fewer arguments than its spec, so specs
 can grow without breaking plugins.
 
-Every hook here must be documented in the README ("Writing a plugin");
+Every hook here must be documented in docs/plugins.md ("Hooks");
 ``tests/test_docs.py`` fails otherwise.
 """
 

@@ -22,7 +22,7 @@ TERMINAL = (COMPLETED, DIVERGED, OOM, FAILED, KILLED, INCOMPLETE)
 NOT_COMPLETED = (DIVERGED, OOM, FAILED, KILLED, INCOMPLETE)
 # re-run only with ``--retry failed``: run again as they are, they would end the same way.
 # Not killed: a kill says nothing about the cell, so a plain re-run restarts it, like a
-# running one whose worker is gone (README, "When things go wrong"). Not incomplete:
+# running one whose worker is gone (docs/troubleshooting.md). Not incomplete:
 # the training ended, its record was damaged; a re-run gives the whole record.
 RETRY_FAILED = (DIVERGED, OOM, FAILED)
 # statuses only the store gives (from what a folder holds); no worker ends with one

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..contracts.config import Cell, ConfigError, Grid
 from ..contracts.config import cell_from_config as cell_from_config  # abl.present.report imports it from here
-from ..contracts.registry import Registry
+from ..contracts.registry import Registry, RegistryError
 from .labels import grid_label
 from .parsing import apply_override, parse_overrides, read_toml
 from .parsing import parse_toml_text as parse_toml_text  # re-exported: callers and tests import them from here
@@ -26,6 +26,7 @@ from .validation import (
     _parse_grid,
     check_lr_sweep,
     check_output_path,
+    one_per_problem,
     resolve_cell,
     swept_override_errors,
 )
@@ -67,6 +68,26 @@ def resolve_grid_path(path: str | Path) -> Path:
     return shipped if shipped is not None else p
 
 
+def missing_grid_message(path: str | Path) -> str:
+    """``PATH: no such file``, with the closest shipped grid name (``nrms`` -> ``norms``) or file
+    beside it, and the names of the shipped grids."""
+    import difflib
+
+    p = Path(path)
+    shipped = packaged_grids()
+    stem = p.name.removesuffix(".toml")
+    close = difflib.get_close_matches(stem, list(shipped), n=1, cutoff=0.6)
+    hint = ""
+    if close and p.parent in (Path("."), Path("ablations")):
+        hint = f"; did you mean {close[0]!r} (the shipped grid {close[0]})?"
+    elif p.parent.is_dir():
+        beside = [q.name for q in sorted(p.parent.glob("*.toml"))]
+        near = difflib.get_close_matches(p.name, beside, n=1, cutoff=0.6)
+        if near:
+            hint = f"; did you mean {str(p.parent / near[0])!r}?"
+    return f"{p}: no such file{hint} (the shipped grids, usable by name: {', '.join(shipped)})"
+
+
 def load_grid(
     path: str | Path,
     registry: Registry,
@@ -76,8 +97,7 @@ def load_grid(
     """Read, override, expand and validate a grid file. Raises ConfigError."""
     path = resolve_grid_path(path)
     if not path.exists():
-        names = ", ".join(packaged_grids())
-        raise ConfigError(f"{path}: no such file (the shipped grids, usable by name: {names})")
+        raise ConfigError(missing_grid_message(path))
     raw = read_toml(path)
     if not raw:
         raise ConfigError(f"{path}: the grid file is empty; it needs at least an [experiment] or [model] "
@@ -88,7 +108,46 @@ def load_grid(
         raise ConfigError([f"{path}: {m}" for m in errs])
     for key, value in parsed:
         apply_override(raw, key, value)
-    return expand(raw, registry, source=str(path), max_cells=max_cells)
+    grid = expand(raw, registry, source=str(path), max_cells=max_cells)
+    if is_shipped(path) and "experiment.name" not in {k for k, _ in parsed}:
+        foreign = plugin_components(grid.cells, registry)
+        if foreign:  # a plugin's cells never join the shipped experiment unless told to
+            shipped_name = grid.cells[0].experiment.name
+            raw.setdefault("experiment", {})["name"] = f"{shipped_name}+{'+'.join(sorted(set(foreign.values())))}"
+            grid = expand(raw, registry, source=str(path), max_cells=max_cells)
+            grid.notes.append(
+                f"{', '.join(sorted(foreign))} come(s) from a plugin, not from abl: this grid's runs are stored as "
+                f"experiment {grid.cells[0].experiment.name!r}, apart from the shipped {shipped_name!r} "
+                f"(--set experiment.name=... chooses the name)")
+    return grid
+
+
+def is_shipped(path: str | Path) -> bool:
+    """Is ``path`` one of the grid files shipped with abl (abl.ablations)?"""
+    try:
+        return Path(path).resolve() in {p.resolve() for p in packaged_grids().values()}
+    except OSError:
+        return False
+
+
+def plugin_components(cells: list[Cell], registry: Registry) -> dict[str, str]:
+    """``{"norm 'dyt' (abl-dyt)": "dyt"}``: every component of ``cells`` that a plugin, not abl, registered."""
+    from ..contracts.plugin_manager import SELF_DIST
+
+    out: dict[str, str] = {}
+    for cell in cells:
+        specs = [(axis, spec) for axis, spec in cell.components.items() if axis != "layer_mixers"]
+        specs += [("mixer", spec) for spec in cell.components.get("layer_mixers") or []]
+        for axis, spec in specs:
+            if not isinstance(spec, dict) or "name" not in spec:
+                continue
+            try:
+                comp = registry.get(axis, spec["name"])
+            except RegistryError:
+                continue
+            if comp.package != SELF_DIST:
+                out[f"{axis} {comp.name!r} ({comp.package})"] = comp.name
+    return out
 
 
 def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int | None = None) -> Grid:
@@ -106,10 +165,12 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
     cells: list[Cell] = []
     seen: set[str] = set()
     paths = list(axes)
+    n_points = 0
     for combo in itertools.product(*(axes[p] for p in paths)):
         varied = dict(zip(paths, combo))
         if any(_matches(varied, ex, raw) for ex in excludes):
             continue
+        n_points += 1
         cell_raw = copy.deepcopy({k: v for k, v in raw.items() if k != "grid"})
         for p, v in varied.items():
             apply_override(cell_raw, p, v)
@@ -136,8 +197,8 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
         # cells that became identical once resized are one run
         cells = list({c.run_id: c for c in cells}.values())
     if errs:
-        # one message per distinct problem keeps the report short
-        raise ConfigError(list(dict.fromkeys(errs)))
+        # one message per distinct problem, however many cells share it
+        raise ConfigError(one_per_problem(errs, n_cells=n_points))
     if not cells:
         raise ConfigError(f"{source}: the grid is empty (every cell was excluded)")
     if max_cells is not None and len(cells) > max_cells:

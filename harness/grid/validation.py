@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -398,3 +399,47 @@ def swept_override_errors(raw: dict, overrides: list[tuple[str, Any]], registry:
                     f"ignored; to replace the sweep, --set 'grid.{key}={example}'")
         errs += value_errors(key, value, registry)
     return errs
+
+
+_CELL_MESSAGE = re.compile(r"^(?P<pre>.*?)cell \[(?P<label>.*?)\]: (?P<msg>.+)$", re.DOTALL)
+SHOWN_CELLS = 3  # a problem shared by more cells names this many of them, then how many more
+
+
+def one_per_problem(messages: list[str], n_cells: int | None = None) -> list[str]:
+    """Messages about single cells (``... cell [LABEL]: PROBLEM``) merged into one per problem.
+
+    The same problem in several cells is one line that says where: ``PROBLEM (in every cell)``
+    when ``n_cells`` says there are that many, else ``PROBLEM (in 2 cells: a; b)`` or the first
+    few and how many more. Other messages pass unchanged; order is that of first appearance;
+    exact repeats are dropped.
+    """
+    groups: dict[tuple[str, str], list[str]] = {}
+    order: list[tuple[str, str] | str] = []
+    for m in messages:
+        hit = _CELL_MESSAGE.match(m)
+        if hit is None:
+            if m not in order:
+                order.append(m)
+            continue
+        key = (hit["pre"], hit["msg"])
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        if hit["label"] not in groups[key]:
+            groups[key].append(hit["label"])
+    out = []
+    for item in order:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        labels = groups[item]
+        pre, msg = item
+        if len(labels) == 1:
+            out.append(f"{pre}cell [{labels[0]}]: {msg}")
+        elif n_cells is not None and len(labels) >= n_cells:
+            out.append(f"{pre}{msg} (in every cell)")
+        else:
+            shown = "; ".join(labels[:SHOWN_CELLS])
+            more = f"; and {len(labels) - SHOWN_CELLS} more" if len(labels) > SHOWN_CELLS else ""
+            out.append(f"{pre}{msg} (in {len(labels)} cells: {shown}{more})")
+    return out

@@ -32,8 +32,10 @@ and turns the per-instance figures into per-token and per-step predictions:
   4-byte gradients (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, sec. 3.1,
   counts 16 with 2-byte gradients).
 
-Nothing here names a variant; a component without a cost function is an error
-that names it (``CostModelError``).
+Nothing here names a variant. A component without a cost function is an error
+that names it (``CostModelError``), except where the caller asks for the cell
+to be measured instead (``predict(..., measure_missing=True)``,
+abl.model.measuredcost).
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ def component_cost(registry: Registry, axis: str, spec: dict[str, Any], *args) -
         raise CostModelError(
             f"{axis} {spec['name']!r} (plugin {comp.plugin!r}, {comp.package} {comp.version}) declares no "
             f"cost function, so its cost cannot be predicted; pass cost=... to register() "
-            f"(see harness/contracts/cost.py for the signature and conventions)")
+            f"(docs/plugins.md, 'Costs': the signature and conventions), or use abl cost, which "
+            f"measures such a cell instead")
     try:
         out = registry.call_with_position(comp.cost, *args, **dict(spec.get("params") or {}))
     except Exception as exc:  # noqa: BLE001 - name the component whatever went wrong
@@ -281,17 +284,31 @@ def activation_dtype_bytes(cell, registry: Registry) -> int:
 
 
 def predict(cell, registry: Registry, *, vocab_size: int | None = None,
-            activation_bytes: int | None = None) -> dict[str, Any]:
+            activation_bytes: int | None = None, measure_missing: bool = False) -> dict[str, Any]:
     """Predicted costs of one cell (a ``abl.contracts.config.Cell``). Raises CostModelError.
 
     ``vocab_size`` overrides the dataset lookup (pass the recorded one for a
     finished run); ``activation_bytes`` overrides the precision policy's dtype.
+    With ``measure_missing``, a cell with a component that declares no cost
+    function is measured instead (abl.model.measuredcost: once per shape);
+    the result's ``cost_source`` says which ("predicted" or "measured").
     """
     v = vocab_size or dataset_vocab_size(cell, registry)
     model = dataclasses.replace(cell.model, vocab_size=v)
     ab = activation_bytes or activation_dtype_bytes(cell, registry)
-    return predict_model(model, cell.components, registry, batch_size=cell.train.batch_size,
-                         activation_bytes=ab)
+    if measure_missing and missing_costs(cell.components, registry):
+        from .measuredcost import measure_model
+
+        try:
+            return measure_model(model, cell.components, registry, batch_size=cell.train.batch_size,
+                                 activation_bytes=ab)
+        except Exception as exc:  # a plugin's module that cannot run: name it, no traceback
+            missing = ", ".join(missing_costs(cell.components, registry))
+            raise CostModelError(f"{missing} declares no cost function, and measuring the model instead "
+                                 f"failed: {type(exc).__name__}: {exc}") from exc
+    return {"cost_source": "predicted",
+            **predict_model(model, cell.components, registry, batch_size=cell.train.batch_size,
+                            activation_bytes=ab)}
 
 
 def missing_costs(components: dict[str, Any], registry: Registry) -> list[str]:

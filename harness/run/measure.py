@@ -35,7 +35,7 @@ def cpu_peak_rss_bytes() -> int:
 
 
 def peak_mem_bytes(device: torch.device) -> int:
-    """CUDA's peak allocated bytes, or on CPU the process's peak resident set (README: What is recorded)."""
+    """CUDA's peak allocated bytes, or on CPU the process's peak resident set (docs/recorded.md)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return cpu_peak_rss_bytes()
@@ -73,8 +73,10 @@ def measure_costs(core: DecoderLM, cell: Cell, registry: Registry, batches: Batc
 
     try:
         pred = predict(cell, registry, vocab_size=cell.model.vocab_size)
-    except RegistryError as exc:  # a component without a cost model: say so, record the rest
-        out["_note"] = f"no cost prediction: {exc}"  # type: ignore[assignment]
+    except RegistryError as exc:  # a component without a cost model: MFU from the counted FLOPs, and say so
+        out["useful_flops_per_step"] = counted
+        out["_note"] = (f"no cost prediction ({exc}); MFU uses the FLOPs counted by torch as useful "  # type: ignore[assignment]
+                        "FLOPs (as executed, recomputation included)")
         return out
     out["flops_per_step_predicted"] = float(pred["flops_per_step"])
     out["useful_flops_per_step"] = float(pred["useful_flops_per_step"])
@@ -95,7 +97,9 @@ def mfu_costs(run: TrainingRun) -> dict[str, float]:
         out["useful_flops_per_step"] = float(predict(run.cell, run.registry, vocab_size=run.cell.model.vocab_size)
                                              ["useful_flops_per_step"])
     except RegistryError:
-        pass
+        counted = run.shapes.data.get("flops") if run.shapes.has("flops") else None  # read, not "reused"
+        if counted and counted.get("flops_per_step_measured"):  # as measure_costs: the counted FLOPs
+            out["useful_flops_per_step"] = float(counted["flops_per_step_measured"])
     return out
 
 

@@ -51,7 +51,7 @@ def ineffective_sweeps(grid: Grid) -> list[str]:
     """Grid keys whose values all resolve to the same runs, so the grid silently has fewer runs.
 
     A sweep over a component's parameter that only some cells select is fine
-    (README: such parameters apply only where the component is selected); one
+    (docs/grids.md: such parameters apply only where the component is selected); one
     that no surviving cell feels is an error. A key whose other values were
     all excluded by ``grid.exclude`` was narrowed on purpose and is left alone.
     """
