@@ -42,9 +42,32 @@ def rows(db, sql, params=()):
         con.close()
 
 
+def default_signals():
+    """In the child, before exec: SIGINT and SIGTERM back to their defaults. A test suite started in the
+    background (``nohup pytest &``) inherits SIGINT ignored, and Python then never turns SIGINT into
+    KeyboardInterrupt; the signal tests must not depend on how the suite was started (issue 27)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def start_abl(args):
-    return subprocess.Popen([sys.executable, "-m", "abl.cli", *args], cwd=ROOT,
+    return subprocess.Popen([sys.executable, "-m", "abl.cli", *args], cwd=ROOT, preexec_fn=default_signals,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_abl_started_by_a_test_gets_sigint_as_ctrl_c_even_from_a_backgrounded_suite():
+    """The suite run under nohup / ``&`` (SIGINT ignored, inherited): start_abl's child still has the
+    default SIGINT disposition, so ``test_two_ctrl_c...`` tests abl, not how pytest was started."""
+    probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        inherited = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout
+        reset = subprocess.run([sys.executable, "-c", probe], preexec_fn=default_signals, capture_output=True,
+                               text=True).stdout
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert inherited.strip() == "False"  # what the backgrounded suite's children got before
+    assert reset.strip() == "True"
 
 
 def wait_for(pred, timeout=240, what="condition"):

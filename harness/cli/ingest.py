@@ -14,19 +14,19 @@ def ingest(run_dirs, db_path, runs_dir, wait):
     """The body of ``abl ingest``: its options and help are declared in abl.cli."""
     from ..run import preflight
     from ..store import database as store
+    from ..store import rundir
 
     db = Path(db_path)
-    dirs = [Path(d) for d in run_dirs]
-    if not dirs:
-        base = Path(runs_dir) if runs_dir else db.parent / "runs"
-        from ..store import rundir
-
-        dirs = sorted(p for p in base.glob("*") if (p / rundir.CONFIG).exists())
     problems = preflight.db_problems(db)
     if problems:
         fail("\n".join(problems))
     lock = take_store_lock(db, wait)
     try:
+        # listed only now that the lock is held: with --wait, the folders the holder wrote meanwhile count
+        dirs = [Path(d) for d in run_dirs]
+        if not dirs:
+            base = Path(runs_dir) if runs_dir else db.parent / "runs"
+            dirs = sorted(p for p in base.glob("*") if (p / rundir.CONFIG).exists())
         result = store.ingest_dirs(db, dirs)
     except user_errors() as exc:
         fail(str(exc))
@@ -37,12 +37,15 @@ def ingest(run_dirs, db_path, runs_dir, wait):
         counts[state] = counts.get(state, 0) + 1
     by_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     click.echo(f"ingested {len(result)} run folder(s) into {db}" + (f" ({by_status})" if by_status else ""))
-    from ..store import rundir
-
+    for d in dirs:
+        if rundir.read_status(d) is None and result.get(d.name) == rundir.QUEUED:
+            click.echo(f"queued: {d}: no readable status.json; its worker never started", err=True)
     damaged = [d for d in dirs if result.get(d.name) == rundir.INCOMPLETE]
     for d in damaged:
         steps = (rundir.read_json(d / rundir.CONFIG, {}).get("train") or {}).get("steps", 0)
-        why = "; ".join(rundir.check_complete(rundir.scan_metrics(d / rundir.METRICS), steps))
+        scan = rundir.scan_metrics(d / rundir.METRICS)
+        why = "; ".join(rundir.check_complete(scan, steps)) if rundir.read_status(d) is not None else \
+            store.no_status(d, scan)[1]
         click.echo(f"incomplete: {d}: {why}", err=True)
     if damaged:
         sys.exit(1)

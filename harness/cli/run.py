@@ -7,7 +7,16 @@ from pathlib import Path
 
 import click
 
-from .common import DEFAULT_DB, fail, load_registry, remove_if_untouched, take_store_lock, user_errors
+from .common import (
+    DEFAULT_DB,
+    exit_now,
+    fail,
+    load_registry,
+    remove_if_untouched,
+    storage_fault,
+    take_store_lock,
+    user_errors,
+)
 
 
 def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
@@ -28,6 +37,9 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     except user_errors() as exc:
         fail(str(exc))
     termlayout.PRESENTATION = termlayout.Presentation(layout="wide" if wide else "auto", fmt=fmt)
+    if not dry_run:  # the seed warnings of an lr sweep are printed by the sweep itself
+        for w in preflight.schedule_warnings(full):
+            click.echo(f"warning: {w}", err=True)
     if dry_run:
         for w in preflight.warnings(full):  # the run itself prints them too (abl.run.lr_sweep)
             click.echo(f"warning: {w}")
@@ -67,11 +79,11 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     fresh = [p for p in (db.parent, *db.parent.parents) if not p.exists()]  # folders the lock will create
     lock = take_store_lock(db, wait)  # held until this process exits, however it exits
     try:
-        from ..run.admission import check_run
+        from ..run.admission import AdmissionError, check_run
 
         too_big = check_run(grid.cells, registry, runs, engine, retry_failed=retry == "failed")
         if too_big and not force:
-            fail("the grid does not fit in memory:\n" + "\n".join(too_big))
+            raise AdmissionError("the grid does not fit in memory:\n" + "\n".join(too_big))
         if too_big:
             click.echo("warning (--force): " + "\n".join(too_big), err=True)
         if grid.cells[0].train.lr_sweep:
@@ -86,13 +98,17 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         lock.release()
         remove_if_untouched(db, lock.path, fresh)  # bad input leaves no trace: not even the lock's folder
         fail(str(exc))
+    except OSError as exc:  # a full disk mid-run: finished cells are stored, the rest resume
+        lock.release()
+        storage_fault(exc, "free some space and run the same command to resume")
     except KeyboardInterrupt:
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cells are stopped and stored: a second Ctrl-C
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # must not turn the exit into a traceback or a -2
         click.echo("stopped; finished cells are stored, run the same command to resume", err=True)
-        sys.exit(130)
+        lock.release()
+        exit_now(130)
     finally:
         lock.release()
     if failures:

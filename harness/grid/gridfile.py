@@ -74,7 +74,7 @@ def load_grid(
 ) -> Grid:
     """Read, override, expand and validate a grid file. Raises ConfigError."""
     path = resolve_grid_path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a dangling or looping link: read_toml says which
         names = ", ".join(packaged_grids())
         raise ConfigError(f"{path}: no such file (the shipped grids, usable by name: {names})")
     raw = read_toml(path)
@@ -87,7 +87,11 @@ def load_grid(
         raise ConfigError([f"{path}: {m}" for m in errs])
     for key, value in parsed:
         apply_override(raw, key, value)
-    return expand(raw, registry, source=str(path), max_cells=max_cells)
+    try:
+        return expand(raw, registry, source=str(path), max_cells=max_cells)
+    except RecursionError:  # values nested deeper than the checks' recursion (tomllib took them)
+        raise ConfigError(f"{path}: values nested too deeply (lists or tables inside each other hundreds "
+                          "of levels down); a grid file needs a few levels at most") from None
 
 
 def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int | None = None) -> Grid:

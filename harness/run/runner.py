@@ -260,12 +260,13 @@ def execute(executor, jobs: list[Job], events: CellEvents, display: Any, console
         previous_int = signal.getsignal(signal.SIGINT)
         try:
             executor.run(jobs, events.on_progress, events.on_done, on_launch=events.on_launch)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, OSError) as exc:  # Ctrl-C, SIGTERM, or a write that failed (a full disk)
             # a second Ctrl-C must not cut the clean-up short: the store would keep
             # rows "running" whose folders say killed
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            console.print("[yellow]interrupted: stopping the running cells[/]")
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "a write failed"
+            console.print(f"[yellow]{why}: stopping the running cells[/]")
             executor.stop_all()
             # every started cell not stored yet, also one whose on_done the interrupt cut short
             for job in {id(j): j for j in events.launched + executor.running}.values():

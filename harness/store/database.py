@@ -177,6 +177,8 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     rows += health.derived_rows(rows, info)
     error = status.get("error")
     damage = None
+    if status_override is None and rundir.read_status(run_dir) is None:
+        state, error = no_status(run_dir, scan)
     if state == rundir.COMPLETED:
         problems = rundir.check_complete(scan, _int(config.get("train", {}).get("steps")))
         if problems:
@@ -228,6 +230,16 @@ INT32 = (-(2**31), 2**31 - 1)
 
 def _int(v: Any) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def no_status(run_dir: Path, scan: rundir.MetricsScan) -> tuple[str, str]:
+    """A folder whose status.json is missing or unreadable: never stored as a plain "queued".
+    With metric rows its worker ran and its end is unknown (incomplete); without, it never started."""
+    what = "missing" if not (run_dir / rundir.STATUS).exists() else "unreadable"
+    if scan.rows:
+        return rundir.INCOMPLETE, (f"status.json is {what}, yet metrics.jsonl holds {len(scan.rows)} row(s): "
+                                   "how its worker ended is unknown; run the grid again to train it")
+    return rundir.QUEUED, f"status.json is {what}: its worker never started (run the grid to train it)"
 
 
 def ingest_dirs(db_path: str | Path, run_dirs: Iterable[Path]) -> dict[str, str]:
