@@ -51,7 +51,8 @@ def default_signals():
 
 
 def start_abl(args):
-    return subprocess.Popen([sys.executable, "-m", "abl.cli", *args], cwd=ROOT, preexec_fn=default_signals,
+    return subprocess.Popen([sys.executable, "-m", "abl.cli", *args], cwd=ROOT,
+                            preexec_fn=default_signals,  # noqa: PLW1509 - it only resets two signals
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -61,9 +62,10 @@ def test_abl_started_by_a_test_gets_sigint_as_ctrl_c_even_from_a_backgrounded_su
     probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        inherited = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout
-        reset = subprocess.run([sys.executable, "-c", probe], preexec_fn=default_signals, capture_output=True,
-                               text=True).stdout
+        inherited = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                   check=True).stdout
+        reset = subprocess.run([sys.executable, "-c", probe], preexec_fn=default_signals,
+                               capture_output=True, text=True, check=True).stdout
     finally:
         signal.signal(signal.SIGINT, previous)
     assert inherited.strip() == "False"  # what the backgrounded suite's children got before

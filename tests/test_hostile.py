@@ -370,7 +370,7 @@ def test_after_ctrl_c_abl_run_skips_the_interpreters_teardown_once_the_store_is_
     """The exit after SIGINT/SIGTERM took 8.8-14.3 s under load: the cells were stopped and stored within
     a second, the rest was Python's finalisation (torch's teardown alone: 2 s). abl run now leaves with
     os._exit(130), after the lock is released (nothing of the store is left to the teardown)."""
-    import abl.run.runner as runner
+    from abl.run import runner
     from abl.store.lock import lock_path
 
     db = tmp_path / "x.duckdb"

@@ -136,7 +136,9 @@ class TrainConfig:
     device: str = _f("auto", "auto, cpu, cuda or cuda:N", choices=None)
     kernels: str = _f("auto", "auto (triton on CUDA, torch elsewhere), triton or torch",
                       choices=("auto", "triton", "torch"))
-    threads: int = _f(0, "torch CPU threads; 0 = torch's default", min=0, max=MAX_THREADS)
+    threads: int = _f(0, "torch CPU threads per cell: 0 = chosen as the cell starts from the cores, the cells "
+                      "run at once and the load (docs/robustness.md); -1 = torch's default (all cores); "
+                      "N = exactly N", min=-1, max=MAX_THREADS)
     diverge_loss: float = _f(1e3, "a train loss above this (or non-finite) stops the cell as diverged", min=0.0)
     checkpoint_every: int = _f(0, "save a checkpoint every N steps (0 = never); a killed cell resumes "
                                "from its last checkpoint", min=0)

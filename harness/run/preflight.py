@@ -147,9 +147,10 @@ def schedule_warnings(grid: Grid) -> list[str]:
     """A warm-up the grid asks for (train.warmup_steps given, swept or set) longer than the run: the
     learning rate never reaches train.lr. A warning, not a refusal, and none under the default warm-up:
     a few-step smoke test is common (docs/robustness.md)."""
-    train = grid.raw.get("train") if isinstance(grid.raw.get("train"), dict) else {}
-    sweep = grid.raw.get("grid") if isinstance(grid.raw.get("grid"), dict) else {}
-    if "warmup_steps" not in train and "train.warmup_steps" not in sweep:
+    train, sweep = grid.raw.get("train"), grid.raw.get("grid")
+    given = (isinstance(train, dict) and "warmup_steps" in train) or \
+        (isinstance(sweep, dict) and "train.warmup_steps" in sweep)
+    if not given:
         return []
     short = sorted({(c.train.steps, c.train.warmup_steps) for c in grid.cells
                     if c.train.warmup_steps > c.train.steps})

@@ -121,11 +121,29 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     completed, failed, busy, todo = plan(cells, known, retry_failed)
     console.print(plan_sentence(grid, runs_dir, known, completed, failed, busy, todo, retry_failed), soft_wrap=True)
     jobs, metas = make_jobs(grid, todo, registry, db_path, runs_dir, executor, console)
-    display = make_display(console, len(jobs))
+    estimate = start_estimate(jobs, registry, db_path, executor, console)
+    display = make_display(console, len(jobs), estimate)
     events = CellEvents(db_path, runs_dir, metas, token_entries, display)
     execute(executor, jobs, events, display, console)
     print_summaries(console, db_path, runs_dir, grid, detect)
     return events.failures
+
+
+def start_estimate(jobs: list[Job], registry: Registry, db_path: Path, executor, console: Console) -> Any:
+    """The whole grid's cost and ETA as it starts (abl.run.estimate), and a warning when this machine is
+    oversubscribed before the run adds its cells (abl.run.threads)."""
+    if not jobs:
+        return None
+    from . import threads
+    from .estimate import GridEstimate
+
+    if isinstance(executor, LocalExecutor) and not executor.use_gpus:
+        busy = threads.oversubscribed(threads.usable_cores(), executor.slots, threads.load_average())
+        if busy:
+            console.print(f"[yellow]warning[/]: {busy}", soft_wrap=True)
+    estimate = GridEstimate(jobs, registry, executor.slots, store.completed_rates(db_path))
+    console.print(estimate.start_line(), soft_wrap=True, markup=False)
+    return estimate
 
 
 def prepare_data_and_store(cells: list[Cell], registry: Registry, db_path: Path, console: Console) -> dict[str, Any]:

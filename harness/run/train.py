@@ -194,7 +194,7 @@ def load_data(cell: Cell, registry: Registry) -> TokenData | Task:
 def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> TrainingRun:
     """Device, kernel backend, seeds, data, precision, model, optimizer, batches: ready for step 1."""
     tc, mc = cell.train, cell.model
-    if tc.threads:
+    if tc.threads > 0:  # 0: the executor chose them (OMP_NUM_THREADS; abl.run.threads); -1: torch's default
         torch.set_num_threads(tc.threads)
     dist = Distributed()
     device = dist.setup(resolve_device(tc.device))

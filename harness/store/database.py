@@ -253,6 +253,44 @@ def ingest_dirs(db_path: str | Path, run_dirs: Iterable[Path]) -> dict[str, str]
 # ---------------------------------------------------------------- queries
 
 
+def completed_rates(db_path: str | Path, limit: int = 50) -> dict[str, list[float]]:
+    """The work per wall second of the latest completed runs in the store (read-only; empty without one):
+    ``flops`` (the cost model's FLOPs per step x steps / wall_s) and ``tokens`` (batch x context x steps /
+    wall_s). abl.run.estimate's speed before this run has measured its own."""
+    out: dict[str, list[float]] = {"flops": [], "tokens": []}
+    if not Path(db_path).exists():
+        return out
+    try:
+        con = connect(db_path, read_only=True)
+    except (duckdb.Error, OSError):
+        return out
+    try:
+        if "runs" not in {r[0] for r in con.execute("SHOW TABLES").fetchall()}:
+            return out
+        rows = con.execute(
+            "SELECT r.config, max(CASE WHEN m.name = 'wall_s' THEN m.value END),"
+            " max(CASE WHEN m.name = 'flops_per_step_predicted' THEN m.value END)"
+            " FROM runs r JOIN metrics m USING (run_id) WHERE r.status = 'completed'"
+            " AND m.name IN ('wall_s', 'flops_per_step_predicted')"
+            " GROUP BY r.run_id, r.config, r.finished ORDER BY r.finished DESC NULLS LAST LIMIT ?", [limit]).fetchall()
+    except duckdb.Error:
+        return out
+    finally:
+        con.close()
+    for config, wall, flops in rows:
+        try:
+            cfg = json.loads(config)
+            steps, tokens = int(cfg["train"]["steps"]), int(cfg["train"]["batch_size"]) * int(cfg["model"]["context"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if not wall or wall <= 0:
+            continue
+        out["tokens"].append(tokens * steps / wall)
+        if flops:
+            out["flops"].append(flops * steps / wall)
+    return out
+
+
 def statuses(db_path: str | Path, run_ids: list[str]) -> dict[str, str]:
     """Status of each given run id that is in the store (read-only; empty if no store)."""
     if not Path(db_path).exists() or not run_ids:
