@@ -50,6 +50,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from ..analysis import health
 from ..analysis.health import unigram_floor
 from ..contracts.config import Cell
 from ..contracts.precision import Precision
@@ -444,7 +445,13 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
                 costs["device_peak_flops"] = fresh * run.dist.world
                 utilisation = mfu(costs, step_times)
                 sink.log(cell.train.steps, {"device_peak_flops": costs["device_peak_flops"]})
-        if utilisation is not None and utilisation > 1:  # never stored: a peak that does not hold
+        if utilisation is not None and run.device.type == "cpu" and health.contended(
+                run.share.get("load_per_core"), run.share.get("cpu_util"), on_cpu=True):
+            # its steps shared the cores with other jobs: their time says nothing about this CPU's peak
+            run.notes.append(f"mfu not recorded: the machine was contended during training (load "
+                             f"{run.share.get('load_per_core', float('nan')):.2f} per core, "
+                             f"{run.share.get('cpu_util', float('nan')):.0%} of its threads' CPU time)")
+        elif utilisation is not None and utilisation > 1:  # never stored: a peak that does not hold
             run.notes.append(f"mfu not recorded: {utilisation:.3f} exceeds 1, so the device peak "
                              f"({costs.get('device_peak_flops', 0):.3g} FLOP/s) does not hold on this machine")
         elif utilisation is not None:
