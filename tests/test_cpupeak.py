@@ -94,10 +94,9 @@ def test_a_trained_cells_mfu_is_between_0_and_1(registry, cache):
 
 
 def test_an_mfu_above_one_is_a_note_not_a_figure(registry, cache, monkeypatch):
+    from abl.analysis import health
     from abl.grid.gridfile import expand
     from abl.run.train import train
-
-    from abl.analysis import health
 
     # a peak that does not hold (e.g. measured while the machine was busy)
     monkeypatch.setattr(cpupeak, "measure_matmul_flops", lambda fmt, *a, **k: cpupeak.Measurement(1.0, 1.0, 1.0, 7))

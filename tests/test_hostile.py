@@ -391,3 +391,31 @@ def test_after_ctrl_c_abl_run_skips_the_interpreters_teardown_once_the_store_is_
     assert r.exit_code == 130, r.output
     assert seen == {"code": 130, "lock_left": False}
     assert "run the same command to resume" in r.output
+
+
+def test_a_full_disk_under_duckdb_is_the_same_clear_fault(tmp_path, monkeypatch):
+    """DuckDB reports a full disk as its own IOException: abl ingest (and abl run's per-cell ingest)
+    turn it into the storage fault, exit 1 with a message, not a traceback."""
+    import duckdb
+
+    from abl.store import database
+
+    runs = tmp_path / "runs"
+    d = runs / "r1"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"experiment": "x", "seed": 0, "train": {"steps": 1}}))
+    (d / "status.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
+
+    def full(con, run_dir, status_override=None):
+        raise duckdb.IOException('IO Error: Could not write file "x.duckdb.wal": No space left on device')
+
+    monkeypatch.setattr(database, "ingest_run", full)
+    r = CliRunner().invoke(cli, ["ingest", "--db", str(tmp_path / "x.duckdb")])
+    assert r.exit_code == 1, r.output
+    assert "Traceback" not in r.output and "No space left on device" in r.output
+    assert "run abl ingest again" in r.output and not list(tmp_path.glob("*.lock"))
+    from abl.run import runner
+
+    with pytest.raises(OSError) as err:
+        runner._ingest(tmp_path / "x.duckdb", d, None)
+    assert err.value.errno == errno.ENOSPC

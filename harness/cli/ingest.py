@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .common import fail, take_store_lock, user_errors
+from .common import fail, storage_fault, take_store_lock, user_errors
 
 
 def ingest(run_dirs, db_path, runs_dir, wait):
@@ -30,6 +30,9 @@ def ingest(run_dirs, db_path, runs_dir, wait):
         result = store.ingest_dirs(db, dirs)
     except user_errors() as exc:
         fail(str(exc))
+    except OSError as exc:  # a full disk: the run folders keep the truth; ingest again later
+        lock.release()
+        storage_fault(exc, "free some space and run abl ingest again")
     finally:
         lock.release()
     counts: dict[str, int] = {}

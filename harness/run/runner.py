@@ -152,8 +152,9 @@ def prepare_data_and_store(cells: list[Cell], registry: Registry, db_path: Path,
     Returns the token store entry of each cell that maps tokens (abl.data.tokenstore)."""
     token_entries = tokenstore.prepare_store(cells, registry, db_path.parent / tokenstore.TOKENS_DIR,
                                              log=lambda line: console.print(line, soft_wrap=True, markup=False))
-    con = store.open_store(db_path)  # migrate early so a schema problem stops us before training
-    con.close()
+    with store.storage_errors(db_path):
+        con = store.open_store(db_path)  # migrate early so a schema problem stops us before training
+        con.close()
     return token_entries
 
 
@@ -308,8 +309,9 @@ def print_summaries(console: Console, db_path: Path, runs_dir: Path, grid: Grid,
 
 
 def _ingest(db_path: Path, run_dir: Path, status_override: str | None) -> str:
-    con = store.open_store(db_path)
-    try:
-        return store.ingest_run(con, run_dir, status_override)
-    finally:
-        con.close()
+    with store.storage_errors(db_path):  # a full disk: an OSError, which stops the run cleanly (execute)
+        con = store.open_store(db_path)
+        try:
+            return store.ingest_run(con, run_dir, status_override)
+        finally:
+            con.close()

@@ -9,8 +9,11 @@ long.
 
 from __future__ import annotations
 
+import errno
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -243,11 +246,24 @@ def no_status(run_dir: Path, scan: rundir.MetricsScan) -> tuple[str, str]:
 
 
 def ingest_dirs(db_path: str | Path, run_dirs: Iterable[Path]) -> dict[str, str]:
-    con = open_store(db_path)
+    with storage_errors(db_path):
+        con = open_store(db_path)
+        try:
+            return {d.name: ingest_run(con, d) for d in run_dirs}
+        finally:
+            con.close()
+
+
+@contextmanager
+def storage_errors(db_path: str | Path) -> Iterator[None]:
+    """DuckDB's failed writes (a full disk: ``IOException``) as the OSError they are, so every caller
+    handles a full disk one way (abl run and abl ingest: a message and exit 1, the folders keep the truth)."""
     try:
-        return {d.name: ingest_run(con, d) for d in run_dirs}
-    finally:
-        con.close()
+        yield
+    except duckdb.IOException as exc:
+        text = str(exc)
+        code = errno.ENOSPC if "No space left" in text else errno.EIO
+        raise OSError(code, text.splitlines()[0] if text else "write failed", str(db_path)) from None
 
 
 # ---------------------------------------------------------------- queries
