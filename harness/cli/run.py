@@ -78,6 +78,8 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         fail(str(exc))
     fresh = [p for p in (db.parent, *db.parent.parents) if not p.exists()]  # folders the lock will create
     lock = take_store_lock(db, wait)  # held until this process exits, however it exits
+    if hasattr(engine, "prestart") and all(c.train.devices <= 1 for c in grid.cells):
+        engine.prestart()  # the workers' zygote imports while the memory check and the token store run
     try:
         from ..run.admission import AdmissionError, check_run
 
@@ -111,6 +113,8 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         exit_now(130)
     finally:
         lock.release()
+        if hasattr(engine, "close"):
+            engine.close()  # a zygote started early for cells that never ran
     if failures:
         click.echo(f"{failures} run(s) did not complete; see the table above", err=True)
         sys.exit(1)

@@ -176,19 +176,47 @@ class LocalExecutor(Executor):
         self.use_zygote = zygote_enabled()
         self.zygote_note = ""
 
-    def _zygote(self):
-        """The running zygote, started on first use; None when workers must be spawned."""
-        if not self.use_zygote:
-            return None
-        if self.zygote is not None and self.zygote.alive:
-            return self.zygote
-        from .zygote import Zygote, ZygoteError
-
+    def _zygote_env(self) -> dict[str, str]:
         env = dict(os.environ)
         if not self.use_gpus:  # Triton decides at import whether it interprets; on a CPU it must
             env.setdefault("TRITON_INTERPRET", "1")
+        return env
+
+    def prestart(self) -> None:
+        """Start the zygote now without waiting for it: its imports (torch, the plugins) overlap the
+        parent's own start-up (the memory check, the token store) instead of following it (issue 27, 3)."""
+        if not self.use_zygote or self.zygote is not None:
+            return
+        from .zygote import Zygote
+
         try:
-            self.zygote = Zygote(env)
+            self.zygote = Zygote(self._zygote_env(), wait=False)
+        except OSError as exc:
+            self.use_zygote, self.zygote_note = False, f"workers spawned fresh: {exc}"
+
+    def close(self) -> None:
+        """No more cells: a zygote still importing is stopped, a ready one exits after its children."""
+        if self.zygote is None:
+            return
+        if self.zygote.is_ready:
+            self.zygote.close()
+        else:
+            self.zygote.kill()
+        self.zygote = None
+
+    def _zygote(self):
+        """The running zygote (started early by ``prestart``, else on first use), ready to fork;
+        None when workers must be spawned."""
+        if not self.use_zygote:
+            return None
+        from .zygote import Zygote, ZygoteError
+
+        try:
+            if self.zygote is not None:
+                self.zygote.ready()
+                if self.zygote.alive:
+                    return self.zygote
+            self.zygote = Zygote(self._zygote_env())
         except (ZygoteError, OSError) as exc:
             self.use_zygote, self.zygote_note = False, f"workers spawned fresh: {exc}"
             return None
@@ -199,9 +227,7 @@ class LocalExecutor(Executor):
         try:
             super().run(jobs, on_progress, on_done, poll_s, on_launch)
         finally:
-            if self.zygote is not None:
-                self.zygote.close()
-                self.zygote = None
+            self.close()
 
     def can_launch(self, job: Job) -> bool:
         if len(self.running) >= self.slots:
