@@ -141,7 +141,7 @@ def start_estimate(jobs: list[Job], registry: Registry, db_path: Path, executor,
         busy = threads.oversubscribed(threads.usable_cores(), executor.slots, threads.load_average())
         if busy:
             console.print(f"[yellow]warning[/]: {busy}", soft_wrap=True)
-    estimate = GridEstimate(jobs, registry, executor.slots, store.completed_rates(db_path))
+    estimate = GridEstimate(jobs, registry, getattr(executor, "slots", 1), store.completed_rates(db_path))
     console.print(estimate.start_line(), soft_wrap=True, markup=False)
     return estimate
 
