@@ -206,3 +206,24 @@ def test_a_contended_run_stores_no_mfu(registry, cache, monkeypatch):
     summary = train(expand(grid, registry).cells[0], registry, Sink())
     assert "mfu" not in summary
     assert any("mfu not recorded: the machine was contended" in n for n in summary["notes"]), summary["notes"]
+
+
+def test_a_run_on_a_cpu_too_busy_to_measure_its_peak_says_why_it_has_no_mfu(registry, cache, monkeypatch):
+    from abl.grid.gridfile import expand
+    from abl.run.train import train
+
+    busy = cpupeak.Measurement(1e9, 1e9, 1e9, cpupeak.MAX_BURSTS, share=0.3, contended=True)
+    monkeypatch.setattr(cpupeak, "measure_matmul_flops", lambda fmt, *a, **k: busy)
+    grid = {"experiment": {"name": "t", "seeds": [0]},
+            "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32},
+            "train": {"steps": 4, "batch_size": 4, "eval_every": 4, "eval_batches": 1, "threads": 1},
+            "eval": {"decode": False, "extrapolation": False},
+            "dataset": {"pystdlib": {"max_bytes": 400_000}}}
+
+    class Sink:
+        def log(self, step, metrics):
+            pass
+
+    summary = train(expand(grid, registry).cells[0], registry, Sink())
+    assert "mfu" not in summary
+    assert any("too busy to measure this CPU's peak" in n for n in summary["notes"]), summary["notes"]

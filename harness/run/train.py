@@ -445,6 +445,12 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
                 costs["device_peak_flops"] = fresh * run.dist.world
                 utilisation = mfu(costs, step_times)
                 sink.log(cell.train.steps, {"device_peak_flops": costs["device_peak_flops"]})
+        if utilisation is None and run.device.type == "cpu" and costs.get("useful_flops_per_step") \
+                and not costs.get("device_peak_flops"):
+            from ..store.cpupeak import MATMUL_DTYPES
+
+            if run.precision.peak_format() in MATMUL_DTYPES:  # a CPU matmul format: its peak was contended
+                run.notes.append("mfu not recorded: the machine was too busy to measure this CPU's peak")
         if utilisation is not None and run.device.type == "cpu" and health.contended(
                 run.share.get("load_per_core"), run.share.get("cpu_util"), on_cpu=True):
             # its steps shared the cores with other jobs: their time says nothing about this CPU's peak
