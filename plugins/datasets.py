@@ -82,7 +82,10 @@ def _hf_load(path: str) -> Any:
         raise DataError(f"hf dataset path {path!r} does not exist")
     datasets = _import_datasets()
     if p.is_dir() and ((p / "dataset_dict.json").is_file() or (p / "state.json").is_file()):
-        return datasets.load_from_disk(str(p))
+        try:
+            return datasets.load_from_disk(str(p))
+        except (IndexError, StopIteration) as exc:  # a saved dataset of no rows has no shard to open
+            raise DataError(_empty(path, f"the saved dataset has no rows ({type(exc).__name__})")) from None
     files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
     kinds = {HF_FILE_BUILDERS[f.suffix.lower()] for f in files if f.suffix.lower() in HF_FILE_BUILDERS}
     if not kinds:
@@ -93,11 +96,22 @@ def _hf_load(path: str) -> Any:
                         "point path at one kind")
     builder = kinds.pop()
     data_files = [str(f) for f in files if HF_FILE_BUILDERS.get(f.suffix.lower()) == builder]
+    if all(os.path.getsize(f) == 0 for f in data_files):
+        raise DataError(_empty(path, f"its {builder} file(s) hold no bytes"))
     cache = tempfile.mkdtemp(prefix="abl-hf-")  # the builder's arrow cache: kept out of ~/.cache, removed
     try:
         return datasets.load_dataset(builder, data_files=data_files, cache_dir=cache, keep_in_memory=True)
+    except (IndexError, StopIteration, ValueError, datasets.exceptions.DatasetGenerationError) as exc:
+        # the builder found no row to read: "corresponds to no data", a zero-row batch, no schema
+        cause = exc.__cause__ or exc
+        raise DataError(_empty(path, f"the {builder} reader found no rows: {type(cause).__name__}: "
+                                     f"{str(cause).splitlines()[0][:160] if str(cause) else ''}")) from None
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def _empty(path: str, why: str) -> str:
+    return f"hf dataset path {path!r} is empty or holds no readable rows ({why})"
 
 
 def _hf_split(data: Any, split: str, path: str) -> Any:

@@ -20,8 +20,8 @@ def test_run_bench_rows_on_cpu(tmp_path):
         assert 0 < r["p20"] <= r["p50"] <= r["p80"]
         assert r["device"].startswith("cpu") and json.loads(r["versions"])["torch"]
         assert "measured" in r["peak_basis"]
-        if r["peak_fraction"] is None:
-            assert "faster than the measured peak" in r["notes"]
+        if r["peak_fraction"] is None:  # a peak that does not hold, or none measured on a busy machine
+            assert "faster than the measured peak" in r["notes"] or "too busy to measure" in r["notes"]
         else:
             assert 0 < r["peak_fraction"] <= 1
         if r["op"] == "flash_attention":

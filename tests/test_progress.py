@@ -122,12 +122,16 @@ def test_log_file_gets_start_end_and_heartbeat_lines_and_a_rerun_draws_no_bar(tm
     text = log.read_text()
     assert r.returncode == 0, text + r.stderr
     for n, norm in ((1, "rmsnorm"), (2, "layernorm")):
-        assert re.search(rf"^start \[{n}/2\] .*norm={norm} seed=0: 40 steps$", text, re.M), text
+        assert re.search(rf"^start \[{n}/2\] .*norm={norm} seed=0: 40 steps, \d+ thread\(s\) \(.*\)$", text,
+                         re.MULTILINE), text
         assert re.search(rf"^end   \[{n}/2\] .*norm={norm} seed=0: completed at step 40/40, loss \d+\.\d{{3}} "
                          rf"val \d+\.\d{{3}}, wall \d+s \(cells \d/2\)(; machine contended \(.*\): .*)?$",
                          text, re.M), text
     assert re.search(r"^heartbeat \S+: cells [012]/2 done, [012] running$", text, re.M), text
     assert re.search(r"^  \[[12]/2\] .* seed=0: step \d+/40", text, re.M), text
+    # issue 27: the whole grid's cost and ETA as it starts and in every heartbeat
+    assert re.search(r"^whole grid: \S+ training FLOPs \(cost model\), ETA ", text, re.MULTILINE), text
+    assert re.search(r"^  whole grid: ETA ", text, re.MULTILINE), text
     assert not re.search(r"^\s*cells \d", text, re.M)  # no bar in a log file
 
     r = subprocess.run([sys.executable, "-m", "abl.cli", "run", str(grid), "--db", str(db)], cwd=ROOT,

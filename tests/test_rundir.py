@@ -51,8 +51,10 @@ def _folder(runs_dir, run_id, status, **status_fields):
     lines = "".join(json.dumps(r) + "\n" for r in WHOLE)
     if status == "incomplete":  # the worker completed; its metrics file was cut afterwards
         status, lines = "completed", lines[:-20]
-    if status != "queued":  # a folder without status.json is queued
+    if status != "queued":  # a folder without status.json (and without metrics: issue 27) is queued
         rundir.write_status(d, {"status": status, **status_fields})
+    else:
+        lines = ""
     (d / rundir.METRICS).write_text(lines)
     return d
 

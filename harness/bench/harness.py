@@ -50,6 +50,7 @@ def run_harness_bench(steps: int = 200, overrides: list[str] | None = None,
 
     from ..contracts.plugin_manager import get_registry
     from ..grid.gridfile import apply_override, expand, parse_overrides
+    from ..run.executors import LocalExecutor
     from ..run.runner import run_grid
     from ..store import database as store
     from ..store import rundir
@@ -65,7 +66,9 @@ def run_harness_bench(steps: int = 200, overrides: list[str] | None = None,
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         db, runs = Path(tmp) / "bench.duckdb", Path(tmp) / "runs"
         t0 = time.perf_counter()
-        failed = run_grid(grid, registry, db, runs, console=Console(quiet=True))
+        engine = LocalExecutor()
+        engine.prestart()  # as abl run does: the zygote imports while the token store is built
+        failed = run_grid(grid, registry, db, runs, executor=engine, console=Console(quiet=True))
         grid_wall = time.perf_counter() - t0
         if failed:
             raise RuntimeError("the benchmark cell did not complete")

@@ -119,8 +119,10 @@ def bandwidth_peak(peak: Peak, working_set: float, llc: int | None) -> tuple[flo
 
 def peak_fraction(achieved: float | None, peak: float | None) -> tuple[float | None, str]:
     """achieved / peak, or None with the reason when it would exceed 1 (a peak that does not hold)."""
-    if achieved is None or not peak:
+    if achieved is None:
         return None, ""
+    if not peak:  # a CPU too busy to measure one (abl.store.cpupeak: contended), or a GPU not in the table
+        return None, "no peak to compare with (on a CPU: the machine was too busy to measure one)"
     frac = achieved / peak
     if frac > 1:
         return None, f"faster than the measured peak ({frac:.2f}x): no fraction given"

@@ -7,30 +7,33 @@ from pathlib import Path
 
 import click
 
-from .common import fail, note_new_store, take_store_lock, user_errors
+from .common import fail, note_new_store, storage_fault, take_store_lock, user_errors
 
 
 def ingest(run_dirs, db_path, runs_dir, wait):
     """The body of ``abl ingest``: its options and help are declared in abl.cli."""
     from ..run import preflight
     from ..store import database as store
+    from ..store import rundir
 
     db = Path(db_path)
-    dirs = [Path(d) for d in run_dirs]
-    if not dirs:
-        base = Path(runs_dir) if runs_dir else db.parent / "runs"
-        from ..store import rundir
-
-        dirs = sorted(p for p in base.glob("*") if (p / rundir.CONFIG).exists())
     problems = preflight.db_problems(db)
     if problems:
         fail("\n".join(problems))
     note_new_store(db)
     lock = take_store_lock(db, wait)
     try:
+        # listed only now that the lock is held: with --wait, the folders the holder wrote meanwhile count
+        dirs = [Path(d) for d in run_dirs]
+        if not dirs:
+            base = Path(runs_dir) if runs_dir else db.parent / "runs"
+            dirs = sorted(p for p in base.glob("*") if (p / rundir.CONFIG).exists())
         result = store.ingest_dirs(db, dirs)
     except user_errors() as exc:
         fail(str(exc))
+    except OSError as exc:  # a full disk: the run folders keep the truth; ingest again later
+        lock.release()
+        storage_fault(exc, "free some space and run abl ingest again")
     finally:
         lock.release()
     counts: dict[str, int] = {}
@@ -38,12 +41,15 @@ def ingest(run_dirs, db_path, runs_dir, wait):
         counts[state] = counts.get(state, 0) + 1
     by_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     click.echo(f"ingested {len(result)} run folder(s) into {db}" + (f" ({by_status})" if by_status else ""))
-    from ..store import rundir
-
+    for d in dirs:
+        if rundir.read_status(d) is None and result.get(d.name) == rundir.QUEUED:
+            click.echo(f"queued: {d}: no readable status.json; its worker never started", err=True)
     damaged = [d for d in dirs if result.get(d.name) == rundir.INCOMPLETE]
     for d in damaged:
         steps = (rundir.read_json(d / rundir.CONFIG, {}).get("train") or {}).get("steps", 0)
-        why = "; ".join(rundir.check_complete(rundir.scan_metrics(d / rundir.METRICS), steps))
+        scan = rundir.scan_metrics(d / rundir.METRICS)
+        why = "; ".join(rundir.check_complete(scan, steps)) if rundir.read_status(d) is not None else \
+            store.no_status(d, scan)[1]
         click.echo(f"incomplete: {d}: {why}", err=True)
     if damaged:
         sys.exit(1)

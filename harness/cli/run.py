@@ -7,7 +7,17 @@ from pathlib import Path
 
 import click
 
-from .common import DEFAULT_DB, fail, load_registry, note_new_store, remove_if_untouched, take_store_lock, user_errors
+from .common import (
+    DEFAULT_DB,
+    exit_now,
+    fail,
+    load_registry,
+    note_new_store,
+    remove_if_untouched,
+    storage_fault,
+    take_store_lock,
+    user_errors,
+)
 
 
 def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
@@ -30,6 +40,9 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     for note in full.notes:
         click.echo(f"note: {note}", err=True)
     termlayout.PRESENTATION = termlayout.Presentation(layout="wide" if wide else "auto", fmt=fmt)
+    if not dry_run:  # the seed warnings of an lr sweep are printed by the sweep itself
+        for w in preflight.schedule_warnings(full):
+            click.echo(f"warning: {w}", err=True)
     if dry_run:
         for w in preflight.warnings(full):  # the run itself prints them too (abl.run.lr_sweep)
             click.echo(f"warning: {w}")
@@ -73,12 +86,14 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     note_new_store(db)
     fresh = [p for p in (db.parent, *db.parent.parents) if not p.exists()]  # folders the lock will create
     lock = take_store_lock(db, wait)  # held until this process exits, however it exits
+    if hasattr(engine, "prestart") and all(c.train.devices <= 1 for c in grid.cells):
+        engine.prestart()  # the workers' zygote imports while the memory check and the token store run
     try:
-        from ..run.admission import check_run
+        from ..run.admission import AdmissionError, check_run
 
         too_big = check_run(grid.cells, registry, runs, engine, retry_failed=retry == "failed")
         if too_big and not force:
-            fail("the grid does not fit in memory:\n" + "\n".join(too_big))
+            raise AdmissionError("the grid does not fit in memory:\n" + "\n".join(too_big))
         if too_big:
             click.echo("warning (--force): " + "\n".join(too_big), err=True)
         if grid.cells[0].train.lr_sweep:
@@ -93,15 +108,21 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         lock.release()
         remove_if_untouched(db, lock.path, fresh)  # bad input leaves no trace: not even the lock's folder
         fail(str(exc))
+    except OSError as exc:  # a full disk mid-run: finished cells are stored, the rest resume
+        lock.release()
+        storage_fault(exc, "free some space and run the same command to resume")
     except KeyboardInterrupt:
         import signal
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cells are stopped and stored: a second Ctrl-C
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # must not turn the exit into a traceback or a -2
         click.echo("stopped; finished cells are stored, run the same command to resume", err=True)
-        sys.exit(130)
+        lock.release()
+        exit_now(130)
     finally:
         lock.release()
+        if hasattr(engine, "close"):
+            engine.close()  # a zygote started early for cells that never ran
     if failures:
         click.echo(f"{failures} run(s) did not complete; see the table above", err=True)
         sys.exit(1)

@@ -41,6 +41,19 @@ class ConfigError(Exception):
         super().__init__("\n".join(self.messages))
 
 
+# Upper bounds of the sizes: far beyond any model this harness trains, yet small enough that a typo
+# (n_layers = 100000, batch_size = 2**63-1) is refused here, by a range check, instead of reaching the
+# memory check, the cost model or the allocator (issue 27). Raise one when a real grid needs it.
+MAX_WIDTH = 2**16  # d_model, head_dim
+MAX_LAYERS = 1024
+MAX_HEADS = 1024
+MAX_CONTEXT = 2**20  # tokens per sequence
+MAX_VOCAB = 2**24
+MAX_BATCH = 2**16  # sequences per step, validation batches
+MAX_DEVICES = 1024
+MAX_THREADS = 1024
+
+
 def _f(default, doc, **kw):
     return field(default=default, metadata={"doc": doc, **kw})
 
@@ -72,13 +85,13 @@ def logit_factor(scale: str, d_model: int) -> float:
 
 @dataclass
 class ModelConfig:
-    d_model: int = _f(128, "residual stream width", min=1)
-    n_layers: int = _f(4, "number of blocks", min=1)
-    n_heads: int = _f(4, "attention heads (query heads)", min=1)
+    d_model: int = _f(128, "residual stream width", min=1, max=MAX_WIDTH)
+    n_layers: int = _f(4, "number of blocks", min=1, max=MAX_LAYERS)
+    n_heads: int = _f(4, "attention heads (query heads)", min=1, max=MAX_HEADS)
     head_dim: int = _f(0, "width of each attention head's q, k and v; 0 = d_model // n_heads. The attention "
-                       "mixers project d_model to n_heads * head_dim and back", min=0)
-    context: int = _f(128, "training context length in tokens", min=2)
-    vocab_size: int = _f(0, "0 = take it from the dataset", min=0)
+                       "mixers project d_model to n_heads * head_dim and back", min=0, max=MAX_WIDTH)
+    context: int = _f(128, "training context length in tokens", min=2, max=MAX_CONTEXT)
+    vocab_size: int = _f(0, "0 = take it from the dataset", min=0, max=MAX_VOCAB)
     tie_embeddings: bool = _f(True, "share the token embedding with the LM head")
     init_std: float = _f(0.0, "std of the normal init of linear and embedding weights; 0 = 1/sqrt(d_model) "
                          "(fan-in; see docs/findings.md 'Default initialisation')", min=0.0)
@@ -125,7 +138,7 @@ class TrainConfig:
     steps: int = _f(200, "optimizer steps", min=1)
     tokens: int = _f(0, "token budget instead of steps: steps = ceil(tokens / (batch_size * context))",
                      min=0)
-    batch_size: int = _f(16, "sequences per step", min=1)
+    batch_size: int = _f(16, "sequences per step", min=1, max=MAX_BATCH)
     lr: float = _f(3e-3, "peak learning rate", min=0.0)
     min_lr_ratio: float = _f(0.1, "cosine decays to lr * min_lr_ratio", min=0.0, max=1.0)
     warmup_steps: int = _f(20, "linear warm-up steps", min=0)
@@ -135,12 +148,14 @@ class TrainConfig:
     adam_eps: float = _f(1e-8, "AdamW epsilon", min=0.0)
     grad_clip: float = _f(1.0, "global grad-norm clip; 0 disables", min=0.0)
     eval_every: int = _f(50, "evaluate on the validation split every N steps (and at the end)", min=1)
-    eval_batches: int = _f(8, "validation batches per evaluation", min=1)
+    eval_batches: int = _f(8, "validation batches per evaluation", min=1, max=MAX_BATCH)
     precision: str = _f("fp32", "precision component")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N", choices=None)
     kernels: str = _f("auto", "auto (triton on CUDA, torch elsewhere), triton or torch",
                       choices=("auto", "triton", "torch"))
-    threads: int = _f(0, "torch CPU threads; 0 = torch's default", min=0)
+    threads: int = _f(0, "torch CPU threads per cell: 0 = chosen as the cell starts from the cores, the cells "
+                      "run at once and the load (docs/robustness.md); -1 = torch's default (all cores); "
+                      "N = exactly N", min=-1, max=MAX_THREADS)
     diverge_loss: float = _f(1e3, "a train loss above this (or non-finite) stops the cell as diverged", min=0.0)
     checkpoint_every: int = _f(0, "save a checkpoint every N steps (0 = never); a killed cell resumes "
                                "from its last checkpoint", min=0)
@@ -150,7 +165,7 @@ class TrainConfig:
     match_by: str = _f("ffn", "what train.match adjusts: the FFN width ('ffn') or the depth ('n_layers')",
                        choices=("ffn", "n_layers"))
     devices: int = _f(1, "processes per cell: > 1 trains one cell with DDP under torchrun "
-                      "(one GPU each on CUDA, gloo on CPU); batch_size is the global batch", min=1)
+                      "(one GPU each on CUDA, gloo on CPU); batch_size is the global batch", min=1, max=MAX_DEVICES)
     deterministic: bool = _f(False, "torch.use_deterministic_algorithms (slower; recorded with the run)")
     lr_sweep: list = field(default_factory=list, metadata={
         "doc": "fair learning rates (abl.run.lr_sweep): train every cell at each of these peak LRs on the first "

@@ -190,7 +190,18 @@ def from_text_file(path: str | Path, val_fraction: float) -> TextCorpus:
     p = check_file(path, "text file")
     data = p.read_bytes()
     cut = text_split_point(data, val_fraction)
-    return TextCorpus([data[:cut]], [data[cut:]], f"text file {p.name} ({len(data)} bytes)")
+    return TextCorpus([data[:cut]], [data[cut:]], f"text file {p.name} ({len(data)} bytes{utf8_note(data)})")
+
+
+def utf8_note(data: bytes) -> str:
+    """'' for UTF-8 text, else where it stops being UTF-8. Such a file is still trained on, as the bytes it
+    holds (every tokenizer here reads bytes; docs/robustness.md), and its description says so."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (f"; not UTF-8 from byte {exc.start:,} on ({data[exc.start:exc.start + 1]!r}): "
+                "trained on as raw bytes")
+    return ""
 
 
 def from_token_bin(path: str | Path, vocab_size: int, val_path: str = "", val_fraction: float = 0.1) -> TokenData:

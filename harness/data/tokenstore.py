@@ -374,12 +374,16 @@ def commit(prepared: Prepared, root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmpdir = root / f".{prepared.key}.tmp{os.getpid()}"
     shutil.rmtree(tmpdir, ignore_errors=True)
-    tmpdir.mkdir()
-    for name, arr in prepared.arrays.items():
-        arr.tofile(tmpdir / name)
-    if prepared.definition is not None:
-        (tmpdir / "tokenizer.json").write_text(prepared.definition)
-    (tmpdir / "meta.json").write_text(json.dumps(prepared.meta, indent=1, sort_keys=True, default=str))
+    try:  # a full disk (or any failed write) leaves no half-written folder behind
+        tmpdir.mkdir()
+        for name, arr in prepared.arrays.items():
+            arr.tofile(tmpdir / name)
+        if prepared.definition is not None:
+            (tmpdir / "tokenizer.json").write_text(prepared.definition)
+        (tmpdir / "meta.json").write_text(json.dumps(prepared.meta, indent=1, sort_keys=True, default=str))
+    except BaseException:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        raise
     if _entry_ok(folder) is None:
         shutil.rmtree(folder, ignore_errors=True)  # a torn entry (a killed writer)
         try:

@@ -96,7 +96,7 @@ def load_grid(
 ) -> Grid:
     """Read, override, expand and validate a grid file. Raises ConfigError."""
     path = resolve_grid_path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():  # a dangling or looping link: read_toml says which
         raise ConfigError(missing_grid_message(path))
     raw = read_toml(path)
     if not raw:
@@ -108,13 +108,13 @@ def load_grid(
         raise ConfigError([f"{path}: {m}" for m in errs])
     for key, value in parsed:
         apply_override(raw, key, value)
-    grid = expand(raw, registry, source=str(path), max_cells=max_cells)
+    grid = _expand(raw, registry, path, max_cells)
     if is_shipped(path) and "experiment.name" not in {k for k, _ in parsed}:
         foreign = plugin_components(grid.cells, registry)
         if foreign:  # a plugin's cells never join the shipped experiment unless told to
             shipped_name = grid.cells[0].experiment.name
             raw.setdefault("experiment", {})["name"] = f"{shipped_name}+{'+'.join(sorted(set(foreign.values())))}"
-            grid = expand(raw, registry, source=str(path), max_cells=max_cells)
+            grid = _expand(raw, registry, path, max_cells)
             grid.notes.append(
                 f"{', '.join(sorted(foreign))} come(s) from a plugin, not from abl: this grid's runs are stored as "
                 f"experiment {grid.cells[0].experiment.name!r}, apart from the shipped {shipped_name!r} "
@@ -148,6 +148,14 @@ def plugin_components(cells: list[Cell], registry: Registry) -> dict[str, str]:
             if comp.package != SELF_DIST:
                 out[f"{axis} {comp.name!r} ({comp.package})"] = comp.name
     return out
+
+
+def _expand(raw: dict, registry: Registry, path: Path, max_cells: int | None) -> Grid:
+    try:
+        return expand(raw, registry, source=str(path), max_cells=max_cells)
+    except RecursionError:  # values nested deeper than the checks' recursion (tomllib took them)
+        raise ConfigError(f"{path}: values nested too deeply (lists or tables inside each other hundreds "
+                          "of levels down); a grid file needs a few levels at most") from None
 
 
 def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int | None = None) -> Grid:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -153,15 +154,46 @@ def _build_section(name: str, raw: dict) -> tuple[Any, list[str]]:
                 errs.append(f"experiment.seeds must be a non-empty list of integers, got {v!r}")
             elif len(set(v)) != len(v):
                 errs.append(f"experiment.seeds has duplicates: {v!r}")
+            else:
+                errs += seed_errors(v)
         else:
             for msg in p.check(key, v):
                 errs.append(f"{name}.{msg}")
         if isinstance(v, int) and not isinstance(v, bool) and p.resolved_type() is float:
             v = float(v)
         values[key] = v
+    errs += control_character_errors(name, values)
     if errs:
         return None, errs
     return cls(**values), []
+
+
+def seed_errors(seeds: list[int]) -> list[str]:
+    """Seeds are non-negative (docs/robustness.md): numpy's generators refuse a negative seed and
+    torch folds one into 2**64 + seed, so ``-1`` would not name one reproducible stream everywhere."""
+    neg = [s for s in seeds if s < 0]
+    return [f"experiment.seeds must be >= 0, got {neg[0]} (numpy's generators take no negative seed)"] if neg else []
+
+
+# text that names things (experiment.name is a store key, printed in every table): no control characters
+NAMING_TEXT = ("name", "db", "baseline")
+
+
+def control_character_errors(section: str, values: dict[str, Any]) -> list[str]:
+    """A string of a section that holds a control character (NUL, newline, escape, ...): refused, because
+    it would be printed raw into the terminal and stored. Free text (``description``) may hold line
+    breaks and tabs, nothing else."""
+    errs = []
+    for key, v in values.items():
+        if not isinstance(v, str):
+            continue
+        allowed = "" if key in NAMING_TEXT else "\n\t"
+        bad = [ch for ch in v if unicodedata.category(ch) in ("Cc", "Cs") and ch not in allowed
+               or ch in "\u2028\u2029"]
+        if bad:
+            errs.append(f"{section}.{key} holds a control character ({bad[0]!a}); "
+                        f"got {ascii(v)[:80]}")
+    return errs
 
 
 def _selector(axis: str, sections: dict[str, Any]) -> str:

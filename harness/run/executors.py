@@ -46,6 +46,8 @@ class Job:
     killed: bool = False
     gpus: list[int] = field(default_factory=list)
     started: float = field(default_factory=time.time)
+    threads: int | None = None  # CPU threads chosen for its worker (None: torch's default; abl.run.threads)
+    threads_note: str = ""  # how they were chosen, for its start line
 
 
 def tail(job: Job) -> bool:
@@ -111,6 +113,9 @@ class Executor:
     def release(self, job: Job) -> None:
         pass
 
+    def assign_threads(self, job: Job) -> None:
+        """Choose the job's CPU threads as it starts (local cells only: a cluster node is not this one)."""
+
     def stop_all(self) -> None:
         for job in self.running:
             if job.returncode is None:
@@ -124,6 +129,7 @@ class Executor:
         while pending or self.running:
             while pending and self.can_launch(pending[0]):
                 job = pending.pop(0)
+                self.assign_threads(job)
                 if on_launch is not None:
                     on_launch(job)
                 self.launch(job)
@@ -170,19 +176,47 @@ class LocalExecutor(Executor):
         self.use_zygote = zygote_enabled()
         self.zygote_note = ""
 
-    def _zygote(self):
-        """The running zygote, started on first use; None when workers must be spawned."""
-        if not self.use_zygote:
-            return None
-        if self.zygote is not None and self.zygote.alive:
-            return self.zygote
-        from .zygote import Zygote, ZygoteError
-
+    def _zygote_env(self) -> dict[str, str]:
         env = dict(os.environ)
         if not self.use_gpus:  # Triton decides at import whether it interprets; on a CPU it must
             env.setdefault("TRITON_INTERPRET", "1")
+        return env
+
+    def prestart(self) -> None:
+        """Start the zygote now without waiting for it: its imports (torch, the plugins) overlap the
+        parent's own start-up (the memory check, the token store) instead of following it (issue 27, 3)."""
+        if not self.use_zygote or self.zygote is not None:
+            return
+        from .zygote import Zygote
+
         try:
-            self.zygote = Zygote(env)
+            self.zygote = Zygote(self._zygote_env(), wait=False)
+        except OSError as exc:
+            self.use_zygote, self.zygote_note = False, f"workers spawned fresh: {exc}"
+
+    def close(self) -> None:
+        """No more cells: a zygote still importing is stopped, a ready one exits after its children."""
+        if self.zygote is None:
+            return
+        if self.zygote.is_ready:
+            self.zygote.close()
+        else:
+            self.zygote.kill()
+        self.zygote = None
+
+    def _zygote(self):
+        """The running zygote (started early by ``prestart``, else on first use), ready to fork;
+        None when workers must be spawned."""
+        if not self.use_zygote:
+            return None
+        from .zygote import Zygote, ZygoteError
+
+        try:
+            if self.zygote is not None:
+                self.zygote.ready()
+                if self.zygote.alive:
+                    return self.zygote
+            self.zygote = Zygote(self._zygote_env())
         except (ZygoteError, OSError) as exc:
             self.use_zygote, self.zygote_note = False, f"workers spawned fresh: {exc}"
             return None
@@ -193,9 +227,7 @@ class LocalExecutor(Executor):
         try:
             super().run(jobs, on_progress, on_done, poll_s, on_launch)
         finally:
-            if self.zygote is not None:
-                self.zygote.close()
-                self.zygote = None
+            self.close()
 
     def can_launch(self, job: Job) -> bool:
         if len(self.running) >= self.slots:
@@ -209,8 +241,8 @@ class LocalExecutor(Executor):
             job.gpus, self.free_gpus = self.free_gpus[: job.cell.train.devices], \
                 self.free_gpus[job.cell.train.devices:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
-        elif self.slots > 1 and "OMP_NUM_THREADS" not in env:
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.slots))
+        elif job.threads is not None:
+            env["OMP_NUM_THREADS"] = str(job.threads)
         zygote = self._zygote() if job.cell.train.devices <= 1 else None
         if zygote is not None:
             from .zygote import ZygoteError
@@ -235,6 +267,21 @@ class LocalExecutor(Executor):
 
     def release(self, job: Job) -> None:
         self.free_gpus = sorted(self.free_gpus + job.gpus)
+
+    def assign_threads(self, job: Job) -> None:
+        """abl.run.threads' rule for a CPU cell; a user's OMP_NUM_THREADS stands unless train.threads is set."""
+        from . import threads
+
+        if self.use_gpus:
+            return
+        requested = job.cell.train.threads
+        user = os.environ.get("OMP_NUM_THREADS", "")
+        if requested == 0 and user.isdigit() and int(user) > 0:
+            job.threads, job.threads_note = int(user), f"{user} thread(s) (OMP_NUM_THREADS)"
+            return
+        ours = sum(j.threads or threads.usable_cores() for j in self.running)
+        job.threads, job.threads_note = threads.choose(requested, threads.usable_cores(), self.slots,
+                                                       threads.load_average(), ours)
 
     def stop(self, job: Job) -> None:
         try:

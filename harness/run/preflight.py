@@ -140,7 +140,26 @@ def warnings(grid: Grid) -> list[str]:
     """What the user should know before the grid runs (empty when nothing)."""
     from .lr_sweep import seed_warnings
 
-    return seed_warnings(grid)
+    return seed_warnings(grid) + schedule_warnings(grid)
+
+
+def schedule_warnings(grid: Grid) -> list[str]:
+    """A warm-up the grid asks for (train.warmup_steps given, swept or set) longer than the run: the
+    learning rate never reaches train.lr. A warning, not a refusal, and none under the default warm-up:
+    a few-step smoke test is common (docs/robustness.md)."""
+    train, sweep = grid.raw.get("train"), grid.raw.get("grid")
+    given = (isinstance(train, dict) and "warmup_steps" in train) or \
+        (isinstance(sweep, dict) and "train.warmup_steps" in sweep)
+    if not given:
+        return []
+    short = sorted({(c.train.steps, c.train.warmup_steps) for c in grid.cells
+                    if c.train.warmup_steps > c.train.steps})
+    if not short:
+        return []
+    steps, warm = short[0]
+    more = f" (and {len(short) - 1} other steps/warm-up pair(s))" if len(short) > 1 else ""
+    return [(f"train.warmup_steps={warm} is more than train.steps={steps}{more}: the learning rate never "
+             f"reaches train.lr (it ends at {steps / warm:.2g} of it) and the cosine decay never starts")]
 
 
 def check(grid: Grid, registry: Registry, db_path: Path | None = None) -> None:

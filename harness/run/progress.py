@@ -99,8 +99,9 @@ class LineProgress:
     latest loss and ETA. Lines go through the console, which flushes each.
     """
 
-    def __init__(self, console: Console, total: int, interval: float) -> None:
+    def __init__(self, console: Console, total: int, interval: float, estimate: Any = None) -> None:
         self.console, self.total, self.interval = console, total, interval
+        self.estimate = estimate  # abl.run.estimate.GridEstimate: the whole grid's ETA (None: not shown)
         self.done = 0
         self.running: dict[str, tuple[Job, _Rate]] = {}
         self.lock = threading.RLock()
@@ -134,12 +135,15 @@ class LineProgress:
             entry = self.running.get(job.cell.run_id)
             if entry is None:
                 entry = self.running[job.cell.run_id] = (job, _Rate())
-                self.line(f"start {self._name(job)}: {job.cell.train.steps} steps")
+                threads = f", {job.threads_note}" if job.threads_note else ""
+                self.line(f"start {self._name(job)}: {job.cell.train.steps} steps{threads}")
             entry[1].see(job.step, now)
 
     def finish(self, job: Job, status: str, wall_s: float | None, note: str = "") -> None:
         with self.lock:
             self.running.pop(job.cell.run_id, None)
+            if self.estimate is not None:
+                self.estimate.finish(job, wall_s)
             self.done += 1
             loss = _loss_text(job)
             self.line(f"end   {self._name(job)}: {status} at step {job.step}/{job.cell.train.steps}"
@@ -155,6 +159,8 @@ class LineProgress:
                 loss = _loss_text(job)
                 parts.append(f"  {self._name(job)}: step {job.step}/{total}{', ' + loss if loss else ''}, "
                              f"ETA {fmt_duration(rate.eta(total))}")
+            if self.estimate is not None:
+                parts.append("  " + grid_eta(self.estimate, [job for job, _ in self.running.values()]))
             self.line("\n".join(parts))
 
     def _beat(self) -> None:
@@ -174,8 +180,10 @@ class BarProgress:
     TIME_W = 7  # "0:01:23"
     BAR_W = 20
 
-    def __init__(self, console: Console, total: int) -> None:
+    def __init__(self, console: Console, total: int, estimate: Any = None) -> None:
         self.console, self.total = console, total
+        self.estimate = estimate
+        self.jobs: dict[str, Job] = {}
         width = console.width
         bar = width >= 100
         fixed = self.INFO_W + 2 * self.TIME_W + (self.BAR_W + 1 if bar else 0) + 3
@@ -219,6 +227,13 @@ class BarProgress:
                 escape(self._desc(job)), total=job.cell.train.steps, info="")
         info = "" if job.train_loss is None else f"step {job.step} {_loss_text(job)}"
         self.progress.update(tid, completed=job.step, info=info)
+        self.jobs[job.cell.run_id] = job
+        self._overall()
+
+    def _overall(self) -> None:
+        done = int(self.progress.tasks[0].completed)
+        eta = "" if self.estimate is None else "; " + grid_eta(self.estimate, list(self.jobs.values()))
+        self.progress.update(self.overall, description=escape(f"cells {done}/{self.total}{eta}"))
 
     def finish(self, job: Job, status: str, wall_s: float | None, note: str = "") -> None:
         if note:
@@ -226,16 +241,25 @@ class BarProgress:
         tid = self.tasks.pop(job.cell.run_id, None)
         if tid is not None:
             self.progress.remove_task(tid)
+        self.jobs.pop(job.cell.run_id, None)
+        if self.estimate is not None:
+            self.estimate.finish(job, wall_s)
         self.progress.advance(self.overall)
-        done = int(self.progress.tasks[0].completed)
-        self.progress.update(self.overall, description=f"cells {done}/{self.total}")
+        self._overall()
 
 
-def make_display(console: Console, n_jobs: int) -> Any:
+def grid_eta(estimate: Any, running: list[Job]) -> str:
+    """The whole grid's remaining time (abl.run.estimate), as the heartbeat and the bars show it."""
+    eta, source = estimate.eta(running)
+    return f"whole grid: ETA {fmt_duration(eta)} ({source})" if eta is not None else \
+        "whole grid: ETA after the first steps"
+
+
+def make_display(console: Console, n_jobs: int, estimate: Any = None) -> Any:
     """Bars in a terminal, plain lines elsewhere; None when nothing runs (the plan sentence says so,
-    no empty bar)."""
+    no empty bar). ``estimate``: the whole grid's ETA, shown in every heartbeat and on the overall bar."""
     if not n_jobs:
         return None
     if console.is_terminal:
-        return BarProgress(console, n_jobs)
-    return LineProgress(console, n_jobs, heartbeat_interval())
+        return BarProgress(console, n_jobs, estimate)
+    return LineProgress(console, n_jobs, heartbeat_interval(), estimate)

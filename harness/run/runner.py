@@ -121,11 +121,29 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     completed, failed, busy, todo = plan(cells, known, retry_failed)
     console.print(plan_sentence(grid, runs_dir, known, completed, failed, busy, todo, retry_failed), soft_wrap=True)
     jobs, metas = make_jobs(grid, todo, registry, db_path, runs_dir, executor, console)
-    display = make_display(console, len(jobs))
+    estimate = start_estimate(jobs, registry, db_path, executor, console)
+    display = make_display(console, len(jobs), estimate)
     events = CellEvents(db_path, runs_dir, metas, token_entries, display)
     execute(executor, jobs, events, display, console)
     print_summaries(console, db_path, runs_dir, grid, detect)
     return events.failures
+
+
+def start_estimate(jobs: list[Job], registry: Registry, db_path: Path, executor, console: Console) -> Any:
+    """The whole grid's cost and ETA as it starts (abl.run.estimate), and a warning when this machine is
+    oversubscribed before the run adds its cells (abl.run.threads)."""
+    if not jobs:
+        return None
+    from . import threads
+    from .estimate import GridEstimate
+
+    if isinstance(executor, LocalExecutor) and not executor.use_gpus:
+        busy = threads.oversubscribed(threads.usable_cores(), executor.slots, threads.load_average())
+        if busy:
+            console.print(f"[yellow]warning[/]: {busy}", soft_wrap=True)
+    estimate = GridEstimate(jobs, registry, getattr(executor, "slots", 1), store.completed_rates(db_path))
+    console.print(estimate.start_line(), soft_wrap=True, markup=False)
+    return estimate
 
 
 def prepare_data_and_store(cells: list[Cell], registry: Registry, db_path: Path, console: Console) -> dict[str, Any]:
@@ -134,8 +152,9 @@ def prepare_data_and_store(cells: list[Cell], registry: Registry, db_path: Path,
     Returns the token store entry of each cell that maps tokens (abl.data.tokenstore)."""
     token_entries = tokenstore.prepare_store(cells, registry, db_path.parent / tokenstore.TOKENS_DIR,
                                              log=lambda line: console.print(line, soft_wrap=True, markup=False))
-    con = store.open_store(db_path)  # migrate early so a schema problem stops us before training
-    con.close()
+    with store.storage_errors(db_path):
+        con = store.open_store(db_path)  # migrate early so a schema problem stops us before training
+        con.close()
     return token_entries
 
 
@@ -260,12 +279,13 @@ def execute(executor, jobs: list[Job], events: CellEvents, display: Any, console
         previous_int = signal.getsignal(signal.SIGINT)
         try:
             executor.run(jobs, events.on_progress, events.on_done, on_launch=events.on_launch)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, OSError) as exc:  # Ctrl-C, SIGTERM, or a write that failed (a full disk)
             # a second Ctrl-C must not cut the clean-up short: the store would keep
             # rows "running" whose folders say killed
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            console.print("[yellow]interrupted: stopping the running cells[/]")
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "a write failed"
+            console.print(f"[yellow]{why}: stopping the running cells[/]")
             executor.stop_all()
             # every started cell not stored yet, also one whose on_done the interrupt cut short
             for job in {id(j): j for j in events.launched + executor.running}.values():
@@ -289,8 +309,9 @@ def print_summaries(console: Console, db_path: Path, runs_dir: Path, grid: Grid,
 
 
 def _ingest(db_path: Path, run_dir: Path, status_override: str | None) -> str:
-    con = store.open_store(db_path)
-    try:
-        return store.ingest_run(con, run_dir, status_override)
-    finally:
-        con.close()
+    with store.storage_errors(db_path):  # a full disk: an OSError, which stops the run cleanly (execute)
+        con = store.open_store(db_path)
+        try:
+            return store.ingest_run(con, run_dir, status_override)
+        finally:
+            con.close()

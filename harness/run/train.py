@@ -50,6 +50,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from ..analysis import health
 from ..analysis.health import unigram_floor
 from ..contracts.config import Cell
 from ..contracts.precision import Precision
@@ -194,7 +195,7 @@ def load_data(cell: Cell, registry: Registry) -> TokenData | Task:
 def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> TrainingRun:
     """Device, kernel backend, seeds, data, precision, model, optimizer, batches: ready for step 1."""
     tc, mc = cell.train, cell.model
-    if tc.threads:
+    if tc.threads > 0:  # 0: the executor chose them (OMP_NUM_THREADS; abl.run.threads); -1: torch's default
         torch.set_num_threads(tc.threads)
     dist = Distributed()
     device = dist.setup(resolve_device(tc.device))
@@ -444,7 +445,19 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
                 costs["device_peak_flops"] = fresh * run.dist.world
                 utilisation = mfu(costs, step_times)
                 sink.log(cell.train.steps, {"device_peak_flops": costs["device_peak_flops"]})
-        if utilisation is not None and utilisation > 1:  # never stored: a peak that does not hold
+        if utilisation is None and run.device.type == "cpu" and costs.get("useful_flops_per_step") \
+                and not costs.get("device_peak_flops"):
+            from ..store.cpupeak import MATMUL_DTYPES
+
+            if run.precision.peak_format() in MATMUL_DTYPES:  # a CPU matmul format: its peak was contended
+                run.notes.append("mfu not recorded: the machine was too busy to measure this CPU's peak")
+        if utilisation is not None and run.device.type == "cpu" and health.contended(
+                run.share.get("load_per_core"), run.share.get("cpu_util"), on_cpu=True):
+            # its steps shared the cores with other jobs: their time says nothing about this CPU's peak
+            run.notes.append(f"mfu not recorded: the machine was contended during training (load "
+                             f"{run.share.get('load_per_core', float('nan')):.2f} per core, "
+                             f"{run.share.get('cpu_util', float('nan')):.0%} of its threads' CPU time)")
+        elif utilisation is not None and utilisation > 1:  # never stored: a peak that does not hold
             run.notes.append(f"mfu not recorded: {utilisation:.3f} exceeds 1, so the device peak "
                              f"({costs.get('device_peak_flops', 0):.3g} FLOP/s) does not hold on this machine")
         elif utilisation is not None:

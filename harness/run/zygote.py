@@ -222,7 +222,9 @@ class Child:
 class Zygote:
     """Starts ``python -m abl.run.zygote`` and forks workers through it."""
 
-    def __init__(self, env: dict[str, str] | None = None, start_timeout: float = 300.0):
+    def __init__(self, env: dict[str, str] | None = None, start_timeout: float = 300.0, wait: bool = True):
+        """Start the zygote; with ``wait`` (the default) return once it is ready, else at once (its imports
+        then overlap the caller's own start-up; ``ready()`` waits for them before the first fork)."""
         self.proc = subprocess.Popen([sys.executable, "-m", "abl.run.zygote"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
                                      bufsize=1)
@@ -235,7 +237,21 @@ class Zygote:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
-        deadline = time.monotonic() + start_timeout
+        self.start_timeout = start_timeout
+        self.started_at = time.monotonic()
+        if wait:
+            self.ready()
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready
+
+    def ready(self) -> None:
+        """Wait until the zygote has preloaded (ZygoteError if it does not start)."""
+        if self._ready:
+            return
+        deadline = self.started_at + self.start_timeout
+        start_timeout = self.start_timeout
         with self._lock:
             while not (self._ready or self.proc.poll() is not None):
                 if time.monotonic() > deadline:

@@ -9,8 +9,11 @@ long.
 
 from __future__ import annotations
 
+import errno
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -196,6 +199,8 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     rows += health.derived_rows(rows, info)
     error = status.get("error")
     damage = None
+    if status_override is None and rundir.read_status(run_dir) is None:
+        state, error = no_status(run_dir, scan)
     if state == rundir.COMPLETED:
         problems = rundir.check_complete(scan, _int(config.get("train", {}).get("steps")))
         if problems:
@@ -249,15 +254,76 @@ def _int(v: Any) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
+def no_status(run_dir: Path, scan: rundir.MetricsScan) -> tuple[str, str]:
+    """A folder whose status.json is missing or unreadable: never stored as a plain "queued".
+    With metric rows its worker ran and its end is unknown (incomplete); without, it never started."""
+    what = "missing" if not (run_dir / rundir.STATUS).exists() else "unreadable"
+    if scan.rows:
+        return rundir.INCOMPLETE, (f"status.json is {what}, yet metrics.jsonl holds {len(scan.rows)} row(s): "
+                                   "how its worker ended is unknown; run the grid again to train it")
+    return rundir.QUEUED, f"status.json is {what}: its worker never started (run the grid to train it)"
+
+
 def ingest_dirs(db_path: str | Path, run_dirs: Iterable[Path]) -> dict[str, str]:
-    con = open_store(db_path)
+    with storage_errors(db_path):
+        con = open_store(db_path)
+        try:
+            return {d.name: ingest_run(con, d) for d in run_dirs}
+        finally:
+            con.close()
+
+
+@contextmanager
+def storage_errors(db_path: str | Path) -> Iterator[None]:
+    """DuckDB's failed writes (a full disk: ``IOException``) as the OSError they are, so every caller
+    handles a full disk one way (abl run and abl ingest: a message and exit 1, the folders keep the truth)."""
     try:
-        return {d.name: ingest_run(con, d) for d in run_dirs}
-    finally:
-        con.close()
+        yield
+    except duckdb.IOException as exc:
+        text = str(exc)
+        code = errno.ENOSPC if "No space left" in text else errno.EIO
+        raise OSError(code, text.splitlines()[0] if text else "write failed", str(db_path)) from None
 
 
 # ---------------------------------------------------------------- queries
+
+
+def completed_rates(db_path: str | Path, limit: int = 50) -> dict[str, list[float]]:
+    """The work per wall second of the latest completed runs in the store (read-only; empty without one):
+    ``flops`` (the cost model's FLOPs per step x steps / wall_s) and ``tokens`` (batch x context x steps /
+    wall_s). abl.run.estimate's speed before this run has measured its own."""
+    out: dict[str, list[float]] = {"flops": [], "tokens": []}
+    if not Path(db_path).exists():
+        return out
+    try:
+        con = connect(db_path, read_only=True)
+    except (duckdb.Error, OSError):
+        return out
+    try:
+        if "runs" not in {r[0] for r in con.execute("SHOW TABLES").fetchall()}:
+            return out
+        rows = con.execute(
+            "SELECT r.config, max(CASE WHEN m.name = 'wall_s' THEN m.value END),"
+            " max(CASE WHEN m.name = 'flops_per_step_predicted' THEN m.value END)"
+            " FROM runs r JOIN metrics m USING (run_id) WHERE r.status = 'completed'"
+            " AND m.name IN ('wall_s', 'flops_per_step_predicted')"
+            " GROUP BY r.run_id, r.config, r.finished ORDER BY r.finished DESC NULLS LAST LIMIT ?", [limit]).fetchall()
+    except duckdb.Error:
+        return out
+    finally:
+        con.close()
+    for config, wall, flops in rows:
+        try:
+            cfg = json.loads(config)
+            steps, tokens = int(cfg["train"]["steps"]), int(cfg["train"]["batch_size"]) * int(cfg["model"]["context"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if not wall or wall <= 0:
+            continue
+        out["tokens"].append(tokens * steps / wall)
+        if flops:
+            out["flops"].append(flops * steps / wall)
+    return out
 
 
 def statuses(db_path: str | Path, run_ids: list[str]) -> dict[str, str]:

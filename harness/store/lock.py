@@ -11,8 +11,11 @@ with the process that holds it, however that process ends: a lock file left
 behind by a killed ``abl run`` names a dead PID and is simply taken over, and
 two processes taking it over at once cannot both get it. The file's content
 (holder PID, command line, host, start time) is only what the refusal message
-shows. The file is never deleted: deleting it would let a process that opened
-the old file and one that creates a new file both hold "the" lock.
+shows. The holder deletes the file when it releases the lock (no empty lock
+file stays beside the store, issue 27): a process that opened the old file and
+waited on it finds, once it has the lock, that the path no longer names the
+file it locked, and starts again on the new one, so two processes never both
+hold "the" lock.
 
 The run folders' workers never take the lock: they never open the database
 (harness/store/rundir.py), and they are children of the holder, which does not
@@ -77,22 +80,32 @@ class StoreLock:
         self.took_over: dict[str, Any] | None = None
 
     def _try(self) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        if fcntl is None:
-            self._fd = fd
-            return True
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            if fcntl is None:
+                self._fd = fd
+                return True
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            except OSError:
+                # a file system without flock (some network mounts): say so rather than pretend
+                os.close(fd)
+                raise StoreBusy(f"cannot lock {self.path}: its file system does not support locks; "
+                                "put the database on a local disk") from None
+            if self._still_named(fd):
+                self._fd = fd
+                return True
+            os.close(fd)  # its holder deleted it on release after this process opened it: take the new one
+
+    def _still_named(self, fd: int) -> bool:
+        """Whether the lock file's path still names the file open as ``fd``."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+            return os.path.samestat(os.fstat(fd), os.stat(self.path))
+        except FileNotFoundError:
             return False
-        except OSError:
-            # a file system without flock (some network mounts): say so rather than pretend
-            os.close(fd)
-            raise StoreBusy(f"cannot lock {self.path}: its file system does not support locks; "
-                            "put the database on a local disk") from None
-        self._fd = fd
-        return True
 
     def acquire(self, wait: bool = False, poll_s: float = 0.5,
                 on_wait: Callable[[str], None] | None = None) -> "StoreLock":
@@ -131,7 +144,10 @@ class StoreLock:
         if self._fd is None:
             return
         try:
-            os.ftruncate(self._fd, 0)  # no holder; the file stays (see the module docstring)
+            if fcntl is not None:  # deleted while held: whoever waits on it takes the next file
+                self.path.unlink(missing_ok=True)
+            else:
+                os.ftruncate(self._fd, 0)
         finally:
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None

@@ -1,0 +1,69 @@
+"""How many CPU threads a cell's worker gets, chosen as it starts (issue 27, 1; docs/robustness.md).
+
+``train.threads`` decides:
+
+- ``N > 0``: exactly N threads (the override);
+- ``-1``: torch's own default (one thread per core, whatever else runs);
+- ``0`` (the default): the rule below, from the cores this process may use, the
+  number of cells run at once (``--workers``) and the 1-minute load average.
+
+The rule: the load that is not this run's own is the load average less the
+threads of this run's cells already running; the cores left are the cores less
+that load (rounded, at least one); each cell gets an equal share of them, at
+least one thread::
+
+    others  = max(0, load_1min - threads of this run's running cells)
+    free    = max(1, cores - round(others))
+    threads = max(1, free // workers)
+
+On an idle 2-core machine one worker gets 2 threads; with another job keeping
+both cores busy, 1. torch's default there (2 threads on 2 busy cores) ran steps
+3-54x slower than one thread. When the other jobs alone keep every core busy
+the machine is oversubscribed and ``abl run`` says so as it starts.
+"""
+
+from __future__ import annotations
+
+import os
+
+TORCH_DEFAULT = -1  # train.threads = -1: leave the thread count to torch
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def choose(requested: int, cores: int, workers: int, load: float | None, ours: int = 0) -> tuple[int | None, str]:
+    """(threads, why) for a cell: None threads means torch's default. ``ours``: threads of this run's
+    cells already running (they are part of ``load``)."""
+    if requested > 0:
+        return requested, f"{requested} thread(s) (train.threads)"
+    if requested == TORCH_DEFAULT:
+        return None, "torch's default threads (train.threads = -1)"
+    others = max(0.0, (load or 0.0) - ours)
+    free = max(1, cores - round(others))
+    n = max(1, free // max(1, workers))
+    where = f"{cores} core(s), {workers} at once, load {load:.1f}" if load is not None else \
+        f"{cores} core(s), {workers} at once, load unknown"
+    return n, f"{n} thread(s) (chosen: {where})"
+
+
+def oversubscribed(cores: int, workers: int, load: float | None) -> str | None:
+    """A warning when the machine is already busier than its cores before this run adds its cells."""
+    if load is None or load < cores:
+        return None
+    return (f"the machine is oversubscribed: load {load:.1f} on {cores} core(s) before this run's "
+            f"{workers} cell(s) at a time; each cell gets 1 thread and runs slower than on an idle "
+            "machine, and its speed figures will be marked contended")
