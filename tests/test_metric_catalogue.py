@@ -25,6 +25,7 @@ from abl.store import database as store
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("harness", "dashboard")
 CATALOGUE_MODULE = Path("harness/analysis/metrics.py")
+UNITS_MODULE = Path("harness/analysis/units.py")  # the catalogue's units, spelled once
 
 
 def _store(path: Path, rows: list[tuple[str, int, str, float]]) -> Path:
@@ -248,7 +249,7 @@ def test_no_module_spells_a_metric_outside_the_catalogue():
     for folder in SCANNED:
         for p in sorted((ROOT / folder).rglob("*.py")):
             rel = p.relative_to(ROOT)
-            if rel != CATALOGUE_MODULE:
+            if rel not in (CATALOGUE_MODULE, UNITS_MODULE):
                 found += violations(p.read_text(encoding="utf-8"), str(rel))
     assert not found, "\n".join(found)
 

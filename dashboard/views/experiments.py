@@ -3,6 +3,7 @@
 import streamlit as st
 
 from abl.analysis import stats
+from abl.analysis.metrics import TOKENS_PER_S
 from abl.analysis.verdicts import value_text
 from abl.dashboard import common
 from abl.dashboard import queries as q
@@ -98,9 +99,9 @@ column_config = {
 for n in metric_cols:  # each in its unit (the metric catalogue): MiB, whole tokens/s, percentages
     info = q.metric_info(n)
     unit = "MiB" if n in mem_cols else info.unit
-    label = {"tokens/s": "tokens/s", "MiB": "peak MiB" if n == "peak_mem_bytes" else f"{n} [MiB]"}.get(
+    label = {TOKENS_PER_S: TOKENS_PER_S, "MiB": "peak MiB" if n == "peak_mem_bytes" else f"{n} [MiB]"}.get(
         unit, f"{n} [{unit}]" if unit and not info.is_loss else n)
-    fmt = ("%.4f" if info.is_loss else "%.1f" if n in mem_cols else "%.0f" if unit == "tokens/s"
+    fmt = ("%.4f" if info.is_loss else "%.1f" if n in mem_cols else "%.0f" if unit == TOKENS_PER_S
            else "percent" if unit == "fraction" else "localized" if n.startswith("n_") else "%.4g")
     column_config[n] = st.column_config.NumberColumn(label, format=fmt, help=info.description or info.label)
 

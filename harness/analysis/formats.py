@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .units import FLOP_PER_S, TOKENS_PER_S
+
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
@@ -92,9 +94,9 @@ def fmt_unit(x: Any, unit: str, digits: int = 4, missing: str = "-") -> str:
     v = float(x)
     if unit == "bytes":
         return fmt_bytes(v, missing=missing)
-    if unit in ("FLOP", "FLOP/s", "tokens"):
+    if unit in ("FLOP", FLOP_PER_S, "tokens"):
         return fmt_si(v, unit)
-    if unit == "tokens/s":
+    if unit == TOKENS_PER_S:
         return fmt_speed(v)
     if unit == "fraction":
         return fmt_fraction(v)

@@ -316,7 +316,7 @@ def value_text(metric: str, x: float | None) -> str:
     unit = metrics.metric(metric).unit
     if unit == "bytes":
         return fmt_bytes(x)
-    if unit == "tokens/s":
+    if unit == metrics.TOKENS_PER_S:
         return fmt_speed(x, unit=False)
     if unit == "fraction" and metrics.is_speed(metric):
         return fmt_fraction(x)

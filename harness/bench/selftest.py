@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from ..analysis.metrics import TOKENS_PER_S
+
 SECTIONS = ("environment", "kernels", "peaks", "bench", "training")
 PROVIDER_MODULES = {"liger-kernel": "liger_kernel", "flash-attn": "flash_attn", "fla": "fla",
                     "mamba-ssm": "mamba_ssm"}
@@ -314,7 +316,7 @@ def run_selftest(device: torch.device, quick: bool, log: Callable[[str], None] =
     log("training: short cells")
     cells, skipped = run_training(device, quick, log)
     for r in cells:
-        unit = "tokens/s"
+        unit = TOKENS_PER_S
         detail = (f"val_loss {r['val_loss']:.4f}" if r["val_loss"] is not None else "no val_loss")
         if r["mfu"] is not None:
             detail += f", MFU {r['mfu']:.1%}"
