@@ -150,9 +150,10 @@ def environment(device: torch.device) -> tuple[dict[str, Any], list[Check]]:
 
 
 def time_cuda_ms(fn: Callable[[], Any]) -> float:  # pragma: no cover - needs a GPU
-    import triton.testing
+    """The median of abl bench kernels' CUDA timer (triton.testing.do_bench, L2 flushed)."""
+    from .kernelbench import time_cuda
 
-    return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    return time_cuda(fn, None)[1]
 
 
 def gpu_matmul_tflops(device: torch.device, fmt: str, n: int,

@@ -11,7 +11,7 @@ from .common import fail, load_registry, user_errors
 
 def cost(grid_file, recipes, overrides, as_json):
     """The body of ``abl cost``: its options and help are declared in abl.cli."""
-    from ..analysis.formats import fmt_si
+    from ..analysis.formats import fmt_bytes, fmt_si
     from ..model.costmodel import predict
 
     registry = load_registry()
@@ -33,17 +33,14 @@ def cost(grid_file, recipes, overrides, as_json):
 
     from ..present import termlayout
 
-    def si(x) -> str:
-        return "-" if x is None else fmt_si(x)
-
     rows = [{"params": f"{p['n_params']:,}", "non-emb": f"{p['n_params_non_embedding']:,}",
-             "fwd FLOP /tok": si(p["flops_per_token"]), "train FLOP /step": si(p["flops_per_step"]),
-             "useful": si(p["useful_flops_per_step"]),
-             "6N·tok": si(p["flops_6n_per_token"] * p["tokens_per_step"]),
-             "act. /step": _bytes(p["activation_bytes_per_step"]),
-             "params + grad + Adam": _bytes(p["static_bytes"]),
+             "fwd FLOP /tok": fmt_si(p["flops_per_token"]), "train FLOP /step": fmt_si(p["flops_per_step"]),
+             "useful": fmt_si(p["useful_flops_per_step"]),
+             "6N·tok": fmt_si(p["flops_6n_per_token"] * p["tokens_per_step"]),
+             "act. /step": fmt_bytes(p["activation_bytes_per_step"]),
+             "params + grad + Adam": fmt_bytes(p["static_bytes"]),
              "decode cache": "-" if p["cost_source"] == "measured" else decode_cache_text(p),
-             "est. peak": _bytes(p["train_peak_bytes"]), "source": p["cost_source"]} for p in preds]
+             "est. peak": fmt_bytes(p["train_peak_bytes"]), "source": p["cost_source"]} for p in preds]
     measured = [i for i, p in enumerate(preds, 1) if p["cost_source"] == "measured"]
     title = "predicted cost per cell (no training)" if not measured else (
         "cost per cell: predicted, or measured on one step where a component declares no cost function"
@@ -76,12 +73,6 @@ def cost(grid_file, recipes, overrides, as_json):
                       "= counted), est. peak = live tensor memory over one training step (torch's MemTracker); "
                       "'-' = not measured (activations per step, KV cache). A cost function (docs/plugins.md, "
                       "'Costs') predicts them without building the model.")
-
-
-def _bytes(x) -> str:
-    from ..analysis.formats import fmt_bytes
-
-    return "-" if x is None else fmt_bytes(x)
 
 
 COMPUTE = ("params", "non-emb", "fwd FLOP /tok", "train FLOP /step", "useful", "6N·tok", "source")
