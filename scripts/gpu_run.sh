@@ -18,6 +18,8 @@
 #   ABL_GPU_PYTHON        the interpreter (default python3)
 #   ABL_GPU_INSTALL=0     use the interpreter's abl as it is (no install; the CPU test does this)
 #   ABL_GPU_SELFTEST_ARGS more options for abl selftest (e.g. --quick, if the full one outruns a call)
+#   ABL_GPU_STAGE_TIMEOUT seconds each stage may run before it is stopped (default 0: no limit); a
+#                         stopped stage is recorded in status.txt (exit 124) and the next one runs
 #   ABL_GPU_TINY=1        tiny sizes (the CPU test): selftest --quick, one cell of each grid
 #                         with a few steps, the big cell shrunk
 set -uo pipefail
@@ -30,6 +32,8 @@ OUT=${OUT:-$ROOT/gpu-out}
 WHEELS=${ABL_GPU_WHEELS:-$ROOT/.gpu-wheels}
 PY=${ABL_GPU_PYTHON:-python3}
 TINY=${ABL_GPU_TINY:-0}
+# GNU timeout: 0 means no limit; -k: a stage that ignores SIGTERM is killed 10 s later
+LIMIT=(timeout -k 10 "${ABL_GPU_STAGE_TIMEOUT:-0}")
 WORK=$(mktemp -d -t abl-gpu.XXXXXX)
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(selftest grids big)
@@ -69,7 +73,7 @@ ABL=("$PY" -m abl.cli)
 run_stage() {  # run_stage NAME LOGFILE COMMAND...: one stage, its status and wall time in status.txt
     local name=$1 log=$2; shift 2
     local t0=$SECONDS rc
-    "$@" >> "$log" 2>&1
+    "${LIMIT[@]}" "$@" >> "$log" 2>&1
     rc=$?
     status "$name: exit $rc in $((SECONDS - t0)) s"
 }
@@ -79,7 +83,7 @@ for stage in "${STAGES[@]}"; do
     selftest)
         quick=(${ABL_GPU_SELFTEST_ARGS:-}); [ "$TINY" = 1 ] && quick+=(--quick)
         t0=$SECONDS
-        "${ABL[@]}" selftest "${quick[@]}" --json --db "$DB" > "$OUT/selftest.json" 2> "$OUT/selftest.txt"
+        "${LIMIT[@]}" "${ABL[@]}" selftest "${quick[@]}" --json --db "$DB" > "$OUT/selftest.json" 2> "$OUT/selftest.txt"
         status "selftest: exit $? in $((SECONDS - t0)) s"
         ;;
     grids|norms|precision)

@@ -203,7 +203,7 @@ def _case(op, triton_fn, ref_fn, s, dt, dname, es) -> Case:  # noqa: C901 - one 
                 prov["liger"] = lambda x, w, b: liger.liger_rms_norm(x, w, 1e-6)
         else:
             prov = {"triton": lambda x, w, b: triton_fn(x, w, b, 1e-5),
-                    "torch": lambda x, w, b: F.layer_norm(x, (n,), w, b, 1e-5)}
+                    "torch": lambda x, w, b: ref_fn(x, w, b, 1e-5)}
             if liger is not None:
                 prov["liger"] = lambda x, w, b: liger.liger_layer_norm(x, w, b, 1e-5)
         return Case(op, f"M{m}-N{n}", dname, make, prov,

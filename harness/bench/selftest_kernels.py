@@ -190,6 +190,7 @@ def check_kernels(device: torch.device, quick: bool,
     for op, shape, dtype in kernel_plan(device, quick):
         got = check_op(op, shape, dtype, device)
         for r in got:
-            log(f"kernel {r['op']} {r['shape']} {r['dtype']} {r['pass']}: {'ok' if r['ok'] else 'FAILED'}")
+            log(f"kernel {r['op']} {r['shape']} {r['dtype']} {r['pass']}: "
+                + ("ok" if r["ok"] else f"FAILED ({r['detail']})"))
         rows += got
     return rows, None

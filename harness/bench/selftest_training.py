@@ -200,7 +200,8 @@ def run_training(device: torch.device, quick: bool,
     with tempfile.TemporaryDirectory(prefix="abl-selftest-") as tmp:
         db, runs = Path(tmp) / "selftest.duckdb", Path(tmp) / "runs"
         log(f"training: {len(grid.cells)} cells ({', '.join(c.label for c in grid.cells)})")
-        run_grid(grid, registry, db, runs, console=Console(quiet=True))
+        # the runner's start/end lines go to stderr with the selftest's progress
+        run_grid(grid, registry, db, runs, console=Console(stderr=True, width=120))
         con = store.connect(db, read_only=True)
         try:
             for c in grid.cells:

@@ -31,6 +31,9 @@ from .utils import cdiv, check_launch, interpreting, next_pow2, tl, triton
 @triton.jit
 def _ce_fwd_kernel(LOGITS, stride_l, TARGETS, LOSS, LSE, V, ignore_index, label_smoothing, z_loss,
                    HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr, BLOCK_V: tl.constexpr):
+    # fp64 when torch.compile launches the kernel (a Python float): the sums stay fp32
+    label_smoothing = tl.cast(label_smoothing, tl.float32)
+    z_loss = tl.cast(z_loss, tl.float32)
     row = tl.program_id(0).to(tl.int64)
     base = LOGITS + row * stride_l
     target = tl.load(TARGETS + row)
@@ -62,6 +65,9 @@ def _ce_fwd_kernel(LOGITS, stride_l, TARGETS, LOSS, LSE, V, ignore_index, label_
 def _ce_bwd_kernel(LOGITS, stride_l, DLOGITS, stride_dl, TARGETS, LSE, DLOSS, stride_dloss, V,
                    ignore_index, label_smoothing, z_loss,
                    HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr, BLOCK_V: tl.constexpr):
+    # fp64 when torch.compile launches the kernel (a Python float): the sums stay fp32
+    label_smoothing = tl.cast(label_smoothing, tl.float32)
+    z_loss = tl.cast(z_loss, tl.float32)
     # May run in place (DLOGITS == LOGITS): each program reads its chunk before writing it.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)

@@ -53,6 +53,9 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, SLOPES,
                      HAS_ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
                      UPCAST: tl.constexpr):
+    # a float argument can arrive as fp64 when torch.compile launches the kernel (inductor types a
+    # Python float as fp64): the loop-carried row maxima must stay fp32
+    qk_scale = tl.cast(qk_scale, tl.float32)
     start_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     b = (off_bh // H).to(tl.int64)
@@ -151,6 +154,10 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
                           HAS_ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
                      UPCAST: tl.constexpr):
+    # a float argument can arrive as fp64 when torch.compile launches the kernel (inductor types a
+    # Python float as fp64): the loop-carried accumulators must stay fp32
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)
     # One program per (key block, batch, KV head): it loops over the GROUP query heads
     # that share this KV head, so GQA/MQA gradients are summed without repeating K/V.
     start_n = tl.program_id(0)
@@ -237,6 +244,10 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, SLOPES,
                         HAS_ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
                      UPCAST: tl.constexpr):
+    # a float argument can arrive as fp64 when torch.compile launches the kernel (inductor types a
+    # Python float as fp64): the loop-carried accumulators must stay fp32
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)
     start_m = tl.program_id(0)
     off_bh = tl.program_id(1)
     b = (off_bh // H).to(tl.int64)

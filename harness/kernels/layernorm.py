@@ -24,6 +24,7 @@ from .utils import as_rows, cdiv, check_launch, next_pow2, reduction_programs, t
 def _layernorm_fwd_kernel(X, Y, W, B, MEAN, RSTD, stride_x, stride_y, N, eps,
                           HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
                           EPS_OUTSIDE: tl.constexpr, BLOCK_N: tl.constexpr):
+    eps = tl.cast(eps, tl.float32)  # fp64 when torch.compile launches it (a Python float)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -184,6 +185,12 @@ def layernorm_reference(x: torch.Tensor, weight: torch.Tensor | None = None,
     """The torch definition (ground truth in tests): "inside" is torch's own ``F.layer_norm``;
     "outside", which torch does not offer, is spelled out in fp32."""
     if eps_placement == "inside":
+        if any(t is not None and t.dtype != x.dtype for t in (weight, bias)):
+            # mixed dtypes (bf16 activations, fp32 parameters): CUDA's layer_norm refuses them and
+            # CPU's computes in fp32; this spells out the same fp32 computation on every device
+            y = F.layer_norm(x.float(), (x.shape[-1],), None if weight is None else weight.float(),
+                             None if bias is None else bias.float(), eps)
+            return y.to(x.dtype)
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     if eps_placement != "outside":
         raise ValueError(f"eps_placement must be 'inside' or 'outside', got {eps_placement!r}")

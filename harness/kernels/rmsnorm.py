@@ -21,6 +21,7 @@ from .utils import as_rows, cdiv, check_launch, next_pow2, reduction_programs, t
 @triton.jit
 def _rmsnorm_fwd_kernel(X, Y, W, B, RSTD, stride_x, stride_y, N, eps,
                         HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr):
+    eps = tl.cast(eps, tl.float32)  # fp64 when torch.compile launches it (a Python float)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
