@@ -100,3 +100,18 @@ def test_a_fraction_of_peak_is_never_above_one():
     assert bandwidth_peak(cpu, 1 << 20, 32 << 20)[0] == 60.0  # fits in the cache
     assert bandwidth_peak(cpu, 1 << 30, 32 << 20)[0] == 10.0  # does not
     assert bandwidth_peak(Peak("h100", 3350.0, {}, "datasheet"), 1 << 20, None)[0] == 3350.0
+
+
+def test_a_flops_bound_op_is_a_fraction_of_its_flops_peak(monkeypatch):
+    """Found on the first GPU run: attention's TFLOP/s was divided by the peak in FLOP/s (0.0% of peak)."""
+    torch = pytest.importorskip("torch")
+    from abl.bench import kernelbench
+    from abl.store.provenance import Peak
+
+    # a peak far above what the CPU reaches, so the fraction is given and must be tflops / peak
+    monkeypatch.setattr(kernelbench, "device_peak", lambda device: Peak("cpu", 1e4, {"fp32": 1e3}, "test"))
+    rows = kernelbench.run_bench(torch.device("cpu"), ops=["flash_attention"], providers=["torch"], passes=["fwd"])
+    assert rows
+    for r in rows:
+        assert r["tflops"] > 0
+        assert r["peak_fraction"] == pytest.approx(r["tflops"] / 1e3)

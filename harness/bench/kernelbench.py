@@ -439,7 +439,7 @@ def run_bench(device: torch.device | None = None, ops: list[str] | None = None,
                     tflops = nflops / (p50 * 1e-3) / 1e12 if nflops else None
                     if tflops is not None:
                         pk = peak.tflops.get(case.dtype)
-                        frac, why = peak_fraction(tflops, pk * 1e12 if pk else None)
+                        frac, why = peak_fraction(tflops, pk)  # both in TFLOP/s
                         against = f"{pk:g} TFLOP/s {case.dtype}" if pk else "no FLOP/s peak"
                     else:
                         bw, against = bandwidth_peak(peak, nbytes or 0, llc)
