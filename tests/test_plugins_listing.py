@@ -82,3 +82,28 @@ def test_listing_at_80_columns(tmp_path):
             "bias; Zhang & Sennrich 2019, arXiv:1910.07467, sec. 3).") in flat
     assert "second paragraph" not in out
     assert "eps: float = 1e-06 - added to the variance" in out
+
+
+def test_skeleton_options_are_listed_beside_the_components():
+    """Issue 24: logit scaling and the output z-loss are variants a grid sweeps (model.logit_scale,
+    model.z_loss): options of the shared skeleton rather than components, and ``abl plugins`` lists them."""
+    import dataclasses
+    import json
+
+    from abl.contracts.config import ModelConfig
+
+    marked = {f.name for f in dataclasses.fields(ModelConfig) if f.metadata.get("variant")}
+    assert {"logit_scale", "z_loss", "tie_embeddings"} <= marked
+    r = run_abl(["plugins"], env={"COLUMNS": "100"})
+    assert r.returncode == 0, r.stderr
+    flat = " ".join(r.stdout.split())
+    assert "skeleton options" in flat
+    for name in marked:
+        assert f"model.{name}" in flat, name
+    assert "one of none, inv_sqrt_d_model" in flat
+    assert "arXiv:2204.02311" in flat  # z-loss cites PaLM
+    rows = json.loads(run_abl(["plugins", "--json"]).stdout)
+    options = {r["name"]: r for r in rows if r["axis"] == "skeleton"}
+    assert set(options) == {f"model.{n}" for n in marked}
+    assert options["model.z_loss"]["default"] == 0.0
+    assert options["model.logit_scale"]["choices"] == ["none", "inv_sqrt_d_model"]

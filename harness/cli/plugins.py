@@ -23,9 +23,12 @@ def plugins(as_json, recipe=None):
             recipes = [registry.recipe(recipe)]
         except RegistryError as exc:
             fail(str(exc))
+    options = skeleton_options()
     if as_json:
         rows = [] if recipe is not None else [{**c.summary(), "origin": _origin(c.package, c.version, c.plugin)}
                                               for c in comps]
+        # the skeleton's own variants (config keys, not components) as axis "skeleton"
+        rows += [] if recipe is not None else [{"axis": "skeleton", **o} for o in options]
         # a recipe is listed beside the components as axis "recipe" (no params: its settings instead)
         rows += [{"axis": "recipe", **r.summary(), "params": {}, "origin": _origin(r.package, r.version, r.plugin)}
                  for r in recipes]
@@ -52,6 +55,14 @@ def plugins(as_json, recipe=None):
                 if prm.doc:
                     text += f" - {prm.doc}"
                 lines += wrap(text, 8, 4)
+    lines += ["", *wrap("skeleton options  (variants of the shared skeleton that are config keys, not "
+                        "components: a grid sweeps them like any key)", 0, 4)]
+    for o in options:
+        text = f"{o['name']}: {o['type']} = {show_default(o['default'])}"
+        if o["choices"]:
+            text += f", one of {', '.join(map(str, o['choices']))}"
+        lines += wrap(text, 2, 4)
+        lines += wrap(o["doc"], 6)
     if recipe is not None:
         lines = []
     lines += ["", *wrap("recipe  (selected by model.recipe; abl plugins --recipe NAME shows every setting "
@@ -68,6 +79,17 @@ def plugins(as_json, recipe=None):
             lines += wrap(f"{len(r.gaps)} gap(s): what the family has and abl lacks, or where the recipe "
                           f"departs from it (--recipe {r.name})", 6)
     click.echo("\n".join(lines).lstrip("\n"))
+
+
+def skeleton_options() -> list[dict]:
+    """The ``[model]`` keys marked ``variant`` in abl.contracts.config: name, type, default, choices, doc."""
+    import dataclasses
+
+    from ..contracts.config import ModelConfig
+
+    return [{"name": f"model.{f.name}", "type": f.type if isinstance(f.type, str) else f.type.__name__,
+             "default": f.default, "choices": list(f.metadata.get("choices") or []), "doc": f.metadata["doc"]}
+            for f in dataclasses.fields(ModelConfig) if f.metadata.get("variant")]
 
 
 def _origin(package: str, version: str, plugin: str) -> str:

@@ -92,7 +92,10 @@ class ModelConfig:
                        "mixers project d_model to n_heads * head_dim and back", min=0, max=MAX_WIDTH)
     context: int = _f(128, "training context length in tokens", min=2, max=MAX_CONTEXT)
     vocab_size: int = _f(0, "0 = take it from the dataset", min=0, max=MAX_VOCAB)
-    tie_embeddings: bool = _f(True, "share the token embedding with the LM head")
+    # variant=True: a variant of the shared skeleton that is a config key, not a component
+    # (abl plugins lists these beside the components)
+    tie_embeddings: bool = _f(True, "share the token embedding with the LM head (Press & Wolf 2017, "
+                              "arXiv:1608.05859, sec. 3)", variant=True)
     init_std: float = _f(0.0, "std of the normal init of linear and embedding weights; 0 = 1/sqrt(d_model) "
                          "(fan-in; see docs/findings.md 'Default initialisation')", min=0.0)
     dropout: float = _f(0.0, "dropout on sublayer outputs", min=0.0, max=1.0)
@@ -108,11 +111,13 @@ class ModelConfig:
     recipe: str = _f("", "an architecture recipe (abl plugins lists them, docs/recipes.md): sets every component "
                      "and parameter as that family defines it, scaled to this size; keys the grid sets win")
     logit_scale: str = _f("none", "scale the LM head's logits: none, or inv_sqrt_d_model (divide them by "
-                          "sqrt(d_model), Mesh-TensorFlow's Transformer with tied embeddings)",
-                          choices=LOGIT_SCALES)
+                          "sqrt(d_model) as Mesh-TensorFlow's Transformer does with a tied embedding: Shazeer et al. 2018, "
+                          "arXiv:1811.02084; T5, Raffel et al. 2020, arXiv:1910.10683)",
+                          choices=LOGIT_SCALES, variant=True)
     z_loss: float = _f(0.0, "output z-loss coefficient: adds z_loss * mean(log^2 Z), Z the softmax normaliser "
                        "of the logits at the scored positions, to the training loss (PaLM, Chowdhery et al. "
-                       "2022, arXiv:2204.02311, sec. 5: 1e-4); 0 = off. val_loss stays the cross-entropy", min=0.0)
+                       "2022, arXiv:2204.02311, sec. 5: 1e-4); 0 = off. val_loss stays the cross-entropy", min=0.0,
+                       variant=True)
 
     def layer_mixer_names(self) -> list[str]:
         """The mixer name of each layer (``layer_pattern`` tiled, or ``mixer`` everywhere)."""
