@@ -59,6 +59,13 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
             _print_cells(tuning_grid(grid, registry))
         else:
             _print_cells(grid, numbers_of(full))
+        if executor == "local" and any(c.train.compile for c in grid.cells):
+            from ..run.compiled import planned_payback_notes
+            from ..store.rundir import SHAPES_DIR
+
+            db = Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB)
+            for note in planned_payback_notes(grid.cells, registry, db.parent / SHAPES_DIR, slots=workers or 1):
+                click.echo(f"note: {note}")
         if detect is not None:
             from ..present.summary import print_detect
 

@@ -120,6 +120,8 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     known = reconcile(cells, runs_dir, db_path)
     completed, failed, busy, todo = plan(cells, known, retry_failed)
     console.print(plan_sentence(grid, runs_dir, known, completed, failed, busy, todo, retry_failed), soft_wrap=True)
+    for note in compile_payback_notes(todo, registry, db_path, executor):
+        console.print(f"note: {note}", soft_wrap=True, markup=False)
     jobs, metas = make_jobs(grid, todo, registry, db_path, runs_dir, executor, console)
     estimate = start_estimate(jobs, registry, db_path, executor, console)
     display = make_display(console, len(jobs), estimate)
@@ -127,6 +129,18 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     execute(executor, jobs, events, display, console)
     print_summaries(console, db_path, runs_dir, grid, detect)
     return events.failures
+
+
+def compile_payback_notes(todo: list[Cell], registry: Registry, db_path: Path, executor) -> list[str]:
+    """A note per compiled cell to run whose steps cannot repay its compile time, from the step
+    times its shape's earlier cells stored (abl.run.compiled.planned_payback_notes; cells of this
+    machine only: a cluster node's speed is not known here)."""
+    if not isinstance(executor, LocalExecutor) or not any(c.train.compile for c in todo):
+        return []
+    from .compiled import planned_payback_notes
+
+    return planned_payback_notes(todo, registry, db_path.parent / rundir.SHAPES_DIR, use_gpus=executor.use_gpus,
+                                 slots=executor.slots)
 
 
 def start_estimate(jobs: list[Job], registry: Registry, db_path: Path, executor, console: Console) -> Any:

@@ -61,10 +61,10 @@ from ..kernels import KernelBackend
 from ..kernels import resolve as resolve_kernels
 from ..model.decoder import DecoderLM, ForwardContext
 from ..model.memory import step_memory
-from ..model.shapecache import ShapeCache, shape_key
+from ..model.shapecache import ShapeCache, StepTimes, shape_key, timing_key
 from ..store.provenance import device_name
 from .checkpoint import load_checkpoint, save_checkpoint
-from .compiled import Compiled, compile_warmup
+from .compiled import Compiled, compile_warmup, record_step_times
 from .ddp import Distributed
 from .evaluations import TrainedRun, run_evaluations, scored_targets_fingerprints
 from .measure import LoopShare, cpu_peak_rss_bytes, measure_costs, memory_metrics, mfu, mfu_costs, peak_mem_bytes
@@ -156,6 +156,9 @@ class TrainingRun:
     batches: Batches
     baseline_rss_bytes: int
     shapes: ShapeCache = field(default_factory=lambda: ShapeCache(None, ""))
+    # train.compile's payback: the shape's eager and compiled step times (abl.run.compiled.record_step_times)
+    timings: StepTimes = field(default_factory=lambda: StepTimes(None, ""))
+    compile_s: float | None = None  # this run's compile warm-up, when it compiled
     notes: list[str] = field(default_factory=list)
     share: dict[str, float] = field(default_factory=dict)  # LoopShare.metrics of the loop
     params: list[torch.nn.Parameter] = field(init=False)  # what the optimizer steps and grad clipping sees
@@ -220,7 +223,9 @@ def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> 
                       baseline_rss_bytes=baseline_rss,
                       shapes=ShapeCache(shape_cache, shape_key(cell, tc.batch_size // dist.world, dist.world,
                                                                kernels.name, device_name(device),
-                                                               torch.__version__)))
+                                                               torch.__version__)),
+                      timings=StepTimes(shape_cache, timing_key(cell, tc.batch_size // dist.world, dist.world,
+                                                                kernels.name, torch.__version__)))
     run.notes += spanscore.notes(data)
     if kernels.interpreted:
         run.notes.append("Triton kernels ran in the Triton interpreter on CPU (a correctness path: its "
@@ -344,7 +349,8 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
     step_times: list[float] = []
     run.model.train()
     if tc.compile and start_step <= tc.steps:
-        sink.log(start_step - 1, {"compile_s": compile_warmup(run)})
+        run.compile_s = compile_warmup(run)
+        sink.log(start_step - 1, {"compile_s": run.compile_s})
     cached_memory = run.shapes.get("memory") if any(
         memory_tracked(run, s) for s in range(start_step, tc.steps + 1)) else None
     t_loop = time.perf_counter()
@@ -462,6 +468,10 @@ def train(cell: Cell, registry: Registry, sink: MetricSink,
                              f"({costs.get('device_peak_flops', 0):.3g} FLOP/s) does not hold on this machine")
         elif utilisation is not None:
             summary["mfu"] = utilisation
+        if run.dist.is_main:  # the shape's step times, and whether this cell's compile paid back
+            payback = record_step_times(run, step_times, run.compile_s)
+            if payback:
+                run.notes.append(payback)
         # n_params was recorded at step 0; the summary row carries only what is new
         sink.log(cell.train.steps, {k: v for k, v in summary.items() if k != "n_params"})
         summary["notes"] = run.notes
