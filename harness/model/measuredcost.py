@@ -15,6 +15,14 @@ built once per shape on the CPU and measured:
   which is what a run records as ``peak_tensor_bytes``.
   With it unavailable the peak is left out.
 
+The step runs on fake tensors (torch's ``FakeTensorMode``: shapes, dtypes and
+storages without their memory), so measuring a cell far larger than this
+machine allocates nothing of it: memory admission (abl.run.admission) measures
+a cell that cannot fit before refusing it. The figures are those of real
+tensors (the same ops, the same storage sizes). A model that cannot run on fake
+tensors (an op whose output depends on the data, such as ``.item()``) is
+measured on real CPU tensors instead.
+
 The decoding cache is not measured (no figure rather than a wrong one). Every
 figure of one shape (the model config with its vocabulary, the components other
 than the dataset, the batch) is measured once per process: the seeds of a grid
@@ -32,7 +40,7 @@ from ..contracts.registry import Registry
 _measured: dict[str, dict[str, Any]] = {}
 
 SOURCE_NOTE = ("measured: a component declares no cost function, so FLOPs and memory come from one training "
-               "step of the built model on the CPU (torch's FLOP counter and MemTracker)")
+               "step of the built model on the CPU (torch's FLOP counter and MemTracker, on fake tensors)")
 
 
 def _shape(model, components: dict[str, Any], batch_size: int) -> str:
@@ -53,6 +61,20 @@ def measure_model(model, components: dict[str, Any], registry: Registry, *, batc
 
 def _measure(model, components: dict[str, Any], registry: Registry, batch_size: int,
              activation_bytes: int) -> dict[str, Any]:
+    """One shape's figures: on fake tensors (no memory of the model's), else on real ones."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError:  # a torch without fake tensors: real ones
+        return _measure_step(model, components, registry, batch_size, activation_bytes)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            return _measure_step(model, components, registry, batch_size, activation_bytes)
+    except Exception:  # noqa: BLE001 - e.g. a data-dependent op; real tensors raise what is really wrong
+        return _measure_step(model, components, registry, batch_size, activation_bytes)
+
+
+def _measure_step(model, components: dict[str, Any], registry: Registry, batch_size: int,
+                  activation_bytes: int) -> dict[str, Any]:
     import torch
 
     from ..kernels import TORCH

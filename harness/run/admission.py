@@ -6,7 +6,14 @@ moments, autocast copies, saved activations and the largest backward
 transient) is taken at the top of its calibrated band (``MEMORY_BAND``: the
 measured peak lies within 0.9-1.25x the prediction), plus what a worker
 process holds that the model does not count (``PROCESS_BYTES``). That need is
-compared with the free memory of the device the cell will use:
+compared with the free memory of the device the cell will use. A cell with a
+component that declares no cost function (``cost=`` is optional for a plugin)
+has no prediction: its peak is measured instead, once per shape, as ``abl
+cost`` measures it (``predict(..., measure_missing=True)``,
+abl.model.measuredcost: the live tensor peak of one training step, on fake
+tensors, so measuring a cell too large for the machine allocates nothing of
+it). That figure is what the run's step holds, so it is taken as it is, not at
+the top of a band, and the messages say "measured peak":
 
 - CPU: the machine's available RAM (``MemAvailable``, and the cgroup's limit
   when one is set); the cells that run at once (``--workers N``, and every
@@ -37,7 +44,7 @@ from typing import Callable
 from ..contracts.config import Cell
 from ..contracts.registry import Registry, RegistryError
 from ..data.corpus import DataError
-from ..model.costmodel import MEMORY_BAND, predict
+from ..model.costmodel import MEMORY_BAND, missing_costs, predict
 
 MiB = 1024**2
 GiB = 1024**3
@@ -58,14 +65,22 @@ class AdmissionError(Exception):
 @dataclass
 class Need:
     cell: Cell
-    predicted: float  # the cost model's train_peak_bytes of one process of the cell
+    predicted: float  # train_peak_bytes of one process of the cell (the cost model's, or measured)
     processes: int  # processes of the cell (train.devices)
     device: str  # "cpu" or "cuda"
+    source: str = "predicted"  # "measured": a component declares no cost function (abl.model.measuredcost)
+    missing: tuple[str, ...] = ()  # the components without a cost function ("norm 'x'"), when measured
+
+    @property
+    def band(self) -> float:
+        """The factor on ``predicted``: the top of the calibrated band for a prediction; 1 for a measurement
+        (it is the peak the run's step holds)."""
+        return MEMORY_BAND[1] if self.source == "predicted" else 1.0
 
     @property
     def per_process(self) -> float:
-        """Bytes one process may reach: the top of the calibrated band, plus its overhead."""
-        return self.predicted * MEMORY_BAND[1] + PROCESS_BYTES[self.device]
+        """Bytes one process may reach: the peak (a prediction at the top of its band), plus its overhead."""
+        return self.predicted * self.band + PROCESS_BYTES[self.device]
 
     @property
     def host_bytes(self) -> float:
@@ -85,20 +100,26 @@ def cell_device(cell: Cell, gpus: list[int]) -> str:
 
 
 def cell_need(cell: Cell, registry: Registry, gpus: list[int]) -> Need | None:
-    """The cell's predicted per-process peak; None when the cost model cannot predict it."""
+    """The cell's per-process peak, predicted, or measured where a component declares no cost function;
+    None when neither can be had (its dataset cannot be read, or measuring its model failed)."""
     per_rank = cell
     if cell.train.devices > 1:  # each process trains batch_size / devices sequences
         per_rank = dataclasses.replace(cell, train=dataclasses.replace(
             cell.train, batch_size=max(1, cell.train.batch_size // cell.train.devices)))
     try:
-        peak = float(predict(per_rank, registry)["train_peak_bytes"])
+        pred = predict(per_rank, registry, measure_missing=True)
     except RegistryError:
-        return None  # a component without a cost function: nothing to admit on (abl cost says why)
+        return None  # measuring a model without a cost function failed: abl cost names why
     except (DataError, OSError):
         # the dataset (read for its vocabulary size) cannot be loaded: the dataset checks
         # report that; memory admission has nothing to go on for this cell
         return None
-    return Need(cell=cell, predicted=peak, processes=cell.train.devices, device=cell_device(cell, gpus))
+    if pred.get("train_peak_bytes") is None:
+        return None  # measured, but torch's MemTracker is unavailable: no peak to admit on
+    source = pred.get("cost_source", "predicted")
+    return Need(cell=cell, predicted=float(pred["train_peak_bytes"]), processes=cell.train.devices,
+                device=cell_device(cell, gpus), source=source,
+                missing=tuple(missing_costs(cell.components, registry)) if source == "measured" else ())
 
 
 # ---------------------------------------------------------------- free memory
@@ -211,17 +232,30 @@ def admit(cells: list[Cell], registry: Registry, *, slots: int, gpus: list[int],
                 if len(over) > 10:
                     problems.append(f"  ... and {len(over) - 10} more")
     if problems:
-        problems.append(f"(predicted peak: abl cost's est. peak, times {MEMORY_BAND[1]} for the top of its "
-                        f"calibrated band, plus {fmt(PROCESS_BYTES['cpu'])} per CPU process or "
-                        f"{fmt(PROCESS_BYTES['cuda'])} per CUDA context; make the cells smaller "
-                        f"(train.batch_size, model.context, model size) or pass --force to run anyway)")
+        problems.append(_footnote(needs))
     return problems
+
+
+def _footnote(needs: list[Need]) -> str:
+    """How the needs were made up, and what to do about them."""
+    measured = sorted({m for n in needs if n.source == "measured" for m in n.missing})
+    how = (f"predicted peak: abl cost's est. peak, times {MEMORY_BAND[1]} for the top of its calibrated band"
+           if any(n.source == "predicted" for n in needs) else "")
+    if measured:
+        how += ("; " if how else "") + (
+            f"measured peak: {', '.join(measured)} declare(s) no cost function, so the peak is the live tensor "
+            "memory of one training step of the cell's shape, measured as abl cost measures it "
+            "(abl.model.measuredcost), taken as it is")
+    return (f"({how}; plus {fmt(PROCESS_BYTES['cpu'])} per CPU process or {fmt(PROCESS_BYTES['cuda'])} per "
+            f"CUDA context; make the cells smaller (train.batch_size, model.context, model size) or pass "
+            f"--force to run anyway)")
 
 
 def _line(n: Need) -> str:
     c = n.cell
     procs = f" x {n.processes} processes" if n.processes > 1 else ""
-    return (f"  {c.label} seed={c.seed} (run {c.run_id}): predicted peak {fmt(n.predicted)}, up to "
+    why = f" ({', '.join(n.missing)} declares no cost function)" if n.source == "measured" else ""
+    return (f"  {c.label} seed={c.seed} (run {c.run_id}): {n.source} peak {fmt(n.predicted)}{why}, up to "
             f"{fmt(n.per_process)} per process{procs} on {n.device}")
 
 
