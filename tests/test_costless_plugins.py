@@ -21,7 +21,7 @@ AXES = ("norm", "block", "position", "ffn", "mixer")
 
 SMALL = {"experiment": {"name": "costless", "seeds": [0]},
          "model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "context": 32},
-         "train": {"steps": 2, "batch_size": 4, "eval_batches": 1},
+         "train": {"steps": 20, "batch_size": 4, "eval_every": 10, "eval_batches": 1},
          "eval": {"decode": False, "extrapolation": False},
          "dataset": {"pystdlib": {"max_bytes": 300000}}}
 
@@ -150,3 +150,85 @@ def test_abl_run_refuses_a_costless_cell_that_cannot_fit(tmp_path, plugin_dir):
     assert "norm=dyt_nocost seed=0" in out and "measured peak" in out and "predicted peak" in out
     assert "norm 'dyt_nocost'" in out and "Traceback" not in out
     assert not db.exists() and not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- the report's predicted vs measured section
+
+
+@pytest.fixture(scope="module")
+def costless_store(costless, tmp_path_factory):
+    """A store of one completed run per cell: the defaults (predicted) and, for every axis, its costless copy
+    (measured); each run's recorded figures are its cell's per-shape ones, its peak 2% above."""
+    import time
+
+    from test_report_sections import _write_run
+
+    from abl.store import database as store
+
+    reg, _ = costless
+    tmp = tmp_path_factory.mktemp("costless")
+    runs = tmp / "runs"
+    cells = small_cells(reg) + [c for axis in AXES for c in small_cells(reg, **{axis: f"nocost_{axis}"})]
+    for i, cell in enumerate(cells):
+        p = predict(cell, reg, vocab_size=4096, measure_missing=True)
+        final = {"n_params": p["n_params"], "n_params_non_embedding": p["n_params_non_embedding"],
+                 "flops_per_step_measured": p["flops_per_step"], "peak_tensor_bytes": p["train_peak_bytes"] * 1.02,
+                 "peak_mem_bytes": 5e8, "mfu": 0.2, "contended": 0.0}
+        _write_run(runs / cell.run_id, cell, status="completed", info=True, final=final, loss=3.0 + 0.01 * i,
+                   tokens_per_s=40_000.0, wall=2.0, started=time.time() + i)
+    db = tmp / "abl.duckdb"
+    store.ingest_dirs(db, sorted(runs.iterdir()))
+    return db, cells
+
+
+def test_the_report_compares_a_costless_cell_with_its_measured_per_shape_figures(costless, costless_store, tmp_path):
+    from test_report import parse_table
+
+    from abl.present.report import build_report, load_runs, write_report
+
+    reg, _ = costless
+    db, cells = costless_store
+    rep = build_report(load_runs(db, experiment="costless"), source="costless", db_path=str(db), registry=reg)
+    md = write_report(rep, tmp_path / "rep", "md").read_text()
+    label = {c.key: c.label for c in rep.cells}
+    base = label[cells[0].cell_key]
+    assert len(set(label.values())) == len(cells) == 1 + len(AXES)
+    for cell in cells[1:]:
+        assert not next(c for c in rep.cells if c.key == cell.cell_key).predict_error
+        rows = {r["figure"]: r for r in rep.cost_rows if r["cell_key"] == cell.cell_key}
+        memory = rows["train_peak_bytes"]
+        assert memory["source"] == "measured" and memory["predicted"] is not None
+        assert memory["ratio"] == pytest.approx(1.02) and memory["agreement"].startswith("agrees")
+        assert rows["n_params"]["agreement"] == "agrees (exact)"
+    assert {r["source"] for r in rep.cost_rows if r["cell_key"] == cells[0].cell_key} == {"predicted"}
+    assert "Not predicted" not in md
+    # the per-cell table says where each cell's figures came from, as abl cost does
+    sources = {row["cell"]: row["source"] for row in parse_table(md, "Predicted vs measured costs")}
+    assert sources == {lab: "predicted" if lab == base else "measured" for lab in label.values()}
+    assert all(f"{axis} 'nocost_{axis}'" in md for axis in AXES) and "declare(s) no cost function" in md
+    # memory is compared for every cell: none is left out of the summary as 'not compared'
+    summary = {row["figure"]: row for row in parse_table(md, "| figure | cells |")}
+    assert summary["train_peak_bytes"]["agree"] == str(len(cells))
+
+
+def test_the_costs_page_says_measured_as_the_report_does(costless, costless_store, monkeypatch):
+    testing = pytest.importorskip("streamlit.testing.v1", reason="streamlit is in the dashboard extra")
+    from conftest import ROOT
+
+    from abl.contracts import plugin_manager
+
+    reg, _ = costless
+    db, cells = costless_store
+    monkeypatch.setattr(plugin_manager, "get_registry", lambda *a, **k: reg)  # as --plugins-dir would load it
+    monkeypatch.setenv("ABL_DB", str(db))
+    monkeypatch.setenv("ABL_RUNS_DIR", str(db.parent / "runs"))
+    at = testing.AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=120)
+    at.switch_page("views/costs.py")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    captions = "\n".join(str(c.value) for c in at.caption)
+    assert "Source 'measured' (5 of 6 cells)" in captions and "norm 'nocost_norm'" in captions
+    assert at.success and f"{4 * len(cells)} of {4 * len(cells)} checks" in at.success[0].value
+    every = at.dataframe[0].value
+    memory = every[every["figure"] == "train_peak_bytes"]
+    assert sorted(memory["source"]) == ["measured"] * len(AXES) + ["predicted"]

@@ -9,6 +9,8 @@ row is in a folded table. A plot panel appears only for a figure that differs
 between the cells, and the scaling fit only over enough model sizes
 (``abl.analysis.sections.scaling_fit_applies``); what is left out says why. Cells are
 named by ``abl.grid.labels``; runs on a contended machine are counted in a warning.
+A cell with a component that declares no cost function is measured once per shape
+instead, as ``abl cost`` does; its rows say ``measured`` in the source column.
 """
 
 import pandas as pd
@@ -34,13 +36,13 @@ def _analyse(db: str, run_ids: tuple[str, ...], sig: tuple):
     report.attach_predictions(cells, get_registry())
     rows = report.cost_rows(cells)
     points = report.scaling_points(cells)
-    return rows, points, report.contention_note(runs)
+    return rows, points, report.contention_note(runs), report.measured_note(cells)
 
 
 runs = common.runs_table(sel)
 ctx = common.ctx()
 try:
-    rows, points, contention = _analyse(ctx.store.db, tuple(runs["run_id"]), ctx.sig)
+    rows, points, contention, measured_note = _analyse(ctx.store.db, tuple(runs["run_id"]), ctx.sig)
 except Exception as exc:  # noqa: BLE001 - a busy or odd store is shown, not raised
     st.error(f"Could not read the runs for the cost check: {exc}")
     st.stop()
@@ -56,6 +58,7 @@ if table.empty:
 if contention:
     st.warning(contention, icon=":material/speed:")
 summary, outliers = report.cost_summary(rows)
+source = ["source"] if measured_note else []  # "predicted" or "measured" (no cost function), as abl cost says
 compared = sum(s["compared"] for s in summary)
 if outliers:
     st.warning(f"{len(outliers)} of {compared} compared checks disagree: "
@@ -70,12 +73,15 @@ common.text_table(pd.DataFrame([{
 } for s in summary]), key="costs_summary")
 if outliers:
     st.markdown("**The checks that disagree**")
-    common.text_table(pd.DataFrame(outliers)[["label", "figure", "predicted", "measured", "ratio", "agreement"]]
+    common.text_table(pd.DataFrame(outliers)[["label", "figure", "predicted", *source, "measured", "ratio",
+                                              "agreement"]]
                       .rename(columns={"label": "cell", "ratio": "measured / predicted"}), key="costs_outliers")
 st.caption("Required: parameters exact; FLOPs per step within 5% of torch.utils.flop_counter on one step; "
            f"peak tensor memory (one whole training step, torch's MemTracker) within {MEMORY_BAND[0]:g}-"
            f"{MEMORY_BAND[1]:g}x of the prediction, which models the torch reference path. Predictions come "
            "from the components' registered cost functions (harness/model/costmodel.py).")
+if measured_note:
+    st.caption(measured_note)
 
 table["disagrees"] = table["agreement"].str.startswith("DISAGREES")
 with st.expander(f"Every check, one row per cell and figure ({len(table)} rows)", expanded=False):
@@ -83,7 +89,7 @@ with st.expander(f"Every check, one row per cell and figure ({len(table)} rows)"
     pick = st.multiselect("Figures", figures, default=figures, key="costs_figures")
     shown = table[table["figure"].isin(pick)].sort_values(["disagrees", "label"], ascending=[False, True])
     st.dataframe(
-        shown[["label", "figure", "predicted", "measured", "ratio", "agreement"]].rename(
+        shown[["label", "figure", "predicted", *source, "measured", "ratio", "agreement"]].rename(
             columns={"label": "cell", "ratio": "measured / predicted"}),
         hide_index=True, width="stretch")
 

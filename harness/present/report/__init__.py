@@ -39,8 +39,10 @@ from .costs import (  # noqa: F401
     contended_runs,
     contention_note,
     cost_rows,
+    cost_source,
     cost_summary,
     measured,
+    measured_note,
     model_flops_utilization,
     scaling_points,
 )

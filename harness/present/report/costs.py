@@ -1,8 +1,12 @@
 """Predicted against measured costs, contention, and the points of a scaling fit.
 
 Predictions come from the registered components' cost functions
-(abl.model.costmodel); measured figures are the runs' final metrics, averaged
-over a cell's completed seeds. Disagreements are flagged, never hidden.
+(abl.model.costmodel). A cell with a component that declares no cost function
+has none: its figures are measured once per shape instead, as ``abl cost``
+measures them (abl.model.measuredcost), and are marked ``measured`` (its checks
+then compare the run's own step with that measurement). Measured figures are
+the runs' final metrics, averaged over a cell's completed seeds.
+Disagreements are flagged, never hidden.
 """
 
 from __future__ import annotations
@@ -19,22 +23,47 @@ from .runs import Cell, Run
 
 
 def attach_predictions(cells: list[Cell], registry) -> None:
-    """Predicted costs per cell from the registered cost functions (errors kept, not raised)."""
+    """Predicted costs per cell from the registered cost functions, or, for a cell with a component that
+    declares no cost function, measured once per shape as abl cost does (``cost_source`` "measured", the
+    components in ``cost_missing``). Errors are kept, not raised."""
     from ...contracts.config import ConfigError
     from ...contracts.registry import RegistryError
     from ...grid.gridfile import cell_from_config
-    from ...model.costmodel import predict
+    from ...model.costmodel import missing_costs, predict
 
     for c in cells:
         r = c.runs[0]
         try:
             cell = cell_from_config(r.config, registry)
             vocab = r.env.get("vocab_size") or None
-            c.predicted = predict(cell, registry, vocab_size=vocab)
+            c.predicted = predict(cell, registry, vocab_size=vocab, measure_missing=True)
+            if c.predicted.get("cost_source") == "measured":
+                c.cost_missing = missing_costs(cell.components, registry)
         except (ConfigError, RegistryError) as exc:
             c.predict_error = str(exc).splitlines()[0]
         except Exception as exc:  # noqa: BLE001 - a report still comes out, with the reason
             c.predict_error = f"{type(exc).__name__}: {exc}"
+
+
+def cost_source(cell: Cell) -> str:
+    """Where a cell's figures came from: "predicted" (the cost functions), "measured" (one step of its
+    shape, a component declaring no cost function), or "-" (neither: ``predict_error`` says why)."""
+    return str(cell.predicted.get("cost_source", "predicted")) if cell.predicted else "-"
+
+
+def measured_note(cells: list[Cell]) -> str:
+    """One paragraph on the cells whose figures were measured, not predicted ("" when none was)."""
+    meas = [c for c in cells if cost_source(c) == "measured"]
+    if not meas:
+        return ""
+    why = sorted({m for c in meas for m in c.cost_missing})
+    return (f"Source 'measured' ({len(meas)} of {len(cells)} cells): {', '.join(why)} declare(s) no cost "
+            "function, so those cells were built once per shape and measured as abl cost measures them "
+            "(abl.model.measuredcost): FLOPs counted over one forward and backward by torch's flop counter "
+            "(as executed, so useful = counted), memory = the live tensor peak of one training step (torch's "
+            "MemTracker); activations and the decode cache are not measured ('-'). Their checks compare the "
+            "runs' own steps with that measurement. A cost function (docs/plugins.md, 'Costs') predicts them "
+            "without building the model.")
 
 
 def _mean(xs: list[float | None]) -> float | None:
@@ -60,7 +89,8 @@ def model_flops_utilization(cell: Cell) -> float | None:
 
 
 def cost_rows(cells: list[Cell]) -> list[dict[str, Any]]:
-    """Predicted vs measured, one dict per cell and check (see costmodel.CHECKS)."""
+    """Predicted vs measured, one dict per cell and check (see costmodel.CHECKS); ``source`` says whether
+    ``predicted`` came from the cost functions or from measuring the cell's shape (``cost_source``)."""
     rows = []
     for c in cells:
         for pred_key, meas_key, required in CHECKS:
@@ -74,7 +104,8 @@ def cost_rows(cells: list[Cell]) -> list[dict[str, Any]]:
                 verdict = ("not compared: the run used the Triton kernels, which keep less for backward "
                            "than the torch reference path the prediction models")
             rows.append({"cell_key": c.key, "label": c.label, "figure": pred_key, "predicted": pred,
-                         "measured": meas, "measured_as": meas_key, "ratio": ratio, "agreement": verdict})
+                         "source": cost_source(c), "measured": meas, "measured_as": meas_key, "ratio": ratio,
+                         "agreement": verdict})
     return rows
 
 

@@ -248,9 +248,9 @@ def predicted_vs_measured_figure(rows: list[dict], footer: str):
     axes = list(grid[0])
     for ax, name in zip(axes, figures):
         div, unit = PANEL_UNITS[name]
-        pts = [(r["predicted"] / div, r["measured"] / div, str(r["agreement"]).startswith("DISAGREES"))
-               for r in rows if r["figure"] == name and r["predicted"] and r["measured"]]
-        xs, ys, bad = zip(*pts)
+        pts = [(r["predicted"] / div, r["measured"] / div, str(r["agreement"]).startswith("DISAGREES"),
+                r.get("source") == "measured") for r in rows if r["figure"] == name and r["predicted"] and r["measured"]]
+        xs, ys, bad, _ = zip(*pts)
         lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.25
         ax.plot([lo, hi], [lo, hi], color="0.5", lw=1, label="measured = predicted")
         if name == "flops_per_step":
@@ -260,10 +260,14 @@ def predicted_vs_measured_figure(rows: list[dict], footer: str):
             b_lo, b_hi = MEMORY_BAND
             ax.fill_between([lo, hi], [lo * b_lo, hi * b_lo], [lo * b_hi, hi * b_hi], color="0.85",
                             label=f"band {b_lo:g}-{b_hi:g}x")
-        ok = [(x, y) for x, y, b in pts if not b]
-        no = [(x, y) for x, y, b in pts if b]
+        ok = [(x, y) for x, y, b, m in pts if not b and not m]
+        ok_measured = [(x, y) for x, y, b, m in pts if not b and m]  # x: one step of the shape, no cost function
+        no = [(x, y) for x, y, b, _ in pts if b]
         if ok:
             ax.scatter(*zip(*ok), s=18, zorder=3, color="tab:blue", label="agrees or not compared")
+        if ok_measured:
+            ax.scatter(*zip(*ok_measured), s=22, zorder=3, color="tab:blue", marker="s", facecolors="none",
+                       label="x measured (no cost function)")
         if no:
             ax.scatter(*zip(*no), s=24, zorder=4, color="tab:red", marker="D", label="disagrees")
         scale = "log" if hi / lo > 30 else "linear"

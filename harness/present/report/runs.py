@@ -76,8 +76,9 @@ class Cell:
     key: str
     label: str
     runs: list[Run]
-    predicted: dict | None = None
+    predicted: dict | None = None  # abl.model.costmodel.predict's figures; cost_source "measured" without a cost function
     predict_error: str = ""
+    cost_missing: list[str] = field(default_factory=list)  # components without a cost function ("norm 'x'")
 
     @property
     def completed(self) -> list[Run]:

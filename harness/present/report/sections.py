@@ -45,8 +45,10 @@ from .costs import (
     contended_runs,
     contention_note,
     cost_rows,
+    cost_source,
     cost_summary,
     measured,
+    measured_note,
     model_flops_utilization,
     scaling_points,
 )
@@ -293,6 +295,9 @@ def predicted_vs_measured_section(ctx: Context) -> None:
     disagreements listed, every check folded away."""
     doc, cells, runs, rows, cond, contention = ctx.doc, ctx.cells, ctx.runs, ctx.cost_rows, ctx.cond, ctx.contention
     doc.h(2, "Predicted vs measured costs")
+    # a cell with a component that declares no cost function has its figures measured (as abl cost says)
+    note = measured_note(cells)
+    src = ["source"] if note else []
     prow = []
     for c in cells:
         pr = c.predicted or {}
@@ -303,15 +308,18 @@ def predicted_vs_measured_section(ctx: Context) -> None:
                      _bytes(pr.get("static_bytes")), _bytes(pr.get("activation_bytes_per_step")),
                      fmt_decode_cache(pr.get("kv_cache_bytes_per_token"), pr.get("state_bytes_per_sequence")),
                      fmt_speed(measured(c, "tokens_per_s"), unit=False) + mark,  # one precision: whole tokens/s
-                     _pct(model_flops_utilization(c)) + mark])
+                     _pct(model_flops_utilization(c)) + mark] + ([cost_source(c)] if note else []))
     doc.table(["cell", "params", "non-emb. params", "train FLOPs/step", "useful FLOPs/step",
                "params+grads+AdamW", "activations/step", "decode cache", "tokens/s (measured)",
-               "MFU (measured)"], prow,
+               "MFU (measured)", *src], prow,
               "predicted from the components' cost functions (harness/model/costmodel.py) at each cell's batch size, "
-              "context and precision; tokens/s: median over steps, mean over seeds; MFU: useful (model) FLOPs "
+              "context and precision" + (", or measured where the source says so (below)" if note else "")
+              + "; tokens/s: median over steps, mean over seeds; MFU: useful (model) FLOPs "
               "per token x tokens/s / the device peak the run recorded (on CPU measured at start-up with a "
               f"large matmul)." + (f" {CONTENDED_MARK}: a seed of the cell ran on a contended machine."
                                    if contention else "") + f" {cond}")
+    if note:
+        doc.p(note)
     if contention:
         doc.p(contention)
     summary, outliers = cost_summary(rows)
@@ -327,14 +335,15 @@ def predicted_vs_measured_section(ctx: Context) -> None:
               f"{MEMORY_BAND[0]:g}-{MEMORY_BAND[1]:g} (the calibration is in harness/model/costmodel.py). The "
               "device's own peak (CUDA allocation, or CPU peak RSS, which adds the runtime's fixed overhead) "
               f"is in the runs table as peak_mem_bytes. {cond}")
-    cost_table = (["cell", "figure", "predicted", "measured", "measured / predicted", "agreement"],
-                  [[r["label"], r["figure"], _num(r["predicted"]), _num(r["measured"]),
-                    "-" if r["ratio"] is None else f"{r['ratio']:.4f}", r["agreement"]] for r in rows])
+    def check_row(r: dict) -> list:
+        return [r["label"], r["figure"], _num(r["predicted"]), *([r["source"]] if note else []),
+                _num(r["measured"]), "-" if r["ratio"] is None else f"{r['ratio']:.4f}", r["agreement"]]
+
+    cost_table = (["cell", "figure", "predicted", *src, "measured", "measured / predicted", "agreement"],
+                  [check_row(r) for r in rows])
     if outliers:
         doc.p(f"{len(outliers)} of {sum(s['compared'] for s in summary)} compared checks disagree:")
-        doc.table(cost_table[0], [[r["label"], r["figure"], _num(r["predicted"]), _num(r["measured"]),
-                                   "-" if r["ratio"] is None else f"{r['ratio']:.4f}", r["agreement"]]
-                                  for r in outliers], f"the checks that disagree. {cond}")
+        doc.table(cost_table[0], [check_row(r) for r in outliers], f"the checks that disagree. {cond}")
     else:
         doc.p(f"Every compared check agrees ({sum(s['compared'] for s in summary)} of {len(rows)} checks have "
               "both a prediction and a measurement).")
