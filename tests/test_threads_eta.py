@@ -128,3 +128,84 @@ def test_every_heartbeat_shows_the_whole_grid_eta(jobs, registry):
     text = out.getvalue()
     assert "100 steps, 1 thread(s) (chosen" in text
     assert "whole grid: ETA" in text and "earlier run" in text
+
+
+def test_a_gpu_cell_gets_host_threads_shared_with_the_other_gpu_cells(jobs, monkeypatch):
+    """GPU cells used to get torch's default (every core each): two GPU workers on an 8-core host
+    then ran 16 threads. Each gets its share, and a multi-device cell divides it by its processes."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 8)
+    monkeypatch.setattr(threads, "load_average", lambda: 0.0)
+    ex = LocalExecutor(gpus=[0, 1])
+    assert ex.use_gpus and ex.slots == 2
+    ex.assign_threads(jobs[0])
+    assert jobs[0].threads == 4 and "chosen" in jobs[0].threads_note
+    seen = {}
+
+    class FakePopen:
+        def __init__(self, cmd, env=None, **kw):
+            seen["env"] = env
+            self.pid = 1
+
+    from abl.run import executors
+
+    monkeypatch.setattr(executors.subprocess, "Popen", FakePopen)
+    ex.use_zygote = False
+    jobs[0].run_dir.mkdir(parents=True)
+    ex.launch(jobs[0])
+    assert seen["env"]["OMP_NUM_THREADS"] == "4" and seen["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    jobs[1].cell.train.devices = 2  # one cell over both GPUs: two processes share its four threads
+    ex2 = LocalExecutor(gpus=[0, 1])
+    ex2.assign_threads(jobs[1])
+    assert jobs[1].threads == 2
+
+
+def _fake_worker(monkeypatch):
+    from abl.run import executors
+
+    seen = {}
+
+    class FakePopen:
+        def __init__(self, cmd, env=None, **kw):
+            seen["env"] = env
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(executors.subprocess, "Popen", FakePopen)
+    return executors, seen
+
+
+@pytest.mark.parametrize("slurm_cpus,omp,train_threads,want", [
+    ("4", None, 0, "4"),      # a Slurm job with 4 CPUs on a 32-core node: 4, not 32
+    (None, None, 0, "32"),    # no scheduler limit: the node's cores (idle)
+    (None, "2", 0, "2"),      # Ray (or the user) set OMP_NUM_THREADS: it stands
+    ("4", None, 3, None),     # train.threads = 3: the worker sets it itself (abl.run.train)
+    ("4", None, -1, None),    # train.threads = -1: torch's default
+])
+def test_a_remote_cell_chooses_its_threads_on_the_node_that_runs_it(
+        jobs, monkeypatch, slurm_cpus, omp, train_threads, want):
+    """Slurm and Ray cells run run_worker_process on their node: the rule runs there, from the CPUs the
+    scheduler gave the cell and that node's load, not from the submitting machine's."""
+    import dataclasses
+
+    from abl.store import rundir
+
+    executors, seen = _fake_worker(monkeypatch)
+    for key, value in (("SLURM_CPUS_PER_TASK", slurm_cpus), ("OMP_NUM_THREADS", omp)):
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 32)
+    monkeypatch.setattr(threads, "load_average", lambda: 0.0)
+    job = jobs[0]
+    job.run_dir.mkdir(parents=True)
+    cell = job.cell
+    rundir.write_json(job.run_dir / rundir.CONFIG,
+                      {"train": {**dataclasses.asdict(cell.train), "threads": train_threads}})
+    assert executors.run_worker_process(str(job.run_dir)) == 0
+    got = seen["env"].get("OMP_NUM_THREADS")
+    assert got == want
+    if want is not None and omp is None:
+        assert "thread(s)" in (job.run_dir / rundir.LOG).read_text()

@@ -77,15 +77,45 @@ def run_worker_process(run_dir: str, devices: int = 1, env: dict[str, str] | Non
     keeps a crashing cell from taking the engine's own worker down.
     """
     path = Path(run_dir)
+    env = {**os.environ, **(env or {})}
     with open(path / rundir.LOG, "ab") as log:
+        chosen = node_threads(path, devices, env)
+        if chosen is not None:
+            env["OMP_NUM_THREADS"] = str(chosen[0])
+            log.write(f"threads: {chosen[1]}\n".encode())
+            log.flush()
         proc = subprocess.Popen(worker_command(path, devices), stdout=log, stderr=log,
-                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+                                stdin=subprocess.DEVNULL, env=env)
         try:
             return proc.wait()
         except BaseException:
             proc.terminate()
             proc.wait()
             raise
+
+
+def node_threads(run_dir: Path, devices: int, env: dict[str, str]) -> tuple[int, str] | None:
+    """abl.run.threads' rule on the node that runs a remote (Slurm, Ray) cell: from the CPUs the
+    scheduler gave it (this process's affinity, and ``SLURM_CPUS_PER_TASK`` where set) and that
+    node's load, shared by the cell's processes. None where the thread count is decided elsewhere:
+    ``OMP_NUM_THREADS`` already set (Ray sets it from a task's ``num_cpus``; or the user),
+    ``train.threads`` > 0 (the worker sets it) or -1 (torch's default)."""
+    from . import threads
+
+    if env.get("OMP_NUM_THREADS", "").strip():
+        return None
+    try:
+        requested = int(rundir.read_json(run_dir / rundir.CONFIG)["train"]["threads"])
+    except (OSError, ValueError, KeyError, TypeError):
+        requested = 0
+    if requested != 0:
+        return None
+    cores = threads.usable_cores()
+    slurm = env.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        cores = min(cores, int(slurm))
+    n, why = threads.choose(0, cores, max(1, devices), threads.load_average())
+    return n, why.replace("chosen:", "chosen on this node:")
 
 
 class Executor:
@@ -241,7 +271,7 @@ class LocalExecutor(Executor):
             job.gpus, self.free_gpus = self.free_gpus[: job.cell.train.devices], \
                 self.free_gpus[job.cell.train.devices:]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
-        elif job.threads is not None:
+        if job.threads is not None:
             env["OMP_NUM_THREADS"] = str(job.threads)
         zygote = self._zygote() if job.cell.train.devices <= 1 else None
         if zygote is not None:
@@ -269,11 +299,12 @@ class LocalExecutor(Executor):
         self.free_gpus = sorted(self.free_gpus + job.gpus)
 
     def assign_threads(self, job: Job) -> None:
-        """abl.run.threads' rule for a CPU cell; a user's OMP_NUM_THREADS stands unless train.threads is set."""
+        """abl.run.threads' rule for a cell; a user's OMP_NUM_THREADS stands unless train.threads is set.
+
+        A GPU cell gets host threads the same way (its share of the cores among the cells run at
+        once, not every core each), divided among the processes of a multi-device cell."""
         from . import threads
 
-        if self.use_gpus:
-            return
         requested = job.cell.train.threads
         user = os.environ.get("OMP_NUM_THREADS", "")
         if requested == 0 and user.isdigit() and int(user) > 0:
@@ -282,6 +313,10 @@ class LocalExecutor(Executor):
         ours = sum(j.threads or threads.usable_cores() for j in self.running)
         job.threads, job.threads_note = threads.choose(requested, threads.usable_cores(), self.slots,
                                                        threads.load_average(), ours)
+        procs = max(1, job.cell.train.devices) if self.use_gpus else 1
+        if job.threads is not None and procs > 1 and requested == 0:
+            job.threads = max(1, job.threads // procs)
+            job.threads_note += f", {job.threads} for each of its {procs} processes"
 
     def stop(self, job: Job) -> None:
         try:

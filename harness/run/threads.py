@@ -20,6 +20,9 @@ On an idle 2-core machine one worker gets 2 threads; with another job keeping
 both cores busy, 1. torch's default there (2 threads on 2 busy cores) ran steps
 3-54x slower than one thread. When the other jobs alone keep every core busy
 the machine is oversubscribed and ``abl run`` says so as it starts.
+
+GPU cells get host threads by the same rule; a Slurm or Ray cell applies it on
+the node that runs it (abl.run.executors.node_threads).
 """
 
 from __future__ import annotations
