@@ -340,10 +340,11 @@ def metric_title(name: str) -> str:
 
 def cell_styles(sel: q.Selection) -> dict[str, palette.CellStyle]:
     """Each cell's style (abl.present.palette) by its position in its grid: the cells of the selected
-    experiments in the order their first runs started (the grid's order), whatever the other filters hide,
-    so a cell keeps its colour on every page and in the report."""
+    experiments in the order their grid files list them (``queries.grid_cell_order``; first-run order where
+    a grid file cannot be read), whatever the other filters hide, so a cell keeps its colour on every page
+    and in the report."""
     whole = q.Selection(experiments=sel.experiments)
-    keys = list(cell_table(whole)["cell_key"])
+    keys = load(q.grid_cell_order, whole)
     out = palette.styles(keys)
     for k in cell_table(sel)["cell_key"]:  # a cell outside the experiments' listing (none expected): after them
         out.setdefault(k, palette.style(len(out)))

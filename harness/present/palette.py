@@ -1,9 +1,13 @@
 """One cell, one style: the colour (and, past the palette, the line style and marker) of a cell on every
 dashboard page and in every report figure.
 
-A cell's style follows from its position in its grid (the order the grid file lists its cells, which is
-the order their first runs start), never from the order of a table or a ranking, so a cell keeps its colour
-from the Curves page to Trade-offs to the report. The colours are Paul Tol's "muted" qualitative scheme
+A cell's style follows from its position in its grid (the order ``abl run`` expands the grid file into:
+the grid's axes varied in the order the file lists them, the last fastest; ``grid_points`` and
+``in_grid_order``), never from the order of a table, a ranking or the order the runs happened to start (with
+``--workers`` or a resumed grid that is not the grid's), so a cell keeps its colour from the Curves page to
+Trade-offs to the report. Where the grid file cannot be read (a store copied elsewhere), or a cell is not a
+point of it (a ``--set grid...`` override, a grid edited since), the cell's first run's start decides, after
+the grid's points. The colours are Paul Tol's "muted" qualitative scheme
 (P. Tol, "Colour Schemes", SRON technical note SRON/EPS/TN/09-002, 2021, figure 4): nine colours that stay
 apart for the common forms of colour blindness and on a white page. A tenth cell starts again at the first
 colour with the next line style (solid, dashed, dotted, dash-dot) and the next marker (eight), so 72 cells
@@ -15,8 +19,10 @@ Plain data, no plotting library: the report (matplotlib) and the dashboard (Vega
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Paul Tol's muted scheme, in his order (rose, indigo, sand, green, cyan, wine, teal, olive, purple)
 COLOURS: tuple[str, ...] = ("#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99",
@@ -89,3 +95,27 @@ def vega_scales(labels: Sequence[str], keyed: Sequence[CellStyle]) -> tuple[dict
     Vega-Lite scale dicts: the domain is fixed, so a series' colour does not depend on what else is drawn."""
     return ({"domain": list(labels), "range": [s.colour for s in keyed]},
             {"domain": list(labels), "range": [s.vega_dash for s in keyed]})
+
+
+def grid_points(raw: Mapping[str, Any]) -> list[str]:
+    """The labels (abl.grid.labels.grid_label: ``norm=rmsnorm, block=pre``) of a grid file's points, in the
+    order ``abl run`` expands them (abl.grid.gridfile.expand: itertools.product over the ``[grid]`` axes in
+    the file's order). Excluded points are listed too: no run of theirs exists, so they take no place.
+    ``raw``: the grid file's tables; a grid without axes has the one point ``base``."""
+    from ..grid.labels import grid_label
+
+    grid = raw.get("grid") if isinstance(raw.get("grid"), Mapping) else {}
+    axes = {p: v for p, v in grid.items() if p != "exclude" and isinstance(v, list) and v}
+    return [grid_label(dict(zip(axes, combo))) for combo in itertools.product(*axes.values())]
+
+
+def in_grid_order(cells: Sequence[tuple[Hashable, str]], points: Sequence[str] | None) -> list[Hashable]:
+    """The keys of ``cells`` ((key, stored grid label), in the order their first runs started) in the grid's
+    order: by the position of their label among ``points`` (``grid_points``), then the cells that are not a
+    point of it, or all of them when ``points`` is None (no grid file to read), in the order given."""
+    rank = {}
+    for i, label in enumerate(points or ()):
+        rank.setdefault(label, i)
+    last = len(rank)
+    order = sorted(range(len(cells)), key=lambda i: (rank.get(cells[i][1], last), i))
+    return list(dict.fromkeys(cells[i][0] for i in order))

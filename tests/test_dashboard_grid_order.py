@@ -1,0 +1,126 @@
+"""A cell's grid position on the dashboard (its colour, line style and marker: abl.present.palette) comes from
+its grid file's order of cells - the order ``abl run`` expands the grid into - not from the order its runs
+started (issue 25). Where the grid file cannot be read (a store copied elsewhere), first-run order."""
+
+import json
+import shutil
+import time
+
+import pytest
+
+pytest.importorskip("pandas", reason="the dashboard extra is not installed: pip install 'abl[dashboard]'")
+
+from abl.dashboard import queries as q  # noqa: E402
+from abl.present import palette  # noqa: E402
+
+GRID = """
+[experiment]
+name = "normslike"
+seeds = [0, 1]
+[model]
+d_model = 32
+n_layers = 2
+n_heads = 4
+context = 16
+vocab_size = 4096
+[train]
+steps = 20
+batch_size = 4
+eval_every = 10
+[grid]
+"model.norm" = ["layernorm", "rmsnorm", "scalenorm"]
+"model.block" = ["pre", "post"]
+exclude = [{ "model.norm" = "scalenorm", "model.block" = "post" }]
+"""
+# the order the cells' first runs start: not the grid's (as with --workers, a resumed grid or a retry)
+START_ORDER = [3, 0, 4, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """(store, grid order of cell keys, first-run order of cell keys): 5 cells x 2 seeds, their runs started in
+    START_ORDER, the grid file beside the store's folder (as abl run leaves a relative GRID_FILE)."""
+    from test_report_sections import _write_run
+
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
+    from abl.store import database as abl_store
+
+    tmp = tmp_path_factory.mktemp("gridorder")
+    grid = tmp / "normslike.toml"  # the grid_file the runs record (test_report_sections._write_run)
+    grid.write_text(GRID)
+    g = load_grid(grid, get_registry())
+    keys = list(dict.fromkeys(c.cell_key for c in g.cells))
+    assert len(keys) == len(START_ORDER)
+    runs = tmp / "results" / "runs"
+    now = time.time()
+    for cell in g.cells:
+        started = now + 10 * START_ORDER.index(keys.index(cell.cell_key)) + cell.seed
+        final = {"n_params": 1000, "n_params_non_embedding": 100, "peak_tensor_bytes": 1e6}
+        _write_run(runs / cell.run_id, cell, status="completed", info=True, final=final,
+                   loss=3.0 + 0.01 * keys.index(cell.cell_key), tokens_per_s=1000.0, wall=1.0, started=started)
+    db = tmp / "results" / "abl.duckdb"
+    abl_store.ingest_dirs(db, sorted(runs.iterdir()))
+    return q.Store(str(db), str(runs)), keys, [keys[i] for i in START_ORDER]
+
+
+def test_cells_take_their_grid_files_order_not_their_runs(store):
+    st, grid_order, run_order = store
+    assert grid_order != run_order  # the premise
+    assert q.grid_cell_order(st, q.Selection()) == grid_order
+    # a filter does not move a cell: the page asks for its experiments' whole listing
+    assert q.grid_cell_order(st, q.Selection(experiments=("normslike",))) == grid_order
+
+
+def test_without_the_grid_file_first_run_order_is_the_fallback(store, tmp_path):
+    st, grid_order, run_order = store
+    copied = tmp_path / "elsewhere" / "abl.duckdb"  # a store copied without its grid file
+    copied.parent.mkdir()
+    shutil.copy(st.db, copied)
+    assert q.grid_cell_order(q.Store(str(copied), str(tmp_path / "runs")), q.Selection()) == run_order
+
+
+def test_a_cell_that_is_no_point_of_the_grid_comes_after_its_points():
+    points = palette.grid_points({"grid": {"model.norm": ["a", "b"], "model.block": ["pre", "post"],
+                                           "exclude": [{"model.norm": "b", "model.block": "post"}]}})
+    assert points == ["norm=a, block=pre", "norm=a, block=post", "norm=b, block=pre", "norm=b, block=post"]
+    cells = [("x", "norm=c, block=pre"), ("k3", "norm=b, block=pre"), ("k1", "norm=a, block=pre"),
+             ("k2", "norm=a, block=post"), ("y", "lr=0.1")]
+    assert palette.in_grid_order(cells, points) == ["k1", "k2", "k3", "x", "y"]
+    assert palette.in_grid_order(cells, None) == ["x", "k3", "k1", "k2", "y"]  # no grid file: as given
+    assert palette.grid_points({"experiment": {"name": "one"}}) == ["base"]
+
+
+def test_the_curves_page_colours_cells_by_grid_position(store, monkeypatch):
+    testing = pytest.importorskip("streamlit.testing.v1", reason="streamlit is in the dashboard extra")
+    from conftest import ROOT
+
+    st, grid_order, _ = store
+    monkeypatch.setenv("ABL_DB", st.db)
+    monkeypatch.setenv("ABL_RUNS_DIR", st.runs_dir)
+    at = testing.AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=120)
+    at.switch_page("views/curves.py")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    labels = {k: lbl for k, lbl in st.query("SELECT DISTINCT cell_key, label FROM runs").itertuples(index=False)}
+    want = {labels[k]: palette.style(i).colour for i, k in enumerate(grid_order)}
+    scales = [enc["scale"] for spec in at.get("vega_lite_chart")
+              for enc in _encodings(json.loads(spec.proto.spec), "color") if "domain" in enc.get("scale", {})]
+    assert scales, "the Curves page drew no chart with a colour per cell"
+    for scale in scales:
+        got = dict(zip(scale["domain"], scale["range"]))
+        assert got and all(want[_grid_label(lbl, want)] == colour for lbl, colour in got.items()), (got, want)
+
+
+def _encodings(spec: dict, channel: str) -> list[dict]:
+    out = [spec["encoding"][channel]] if channel in spec.get("encoding", {}) else []
+    for part in spec.get("layer", []) + ([spec["spec"]] if "spec" in spec else []):
+        out += _encodings(part, channel)
+    return out
+
+
+def _grid_label(shown: str, labels: dict) -> str:
+    """The stored grid label a chart's series name stands for (the page may shorten or reorder the pairs)."""
+    parts = set(shown.replace(" ", "").split(","))
+    (match,) = [lbl for lbl in labels if set(lbl.replace(" ", "").split(",")) == parts]
+    return match
