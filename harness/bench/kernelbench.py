@@ -367,8 +367,15 @@ def _max_err(a, b) -> float:
 def run_bench(device: torch.device | None = None, ops: list[str] | None = None,
               providers: list[str] | None = None, dtypes: list[str] | None = None,
               passes: list[str] | None = None, size: str = "auto",
-              log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Time the cases; returns one row per (op, provider, shape, dtype, pass)."""
+              log: Callable[[str], None] | None = None, threads: int = 0) -> list[dict[str, Any]]:
+    """Time the cases; returns one row per (op, provider, shape, dtype, pass).
+
+    On a CPU the cases run on the threads abl.run.threads' rule gives one cell now (``threads``: 0,
+    from the cores and the load; N > 0: N; -1: torch's default), named in each row's ``timing``:
+    at torch's default (a thread per core) on a 2-core CPU that other jobs kept busy, every call
+    waited for a descheduled thread, in whole 4 ms scheduler ticks (layernorm's fwd 8.0 ms against
+    0.09 ms, rope's fwd+bwd 160 ms against 64 + 0.2), and fwd+bwd stopped agreeing with fwd + bwd.
+    """
     from ..kernels import OPS
 
     log = log or (lambda msg: None)
@@ -397,6 +404,22 @@ def run_bench(device: torch.device | None = None, ops: list[str] | None = None,
         # timing a backward repeatedly needs retain_graph, which donated buffers forbid
         functorch_config.donated_buffer = False
 
+    cpu_threads, previous_threads = "", torch.get_num_threads()
+    if device.type == "cpu":
+        from ..run import threads as thread_rule
+
+        n, cpu_threads = thread_rule.choose(threads, thread_rule.usable_cores(), 1, thread_rule.load_average())
+        if n is not None:
+            torch.set_num_threads(n)
+        log(f"CPU threads: {cpu_threads}")
+    try:
+        return _run_cases(device, ops, dtypes, passes, size, run_providers, cpu_threads, log)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run_cases(device: torch.device, ops: list[str], dtypes: list[str], passes: list[str], size: str,
+               run_providers: list[str], cpu_threads: str, log: Callable[[str], None]) -> list[dict[str, Any]]:
     peak = device_peak(device)
     llc = None
     if device.type == "cpu":
@@ -407,7 +430,7 @@ def run_bench(device: torch.device | None = None, ops: list[str] | None = None,
     common = {"bench_id": uuid.uuid4().hex[:16], "created": datetime.now(timezone.utc).replace(tzinfo=None),
               "device": peak.device, "versions": versions, "git_commit": git_commit(),
               "timing": "triton.testing.do_bench (L2 flushed)" if device.type == "cuda"
-              else "cpu rounds (pytest-benchmark style)"}
+              else f"cpu rounds (pytest-benchmark style), {cpu_threads}"}
     rows: list[dict[str, Any]] = []
     torch.manual_seed(0)
     for case in build_cases(device, dtypes, size, ops):
