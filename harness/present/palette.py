@@ -104,8 +104,9 @@ def grid_points(raw: Mapping[str, Any]) -> list[str]:
     ``raw``: the grid file's tables; a grid without axes has the one point ``base``."""
     from ..grid.labels import grid_label
 
-    grid = raw.get("grid") if isinstance(raw.get("grid"), Mapping) else {}
-    axes = {p: v for p, v in grid.items() if p != "exclude" and isinstance(v, list) and v}
+    grid = raw.get("grid")
+    table: Mapping[str, Any] = grid if isinstance(grid, Mapping) else {}
+    axes = {p: v for p, v in table.items() if p != "exclude" and isinstance(v, list) and v}
     return [grid_label(dict(zip(axes, combo))) for combo in itertools.product(*axes.values())]
 
 
@@ -113,7 +114,7 @@ def in_grid_order(cells: Sequence[tuple[Hashable, str]], points: Sequence[str] |
     """The keys of ``cells`` ((key, stored grid label), in the order their first runs started) in the grid's
     order: by the position of their label among ``points`` (``grid_points``), then the cells that are not a
     point of it, or all of them when ``points`` is None (no grid file to read), in the order given."""
-    rank = {}
+    rank: dict[str, int] = {}
     for i, label in enumerate(points or ()):
         rank.setdefault(label, i)
     last = len(rank)
