@@ -115,6 +115,8 @@ def node_threads(run_dir: Path, devices: int, env: dict[str, str]) -> tuple[int,
     if slurm.isdigit() and int(slurm) > 0:
         cores = min(cores, int(slurm))
     n, why = threads.choose(0, cores, max(1, devices), threads.load_average())
+    if n is None:  # only for train.threads = -1, returned above
+        return None
     return n, why.replace("chosen:", "chosen on this node:")
 
 
