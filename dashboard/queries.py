@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import pandas as pd
@@ -162,12 +161,10 @@ def runs(store: Store, sel: Selection, axis_paths: Iterable[str] = ()) -> pd.Dat
 
 
 def grid_cell_order(store: Store, sel: Selection) -> list[str]:
-    """The cell keys of the selected runs in their grid's order (abl.present.palette.in_grid_order), experiment
-    by experiment (by name): the order ``abl run`` expands each experiment's grid file (the runs' ``grid_file``;
-    several, in the order they were first run) into. Where the grid file cannot be read (the store was copied
-    elsewhere, the file moved), or a cell is not a point of it, the order its first run started."""
-    from abl.grid.parsing import read_toml
-    from abl.present.palette import grid_points, in_grid_order
+    """The cell keys of the selected runs in their grid's order (abl.present.palette.recorded_grid_order, which
+    ``abl report`` uses too): the order ``abl run`` expands each experiment's grid file into; where the grid
+    file cannot be read, or a cell is not a point of it, the order its first run started."""
+    from abl.present.palette import recorded_grid_order
 
     where, params = sel.where()
     df = store.query(f"""
@@ -175,39 +172,7 @@ def grid_cell_order(store: Store, sel: Selection) -> list[str]:
         FROM runs r WHERE {where}
         ORDER BY r.experiment, r.started NULLS LAST, r.cell_key, r.seed
     """, params)
-    out: list[str] = []
-    for _, runs in df.groupby("experiment", sort=True):
-        cells = list(dict.fromkeys(zip(runs["cell_key"].astype(str), runs["label"].fillna("").astype(str))))
-        points: list[str] | None = None
-        for name in dict.fromkeys(f for f in runs["grid_file"] if isinstance(f, str) and f):
-            path = grid_file_path(name, store.db)
-            if path is None:
-                continue
-            try:
-                points = (points or []) + grid_points(read_toml(path))
-            except Exception:  # noqa: BLE001 - an unreadable grid file orders nothing; the fallback does
-                continue
-        out += [str(k) for k in in_grid_order(cells, points)]
-    return list(dict.fromkeys(out))
-
-
-def grid_file_path(name: str, db: str) -> Path | None:
-    """The grid file a run recorded (``abl run``'s GRID_FILE as given: absolute, relative to where it ran, or
-    a shipped grid's name): as it is, relative to this folder, to the store's project folder (the parent of
-    the store's folder, where ``results/abl.duckdb`` lives) or to the store's folder, then a shipped grid of
-    that name; None when none is a file."""
-    from abl.grid.gridfile import resolve_grid_path
-
-    p = Path(name)
-    store_dir = Path(db).resolve().parent
-    for cand in ([p] if p.is_absolute() else [p, store_dir.parent / p, store_dir / p]):
-        if cand.is_file():
-            return cand
-    try:
-        shipped = resolve_grid_path(p.name if p.parent.name == "ablations" else name)
-    except Exception:  # noqa: BLE001 - no shipped grids to look in
-        return None
-    return shipped if shipped.is_file() and shipped.parent.name == "ablations" else None
+    return recorded_grid_order(list(df.itertuples(index=False)), store.db)
 
 
 def metric_catalogue(store: Store, sel: Selection, live: Live | None = None) -> pd.DataFrame:

@@ -124,3 +124,30 @@ def _grid_label(shown: str, labels: dict) -> str:
     parts = set(shown.replace(" ", "").split(","))
     (match,) = [lbl for lbl in labels if set(lbl.replace(" ", "").split(",")) == parts]
     return match
+
+
+def test_a_report_by_experiment_name_orders_cells_as_the_dashboard_does(store, tmp_path):
+    """``abl report NAME`` (no grid file given) used to order cells by first run while the dashboard used the
+    grid's order, so one cell could take two colours. Both now read the grid file the runs recorded."""
+    from abl.present.report import load_runs
+    from abl.present.report.runs import group_cells
+
+    st, grid_order, run_order = store
+    runs = load_runs(st.db, experiment="normslike")
+    order = palette.recorded_grid_order(runs, st.db)
+    assert order == grid_order
+    assert [c.key for c in group_cells(runs, order)] == grid_order
+    copied = tmp_path / "elsewhere" / "abl.duckdb"
+    copied.parent.mkdir()
+    shutil.copy(st.db, copied)
+    assert palette.recorded_grid_order(load_runs(copied, experiment="normslike"), str(copied)) == run_order
+    # the CLI: the report's cell table lists them in grid order
+    from conftest import run_abl
+
+    out = tmp_path / "rep"
+    r = run_abl(["report", "normslike", "--db", st.db, "--format", "md", "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    text = next(out.glob("*.md")).read_text()
+    labels = {k: lbl for k, lbl in st.query("SELECT DISTINCT cell_key, label FROM runs").itertuples(index=False)}
+    positions = [text.find(f"| {labels[k]} |") for k in grid_order]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), positions

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # Paul Tol's muted scheme, in his order (rose, indigo, sand, green, cyan, wine, teal, olive, purple)
@@ -120,3 +121,50 @@ def in_grid_order(cells: Sequence[tuple[Hashable, str]], points: Sequence[str] |
     last = len(rank)
     order = sorted(range(len(cells)), key=lambda i: (rank.get(cells[i][1], last), i))
     return list(dict.fromkeys(cells[i][0] for i in order))
+
+
+def grid_file_path(name: str, db: str) -> Path | None:
+    """The grid file a run recorded (``abl run``'s GRID_FILE as given: absolute, relative to where it ran, or
+    a shipped grid's name): as it is, relative to this folder, to the store's project folder (the parent of
+    the store's folder, where ``results/abl.duckdb`` lives) or to the store's folder, then a shipped grid of
+    that name; None when none is a file."""
+    from ..grid.gridfile import resolve_grid_path
+
+    p = Path(name)
+    store_dir = Path(db).resolve().parent
+    for cand in ([p] if p.is_absolute() else [p, store_dir.parent / p, store_dir / p]):
+        if cand.is_file():
+            return cand
+    try:
+        shipped = resolve_grid_path(p.name if p.parent.name == "ablations" else name)
+    except Exception:  # noqa: BLE001 - no shipped grids to look in
+        return None
+    return shipped if shipped.is_file() and shipped.parent.name == "ablations" else None
+
+
+def recorded_grid_order(runs: Sequence[Any], db: str) -> list[str]:
+    """The cell keys of ``runs`` (objects with ``experiment``, ``cell_key``, ``label`` and ``grid_file``, in
+    the order they started) in their grid's order, experiment by experiment (by name): the order ``abl run``
+    expands each experiment's recorded grid files (several: in the order they were first run) into. Where no
+    grid file can be read (a store copied elsewhere, the file moved), or a cell is no point of it, the order
+    its first run started. The dashboard and ``abl report`` order cells, and so colour them, by this."""
+    from ..grid.parsing import read_toml
+
+    by_experiment: dict[str, list[Any]] = {}
+    for r in runs:
+        by_experiment.setdefault(str(r.experiment), []).append(r)
+    out: list[str] = []
+    for name in sorted(by_experiment):
+        group = by_experiment[name]
+        cells = list(dict.fromkeys((str(r.cell_key), str(r.label or "")) for r in group))
+        points: list[str] | None = None
+        for f in dict.fromkeys(str(r.grid_file) for r in group if isinstance(r.grid_file, str) and r.grid_file):
+            path = grid_file_path(f, db)
+            if path is None:
+                continue
+            try:
+                points = (points or []) + grid_points(read_toml(path))
+            except Exception:  # noqa: BLE001 - an unreadable grid file orders nothing; the fallback does
+                continue
+        out += [str(k) for k in in_grid_order(cells, points)]
+    return list(dict.fromkeys(out))
