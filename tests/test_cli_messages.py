@@ -167,3 +167,15 @@ def test_abl_cost_measures_a_component_without_a_cost_function(plugin_dir):
                     "--set", 'grid.model.norm=["rmsnorm", "dyt_nocost"]', *TINY])
     assert text.returncode == 0, text.stderr
     assert "measured" in text.stdout and "norm 'dyt_nocost' declare(s) no cost function" in text.stdout
+
+
+def test_a_refused_grid_does_not_leave_a_new_store_announced_as_made(tmp_path):
+    """``note: new store at ...`` is printed before the memory check; when the grid is then refused nothing is
+    created, and the message must say so rather than leave the note standing as if the store existed."""
+    db = tmp_path / "new" / "abl.duckdb"
+    r = CliRunner().invoke(cli, ["run", "norms", "--db", str(db), "--set", "model.d_model=65536",
+                                 "--set", "model.n_layers=1024", "--set", "train.batch_size=65536"])
+    assert r.exit_code == 2, r.output
+    assert "does not fit in memory" in r.output
+    assert not db.exists() and not (tmp_path / "new").exists()
+    assert f"no store was created at {db}" in r.output, r.output

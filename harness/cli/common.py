@@ -40,14 +40,16 @@ def user_errors():
     return (ConfigError, RegistryError, PluginLoadError, DataError, StoreError, StoreBusy, AdmissionError)
 
 
-def note_new_store(db: Path) -> None:
+def note_new_store(db: Path) -> bool:
     """Say so when a command that writes is about to start a new store: a misspelt ``--db`` folder
-    would otherwise quietly split the results in two. The folder is created (docs/store.md)."""
+    would otherwise quietly split the results in two. The folder is created (docs/store.md).
+    True when the note was printed (a command that then refuses its input says no store was made)."""
     if db.exists():
-        return
+        return False
     missing = next((p for p in reversed([db.parent, *db.parent.parents]) if not p.exists()), None)
     created = f"; creating the folder {missing}" if missing is not None else ""
     click.echo(f"note: new store at {db} (no database there yet{created})", err=True)
+    return True
 
 
 def exit_now(code: int) -> None:

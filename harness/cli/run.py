@@ -90,7 +90,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         fail(f"--executor {executor} needs an extra package ({exc.name}): pip install 'abl[distributed]'")
     except user_errors() as exc:
         fail(str(exc))
-    note_new_store(db)
+    announced = note_new_store(db)
     fresh = [p for p in (db.parent, *db.parent.parents) if not p.exists()]  # folders the lock will create
     lock = take_store_lock(db, wait)  # held until this process exits, however it exits
     if hasattr(engine, "prestart") and all(c.train.devices <= 1 for c in grid.cells):
@@ -114,7 +114,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     except user_errors() as exc:
         lock.release()
         remove_if_untouched(db, lock.path, fresh)  # bad input leaves no trace: not even the lock's folder
-        fail(str(exc))
+        fail(str(exc) + (f"\nno store was created at {db}" if announced and not db.exists() else ""))
     except OSError as exc:  # a full disk mid-run: finished cells are stored, the rest resume
         lock.release()
         storage_fault(exc, "free some space and run the same command to resume")
