@@ -41,18 +41,23 @@ def shape_key(cell: Cell, batch_per_rank: int, world: int, kernels: str, device:
     })
 
 
+def _read_dict(path: Path | None) -> dict[str, Any]:
+    """A cache file's JSON object; {} when there is none, or it is unreadable or not an object."""
+    if path is None:
+        return {}
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
 class ShapeCache:
     """One shape's cached figures (``flops``: dict of cost rows; ``memory``: dict of memory rows)."""
 
     def __init__(self, root: Path | None, key: str):
         self.path = None if root is None else root / f"{key}.json"
-        self.data: dict[str, Any] = {}
-        if self.path is not None:
-            try:
-                loaded = json.loads(self.path.read_text())
-                self.data = loaded if isinstance(loaded, dict) else {}
-            except (OSError, ValueError):
-                self.data = {}
+        self.data: dict[str, Any] = _read_dict(self.path)
         self.reused: list[str] = []
 
     def has(self, part: str) -> bool:
@@ -112,13 +117,7 @@ class StepTimes:
 
     def __init__(self, root: Path | None, key: str):
         self.path = None if root is None else root / f"{STEP_TIMES_PREFIX}{key}.json"
-        self.data: dict[str, Any] = {}
-        if self.path is not None:
-            try:
-                loaded = json.loads(self.path.read_text())
-                self.data = loaded if isinstance(loaded, dict) else {}
-            except (OSError, ValueError):
-                self.data = {}
+        self.data: dict[str, Any] = _read_dict(self.path)
 
     def devices(self) -> list[str]:
         return [d for d in self.data if isinstance(d, str)]
