@@ -160,17 +160,23 @@ def fp8_quantize(x: torch.Tensor, dtype: torch.dtype, dim: int | None = None):
     None: one S for the tensor (per-tensor); else amax is taken along ``dim``
     (keepdim), one S per slice (per-channel). An all-zero slice gets S = 1.
     Returns (x_q, S) with S in fp32.
+
+    Working memory: one fp32 copy of x (scaled and clamped in place) and the
+    fp8 result; amax = max(max x, -min x) needs no copy (abs, max and the cast of
+    an exact max to fp32 are exact, so this equals amax |fp32(x)|).
+    ``fp8_linear_transient_bytes`` counts these allocations.
     """
     fmax = torch.finfo(dtype).max
-    xf = x.float()
-    amax = xf.abs().amax() if dim is None else xf.abs().amax(dim=dim, keepdim=True)
+    lo, hi = torch.aminmax(x) if dim is None else torch.aminmax(x, dim=dim, keepdim=True)
+    amax = torch.maximum(hi, lo.neg()).float()
     scale = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
-    x_q = (xf * scale).clamp(-fmax, fmax).to(dtype)
-    return x_q, scale
+    work = x.to(torch.float32, copy=True)  # the one fp32 working copy (x itself stays untouched)
+    work.mul_(scale).clamp_(-fmax, fmax)
+    return work.to(dtype), scale
 
 
 def fp8_dequantize(x_q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x_q.float() / scale
+    return x_q.to(torch.float32, copy=True).div_(scale)
 
 
 def _pad16(t: torch.Tensor, dim: int, value: float = 0.0) -> torch.Tensor:
@@ -264,6 +270,115 @@ class FP8Linear(nn.Module):
                 f"{'real' if self.real else 'emulated'}")
 
 
+# ---------------------------------------------------------------- fp8 working memory
+#
+# The bytes one FP8Linear's GEMMs hold at once, counted from the code above
+# allocation by allocation (abl's own accounting; tests/test_fp8_memory.py holds
+# it to torch's MemTracker on one layer and on a whole training step). Scales
+# (one fp32 number per tensor, or per row or column) are left out: 1/K of an
+# operand's copy.
+
+
+class _Ledger:
+    """Bytes live at once over a sequence of allocations and frees."""
+
+    def __init__(self):
+        self.live = self.peak = 0
+
+    def alloc(self, n: int) -> int:
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        return n
+
+    def free(self, *sizes: int) -> None:
+        self.live -= sum(sizes)
+
+
+def _pad(n: int) -> int:
+    return n + (-n) % 16
+
+
+def _quantize_ledger(led: _Ledger, numel: int) -> int:
+    """fp8_quantize: the fp32 working copy, then the fp8 result; the copy goes. Returns the result's bytes."""
+    work = led.alloc(4 * numel)
+    q = led.alloc(numel)
+    led.free(work)
+    return q
+
+
+def _matmul_ledger(led: _Ledger, m: int, k: int, n: int, out_bytes: int, real: bool,
+                   a_row_major: bool, b_col_major: bool) -> int:
+    """fp8_matmul of a [m, k] by b [k, n]; the result stays live, its bytes returned."""
+    a_q = _quantize_ledger(led, m * k)
+    b_q = _quantize_ledger(led, k * n)
+    if not real:  # dequantized fp32 copies of both, the fp32 product, then its cast
+        a_f, b_f = led.alloc(4 * m * k), led.alloc(4 * k * n)
+        out = led.alloc(4 * m * n)
+        led.free(a_f, b_f)
+        if out_bytes != 4:
+            cast = led.alloc(out_bytes * m * n)
+            led.free(out)
+            out = cast
+        led.free(a_q, b_q)
+        return out
+    # _scaled_mm_real: operands padded to multiples of 16 (torch.cat: a new tensor per padded dim)
+    mp, kp, np_ = _pad(m), _pad(k), _pad(n)
+    a_tmp = (led.alloc(mp * k) if mp != m else 0)
+    a_p = led.alloc(mp * kp) if kp != k else 0
+    if a_p:
+        led.free(a_tmp)
+    else:
+        a_p = a_tmp
+    b_tmp = led.alloc(kp * n) if kp != k else 0
+    b_p = led.alloc(kp * np_) if np_ != n else 0
+    if b_p:
+        led.free(b_tmp)
+    else:
+        b_p = b_tmp
+    if b_p or not b_col_major:  # b_p.t().contiguous(): a column-major copy
+        copy = led.alloc(kp * np_)
+        led.free(b_p)
+        b_p = copy
+    a_c = led.alloc(m * k) if not a_p and not a_row_major else 0  # a_p.contiguous()
+    out = led.alloc(2 * mp * np_)  # torch._scaled_mm's bf16 product
+    led.free(a_c)
+    if out_bytes != 2:  # out[:m, :n].to(out_dtype)
+        cast = led.alloc(out_bytes * m * n)
+        led.free(out)
+        out = cast
+    led.free(a_p, b_p, a_q, b_q)
+    return out
+
+
+def fp8_linear_transient_bytes(rows: int, in_features: int, out_features: int, *, real: bool,
+                               act_bytes: int, bias: bool = True) -> int:
+    """Peak bytes one FP8Linear's forward or backward holds beyond its operands (input, weight, incoming gradient).
+
+    Counted: each operand's fp32 scaling copy and fp8 result (fp8_quantize),
+    the padded, transposed and contiguous fp8 copies and the bf16 product of
+    torch._scaled_mm (real) or the dequantized fp32 operands and product
+    (emulated), the casts of the results, and the results themselves while the
+    next GEMM runs (the backward's input gradient during the weight-gradient
+    GEMM; the weight gradient is produced in fp32). Activations and their
+    gradients are counted at ``act_bytes`` (the cost model's convention: the
+    compute dtype).
+    """
+    m, k, n = rows, in_features, out_features
+    fwd = _Ledger()
+    y = _matmul_ledger(fwd, m, k, n, act_bytes, real, a_row_major=True, b_col_major=True)  # x2 @ W^T
+    if bias:  # y + bias.to(y.dtype) (the fp32 bias cast unless y is fp32): the sum, then the old y goes
+        fwd.alloc((act_bytes * n if act_bytes != 4 else 0) + act_bytes * m * n)
+        fwd.free(y)
+    bwd = _Ledger()
+    _matmul_ledger(bwd, m, n, k, act_bytes, real, a_row_major=True, b_col_major=False)  # gx = gy @ W
+    _matmul_ledger(bwd, n, m, k, 4, real, a_row_major=False, b_col_major=False)  # gw = gy^T @ x2
+    if bias:  # gb = gy.float().sum(0)
+        gy_f = bwd.alloc(4 * m * n) if act_bytes != 4 else 0
+        bwd.alloc(4 * n)
+        bwd.free(gy_f)
+    return max(fwd.peak, bwd.peak)
+
+
 def real_fp8_available(device: torch.device) -> tuple[bool, str]:
     """Whether scaled fp8 GEMMs really run here; the reason when not."""
     if device.type != "cuda":
@@ -303,6 +418,7 @@ class FP8(Precision):
         self.per_channel = scaling == "per_channel"
         self.scaling, self.lm_head, self.mode, self.compute = scaling, lm_head, mode, compute
         self.n_layers = 0
+        self.real: bool | None = None  # the GEMM path setup() chose; None before it
         self.note = "not set up"
         self.compute_dtype = torch.float32 if compute == "fp32" else torch.bfloat16
 
@@ -319,14 +435,36 @@ class FP8(Precision):
         targets = [(parent, child_name, child)
                    for parent_name, parent in model.named_modules()
                    for child_name, child in parent.named_children()
-                   if isinstance(child, nn.Linear)
-                   and (self.lm_head or f"{parent_name}.{child_name}".lstrip(".") != "lm_head")]
+                   if isinstance(child, nn.Linear) and self.converts(f"{parent_name}.{child_name}".lstrip("."))]
         for parent, child_name, child in targets:
             setattr(parent, child_name, FP8Linear(child, self.per_channel, real))
         self.n_layers = len(targets)
+        self.real = real
         self.emulated = not real or self.n_layers == 0
         self.note = ("torch._scaled_mm on fp8 tensor cores" if not self.emulated else
                      f"emulated (quantize -> dequantize, fp32 matmul): {why or 'no linear layers'}")
+
+    def converts(self, name: str) -> bool:
+        """Whether the nn.Linear at qualified name ``name`` runs its GEMMs in fp8."""
+        return self.lm_head or name != "lm_head"
+
+    def gemm_transient_bytes(self, linears, rows):
+        """The largest working memory of one fp8 linear (``fp8_linear_transient_bytes``), forward or backward.
+
+        Per-GEMM quantization needs an fp32 scaling copy and an fp8 copy of each
+        operand, in the forward (E4M3) and again in the backward (E5M2 gradients,
+        the saved input re-quantized; Micikevicius et al. 2022, arXiv:2209.05433,
+        sec. 4), plus the GEMM's layout copies; the accounting is abl's own. The
+        path is the one setup() chose; before setup (a cost prediction knows no
+        device) the larger of real and emulated, or emulated with mode "emulate".
+        """
+        if self.real is not None:
+            paths = [self.real]
+        else:
+            paths = [False] if self.mode == "emulate" else [True, False]
+        act = self.compute_dtype.itemsize
+        return max([fp8_linear_transient_bytes(rows, k, n, real=real, act_bytes=act, bias=bias)
+                    for name, k, n, bias in linears if self.converts(name) for real in paths] + [0])
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "fp8_scaling": self.scaling, "fp8_layers": self.n_layers,

@@ -10,6 +10,7 @@ from it. No code outside a policy asks for a policy by name.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -25,6 +26,8 @@ class Precision:
     when the matmuls run in another format than the activations (TF32, fp8).
     ``emulated`` must be True when a feature runs as an emulation (e.g. fp8 on
     a device without fp8 matmuls); ``info()`` is stored with the run.
+    ``gemm_transient_bytes`` declares the working memory of matmuls the policy
+    replaces (the cost model adds it to the predicted training peak).
     """
 
     name = "base"
@@ -43,6 +46,23 @@ class Precision:
     def peak_format(self) -> str:
         """The number format the matmuls run in, for ``abl.store.provenance.peak_flops`` (MFU)."""
         return _FORMAT_OF_DTYPE.get(self.compute_dtype, "fp32")
+
+    def gemm_transient_bytes(self, linears: Iterable[tuple[str, int, int, bool]], rows: int) -> int:
+        """Bytes the policy's matmuls hold at once beyond their operands, at worst, in one training step.
+
+        ``linears``: the model's ``nn.Linear`` layers as (qualified name,
+        in_features, out_features, has bias), produced lazily (the cost model
+        builds the model on the meta device only when it is iterated); ``rows``:
+        the tokens of one step (batch x context), each linear's input rows.
+        Count what the policy's own GEMM code allocates while a layer's operands
+        (its input, weight and, backward, the incoming gradient) are live: working
+        copies (e.g. quantized or rescaled operands), layout copies, and results
+        held while the next GEMM runs. ``abl.model.costmodel`` adds the largest to
+        the training peak, where it coincides with the saved activations (in the
+        place of the loss's backward transient when larger). Default 0: an
+        autocast matmul allocates its result only.
+        """
+        return 0
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

@@ -30,7 +30,10 @@ and turns the per-instance figures into per-token and per-step predictions:
   4 + 4 + 8 + 2 = 18 bytes per parameter, the same total as the usual mixed-precision
   count of 2-byte weights, 12 bytes of fp32 master weights and Adam moments and
   4-byte gradients (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, sec. 3.1,
-  counts 16 with 2-byte gradients).
+  counts 16 with 2-byte gradients);
+- the working memory of the precision policy's matmuls (``Precision.gemm_transient_bytes``:
+  e.g. fp8's per-GEMM quantized and rescaled operand copies), the largest
+  linear layer's, at the peak, where it coincides with the saved activations.
 
 Nothing here names a variant. A component without a cost function is an error
 that names it (``CostModelError``), except where the caller asks for the cell
@@ -43,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, fields
+from collections.abc import Iterator
 from typing import Any
 
 from ..contracts.cost import Cost
@@ -228,6 +232,9 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
     # a component may declare a larger transient of its own backward
     loss_backward = v * FP32_BYTES * tokens
     transient = max([p.cost.transient_elements_per_token * activation_bytes * tokens for p in parts] + [0.0])
+    # the precision policy's matmul working memory (fp8: quantized operand copies); it runs inside a
+    # layer's forward or backward while the saved activations are live, not with the loss's transient
+    gemm = precision_gemm_transient_bytes(model, components, registry, tokens)
     kv_per_token = tot["kv"] * activation_bytes
     state_per_seq = tot["state"] * activation_bytes
     return {
@@ -253,14 +260,57 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
         **static,
         "static_bytes": static_bytes,
         "loss_backward_bytes": loss_backward,
-        "backward_transient_bytes": max(loss_backward, transient),
+        "gemm_transient_bytes": gemm,
+        "backward_transient_bytes": max(loss_backward, transient, gemm),
         "train_peak_bytes": (static_bytes + act_per_token * tokens + tot["act_once"] * activation_bytes
-                             + max(loss_backward, transient)),
+                             + max(loss_backward, transient, gemm)),
         "parts": [p.as_dict() for p in parts],
     }
 
 
 _dtype_cache: dict[str, int] = {}
+_linear_cache: dict[str, list[tuple[str, int, int, bool]]] = {}
+
+
+def model_linears(model, components: dict[str, Any], registry: Registry) -> Iterator[tuple[str, int, int, bool]]:
+    """(qualified name, in_features, out_features, has bias) of every ``nn.Linear`` the model builds.
+
+    The model is built on the meta device (no memory, no initialisation), once
+    per shape, and only when this is iterated.
+    """
+    key = json.dumps([dataclasses.asdict(model), {k: v for k, v in components.items()
+                                                  if k not in ("dataset", "precision")}], sort_keys=True, default=str)
+    if key not in _linear_cache:
+        import torch
+        import torch.nn as nn
+
+        from .decoder import DecoderLM
+
+        try:
+            with torch.device("meta"):
+                core = DecoderLM(model, components, registry)
+        except Exception as exc:  # noqa: BLE001 - a component that cannot be built without data
+            raise CostModelError(f"the precision policy asks for the model's linear layers, and building the "
+                                 f"model on the meta device failed: {type(exc).__name__}: {exc}") from exc
+        _linear_cache[key] = [(name, mod.in_features, mod.out_features, mod.bias is not None)
+                              for name, mod in core.named_modules() if isinstance(mod, nn.Linear)]
+    yield from _linear_cache[key]
+
+
+def precision_gemm_transient_bytes(model, components: dict[str, Any], registry: Registry, tokens: int) -> int:
+    """The precision policy's declared matmul working memory for one training step (0 without a policy)."""
+    spec = components.get("precision")
+    if not spec:
+        return 0
+    comp = registry.get("precision", spec["name"])
+    policy = comp.factory(**dict(spec.get("params") or {}))
+    try:
+        return int(policy.gemm_transient_bytes(model_linears(model, components, registry), tokens))
+    except CostModelError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - name the policy whatever went wrong
+        raise CostModelError(f"gemm_transient_bytes of precision {spec['name']!r} (plugin {comp.plugin!r}) "
+                             f"failed: {exc!r}") from exc
 
 
 def dataset_vocab_size(cell, registry: Registry) -> int:
