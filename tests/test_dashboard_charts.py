@@ -165,6 +165,26 @@ def test_val_loss_is_drawn_raw_and_the_axis_holds_every_final_value(norms2, monk
     assert "train_loss smoothed: EMA 0.80" in captions and "raw values (no smoothing)" in captions
 
 
+def test_the_y_axis_spans_what_is_drawn_not_the_hidden_bands(norms2, monkeypatch):
+    """With 2 seeds the bands are off, yet the axis made room for them: the t(1) interval of a spiky early
+    train_loss stretched a real run's axis to [-5, 15] around lines between 2 and 6 (a loss below zero).
+    The axis spans the lines drawn (means, seeds) and the final values, and the band only when it is on."""
+    at = app(norms2, monkeypatch, "curves")
+    for metric, spec in _by_metric(at).items():
+        data = next(d for d in spec["_data"].values() if "kind" in d)
+        drawn = pd.concat([data[data["kind"] == "mean"]["mean"], data[data["kind"] == "seed"]["y"]]).dropna()
+        lo, hi = layers(spec)[-1]["encoding"]["y"]["scale"]["domain"]
+        span = float(drawn.max() - drawn.min())
+        assert lo >= float(drawn.min()) - 0.1 * span - 1e-9, (metric, lo, float(drawn.min()))
+        assert hi <= float(drawn.max()) + 0.1 * span + 1e-9, (metric, hi, float(drawn.max()))
+    toggle(at, "95% CI band").set_value(True)  # the band drawn: the axis holds it
+    at.run()
+    spec = _by_metric(at)["train_loss"]
+    band = next(d for d in spec["_data"].values() if "kind" in d)
+    lo, hi = layers(spec)[-1]["encoding"]["y"]["scale"]["domain"]
+    assert lo <= float(band["lo"].min()) and hi >= float(band["hi"].max())
+
+
 def _colour_of(spec: dict) -> dict[str, str]:
     for layer in layers(spec):
         color = layer.get("encoding", {}).get("color", {})

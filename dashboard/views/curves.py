@@ -154,9 +154,11 @@ def curve_frames(metric: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def y_extent(metric: str, agg: pd.DataFrame, seeds: pd.DataFrame) -> tuple[float, float]:
-    """The y axis's extent: every value drawn and every shown cell's final value (as the tables show it),
-    with a little room; a log axis keeps positive values only."""
-    drawn = [agg["mean"], agg["lo"], agg["hi"]] + ([seeds["y"]] if show_seeds else [])
+    """The y axis's extent: every value drawn (the means, the seeds' lines when shown, the band only when it
+    is on: a 2-seed band is t(1)-wide and would stretch the axis around nothing) and every shown cell's
+    final value (as the tables show it), with a little room; a log axis keeps positive values only."""
+    drawn = ([agg["mean"]] + ([agg["lo"], agg["hi"]] if show_band else [])
+             + ([seeds["y"]] if show_seeds else []))
     finals = common.load(q.cell_values, sel, metric, False)
     finals = finals[finals["run_id"].isin(run_ids)]
     cell_finals = finals.groupby("cell_key")["value"].mean()  # the number the tables show for each cell
