@@ -299,11 +299,17 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
         layers.append(base.mark_rule(strokeWidth=2).encode(
             x=alt.X("x_lo:Q", title=x_title, scale=_scale(log_x)), x2="x_hi:Q", y=ys, color=col,
             opacity=alt.condition(pick, alt.value(0.6), alt.value(0.08))))
-    pts = base.mark_point(filled=True, size=110, stroke="#222", strokeWidth=0.6).encode(
-        x=xs, y=ys, color=col,
-        shape=alt.Shape("front:N", title="Pareto front", scale=alt.Scale(domain=[True, False],
-                                                                       range=["diamond", "circle"]),
-                        legend=alt.Legend(orient="top")),  # small legends above: the cells' take the bottom
+    # past the nine colours a cell is told apart by its marker (abl.present.palette), so the Pareto front is
+    # marked by a heavy outline and a larger point, not by a shape of its own
+    shape: Any = alt.Undefined
+    if field == "cell":
+        looks = list(styles) if styles is not None else palette.distinct(len(domain))
+        shape = alt.Shape("cell:N", scale=alt.Scale(domain=list(domain), range=[s.vega_shape for s in looks]),
+                          legend=cell_legend(legend_columns(domain)))
+    pts = base.mark_point(filled=True, stroke="#111").encode(
+        x=xs, y=ys, color=col, shape=shape,
+        size=alt.condition("datum.front", alt.value(190), alt.value(110)),
+        strokeWidth=alt.condition("datum.front", alt.value(2.4), alt.value(0.5)),
         opacity=alt.condition(pick, alt.value(1.0), alt.value(0.15)), tooltip=tooltip)
     if "contended" in df and df["contended"].astype(bool).any():
         layers.append(base.transform_filter("datum.contended").mark_point(

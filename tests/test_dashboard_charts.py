@@ -256,6 +256,21 @@ def test_tradeoffs_ring_contended_cells_and_show_the_speed_spread(norms2, monkey
     assert any("Every cell shown has the same n_params" in i.value for i in at.info)
 
 
+def test_tradeoffs_tell_every_cell_apart_past_the_nine_colours(norms2, monkeypatch):
+    """A real 13-cell norms run showed two cells per colour on Trade-offs with the same round marker (the
+    marker encoded the Pareto front): past the palette's nine colours a point is told apart by its cell's
+    marker (abl.present.palette), and the Pareto front by a heavy outline."""
+    at = app(norms2, monkeypatch, "tradeoffs")
+    for spec in specs(at):
+        pts = next(m for m in layers(spec) if m["mark"]["type"] == "point" and "shape" in m["encoding"])
+        enc = pts["encoding"]
+        colours = dict(zip(enc["color"]["scale"]["domain"], enc["color"]["scale"]["range"]))
+        shapes = dict(zip(enc["shape"]["scale"]["domain"], enc["shape"]["scale"]["range"]))
+        assert enc["shape"]["field"] == "cell" and set(colours) == set(shapes) and len(colours) == 13
+        assert len({(colours[c], shapes[c]) for c in colours}) == 13  # no two cells look alike
+        assert "datum.front" in json.dumps(enc["strokeWidth"])  # the front: a heavier outline
+
+
 def test_runs_table_flags_contended_runs(norms2, monkeypatch):
     at = app(norms2, monkeypatch, "experiments")
     table = at.dataframe[-1].value

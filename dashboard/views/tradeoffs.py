@@ -143,7 +143,7 @@ for i, (cost, better, log_default) in enumerate(plots):
         front = df[df["front"]].sort_values("x", ascending=better == "lower")
         charts.show(chart, export, f"{quality}_vs_{cost}", key=f"tr_{cost}",
                     caption=f"{'Higher' if better == 'higher' else 'Lower'} {cost} is better. "
-                            f"Pareto front ({len(front)} of {len(df)}, diamonds, dashed line), cheapest first: "
+                            f"Pareto front ({len(front)} of {len(df)}: heavy outline, dashed line), cheapest first: "
                             + " → ".join(front["cell"]) + ". Vertical bars: 95% CI of the mean across seeds"
                             + ("; horizontal bars: min–max over seeds." if "x_lo" in df else ".")
                             + (" Speeds from runs on a quiet machine only; a cell with no such run is not on "
