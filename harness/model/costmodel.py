@@ -232,9 +232,14 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
     # a component may declare a larger transient of its own backward
     loss_backward = v * FP32_BYTES * tokens
     transient = max([p.cost.transient_elements_per_token * activation_bytes * tokens for p in parts] + [0.0])
-    # the precision policy's matmul working memory (fp8: quantized operand copies); it runs inside a
-    # layer's forward or backward while the saved activations are live, not with the loss's transient
+    # the precision policy's matmul working memory (fp8: quantized operand copies). Its worst is in a
+    # layer's backward, while the saved activations are live (not with the loss's transient). By then
+    # the previous step's gradients are gone (abl.run.train zero-grads, set_to_none, after the forward)
+    # and the new ones appear as the backward proceeds: every layer repeats the same linears, so the
+    # largest one's first backward is the last layer's, before the other n - 1 layers have gradients.
     gemm = precision_gemm_transient_bytes(model, components, registry, tokens)
+    grads_not_yet = FP32_BYTES * (n_params - n_embedding) * (model.n_layers - 1) / model.n_layers
+    gemm_at_peak = max(0.0, gemm - grads_not_yet)
     kv_per_token = tot["kv"] * activation_bytes
     state_per_seq = tot["state"] * activation_bytes
     return {
@@ -261,9 +266,9 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
         "static_bytes": static_bytes,
         "loss_backward_bytes": loss_backward,
         "gemm_transient_bytes": gemm,
-        "backward_transient_bytes": max(loss_backward, transient, gemm),
+        "backward_transient_bytes": max(loss_backward, transient, gemm_at_peak),
         "train_peak_bytes": (static_bytes + act_per_token * tokens + tot["act_once"] * activation_bytes
-                             + max(loss_backward, transient, gemm)),
+                             + max(loss_backward, transient, gemm_at_peak)),
         "parts": [p.as_dict() for p in parts],
     }
 
