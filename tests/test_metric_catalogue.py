@@ -270,3 +270,31 @@ AXIS = title.replace("[bytes]", "[MiB]") + "nats/token"
     assert any("tokens_per_s" in f for f in found) and any("mfu" in f for f in found)
     assert violations("LABEL = catalogue.label('peak_mem_bytes')") == []
     assert json.dumps(violations("x = 1")) == "[]"
+
+
+# figures that are counts, flags or plain ratios: shown as numbers, with no unit
+UNITLESS = {"contended", "did_not_learn", "grad_norm", "load_per_core", "loss_spikes", "lr", "n_params",
+            "n_params_non_embedding", "n_params_predicted"}
+
+
+def test_every_metric_a_run_stores_has_its_unit(tmp_path):
+    """A new user's Run detail page showed flops_per_step_predicted as 3,422,552,064 beside
+    flops_per_step_measured as 3.56 GFLOP, and kv_cache_bytes_measured as 262,144: metrics the trainer
+    writes that the catalogue gave no unit. Every metric of a real (tiny) run has one, or is a count/flag."""
+    from conftest import run_abl
+
+    grid = tmp_path / "g.toml"
+    grid.write_text("[experiment]\nname = 'units'\nseeds = [0]\n[model]\nd_model = 32\nn_layers = 1\n"
+                    "n_heads = 2\ncontext = 32\n[train]\nsteps = 4\nbatch_size = 2\neval_every = 2\n"
+                    "eval_batches = 1\n")
+    db = tmp_path / "abl.duckdb"
+    r = run_abl(["run", str(grid), "--db", str(db)])
+    assert r.returncode == 0, r.stderr
+    con = duckdb.connect(str(db), read_only=True)
+    names = [n for (n,) in con.sql("SELECT DISTINCT name FROM metrics ORDER BY 1").fetchall()]
+    con.close()
+    assert "val_loss" in names and len(names) > 30
+    missing = [n for n in names if not catalogue.metric(n).unit and n not in UNITLESS]
+    assert not missing, f"metrics without a unit: {missing}"
+    assert catalogue.metric("flops_per_step_predicted").unit == catalogue.metric("flops_per_step_measured").unit
+    assert catalogue.metric("kv_cache_bytes_measured").unit == "bytes"

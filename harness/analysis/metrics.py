@@ -122,6 +122,8 @@ CATALOGUE: dict[str, Metric] = {m.name: m for m in (
     _m("flops_per_token", "forward FLOPs/token", "FLOP", COST, LAST, NEITHER, _PER_TOKEN),
     _m("train_flops_per_token", "training FLOPs/token", "FLOP", COST, LAST, NEITHER, _PER_TOKEN),
     _m("flops_per_step_measured", "FLOPs/step (measured)", "FLOP", COST, LAST, NEITHER),
+    _m("flops_per_step_predicted", "FLOPs/step (predicted)", "FLOP", COST, LAST, NEITHER),
+    _m("useful_flops_per_step", "useful FLOPs/step (for MFU)", "FLOP", COST, LAST, NEITHER),
     _m("device_peak_flops", "device peak FLOP/s", "FLOP/s", COST, LAST, NEITHER),
     # accuracy
     _m("decode_agreement", "decode agreement", "fraction", ACCURACY, LAST, HIGHER),
@@ -184,6 +186,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(r"(?P<what>.+)_per_s", "{what} per s", "1/s", SPEED, MEDIAN, HIGHER),
     Family(r"(?P<what>.+)_bytes_per_(?P<per>.+)", "{what} bytes per {per}", "bytes", MEMORY, LAST, LOWER),
     Family(r"(?P<what>.+)_bytes", "{what} bytes", "bytes", MEMORY, MAX, LOWER),
+    Family(r"(?P<what>.+)_bytes_(?P<how>measured|predicted)", "{what} bytes ({how})", "bytes", MEMORY, LAST,
+           LOWER),
     Family(r"(?P<what>.*loss.*)", "{what}", "", LOSS, LAST, LOWER, False),
 )
 
