@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 from click.testing import CliRunner  # noqa: E402
 
 from abl.grid.gridfile import expand, load_grid  # noqa: E402
-from abl.model.shapecache import StepTimes, cpu_device, payback_note  # noqa: E402
+from abl.model.shapecache import StepTimes, payback_note  # noqa: E402
+from abl.store.provenance import cpu_name as cpu_device  # noqa: E402
 from abl.run.compiled import timings_for  # noqa: E402
 from abl.run.train import train  # noqa: E402
 
@@ -80,10 +81,26 @@ def test_the_note_says_what_the_compile_costs_what_the_steps_save_and_what_would
     assert "save nothing" in slower and "no number of steps repays it" in slower
 
 
-def test_a_cpu_cell_yet_to_start_is_looked_up_under_the_device_string_its_worker_records():
-    from abl.store.provenance import device_name
+def test_a_gpu_cell_yet_to_start_takes_the_one_gpu_name_with_both_figures(registry, tmp_path, monkeypatch):
+    """The GPU branch, with the device mocked (the parent starts no CUDA, so a cell's GPU name is not known
+    before it runs): the note comes from the one GPU name that has both figures, and from none when two do."""
+    import torch as torch_
 
-    assert cpu_device(torch.get_num_threads()) == device_name(torch.device("cpu"))
+    from abl.run.compiled import planned_payback_notes, timings_for
+
+    monkeypatch.setattr(torch_.cuda, "is_available", lambda: True)
+    cells = load_grid(str(grid_file(tmp_path, steps=50)), registry, ["train.threads=0"]).cells
+    compiled_cell = next(c for c in cells if c.train.compile)
+    shapes = tmp_path / "shapes"
+    gpu = timings_for(compiled_cell, registry, shapes, gpu=True)
+    gpu.put("NVIDIA H100 80GB HBM3", "eager", {"step_s": EAGER})
+    gpu.put("NVIDIA H100 80GB HBM3", "compiled", {"step_s": COMPILED, "compile_s": COMPILE_S})
+    seed(compiled_cell, shapes, registry)  # CPU figures of the same shape are another device's: not used
+    [note] = planned_payback_notes(cells, registry, shapes, use_gpus=True)
+    assert "measured on NVIDIA H100 80GB HBM3" in note and "3000 steps would repay it" in note
+    gpu.put("NVIDIA H200", "eager", {"step_s": EAGER})
+    gpu.put("NVIDIA H200", "compiled", {"step_s": COMPILED, "compile_s": COMPILE_S})
+    assert planned_payback_notes(cells, registry, shapes, use_gpus=True) == []  # which one is not known
 
 
 def test_dry_run_notes_a_compiled_cell_whose_steps_cannot_repay_its_compile(registry, tmp_path):

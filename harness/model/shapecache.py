@@ -104,14 +104,6 @@ def timing_key(cell: Cell, batch_per_rank: int, world: int, kernels: str, torch_
     })
 
 
-def cpu_device(threads: int) -> str:
-    """A CPU's device string as ``abl.store.provenance.device_name`` writes it for ``threads`` threads
-    (what a cell that has not started yet will record; a test holds the two equal)."""
-    import platform
-
-    return f"cpu ({platform.processor() or platform.machine()}, {threads} threads)"
-
-
 class StepTimes:
     """One shape's median step seconds, eager and compiled, and its compile seconds, per device."""
 

@@ -83,18 +83,13 @@ def expected_device(cell: Cell, use_gpus: bool | None, slots: int) -> str | None
     """The device string a cell that has not started will record (abl.store.provenance.device_name):
     on a CPU, with the threads abl.run.threads would give it now (train.threads, OMP_NUM_THREADS,
     else the rule). None on a GPU: its name is known to the worker only (the parent starts no CUDA)."""
-    import os
-
     from . import threads
-    from ..model.shapecache import cpu_device
+    from ..store.provenance import cpu_name
 
     if on_gpu(cell, use_gpus):
         return None
-    requested, user = cell.train.threads, os.environ.get("OMP_NUM_THREADS", "")
-    if requested == 0 and user.isdigit() and int(user) > 0:
-        return cpu_device(int(user))
-    n, _ = threads.choose(requested, threads.usable_cores(), slots, threads.load_average())
-    return cpu_device(n if n is not None else torch.get_num_threads())
+    n, _ = threads.for_cell(cell.train.threads, slots)
+    return cpu_name(n if n is not None else torch.get_num_threads())
 
 
 def timings_for(cell: Cell, registry: Registry, shapes_dir: Path | None, gpu: bool) -> StepTimes:

@@ -308,13 +308,10 @@ class LocalExecutor(Executor):
         from . import threads
 
         requested = job.cell.train.threads
-        user = os.environ.get("OMP_NUM_THREADS", "")
-        if requested == 0 and user.isdigit() and int(user) > 0:
-            job.threads, job.threads_note = int(user), f"{user} thread(s) (OMP_NUM_THREADS)"
-            return
         ours = sum(j.threads or threads.usable_cores() for j in self.running)
-        job.threads, job.threads_note = threads.choose(requested, threads.usable_cores(), self.slots,
-                                                       threads.load_average(), ours)
+        job.threads, job.threads_note = threads.for_cell(requested, self.slots, ours)
+        if job.threads_note.endswith("(OMP_NUM_THREADS)"):
+            return
         procs = max(1, job.cell.train.devices) if self.use_gpus else 1
         if job.threads is not None and procs > 1 and requested == 0:
             job.threads = max(1, job.threads // procs)

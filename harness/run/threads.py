@@ -28,6 +28,7 @@ the node that runs it (abl.run.executors.node_threads).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 TORCH_DEFAULT = -1  # train.threads = -1: leave the thread count to torch
 
@@ -70,3 +71,12 @@ def oversubscribed(cores: int, workers: int, load: float | None) -> str | None:
     return (f"the machine is oversubscribed: load {load:.1f} on {cores} core(s) before this run's "
             f"{workers} cell(s) at a time; each cell gets 1 thread and runs slower than on an idle "
             "machine, and its speed figures will be marked contended")
+
+
+def for_cell(requested: int, slots: int, ours: int = 0, env: Mapping[str, str] | None = None) -> tuple[int | None, str]:
+    """(threads, why) for a cell about to start on this machine: a user's ``OMP_NUM_THREADS`` stands under
+    ``train.threads = 0``; otherwise ``choose`` from this machine's cores and load."""
+    user = (os.environ if env is None else env).get("OMP_NUM_THREADS", "").strip()
+    if requested == 0 and user.isdigit() and int(user) > 0:
+        return int(user), f"{user} thread(s) (OMP_NUM_THREADS)"
+    return choose(requested, usable_cores(), slots, load_average(), ours)

@@ -98,7 +98,13 @@ def device_name(device: torch.device) -> str:
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return cpu_name(torch.get_num_threads())
+
+
+def cpu_name(threads: int) -> str:
+    """A CPU's device string at ``threads`` threads (``device_name``; also what a cell that has not
+    started yet will record, abl.run.compiled.expected_device)."""
+    return f"cpu ({platform.processor() or platform.machine()}, {threads} threads)"
 
 
 # name substring (lower case) -> (HBM GB/s, dense TFLOP/s by number format). Vendor
