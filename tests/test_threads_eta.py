@@ -70,16 +70,7 @@ def test_a_cpu_cell_gets_its_threads_as_it_starts(jobs, monkeypatch):
     job = jobs[0]
     ex.assign_threads(job)
     assert job.threads == 1 and "chosen" in job.threads_note and "load 2.0" in job.threads_note
-    seen = {}
-
-    class FakePopen:
-        def __init__(self, cmd, env=None, **kw):
-            seen["env"] = env
-            self.pid = 1
-
-    from abl.run import executors
-
-    monkeypatch.setattr(executors.subprocess, "Popen", FakePopen)
+    seen = _fake_worker(monkeypatch)[1]
     ex.use_zygote = False
     job.run_dir.mkdir(parents=True)
     ex.launch(job)
@@ -140,16 +131,7 @@ def test_a_gpu_cell_gets_host_threads_shared_with_the_other_gpu_cells(jobs, monk
     assert ex.use_gpus and ex.slots == 2
     ex.assign_threads(jobs[0])
     assert jobs[0].threads == 4 and "chosen" in jobs[0].threads_note
-    seen = {}
-
-    class FakePopen:
-        def __init__(self, cmd, env=None, **kw):
-            seen["env"] = env
-            self.pid = 1
-
-    from abl.run import executors
-
-    monkeypatch.setattr(executors.subprocess, "Popen", FakePopen)
+    seen = _fake_worker(monkeypatch)[1]
     ex.use_zygote = False
     jobs[0].run_dir.mkdir(parents=True)
     ex.launch(jobs[0])
@@ -165,9 +147,10 @@ def _fake_worker(monkeypatch):
 
     seen = {}
 
-    class FakePopen:
+    class FakePopen:  # records the environment a worker would start with; the worker "exits" at once
         def __init__(self, cmd, env=None, **kw):
             seen["env"] = env
+            self.pid = 1
 
         def wait(self):
             return 0
