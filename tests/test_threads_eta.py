@@ -2,6 +2,7 @@
 when the machine is oversubscribed."""
 
 import io
+import math
 import time
 
 import pytest
@@ -192,3 +193,49 @@ def test_a_remote_cell_chooses_its_threads_on_the_node_that_runs_it(
     assert got == want
     if want is not None and omp is None:
         assert "thread(s)" in (job.run_dir / rundir.LOG).read_text()
+
+
+def test_own_load_follows_the_damped_one_minute_average():
+    assert threads.own_load([], 100.0) == 0.0
+    # two threads running for ten minutes: the average has caught up with them
+    assert threads.own_load([(0.0, None, 2)], 600.0) == pytest.approx(2.0, abs=0.01)
+    # just started: not yet in the average
+    assert threads.own_load([(99.0, None, 2)], 100.0) < 0.05
+    # 30 s at two threads, finished 60 s ago
+    want = 2 * (math.exp(-1) - math.exp(-1.5))
+    assert threads.own_load([(10.0, 40.0, 2)], 100.0) == pytest.approx(want)
+    # against the kernel's own recurrence (every 5 s: load = load * e + n * (1 - e))
+    e, load = math.exp(-5 / 60), 0.0
+    for t in range(5, 101, 5):
+        load = load * e + (2 if 10 < t <= 40 else 0) * (1 - e)
+    assert threads.own_load([(10.0, 40.0, 2)], 100.0) == pytest.approx(load, rel=0.1)
+
+
+def test_a_later_cell_is_not_slowed_by_its_own_grids_earlier_cells(jobs, monkeypatch):
+    """The 1-minute load average still holds the cell that just finished; on an otherwise idle
+    2-core machine the next cell gets both cores, as the first did, not one."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    now = time.time()
+    ex = LocalExecutor(workers=1, gpus=[])
+    ex.finished.append((now - 41.0, now - 1.0, 2))  # the first cell: 40 s on 2 threads
+    idle = 0.05
+    monkeypatch.setattr(threads, "load_average", lambda: idle + threads.own_load(ex.finished, now))
+    assert threads.load_average() > 1.0  # what the rule used to read as another job
+    ex.assign_threads(jobs[1])
+    assert jobs[1].threads == 2, jobs[1].threads_note
+    assert "this run's own" in jobs[1].threads_note
+    # another job that really keeps a core busy still counts
+    monkeypatch.setattr(threads, "load_average", lambda: 1.0 + threads.own_load(ex.finished, now))
+    ex.assign_threads(jobs[2])
+    assert jobs[2].threads == 1, jobs[2].threads_note
+
+
+def test_the_executor_remembers_each_finished_cell_with_its_threads(jobs, monkeypatch):
+    ex = LocalExecutor(workers=1, gpus=[])
+    monkeypatch.setattr(ex, "launch", lambda job: setattr(job, "started", time.time() - 5))
+    monkeypatch.setattr(ex, "poll", lambda job: 0)
+    monkeypatch.setattr(ex, "assign_threads", lambda job: setattr(job, "threads", 2))
+    ex.run(jobs[:2], on_progress=lambda j: None, on_done=lambda j: None, poll_s=0.0)
+    assert [n for _, _, n in ex.finished] == [2, 2]
+    assert all(b - a >= 5 for a, b, _ in ex.finished)

@@ -7,12 +7,12 @@
 - ``0`` (the default): the rule below, from the cores this process may use, the
   number of cells run at once (``--workers``) and the 1-minute load average.
 
-The rule: the load that is not this run's own is the load average less the
-threads of this run's cells already running; the cores left are the cores less
-that load (rounded, at least one); each cell gets an equal share of them, at
-least one thread::
+The rule: the load that is not this run's own is the load average less this
+run's own share of it (``own_load``: what its cells, running or finished, add
+to the 1-minute average); the cores left are the cores less that load (rounded,
+at least one); each cell gets an equal share of them, at least one thread::
 
-    others  = max(0, load_1min - threads of this run's running cells)
+    others  = max(0, load_1min - own_load(this run's cells))
     free    = max(1, cores - round(others))
     threads = max(1, free // workers)
 
@@ -27,10 +27,12 @@ the node that runs it (abl.run.executors.node_threads).
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 TORCH_DEFAULT = -1  # train.threads = -1: leave the thread count to torch
+LOAD_TAU_S = 60.0  # the 1-minute load average's time constant (an exponentially damped average)
 
 
 def usable_cores() -> int:
@@ -49,9 +51,30 @@ def load_average() -> float | None:
         return None
 
 
-def choose(requested: int, cores: int, workers: int, load: float | None, ours: int = 0) -> tuple[int | None, str]:
-    """(threads, why) for a cell: None threads means torch's default. ``ours``: threads of this run's
-    cells already running (they are part of ``load``)."""
+def own_load(cells: Iterable[tuple[float, float | None, int]], now: float, tau: float = LOAD_TAU_S) -> float:
+    """This run's own part of the 1-minute load average at ``now``: the sum over its cells, each
+    ``(start, end, threads)`` (``end`` None: still running), of what ``threads`` runnable threads from
+    ``start`` to ``end`` leave in an exponentially damped average of time constant ``tau``::
+
+        threads x (exp(-(now - end) / tau) - exp(-(now - start) / tau))
+
+    A cell that just finished still weighs in the average for a minute or more, so the next cell
+    of the same grid would otherwise read its own grid's work as another job's and get fewer
+    threads (a later cell of ``abl bench harness`` got 1 thread on an idle 2-core machine, the
+    first 2); a cell that just started has not yet reached the average. The kernel samples every
+    5 s; the continuous form is within a few percent of it."""
+    total = 0.0
+    for start, end, n in cells:
+        stop = now if end is None else min(end, now)
+        if stop <= start:
+            continue
+        total += max(1, n) * (math.exp(-(now - stop) / tau) - math.exp(-(now - start) / tau))
+    return total
+
+
+def choose(requested: int, cores: int, workers: int, load: float | None, ours: float = 0.0) -> tuple[int | None, str]:
+    """(threads, why) for a cell: None threads means torch's default. ``ours``: this run's own part of
+    ``load`` (``own_load``)."""
     if requested > 0:
         return requested, f"{requested} thread(s) (train.threads)"
     if requested == TORCH_DEFAULT:
@@ -59,7 +82,8 @@ def choose(requested: int, cores: int, workers: int, load: float | None, ours: i
     others = max(0.0, (load or 0.0) - ours)
     free = max(1, cores - round(others))
     n = max(1, free // max(1, workers))
-    where = f"{cores} core(s), {workers} at once, load {load:.1f}" if load is not None else \
+    own = f" ({ours:.1f} of it this run's own)" if load is not None and ours >= 0.05 else ""
+    where = f"{cores} core(s), {workers} at once, load {load:.1f}{own}" if load is not None else \
         f"{cores} core(s), {workers} at once, load unknown"
     return n, f"{n} thread(s) (chosen: {where})"
 
@@ -73,7 +97,7 @@ def oversubscribed(cores: int, workers: int, load: float | None) -> str | None:
             "machine, and its speed figures will be marked contended")
 
 
-def for_cell(requested: int, slots: int, ours: int = 0, env: Mapping[str, str] | None = None) -> tuple[int | None, str]:
+def for_cell(requested: int, slots: int, ours: float = 0.0, env: Mapping[str, str] | None = None) -> tuple[int | None, str]:
     """(threads, why) for a cell about to start on this machine: a user's ``OMP_NUM_THREADS`` stands under
     ``train.threads = 0``; otherwise ``choose`` from this machine's cores and load."""
     user = (os.environ if env is None else env).get("OMP_NUM_THREADS", "").strip()
