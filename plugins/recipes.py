@@ -144,6 +144,8 @@ def olmo2() -> list[Setting]:
                     "num_attention_heads 32", qk_norm=True),
         *_swiglu(11008 / 4096, f"{OLMO2} (SwiGLU); {OLMO2_CFG}: intermediate_size 11008 / hidden_size 4096"),
         Setting("model.tie_embeddings", False, f"{OLMO2_CFG}: tie_word_embeddings false"),
+        Setting("model.z_loss", 1e-5, f"{OLMO2} (training stability: z-loss regularisation, coefficient 1e-5, "
+                "PaLM's output z-loss)"),
     ]
 
 
@@ -254,7 +256,6 @@ RECIPES = {
     )),
     "olmo2": (olmo2, f"OLMo 2 7B: reordered (post-branch) RMSNorm, QK-norm, RoPE 5e5, SwiGLU ({OLMO2}).", (
         "QK-norm over the whole q/k projection (q_norm of width n_heads x head_dim); abl's qk_norm is per head.",
-        "output z-loss (coefficient 1e-5): abl has only the MoE router's z-loss.",
     )),
     "mistral": (mistral, f"Mistral 7B: sliding-window GQA (n_heads/4), pre-RMSNorm, SwiGLU 3.5 ({MISTRAL}).", (
         "the rolling-buffer KV cache (sec. 2) changes inference memory, not the function: not modelled.",

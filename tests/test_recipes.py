@@ -52,7 +52,7 @@ PUBLISHED = {
     # rope_theta 5e5, rms_norm_eps 1e-6, untied
     "olmo2": {"size": (4096, 32, 32, 0, 4096), "block": "post_branch", "norm": "rmsnorm", "eps": 1e-6, "position": "rope",
         "theta": 500000.0, "mixers": {"mha": 32}, "n_kv_heads": 32, "qk_norm": True, "ffn": "swiglu", "ffn_hidden": 11008,
-        "tie": False, "bias": False},
+        "tie": False, "bias": False, "z_loss": 1e-5},  # arXiv:2501.00656: z-loss regularisation, 1e-5
     # Mistral 7B: arXiv:2310.06825 Table 1: dim 4096, 32 layers, head_dim 128, hidden_dim 14336,
     # 32 heads, 8 KV heads, window 4096, context 8192; config.json of mistralai/Mistral-7B-v0.1
     "mistral": {"size": (4096, 32, 32, 0, 8192), "block": "pre", "norm": "rmsnorm", "eps": 1e-5, "position": "rope",
@@ -135,6 +135,7 @@ def test_a_recipe_at_its_published_size_is_the_published_model(name):
         assert hidden_size(model.d_model, p["ratio"], p["multiple_of"]) == pub["ffn_hidden"]
         assert p["bias"] == pub["bias"]
     assert model.tie_embeddings == pub["tie"]
+    assert model.z_loss == pub.get("z_loss", 0.0)  # the output z-loss (model.z_loss), where the family uses one
 
 
 def test_every_setting_cites_a_source_and_no_recipe_sets_the_size():
