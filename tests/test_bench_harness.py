@@ -18,6 +18,11 @@ def test_bench_harness_splits_the_cells_wall_time(tmp_path):
     assert sum(out[k] for k in parts) == pytest.approx(out["cell_wall_s"], rel=1e-6)
     assert out["untimed_steps"] == [2]  # the memory-tracked step counts at the median
     assert 0 < out["overhead"] < 1 and out["overhead"] == pytest.approx(1 - out["steps_s"] / out["cell_wall_s"])
+    # the grid's own evaluations (3 in the loop at steps 3 and 6, and decoding after it), timed by the worker,
+    # lie inside the loop's rest and the time after its last step
+    assert 0 < out["evaluations_s"] <= out["loop_other_s"] + out["after_loop_s"]
+    assert out["overhead_besides_evaluations"] == pytest.approx(
+        out["overhead"] - out["evaluations_s"] / out["cell_wall_s"])
 
 
 def test_bench_harness_refuses_a_grid_of_several_cells():

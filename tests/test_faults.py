@@ -544,7 +544,7 @@ max_bytes = 300000
 SOAK_STEPS = 1500
 
 # figures that depend on the clock or the machine's load, not on the training
-TIMING = ("tokens_per_s", "train_tokens_per_s", "elapsed_s", "wall_s", "peak_mem_bytes", "baseline_rss_bytes", "mfu",
+TIMING = ("tokens_per_s", "train_tokens_per_s", "elapsed_s", "wall_s", "eval_s", "post_eval_s", "peak_mem_bytes", "baseline_rss_bytes", "mfu",
           "device_peak_flops", "cpu_util", "load_per_core", "contended")  # the machine's share: not the model's
 
 

@@ -17,7 +17,12 @@ it:
   store writes and ingest).
 
 ``overhead`` = 1 - steps_s / cell_wall_s: the share of the cell that is not
-training.
+training. ``evaluations_s`` is the part of it the grid asked for: every in-loop
+evaluation (``eval_s``: val_loss, val_bpb, a task's metrics) and the
+post-training evaluations (``post_eval_s``: decoding, extrapolation), as the
+worker timed them; ``overhead_besides_evaluations`` is what is left, abl's own
+cost (processes, imports, the token store, the store, FLOP counting, memory
+tracking).
 
 With ``cells`` > 1 the grid holds that many cells of the same shape (seeds
 0..N-1, run one after another) and the figures are those of a cell in a
@@ -78,7 +83,8 @@ def run_harness_bench(steps: int = 200, overrides: list[str] | None = None,
             for c in grid.cells:
                 by_run[c.run_id] = con.execute(
                     "SELECT step, name, value FROM metrics WHERE run_id = ? AND name IN "
-                    "('tokens_per_s', 'elapsed_s', 'wall_s', 'compile_s')", [c.run_id]).fetchall()
+                    "('tokens_per_s', 'elapsed_s', 'wall_s', 'compile_s', 'eval_s', 'post_eval_s')",
+                    [c.run_id]).fetchall()
         finally:
             con.close()
         ends = sorted((rundir.read_json(runs / c.run_id / rundir.STATUS)["finished"], c.run_id)
@@ -112,11 +118,14 @@ def _split(cell, rows, cell_wall: float) -> dict[str, Any]:
     loop_start = elapsed[first] - step_dt.get(first, median_dt)
     loop_s = elapsed[max(elapsed)] - loop_start
     wall_s = next(iter(by.get("wall_s", {}).values()))  # the worker's train(); the rest is outside it
+    evals_s = sum(by.get("eval_s", {}).values()) + sum(by.get("post_eval_s", {}).values())
     return {
         "cell": cell.label, "steps": n_steps, "cell_wall_s": cell_wall, "steps_s": steps_s,
         "loop_other_s": loop_s - steps_s, "before_loop_s": loop_start,
         "after_loop_s": wall_s - elapsed[max(elapsed)], "process_s": cell_wall - wall_s,
         "compile_s": next(iter(by.get("compile_s", {}).values()), None),
         "untimed_steps": untimed, "median_step_s": median_dt,
+        "evaluations_s": evals_s,
         "overhead": 1 - steps_s / cell_wall,
+        "overhead_besides_evaluations": 1 - (steps_s + evals_s) / cell_wall,
     }

@@ -79,7 +79,8 @@ def harness(steps, overrides, cells, as_json):
     if "first_cell" in out:
         f = out["first_cell"]
         click.echo(f"{out['cells']} cells of one shape in {out['grid_wall_s']:.1f} s; the first (with the run's "
-                   f"one-off costs) took {f['cell_wall_s']:.2f} s, overhead {100 * f['overhead']:.1f}%; "
+                   f"one-off costs) took {f['cell_wall_s']:.2f} s, overhead {100 * f['overhead']:.1f}% "
+                   f"({100 * f['overhead_besides_evaluations']:.1f}% besides the grid's evaluations); "
                    f"a cell in the running grid (median of the others):")
     click.echo(f"cell {out['cell']}, {out['steps']} steps: {out['cell_wall_s']:.2f} s of wall time")
     for key, what in (("steps_s", "training steps"), ("loop_other_s", "rest of the loop (evals, tracker)"),
@@ -89,4 +90,7 @@ def harness(steps, overrides, cells, as_json):
         click.echo(f"  {what:<36} {out[key]:8.2f} s  {100 * out[key] / out['cell_wall_s']:5.1f}%")
     if out["compile_s"] is not None:
         click.echo(f"  (of which torch.compile: {out['compile_s']:.2f} s)")
-    click.echo(f"overhead (wall time outside the training steps): {100 * out['overhead']:.1f}%")
+    click.echo(f"  (of which the grid's evaluations:    {out['evaluations_s']:8.2f} s  "
+               f"{100 * out['evaluations_s'] / out['cell_wall_s']:5.1f}%)")
+    click.echo(f"overhead (wall time outside the training steps): {100 * out['overhead']:.1f}%; "
+               f"besides the grid's evaluations: {100 * out['overhead_besides_evaluations']:.1f}%")

@@ -378,6 +378,7 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
         if step % tc.eval_every == 0:
             share.sample()
         evaluating = step % tc.eval_every == 0 or step == tc.steps
+        t_eval = time.perf_counter()
         # every process scores its share of the validation windows; rank 0 records
         val_loss = evaluate(run.core, run.batches, tc.eval_batches, run.precision, run.device,
                             run.dist) if evaluating else None
@@ -388,6 +389,7 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
                 row["val_bpb"] = bpb
             row.update(task_metrics(run.core, run.batches, tc.eval_batches, run.precision, run.device,
                                     run.cell.data.dataset))
+            row["eval_s"] = time.perf_counter() - t_eval  # what the grid's evaluation cost (abl bench harness)
         if step == tc.steps:  # the cell's true rate: every token of the loop over its wall time
             row["train_tokens_per_s"] = (tc.steps - start_step + 1) * tokens_per_step / (time.perf_counter() - t_loop)
         sink.log(step, row)
@@ -403,8 +405,10 @@ def post_training(run: TrainingRun, sink: MetricSink) -> None:
         return
     trained = TrainedRun(model=run.core, cell=run.cell, registry=run.registry, batches=run.batches,
                          precision=run.precision, device=run.device)
+    t0 = time.perf_counter()
     metrics, notes = run_evaluations(trained, run.cell.eval)
     if metrics:
+        metrics["post_eval_s"] = time.perf_counter() - t0
         sink.log(run.cell.train.steps, metrics)
     run.notes += notes
 
