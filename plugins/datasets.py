@@ -29,14 +29,25 @@ from abl import DataError, Param, TextCorpus, from_documents, from_text_file, fr
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
 
+def _stdlib_sources(root: Path) -> list[Path]:
+    """The ``*.py`` files under ``root`` outside ``_SKIP_DIRS``, in path order (as sorted Paths compare:
+    part by part). The skipped folders are never walked: site-packages alone can hold most of the
+    files under the standard library's folder."""
+    found: list[tuple[tuple[str, ...], Path]] = []
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        here = Path(folder)
+        rel = here.relative_to(root).parts
+        dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]
+        found += [((*rel, f), here / f) for f in files if f.endswith(".py")]
+    return [p for _, p in sorted(found)]
+
+
 def python_stdlib(max_bytes: int = 8_000_000, val_fraction: float = 0.1):
     """Python standard-library source; whole files split train/val by name hash."""
     root = Path(sysconfig.get_paths()["stdlib"])
     docs, total = [], 0
-    for path in sorted(root.rglob("*.py")):
+    for path in _stdlib_sources(root):
         rel = path.relative_to(root)
-        if _SKIP_DIRS.intersection(rel.parts[:-1]):
-            continue
         try:
             data = path.read_bytes()
         except OSError:

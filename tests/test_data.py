@@ -49,3 +49,27 @@ def test_batches_are_seeded_and_validation_is_fixed():
     va = [x for x, _ in a.val_batches(2)]
     vc = [x for x, _ in c.val_batches(2)]
     assert all((p == q).all() for p, q in zip(va, vc))
+
+
+def test_the_stdlib_walk_finds_the_files_and_order_the_full_glob_did(tmp_path):
+    """pystdlib prunes the skipped folders instead of globbing under them (site-packages can hold most
+    of the files): the same files in the same order, so the same corpus and the same token store."""
+    import sysconfig
+    from pathlib import Path
+
+    from plugins import datasets
+
+    for root in (Path(sysconfig.get_paths()["stdlib"]), _odd_tree(tmp_path)):
+        globbed = [p for p in sorted(root.rglob("*.py"))
+                   if not datasets._SKIP_DIRS.intersection(p.relative_to(root).parts[:-1])]
+        assert datasets._stdlib_sources(root) == globbed
+
+
+def _odd_tree(root):
+    """Names whose string order differs from their part-by-part order, and skipped folders deep down."""
+    for rel in ("a-b/x.py", "a/b.py", "a/tests/t.py", "a/site-packages/s.py", "z.py", "a/b/c.py", "a/b.txt",
+                "test_x/y.py", "idle_test/q.py"):
+        f = root / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("x = 1\n")
+    return root
