@@ -217,15 +217,17 @@ def test_the_recall_grid(registry):
     from abl.run.lr_sweep import seed_warnings, tuning_grid
 
     grid = load_grid(ROOT / "ablations" / "recall.toml", registry)
-    assert len(grid.cells) == 30 * 4  # 30 cells x seeds 0-3
+    assert len(grid.cells) == 42 * 4  # 42 cells x seeds 0-3
     varied = {tuple(sorted(c.varied.items())) for c in grid.cells}
-    assert len(varied) == 30
+    assert len(varied) == 42
     # each mixer at its own learning rate (issue 26: at one shared lr 1e-2 attention stayed on the plateau),
     # with enough seeds left after the tuning seed for a verdict
     assert grid.cells[0].train.lr_sweep == [1e-3, 3e-3, 1e-2]
     assert seed_warnings(grid) == []
-    assert len(tuning_grid(grid, registry).cells) == 30 * 3
-    assert {c.model.layer_pattern for c in grid.cells} == {"mha", "linear", "mamba", "mamba2", "mamba2,mha"}
+    assert len(tuning_grid(grid, registry).cells) == 42 * 3
+    # the gated convolutions H3 and Hyena beside attention and the recurrent mixers (Zoology's gap)
+    assert {c.model.layer_pattern for c in grid.cells} == {"mha", "linear", "mamba", "mamba2", "mamba2,mha",
+                                                            "h3", "hyena"}
     assert len({c.model.d_model for c in grid.cells}) >= 3
     assert {c.components["dataset"]["params"]["num_kv_pairs"] for c in grid.cells} == {2, 4}
     assert all(c.components["dataset"]["name"] == "mqar" for c in grid.cells)
