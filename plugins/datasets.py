@@ -31,10 +31,11 @@ _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "_
 
 def _stdlib_sources(root: Path) -> list[Path]:
     """The ``*.py`` files under ``root`` outside ``_SKIP_DIRS``, in path order (as sorted Paths compare:
-    part by part). The skipped folders are never walked: site-packages alone can hold most of the
-    files under the standard library's folder."""
+    part by part), as ``root.rglob`` finds them: symlinked folders are not followed. The skipped
+    folders are never walked: site-packages alone can hold most of the files under the standard
+    library's folder."""
     found: list[tuple[tuple[str, ...], Path]] = []
-    for folder, dirs, files in os.walk(root, followlinks=True):
+    for folder, dirs, files in os.walk(root):
         here = Path(folder)
         rel = here.relative_to(root).parts
         dirs[:] = [d for d in dirs if d not in _SKIP_DIRS]

@@ -66,10 +66,12 @@ def test_the_stdlib_walk_finds_the_files_and_order_the_full_glob_did(tmp_path):
 
 
 def _odd_tree(root):
-    """Names whose string order differs from their part-by-part order, and skipped folders deep down."""
+    """Names whose string order differs from their part-by-part order, skipped folders deep down, and a
+    symlinked folder."""
     for rel in ("a-b/x.py", "a/b.py", "a/tests/t.py", "a/site-packages/s.py", "z.py", "a/b/c.py", "a/b.txt",
                 "test_x/y.py", "idle_test/q.py"):
         f = root / rel
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text("x = 1\n")
+    (root / "linked").symlink_to(root / "a", target_is_directory=True)  # the glob does not follow it
     return root
