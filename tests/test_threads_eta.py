@@ -196,19 +196,21 @@ def test_a_remote_cell_chooses_its_threads_on_the_node_that_runs_it(
 
 
 def test_own_load_follows_the_damped_one_minute_average():
-    assert threads.own_load([], 100.0) == 0.0
+    assert threads.own_load([], 100.0, 2) == 0.0
     # two threads running for ten minutes: the average has caught up with them
-    assert threads.own_load([(0.0, None, 2)], 600.0) == pytest.approx(2.0, abs=0.01)
+    assert threads.own_load([(0.0, None, 2)], 600.0, 2) == pytest.approx(2.0, abs=0.01)
     # just started: not yet in the average
-    assert threads.own_load([(99.0, None, 2)], 100.0) < 0.05
+    assert threads.own_load([(99.0, None, 2)], 100.0, 2) < 0.05
     # 30 s at two threads, finished 60 s ago
     want = 2 * (math.exp(-1) - math.exp(-1.5))
-    assert threads.own_load([(10.0, 40.0, 2)], 100.0) == pytest.approx(want)
+    assert threads.own_load([(10.0, 40.0, 2)], 100.0, 8) == pytest.approx(want)
     # against the kernel's own recurrence (every 5 s: load = load * e + n * (1 - e))
     e, load = math.exp(-5 / 60), 0.0
     for t in range(5, 101, 5):
         load = load * e + (2 if 10 < t <= 40 else 0) * (1 - e)
-    assert threads.own_load([(10.0, 40.0, 2)], 100.0) == pytest.approx(load, rel=0.1)
+    assert threads.own_load([(10.0, 40.0, 2)], 100.0, 8) == pytest.approx(load, rel=0.1)
+    # torch's default threads (None): one per core
+    assert threads.own_load([(0.0, None, None)], 600.0, 4) == pytest.approx(4.0, abs=0.02)
 
 
 def test_a_later_cell_is_not_slowed_by_its_own_grids_earlier_cells(jobs, monkeypatch):
@@ -220,13 +222,13 @@ def test_a_later_cell_is_not_slowed_by_its_own_grids_earlier_cells(jobs, monkeyp
     ex = LocalExecutor(workers=1, gpus=[])
     ex.finished.append((now - 41.0, now - 1.0, 2))  # the first cell: 40 s on 2 threads
     idle = 0.05
-    monkeypatch.setattr(threads, "load_average", lambda: idle + threads.own_load(ex.finished, now))
+    monkeypatch.setattr(threads, "load_average", lambda: idle + threads.own_load(ex.finished, now, 2))
     assert threads.load_average() > 1.0  # what the rule used to read as another job
     ex.assign_threads(jobs[1])
     assert jobs[1].threads == 2, jobs[1].threads_note
     assert "this run's own" in jobs[1].threads_note
     # another job that really keeps a core busy still counts
-    monkeypatch.setattr(threads, "load_average", lambda: 1.0 + threads.own_load(ex.finished, now))
+    monkeypatch.setattr(threads, "load_average", lambda: 1.0 + threads.own_load(ex.finished, now, 2))
     ex.assign_threads(jobs[2])
     assert jobs[2].threads == 1, jobs[2].threads_note
 
@@ -239,3 +241,16 @@ def test_the_executor_remembers_each_finished_cell_with_its_threads(jobs, monkey
     ex.run(jobs[:2], on_progress=lambda j: None, on_done=lambda j: None, poll_s=0.0)
     assert [n for _, _, n in ex.finished] == [2, 2]
     assert all(b - a >= 5 for a, b, _ in ex.finished)
+
+
+def test_cells_long_finished_drop_out_of_the_executors_memory(jobs, monkeypatch):
+    """A grid of thousands of cells must not sum every finished cell at each start: one that ended
+    ten time constants ago weighs nothing in the load average, and is forgotten."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    monkeypatch.setattr(threads, "load_average", lambda: 0.0)
+    now = time.time()
+    ex = LocalExecutor(workers=1, gpus=[])
+    ex.finished = [(now - 2000.0, now - 1900.0, 2)] * 5000 + [(now - 31.0, now - 1.0, 2)]
+    ex.assign_threads(jobs[0])
+    assert ex.finished == [(now - 31.0, now - 1.0, 2)]

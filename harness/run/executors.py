@@ -128,9 +128,9 @@ class Executor:
 
     def __init__(self) -> None:
         self.running: list[Job] = []
-        # (start, end, threads) of this run's finished cells: their part of the load average
-        # is this run's own, not another job's (abl.run.threads.own_load)
-        self.finished: list[tuple[float, float, int]] = []
+        # (start, end, threads; None: torch's default) of this run's finished cells: their part of
+        # the load average is this run's own, not another job's (abl.run.threads.own_load)
+        self.finished: list[tuple[float, float, int | None]] = []
 
     def launch(self, job: Job) -> None:
         raise NotImplementedError
@@ -179,7 +179,7 @@ class Executor:
                     tail(job)
                     job.returncode = code
                     self.running.remove(job)
-                    self.finished.append((job.started, time.time(), job.threads or 0))
+                    self.finished.append((job.started, time.time(), job.threads))
                     self.release(job)
                     on_done(job)
 
@@ -312,9 +312,10 @@ class LocalExecutor(Executor):
         from . import threads
 
         requested = job.cell.train.threads
-        cores = threads.usable_cores()
-        spans = self.finished + [(j.started, None, j.threads or cores) for j in self.running]
-        ours = threads.own_load([(a, b, n or cores) for a, b, n in spans], time.time())
+        now = time.time()
+        self.finished = [c for c in self.finished if now - c[1] < threads.LOAD_MEMORY_S]  # long gone
+        cells = self.finished + [(j.started, None, j.threads) for j in self.running]
+        ours = threads.own_load(cells, now, threads.usable_cores())
         job.threads, job.threads_note = threads.for_cell(requested, self.slots, ours)
         if job.threads_note.endswith("(OMP_NUM_THREADS)"):
             return

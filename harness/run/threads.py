@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping
 
 TORCH_DEFAULT = -1  # train.threads = -1: leave the thread count to torch
 LOAD_TAU_S = 60.0  # the 1-minute load average's time constant (an exponentially damped average)
+LOAD_MEMORY_S = 10 * LOAD_TAU_S  # a cell that ended this long ago weighs under e^-10 in the average
 
 
 def usable_cores() -> int:
@@ -51,10 +52,12 @@ def load_average() -> float | None:
         return None
 
 
-def own_load(cells: Iterable[tuple[float, float | None, int]], now: float, tau: float = LOAD_TAU_S) -> float:
+def own_load(cells: Iterable[tuple[float, float | None, int | None]], now: float, cores: int,
+             tau: float = LOAD_TAU_S) -> float:
     """This run's own part of the 1-minute load average at ``now``: the sum over its cells, each
-    ``(start, end, threads)`` (``end`` None: still running), of what ``threads`` runnable threads from
-    ``start`` to ``end`` leave in an exponentially damped average of time constant ``tau``::
+    ``(start, end, threads)`` (``end`` None: still running; ``threads`` None: torch's default, one
+    per core), of what ``threads`` runnable threads from ``start`` to ``end`` leave in an
+    exponentially damped average of time constant ``tau``::
 
         threads x (exp(-(now - end) / tau) - exp(-(now - start) / tau))
 
@@ -68,7 +71,7 @@ def own_load(cells: Iterable[tuple[float, float | None, int]], now: float, tau: 
         stop = now if end is None else min(end, now)
         if stop <= start:
             continue
-        total += max(1, n) * (math.exp(-(now - stop) / tau) - math.exp(-(now - start) / tau))
+        total += max(1, cores if n is None else n) * (math.exp(-(now - stop) / tau) - math.exp(-(now - start) / tau))
     return total
 
 
