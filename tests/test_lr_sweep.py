@@ -273,3 +273,120 @@ def test_run_sweep_prints_the_edge_warning(tmp_path, monkeypatch):
     edge = [line for line in text.splitlines() if "edge of" in line]
     assert edge and all("swiglu" in line for line in edge if "ffn=" in line)
     assert not any("gelu" in line for line in edge)
+
+
+# ---------------------------------------------------------------- several tuning seeds (issue 24)
+
+
+def test_two_tuning_seeds_refuse_an_lr_that_learned_on_one_seed_only(tmp_path, monkeypatch):
+    """The selective-copy failure, in small: swiglu's lowest loss on seed 0 is at 1e-2, the edge of its
+    stability, where seed 1 never leaves the plateau. One tuning seed picks 1e-2 and phase 2 inherits the
+    failure; with train.lr_tuning_seeds = 2 the lr that learned on both seeds (3e-3) is chosen, phase 2 runs
+    on the seeds after both, and the table shows each seed's loss."""
+    from rich.console import Console
+
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
+    from abl.run.lr_sweep import run_sweep
+
+    class Unstable(FakeExecutor):
+        def run(self, jobs, on_progress, on_done, poll_s=0.2, on_launch=None):
+            for job in jobs:
+                c = job.cell
+                self.loss = dict(LOSS)
+                if c.seed in (1, 4) and c.model.ffn == "swiglu":
+                    self.loss[("swiglu", 1e-2)] = 3.3  # at the unigram floor (3.26): did not learn
+                super().run([job], on_progress, on_done, poll_s, on_launch)
+
+    monkeypatch.chdir(tmp_path)
+    reg = get_registry()
+    one = GRID.replace("seeds = [0, 1, 2, 3]", "seeds = [0, 1, 2, 3, 4]")
+    (tmp_path / "one.toml").write_text(one)
+    ex = Unstable()
+    run_sweep(load_grid(tmp_path / "one.toml", reg), reg, tmp_path / "a.duckdb", tmp_path / "a", executor=ex,
+              console=Console(width=250))
+    assert sorted(t[2:] for t in ex.trained if t[0] == "sweep" and t[1] == "swiglu") == \
+        [(1e-2, s) for s in (1, 2, 3, 4)]  # one tuning seed: the unstable edge, failing on seeds 1 and 4
+
+    two = one.replace("lr_sweep = [", "lr_tuning_seeds = 2\nlr_sweep = [")
+    (tmp_path / "two.toml").write_text(two)
+    grid = load_grid(tmp_path / "two.toml", reg)
+    ex = Unstable()
+    console = Console(record=True, width=250)
+    assert run_sweep(grid, reg, tmp_path / "b.duckdb", tmp_path / "b", executor=ex, console=console) == 0
+    assert sorted(t[1:] for t in ex.trained if t[0] == "sweep.lr_tuning") == sorted(
+        (f, lr, s) for f in ("gelu", "swiglu") for lr in (1e-3, 3e-3, 1e-2) for s in (0, 1))
+    assert sorted(t[1:] for t in ex.trained if t[0] == "sweep") == sorted(
+        [("gelu", 3e-3, s) for s in (2, 3, 4)] + [("swiglu", 3e-3, s) for s in (2, 3, 4)])
+    text = console.export_text()
+    assert "seeds [0, 1]" in text and "phase 2 trains each variant at its own best lr on seeds [2, 3, 4]" in text
+    assert "did not learn on seed 1" in text  # swiglu at 1e-2: the mean, why it lost, and each seed's loss
+    assert "[1.9000, 3.3" in text
+    # the phase-2 runs record the tuning seeds; a tuning run of seed 0 has the run id it has with one
+    # tuning seed (nothing in its config says how many seeds tuned), so a store's seed-0 runs are reused
+    from abl.run.lr_sweep import final_grid, tuning_grid
+
+    final = final_grid(grid, reg, {'{"model.ffn": "gelu"}': 3e-3})
+    assert final.cells and all(c.config["lr_tuned"]["tuning_seeds"] == [0, 1] for c in final.cells)
+    ids_one = {c.run_id for c in tuning_grid(load_grid(tmp_path / "one.toml", reg), reg).cells}
+    ids_two = {c.run_id for c in tuning_grid(grid, reg).cells if c.seed == 0}
+    assert ids_one == ids_two
+
+
+def test_over_seeds_rules():
+    from abl.run.lr_sweep import DID_NOT_LEARN_WHY, best_lrs, over_seeds
+
+    assert over_seeds({0: (2.0, ""), 1: (2.2, "")}) == (pytest.approx(2.1), "")
+    assert over_seeds({0: (2.0, ""), 1: (None, "diverged")}) == (None, "diverged on seed 1")
+    assert over_seeds({0: (2.0, "")}) == (2.0, "")
+    assert over_seeds({0: (3.3, DID_NOT_LEARN_WHY)}) == (3.3, DID_NOT_LEARN_WHY)
+    assert over_seeds({0: (1.0, ""), 1: (3.0, DID_NOT_LEARN_WHY)}) == (2.0, "did not learn on seed 1")
+    # a lower mean that did not learn on one seed loses to an lr that learned on both; with none that
+    # learned on both, the lowest mean of the completed ones is taken (and is flagged did-not-learn)
+    best, _ = best_lrs({"v": {1e-2: over_seeds({0: (0.0, ""), 1: (1.0, DID_NOT_LEARN_WHY)}),
+                              3e-3: over_seeds({0: (1.2, ""), 1: (1.2, "")})}})
+    assert best == {"v": 3e-3}
+    best, _ = best_lrs({"v": {1e-2: over_seeds({0: (0.0, ""), 1: (1.0, DID_NOT_LEARN_WHY)}),
+                              3e-3: over_seeds({0: (3.2, DID_NOT_LEARN_WHY), 1: (3.2, DID_NOT_LEARN_WHY)})}})
+    assert best == {"v": 1e-2}
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["train.lr_tuning_seeds=3", "experiment.seeds=[0, 1, 2]"], "needs at least 4 seeds"),
+    (["train.lr_tuning_seeds=0"], "lr_tuning_seeds"),
+    (["grid.train.lr_tuning_seeds=[1, 2]"], "cannot be a grid axis"),
+])
+def test_bad_tuning_seeds_are_refused(tmp_path, sets, message):
+    from abl.contracts.config import ConfigError
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
+
+    (tmp_path / "g.toml").write_text(GRID)
+    with pytest.raises(ConfigError) as exc:
+        load_grid(tmp_path / "g.toml", get_registry(), sets)
+    assert message in str(exc.value)
+
+
+def test_dry_run_and_design_count_only_the_comparison_seeds(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from abl.cli import cli
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.design import compared_seeds
+    from abl.grid.gridfile import load_grid
+    from abl.run.lr_sweep import seed_warnings
+
+    monkeypatch.chdir(tmp_path)
+    text = GRID.replace("lr_sweep = [", "lr_tuning_seeds = 2\nlr_sweep = [")
+    (tmp_path / "g.toml").write_text(text)
+    grid = load_grid(tmp_path / "g.toml", get_registry())
+    assert compared_seeds(grid) == [2, 3]
+    (w,) = seed_warnings(grid)  # 2 comparison seeds left: too few
+    assert "seeds [0, 1] tune" in w and "[2, 3]" in w
+    r = CliRunner().invoke(cli, ["run", "g.toml", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "seeds [0, 1]" in r.output and "12 runs" in r.output and "on seeds [2, 3]" in r.output
+    # without a sweep lr_tuning_seeds changes nothing, run ids included
+    plain = load_grid(tmp_path / "g.toml", get_registry(), ["train.lr_sweep=[]"])
+    base = load_grid(tmp_path / "g.toml", get_registry(), ["train.lr_sweep=[]", "train.lr_tuning_seeds=1"])
+    assert [c.run_id for c in plain.cells] == [c.run_id for c in base.cells]

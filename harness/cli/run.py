@@ -51,11 +51,12 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         for line in design_lines(full):  # what the seeds can decide, before any run
             click.echo(line)
         if grid.cells[0].train.lr_sweep:  # abl.run.lr_sweep: phase 2's cells depend on phase 1's results
-            from ..run.lr_sweep import tuning_grid
+            from ..run.lr_sweep import comparison_seeds, tuning_grid, tuning_seeds
 
-            seeds = grid.cells[0].experiment.seeds
-            click.echo(f"lr sweep: phase 1 (below) trains every cell at each lr of train.lr_sweep on seed "
-                       f"{seeds[0]}; phase 2 then trains each variant at its own best lr on seeds {seeds[1:]}")
+            tuned = tuning_seeds(grid)
+            on = f"seed {tuned[0]}" if len(tuned) == 1 else f"seeds {tuned} (the lowest mean val_loss wins)"
+            click.echo(f"lr sweep: phase 1 (below) trains every cell at each lr of train.lr_sweep on {on}; phase 2 "
+                       f"then trains each variant at its own best lr on seeds {comparison_seeds(grid)}")
             _print_cells(tuning_grid(grid, registry))
         else:
             _print_cells(grid, numbers_of(full))

@@ -175,6 +175,10 @@ class TrainConfig:
     lr_sweep: list = field(default_factory=list, metadata={
         "doc": "fair learning rates (abl.run.lr_sweep): train every cell at each of these peak LRs on the first "
                "seed, then each variant at its own best LR on the other seeds; empty = train.lr"})
+    lr_tuning_seeds: int = _f(1, "with train.lr_sweep: how many of the first seeds tune the learning rates; each "
+                              "variant gets the lr with the lowest mean final val_loss over them that learned on "
+                              "every one (2 or more catch an lr that is stable on one seed only); the rest compare",
+                              min=1, max=16)
     compile: bool = _f(False, "torch.compile the model and its loss for the training steps (compile time "
                        "is recorded apart as compile_s, never in tokens/s; evaluation stays eager)")
 

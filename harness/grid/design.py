@@ -16,9 +16,10 @@ from ..contracts.config import Grid
 
 
 def compared_seeds(grid: Grid) -> list[int]:
-    """The seeds whose runs are compared: all of them, or all but the first under train.lr_sweep (it tunes)."""
+    """The seeds whose runs are compared: all of them, or those after the tuning seeds under train.lr_sweep
+    (the first ``train.lr_tuning_seeds`` tune)."""
     seeds = list(grid.cells[0].experiment.seeds) if grid.cells else []
-    return seeds[1:] if grid.cells and grid.cells[0].train.lr_sweep else seeds
+    return seeds[grid.cells[0].train.lr_tuning_seeds:] if grid.cells and grid.cells[0].train.lr_sweep else seeds
 
 
 def detectable(grid: Grid) -> dict[str, stats.DesignPower]:

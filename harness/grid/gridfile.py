@@ -197,7 +197,8 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
             seen.add(cell.run_id)
             cells.append(cell)
     if not errs and cells and cells[0].train.lr_sweep:
-        errs += [f"{source}: {m}" for m in check_lr_sweep(cells[0].train.lr_sweep, exp.seeds, paths)]
+        errs += [f"{source}: {m}" for m in check_lr_sweep(cells[0].train.lr_sweep, exp.seeds, paths,
+                                                                  cells[0].train.lr_tuning_seeds)]
     if not errs and cells and cells[0].train.match != "none":
         from ..model.matching import match_cells
 

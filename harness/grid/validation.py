@@ -202,11 +202,13 @@ def _selector(axis: str, sections: dict[str, Any]) -> str:
 
 
 def _train_config(tc: TrainConfig) -> dict[str, Any]:
-    """``[train]`` as stored and hashed; an empty ``lr_sweep`` is left out, so run ids from before it
-    existed stay the same."""
+    """``[train]`` as stored and hashed; an empty ``lr_sweep`` is left out, and ``lr_tuning_seeds`` at its
+    default (1) or without a sweep, so run ids from before they existed stay the same."""
     out = dataclasses.asdict(tc)
     if not out["lr_sweep"]:
         del out["lr_sweep"]
+    if out["lr_tuning_seeds"] == 1 or "lr_sweep" not in out:
+        del out["lr_tuning_seeds"]
     return out
 
 
@@ -378,7 +380,7 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
     return cell, []
 
 
-def check_lr_sweep(values: Any, seeds: list, grid_paths: list[str]) -> list[str]:
+def check_lr_sweep(values: Any, seeds: list, grid_paths: list[str], tuning_seeds: int = 1) -> list[str]:
     """Problems with ``train.lr_sweep`` in a grid (abl.run.lr_sweep runs it)."""
     errs = []
     if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -386,11 +388,15 @@ def check_lr_sweep(values: Any, seeds: list, grid_paths: list[str]) -> list[str]
         errs.append(f"train.lr_sweep must be a list of positive learning rates, got {values!r}")
     elif len(set(values)) != len(values):
         errs.append(f"train.lr_sweep has duplicates: {values!r}")
-    if len(seeds) < 2:
-        errs.append(f"train.lr_sweep needs at least 2 seeds (the first tunes, the others compare); "
+    if len(seeds) < tuning_seeds + 1:
+        first = "the first tunes" if tuning_seeds == 1 else f"train.lr_tuning_seeds = {tuning_seeds}: the first " \
+                                                             f"{tuning_seeds} tune"
+        errs.append(f"train.lr_sweep needs at least {tuning_seeds + 1} seeds ({first}, the others compare); "
                     f"experiment.seeds = {seeds!r}")
     if "train.lr" in grid_paths:
         errs.append("train.lr is both a grid axis and swept by train.lr_sweep; use one of them")
+    if "train.lr_tuning_seeds" in grid_paths:
+        errs.append("train.lr_tuning_seeds cannot be a grid axis: it sets how the whole sweep tunes")
     return errs
 
 

@@ -5,12 +5,14 @@ like it; published ablations that skip tuning are a known source of false
 wins. With ``train.lr_sweep = [1e-3, 3e-3, 1e-2]`` a grid runs in two phases:
 
 1. tuning: every cell of the grid at every learning rate of the sweep, on the
-   first seed only, in the experiment ``<name>.lr_tuning``;
+   first seed only (the first ``train.lr_tuning_seeds`` seeds), in the
+   experiment ``<name>.lr_tuning``;
 2. comparison: each variant (a cell of the grid) at the learning rate that
-   gave its lowest final ``val_loss`` in phase 1, on the remaining seeds, in
-   the experiment ``<name>``. A learning rate whose run did not complete, or
-   did not learn (abl.analysis.health), is never chosen while another
-   learned. A variant that learned at no learning rate of the sweep (on a
+   gave its lowest final ``val_loss`` in phase 1 (the lowest mean over the
+   tuning seeds), on the remaining seeds, in the experiment ``<name>``. A
+   learning rate whose run did not complete, or did not learn
+   (abl.analysis.health), on any tuning seed is never chosen while another
+   learned on all of them. A variant that learned at no learning rate of the sweep (on a
    task, a mixer that never leaves the no-recall baseline) still goes to
    phase 2, at the completed run's lowest final ``val_loss``, with a warning:
    its phase-2 runs are flagged "did not learn" there, which is the finding
@@ -19,7 +21,19 @@ wins. With ``train.lr_sweep = [1e-3, 3e-3, 1e-2]`` a grid runs in two phases:
 
 The tuning seed is kept out of phase 2, so picking the best learning rate on
 it does not bias the comparison (the selection and the test use different
-seeds). Each phase-2 run records what was swept and which learning rate won
+seeds).
+
+Why more than one tuning seed (``train.lr_tuning_seeds = 2``): one seed
+cannot show that a learning rate is stable. At the edge of stability a
+variant can reach the lowest loss on the tuning seed and stall or diverge on
+others; the lowest loss on one seed then picks exactly that edge, and the
+comparison inherits a variant that fails on some seeds (on selective copying,
+Mamba at lr 1e-2: solved on two seeds, never left the plateau on a third).
+Averaging the tuning loss over seeds, and refusing a learning rate that did
+not learn on one of them, is the variance-aware selection Bouthillier et al.
+2021 ("Accounting for Variance in Machine Learning Benchmarks",
+arXiv:2103.03098, sec. 3 and 5) recommend: hyperparameters chosen on one seed
+carry that seed's luck into the comparison. Each phase-2 run records what was swept and which learning rate won
 under ``config["lr_tuned"]`` (so in its run id), and its label ends with
 ``lr=<chosen>``: every summary and report says which learning rate each
 variant got. ``abl compare <name>`` compares the phase-2 runs.
@@ -49,6 +63,7 @@ TUNING_SUFFIX = ".lr_tuning"
 def _raw(grid: Grid) -> dict:
     raw = copy.deepcopy(grid.raw)
     raw.setdefault("train", {})["lr_sweep"] = []
+    raw["train"].pop("lr_tuning_seeds", None)
     raw.setdefault("grid", {})["train.lr"] = [float(v) for v in grid.cells[0].train.lr_sweep]
     return raw
 
@@ -58,53 +73,108 @@ def variant(cell: Cell) -> str:
     return json.dumps({k: v for k, v in cell.varied.items() if k != "train.lr"}, sort_keys=True, default=str)
 
 
+def tuning_seeds(grid: Grid) -> list[int]:
+    """The seeds that tune the learning rates: the first ``train.lr_tuning_seeds`` of the grid's."""
+    return list(grid.cells[0].experiment.seeds[:grid.cells[0].train.lr_tuning_seeds])
+
+
+def comparison_seeds(grid: Grid) -> list[int]:
+    """The seeds phase 2 compares on: the grid's seeds after the tuning seeds."""
+    return list(grid.cells[0].experiment.seeds[grid.cells[0].train.lr_tuning_seeds:])
+
+
+def _seeds_text(seeds: list[int]) -> str:
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds}"
+
+
 def tuning_grid(grid: Grid, registry) -> Grid:
-    """Phase 1: every cell at every swept learning rate, first seed, experiment ``<name>.lr_tuning``."""
+    """Phase 1: every cell at every swept learning rate, on the tuning seeds, experiment ``<name>.lr_tuning``.
+
+    Its runs are plain runs at one learning rate (no sweep, no ``lr_tuning_seeds`` in their config), so the
+    tuning run of a seed keeps its run id whatever the number of tuning seeds."""
     raw = _raw(grid)
     exp = raw.setdefault("experiment", {})
     exp["name"] = grid.cells[0].experiment.name + TUNING_SUFFIX
-    exp["seeds"] = [grid.cells[0].experiment.seeds[0]]
+    exp["seeds"] = tuning_seeds(grid)
     return expand(raw, registry, source=grid.path)
 
 
 def final_grid(grid: Grid, registry, best: dict[str, float]) -> Grid:
     """Phase 2: each variant at its best learning rate (``best``: variant -> lr), on the other seeds."""
     raw = _raw(grid)
-    raw.setdefault("experiment", {})["seeds"] = list(grid.cells[0].experiment.seeds[1:])
+    raw.setdefault("experiment", {})["seeds"] = comparison_seeds(grid)
     full = expand(raw, registry, source=grid.path)
     swept = [float(v) for v in grid.cells[0].train.lr_sweep]
+    tuned_on = tuning_seeds(grid)
     cells = []
     for c in full.cells:
         v = variant(c)
         if v in best and math.isclose(c.train.lr, best[v]):
             c.config["lr_tuned"] = {"lr_sweep": swept, "chosen": best[v],
                                     "tuning_experiment": grid.cells[0].experiment.name + TUNING_SUFFIX,
-                                    "tuning_seed": grid.cells[0].experiment.seeds[0]}
+                                    "tuning_seed": tuned_on[0]}
+            if len(tuned_on) > 1:  # left out for one seed, so run ids from before it existed stay the same
+                c.config["lr_tuned"]["tuning_seeds"] = tuned_on
             c.run_id = run_id_of(c.config)  # the canonical shape, as every run id (abl.contracts.config)
             cells.append(c)
     return Grid(path=full.path, raw=raw, cells=cells, grid_paths=full.grid_paths)
 
 
-def tuning_results(db_path: Path, tuning: Grid) -> dict[str, dict[float, tuple[float | None, str]]]:
-    """variant -> {lr: (final val_loss or None, why not usable)} of the phase-1 runs in the store."""
+PerSeed = dict[str, dict[float, dict[int, tuple[float | None, str]]]]
+
+
+def tuning_runs(db_path: Path, tuning: Grid) -> PerSeed:
+    """variant -> {lr: {seed: (final val_loss or None, why not usable)}} of the phase-1 runs in the store."""
     from ..present.report import load_runs
 
     by_id = {c.run_id: c for c in tuning.cells}
     runs = load_runs(db_path, run_ids=list(by_id), curve_names=()) if Path(db_path).exists() else []
-    out: dict[str, dict[float, tuple[float | None, str]]] = {}
+    out: PerSeed = {}
     for c in tuning.cells:
-        out.setdefault(variant(c), {})[c.train.lr] = (None, "not run")
+        out.setdefault(variant(c), {}).setdefault(c.train.lr, {})[c.seed] = (None, "not run")
     for r in runs:
         c = by_id[r.run_id]
         loss = r.final.get("val_loss")
         why = ("" if r.status == "completed" and loss is not None and math.isfinite(loss)
                and not (r.final.get("did_not_learn") or 0) >= 0.5
                else r.status if r.status != "completed" else DID_NOT_LEARN_WHY if loss is not None else "no val_loss")
-        out[variant(c)][c.train.lr] = (loss, why)
+        out[variant(c)][c.train.lr][c.seed] = (loss, why)
     return out
 
 
+def over_seeds(per_seed: dict[int, tuple[float | None, str]]) -> tuple[float | None, str]:
+    """One learning rate's tuning result over its tuning seeds: the mean final val_loss, usable ("") only when
+    it learned on every seed. A run that did not complete (or has no val_loss) on any seed makes the learning
+    rate unusable (None, why, naming the seed); one that did not learn on some seeds keeps the mean with
+    ``did not learn`` (on which seeds, when others learned), so it is chosen only where no lr learned."""
+    many = len(per_seed) > 1
+    for seed, (loss, why) in sorted(per_seed.items()):
+        if why and why != DID_NOT_LEARN_WHY:
+            return None, why + (f" on seed {seed}" if many else "")
+    losses = [loss for loss, _ in per_seed.values() if loss is not None]
+    mean = sum(losses) / len(losses)
+    stuck = [seed for seed, (_, why) in sorted(per_seed.items()) if why == DID_NOT_LEARN_WHY]
+    if not stuck:
+        return mean, ""
+    if len(stuck) == len(per_seed):
+        return mean, DID_NOT_LEARN_WHY
+    return mean, f"{DID_NOT_LEARN_WHY} on seed{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))}"
+
+
+def tuning_results(db_path: Path, tuning: Grid) -> dict[str, dict[float, tuple[float | None, str]]]:
+    """variant -> {lr: (mean final val_loss over the tuning seeds or None, why not usable)} (``over_seeds``)."""
+    return summarise(tuning_runs(db_path, tuning))
+
+
+def summarise(per_seed: PerSeed) -> dict[str, dict[float, tuple[float | None, str]]]:
+    return {v: {lr: over_seeds(seeds) for lr, seeds in by_lr.items()} for v, by_lr in per_seed.items()}
+
+
 DID_NOT_LEARN_WHY = "did not learn"
+
+
+def _stuck(why: str) -> bool:
+    return why.startswith(DID_NOT_LEARN_WHY)
 
 
 def best_lrs(results: dict[str, dict[float, tuple[float | None, str]]]) -> tuple[dict[str, float], list[str]]:
@@ -114,7 +184,7 @@ def best_lrs(results: dict[str, dict[float, tuple[float | None, str]]]) -> tuple
     best, missing = {}, []
     for v, by_lr in results.items():
         ok = [(loss, lr) for lr, (loss, why) in by_lr.items() if not why and loss is not None]
-        ok = ok or [(loss, lr) for lr, (loss, why) in by_lr.items() if why == DID_NOT_LEARN_WHY and loss is not None]
+        ok = ok or [(loss, lr) for lr, (loss, why) in by_lr.items() if _stuck(why) and loss is not None]
         if ok:
             best[v] = min(ok)[1]
         else:
@@ -123,8 +193,8 @@ def best_lrs(results: dict[str, dict[float, tuple[float | None, str]]]) -> tuple
 
 
 def unlearned(results: dict[str, dict[float, tuple[float | None, str]]], best: dict[str, float]) -> list[str]:
-    """The variants whose chosen learning rate did not learn (none of the sweep did)."""
-    return [v for v, lr in best.items() if results[v][lr][1] == DID_NOT_LEARN_WHY]
+    """The variants whose chosen learning rate did not learn (on every tuning seed none of the sweep did)."""
+    return [v for v, lr in best.items() if _stuck(results[v][lr][1])]
 
 
 def seed_warnings(grid: Grid) -> list[str]:
@@ -133,8 +203,8 @@ def seed_warnings(grid: Grid) -> list[str]:
 
     if not grid.cells or not grid.cells[0].train.lr_sweep:
         return []
-    seeds = list(grid.cells[0].experiment.seeds)
-    left = len(seeds) - 1
+    tuned, compared = tuning_seeds(grid), comparison_seeds(grid)
+    left = len(compared)
     if left >= MIN_SEEDS:
         return []
     from ..grid.design import detectable
@@ -143,10 +213,11 @@ def seed_warnings(grid: Grid) -> list[str]:
     per_axis = ("; per axis, pooled over the other axes, the design can still decide " +
                 ", ".join(f"{a} (levels {k:.1f} σ apart)" for a, k in decided.items()) if decided else
                 "; no axis can get a verdict either")
-    return [f"train.lr_sweep: seed {seeds[0]} tunes the learning rates, leaving {left} seed(s) {seeds[1:]} for "
-            f"the comparison; the statistics need at least {MIN_SEEDS} seeds per cell for a verdict, so every "
+    verb = "tunes" if len(tuned) == 1 else "tune"
+    return [f"train.lr_sweep: {_seeds_text(tuned)} {verb} the learning rates, leaving {left} seed(s) {compared} "
+            f"for the comparison; the statistics need at least {MIN_SEEDS} seeds per cell for a verdict, so every "
             f"comparison of two cells will read \"{TOO_FEW}\"{per_axis}: give experiment.seeds at least "
-            f"{MIN_SEEDS + 1} seeds"]
+            f"{MIN_SEEDS + len(tuned)} seeds"]
 
 
 def edge_warnings(best: dict[str, float], sweep: list[float], labels: dict | None = None) -> list[str]:
@@ -169,9 +240,10 @@ def edge_warnings(best: dict[str, float], sweep: list[float], labels: dict | Non
 
 
 def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tuple[float | None, str]]],
-                       best: dict[str, float]) -> None:
-    """Phase 1's final val_loss per variant and learning rate, ``*`` on the one each variant gets; the
-    variants labelled by abl.grid.labels; one block per variant when the table does not fit the terminal."""
+                       best: dict[str, float], per_seed: PerSeed | None = None) -> None:
+    """Phase 1's final val_loss per variant and learning rate (the mean over the tuning seeds, each seed's
+    after it in brackets when there are several), ``*`` on the one each variant gets; the variants labelled
+    by abl.grid.labels; one block per variant when the table does not fit the terminal."""
     from rich.table import Table
     from rich.text import Text
 
@@ -184,7 +256,10 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
             configs.setdefault(variant(c), c.config)
     fallback: dict[Hashable, str] = {v: grid_label(json.loads(v)) for v in results}
     labels = cell_labels(configs, [p for p in tuning.grid_paths if p != "train.lr"], fallback)
-    title = "lr sweep: final val_loss on the tuning seed; * = the learning rate each variant gets"
+    seeds = sorted({c.seed for c in tuning.cells})
+    title = ("lr sweep: final val_loss on the tuning seed; * = the learning rate each variant gets" if len(seeds) == 1
+             else f"lr sweep: mean final val_loss over tuning seeds {seeds} [each seed's]; * = the learning rate "
+                  "each variant gets")
     lrs = sorted({lr for by_lr in results.values() for lr in by_lr})
     table = Table(title=title, title_justify="left")
     table.add_column("variant", overflow="fold")
@@ -195,8 +270,12 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
         cells = []
         for lr in lrs:
             loss, why = by_lr.get(lr, (None, "not run"))
-            text = (f"{loss:.4f} ({why})" if why == DID_NOT_LEARN_WHY and loss is not None
+            text = (f"{loss:.4f} ({why})" if _stuck(why) and loss is not None
                     else why if why else f"{loss:.4f}")
+            each = (per_seed or {}).get(v, {}).get(lr, {})
+            if len(each) > 1 and loss is not None:
+                text += " [" + ", ".join("-" if x is None else f"{x:.4f}" for x, _ in
+                                         (each[s] for s in sorted(each))) + "]"
             cells.append(text + (" *" if best.get(v) == lr else ""))
         rows.append((str(labels.get(v, fallback[v])), cells))
         table.add_row(rows[-1][0], *cells)
@@ -226,8 +305,8 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
     tuning = tuning_grid(grid, registry)
     for w in seed_warnings(grid):
         console.print(f"[yellow]warning: {w}[/]", highlight=False)
-    console.print(f"[bold]lr sweep[/]: phase 1 tunes every cell at lr in {grid.cells[0].train.lr_sweep} on seed "
-                  f"{grid.cells[0].experiment.seeds[0]} (experiment {tuning.cells[0].experiment.name})")
+    console.print(f"[bold]lr sweep[/]: phase 1 tunes every cell at lr in {grid.cells[0].train.lr_sweep} on "
+                  f"{_seeds_text(tuning_seeds(grid))} (experiment {tuning.cells[0].experiment.name})")
     from ..present import termlayout
 
     machine = termlayout.PRESENTATION  # phase 1's summary is a table on the console: only phase 2's is piped
@@ -237,9 +316,10 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
                             console=console)
     finally:
         termlayout.PRESENTATION = machine
-    results = tuning_results(db_path, tuning)
+    per_seed = tuning_runs(db_path, tuning)
+    results = summarise(per_seed)
     best, missing = best_lrs(results)
-    print_tuning_table(console, tuning, results, best)
+    print_tuning_table(console, tuning, results, best, per_seed)
     stuck = unlearned(results, best)
     learned = {v: lr for v, lr in best.items() if v not in stuck}
     for w in edge_warnings(learned, [float(v) for v in grid.cells[0].train.lr_sweep]):
@@ -247,9 +327,10 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
     if stuck:
         from ..grid.labels import grid_label
 
-        console.print(f"[yellow]warning: lr sweep: {len(stuck)} variant(s) did not learn at any lr of the sweep "
-                      f"({'; '.join(grid_label(json.loads(v)) for v in stuck)}); phase 2 trains each at its lowest "
-                      "tuning val_loss, where it will be flagged \"did not learn\"[/]", highlight=False)
+        every = "" if len(tuning_seeds(grid)) == 1 else " on every tuning seed"
+        console.print(f"[yellow]warning: lr sweep: {len(stuck)} variant(s) did not learn at any lr of the sweep"
+                      f"{every} ({'; '.join(grid_label(json.loads(v)) for v in stuck)}); phase 2 trains each at its "
+                      "lowest tuning val_loss, where it will be flagged \"did not learn\"[/]", highlight=False)
     if missing:
         console.print(f"[red]{len(missing)} variant(s) have no completed tuning run and are left out of "
                       "phase 2[/]")
@@ -258,6 +339,6 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
         return failures + len(missing)
     final = final_grid(grid, registry, best)
     console.print(f"[bold]lr sweep[/]: phase 2 trains each variant at its own best lr on seeds "
-                  f"{grid.cells[0].experiment.seeds[1:]}")
+                  f"{comparison_seeds(grid)}")
     return failures + len(missing) + run_grid(final, registry, db_path, runs_dir, executor=executor,
                                               retry_failed=retry_failed, console=console, detect=detect)
