@@ -129,6 +129,8 @@ def gemma2() -> list[Setting]:
                 "(2B: 9216 / 2304)"),
         Setting("ffn.geglu.bias", False, GEMMA2_CFG),
         Setting("model.tie_embeddings", True, f"{GEMMA2_T1} (tied embeddings: yes)"),
+        Setting("model.logit_softcap", 30.0, f"{GEMMA2} (logit soft-capping, 30.0 for the final layer); "
+                f"{GEMMA2_CFG}: final_logit_softcapping 30.0"),
     ]
 
 
@@ -248,7 +250,6 @@ RECIPES = {
         "attention-probability and embedding dropout (attn_pdrop, embd_pdrop 0.1): abl has residual dropout only.",
     )),
     "gemma2": (gemma2, f"Gemma 2: sandwich RMSNorm, alternating local/global GQA, soft-capping, GeGLU ({GEMMA2}).", (
-        "final logit soft-capping at 30.0 (final_logit_softcapping): no LM-head soft cap in abl.",
         "token embeddings multiplied by sqrt(d_model): not expressible with the rope position.",
         "head size 256 independent of d_model / n_heads: abl derives head_dim; set model.head_dim to match.",
         "GeGLU's GELU is the tanh approximation (gelu_pytorch_tanh); abl's geglu uses the exact erf form.",

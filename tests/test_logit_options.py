@@ -70,3 +70,55 @@ def test_defaults_leave_the_hashed_config_and_run_id_as_before(registry):
 def test_bad_values_are_refused(registry, model, message):
     with pytest.raises(ConfigError, match=message):
         _cell(registry, **model)
+
+
+# ---------------------------------------------------------------- final-logit soft-capping (Gemma 2)
+
+
+def test_logit_softcap_caps_the_logits_as_gemma_2_does(registry):
+    """Gemma 2 (arXiv:2408.00118, sec. 2): logits <- c * tanh(logits / c), after the head, before the loss.
+    Checked against the uncapped model's logits; a large head makes the cap bite (|logits| > c)."""
+    plain, capped = _model(registry), _model(registry, logit_softcap=3.0)
+    with torch.no_grad():
+        for m in (plain, capped):
+            m.lm_head.weight.mul_(2.0)
+    x = torch.randint(0, V, (2, 8))
+    a, b = plain(x)[0].detach(), capped(x)[0].detach()
+    assert float(a.abs().max()) > 3.0 and float(b.abs().max()) < 3.0
+    torch.testing.assert_close(b, 3.0 * torch.tanh(a / 3.0))
+    _, loss, ctx = capped(x, x)
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(b.reshape(-1, V), x.reshape(-1)))
+    # with logit scaling, the cap applies to the scaled logits
+    both = _model(registry, logit_softcap=3.0, logit_scale="inv_sqrt_d_model")
+    with torch.no_grad():
+        both.lm_head.weight.mul_(2.0)
+    torch.testing.assert_close(both(x)[0], 3.0 * torch.tanh(a / math.sqrt(16) / 3.0))
+
+
+def test_logit_softcap_holds_in_cached_decoding(registry):
+    """A cached decoding step (the path abl.model.decode takes) reads the same capped logits as a full
+    forward over the whole sequence."""
+    from abl.model.decoder import ForwardContext
+
+    model = _model(registry, logit_softcap=2.0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)
+    model.eval()
+    seq = torch.randint(0, V, (2, 6))
+    with torch.no_grad():
+        full = model(seq)[0]
+        cache: dict = {}
+        model(seq[:, :5], ctx=ForwardContext(position=model.position, start=0, cache=cache))
+        step = model(seq[:, 5:], ctx=ForwardContext(position=model.position, start=5, cache=cache))[0]
+    assert 1.5 < float(full.abs().max()) < 2.0  # capped, and the cap bites
+    torch.testing.assert_close(step[:, -1], full[:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_logit_softcap_left_out_at_its_default_and_refused_below_zero(registry):
+    base = _cell(registry)
+    assert "logit_softcap" not in base.config["model"]
+    assert _cell(registry, logit_softcap=0.0).run_id == base.run_id
+    capped = _cell(registry, logit_softcap=30.0)
+    assert capped.config["model"]["logit_softcap"] == 30.0 and capped.run_id != base.run_id
+    with pytest.raises(ConfigError, match="logit_softcap must be >= 0"):
+        _cell(registry, logit_softcap=-1.0)

@@ -118,6 +118,9 @@ class ModelConfig:
                        "of the logits at the scored positions, to the training loss (PaLM, Chowdhery et al. "
                        "2022, arXiv:2204.02311, sec. 5: 1e-4); 0 = off. val_loss stays the cross-entropy", min=0.0,
                        variant=True)
+    logit_softcap: float = _f(0.0, "final-logit soft-capping: the LM head's logits (after model.logit_scale) become "
+                              "c * tanh(logits / c), in training, evaluation and decoding (Gemma 2, Gemma Team 2024, "
+                              "arXiv:2408.00118, sec. 2: c = 30.0); 0 = off", min=0.0, variant=True)
 
     def layer_mixer_names(self) -> list[str]:
         """The mixer name of each layer (``layer_pattern`` tiled, or ``mixer`` everywhere)."""
@@ -285,8 +288,8 @@ class Grid:
 
 
 def stored_model(model: ModelConfig) -> dict[str, Any]:
-    """``[model]`` as stored and hashed; ``recipe``, ``logit_scale`` and ``z_loss`` left out at their
-    defaults (empty, none, 0), so the run ids of cells from before they existed stay the same."""
+    """``[model]`` as stored and hashed; ``recipe``, ``logit_scale``, ``z_loss`` and ``logit_softcap`` left
+    out at their defaults (empty, none, 0, 0), so the run ids of cells from before they existed stay the same."""
     out = dataclasses.asdict(model)
     if not out["recipe"]:
         del out["recipe"]
@@ -294,6 +297,8 @@ def stored_model(model: ModelConfig) -> dict[str, Any]:
         del out["logit_scale"]
     if not out["z_loss"]:
         del out["z_loss"]
+    if not out["logit_softcap"]:
+        del out["logit_softcap"]
     return out
 
 

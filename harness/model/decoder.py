@@ -1,6 +1,6 @@
 """The shared decoder-only skeleton. Every part comes from the registry.
 
-    tokens -> embedding -> position.embed -> N x block -> final norm -> LM head (x logit scale) -> CE
+    tokens -> embedding -> position.embed -> N x block -> final norm -> LM head (x logit scale, soft cap) -> CE
                                                                              (+ z-loss)
 
 (the GPT-2 layout, Radford et al. 2019, "Language Models are Unsupervised
@@ -13,7 +13,10 @@ Two options of the head, both config keys of the skeleton: ``model.logit_scale``
 logits by a factor of d_model (``inv_sqrt_d_model``: 1/sqrt(d_model), Mesh-TensorFlow's
 Transformer with tied embeddings, Shazeer et al. 2018, arXiv:1811.02084); ``model.z_loss`` adds
 the output z-loss c * mean(log^2 Z) over the scored positions, Z = sum_v exp(logit_v) (PaLM,
-Chowdhery et al. 2022, arXiv:2204.02311, sec. 5, c = 1e-4), to the training loss.
+Chowdhery et al. 2022, arXiv:2204.02311, sec. 5, c = 1e-4), to the training loss. A third,
+``model.logit_softcap`` = c > 0, soft-caps the (scaled) logits at c * tanh(logits / c) before the loss
+and wherever logits are read (Gemma 2, Gemma Team 2024, arXiv:2408.00118, sec. 2, "Logit soft-capping":
+c = 30.0 for the final layer).
 """
 
 from __future__ import annotations
@@ -347,8 +350,9 @@ class DecoderLM(nn.Module):
         fusable = type(self.lm_head) is nn.Linear and self.lm_head.bias is None  # not swapped (fp8)
         # Only the Triton op fuses the LM head into the loss (the [B*T, V] logits never exist
         # whole); the reference would form them anyway, so on torch the model keeps them. The
-        # z-loss needs the logits' normaliser, so it keeps them too.
-        if use_triton() and targets is not None and not ctx.need_logits and fusable and not self.cfg.z_loss:
+        # z-loss needs the logits' normaliser and the soft cap changes them, so both keep them too.
+        if (use_triton() and targets is not None and not ctx.need_logits and fusable and not self.cfg.z_loss
+                and not self.cfg.logit_softcap):
             # imported here, not at the top: the kernel modules import triton, which decides once
             # at import whether it interprets, and a worker imports this module (through the
             # trainer) before it has switched the interpreter on for a CPU triton cell
@@ -360,6 +364,9 @@ class DecoderLM(nn.Module):
             logits = self.lm_head(x)
             if scale != 1.0:
                 logits = logits * scale
+            if self.cfg.logit_softcap:
+                cap = self.cfg.logit_softcap
+                logits = cap * torch.tanh(logits / cap)
             ce = None
             if targets is not None:
                 ce = self.loss(logits, targets)
