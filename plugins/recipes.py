@@ -129,6 +129,8 @@ def gemma2() -> list[Setting]:
                 "(2B: 9216 / 2304)"),
         Setting("ffn.geglu.bias", False, GEMMA2_CFG),
         Setting("model.tie_embeddings", True, f"{GEMMA2_T1} (tied embeddings: yes)"),
+        Setting("model.embed_scale", "sqrt_d_model", f"{GEMMA2_CFG} with modeling_gemma2.py: the input "
+                "embeddings are multiplied by hidden_size ** 0.5 (normalizer)"),
         Setting("model.logit_softcap", 30.0, f"{GEMMA2} (logit soft-capping, 30.0 for the final layer); "
                 f"{GEMMA2_CFG}: final_logit_softcapping 30.0"),
     ]
@@ -250,7 +252,6 @@ RECIPES = {
         "attention-probability and embedding dropout (attn_pdrop, embd_pdrop 0.1): abl has residual dropout only.",
     )),
     "gemma2": (gemma2, f"Gemma 2: sandwich RMSNorm, alternating local/global GQA, soft-capping, GeGLU ({GEMMA2}).", (
-        "token embeddings multiplied by sqrt(d_model): not expressible with the rope position.",
         "head size 256 independent of d_model / n_heads: abl derives head_dim; set model.head_dim to match.",
         "GeGLU's GELU is the tanh approximation (gelu_pytorch_tanh); abl's geglu uses the exact erf form.",
         "RMSNorm scales by (1 + w), w initialised at 0: the same function at init, another parametrisation.",

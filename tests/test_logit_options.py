@@ -122,3 +122,26 @@ def test_logit_softcap_left_out_at_its_default_and_refused_below_zero(registry):
     assert capped.config["model"]["logit_softcap"] == 30.0 and capped.run_id != base.run_id
     with pytest.raises(ConfigError, match="logit_softcap must be >= 0"):
         _cell(registry, logit_softcap=-1.0)
+
+
+# ---------------------------------------------------------------- embedding scale (Vaswani et al.; Gemma 2)
+
+
+def test_embed_scale_multiplies_the_token_embeddings_by_sqrt_d_model(registry):
+    """Vaswani et al. 2017 sec. 3.4 / Gemma 2: the first block reads sqrt(d_model) x the embedding, before
+    the position encoding; the tied LM head keeps the unscaled table."""
+    plain, scaled = _model(registry, position="learned"), _model(registry, position="learned",
+                                                                   embed_scale="sqrt_d_model")
+    x = torch.randint(0, V, (2, 8))
+    seen = {}
+    for name, m in (("plain", plain), ("scaled", scaled)):
+        m.blocks[0].register_forward_pre_hook(lambda mod, args, name=name: seen.__setitem__(name, args[0]))
+        m(x)
+    pos = plain.position.embed(torch.zeros(2, 8, 16), 0)  # the learned position table alone
+    torch.testing.assert_close(seen["scaled"] - pos, (seen["plain"] - pos) * math.sqrt(16))
+    torch.testing.assert_close(scaled.lm_head.weight, plain.lm_head.weight)
+    base = _cell(registry)
+    assert "embed_scale" not in base.config["model"] and _cell(registry, embed_scale="none").run_id == base.run_id
+    assert _cell(registry, embed_scale="sqrt_d_model").run_id != base.run_id
+    with pytest.raises(ConfigError, match="embed_scale must be one of"):
+        _cell(registry, embed_scale="sqrt")

@@ -47,7 +47,7 @@ PUBLISHED = {
     "gemma2": {"size": (3584, 42, 16, 256, 8192), "block": "sandwich", "norm": "rmsnorm", "eps": 1e-6, "position": "rope",
         "theta": 10000.0, "mixers": {"sliding_window": 21, "mha": 21}, "n_kv_heads": 8, "window": 4096,
         "softcap": 50.0, "ffn": "geglu", "ffn_hidden": 14336, "tie": True, "bias": False,
-        "logit_softcap": 30.0},  # sec. 2: "30.0 for the final layer"; config.json: final_logit_softcapping 30.0
+        "logit_softcap": 30.0, "embed_scale": "sqrt_d_model"},  # sec. 2: "30.0 for the final layer"; config.json: final_logit_softcapping 30.0
     # OLMo 2 7B: arXiv:2501.00656 (reordered norm h = x + RMSNorm(Attn(x)), QK-norm); config.json of
     # allenai/OLMo-2-1124-7B: hidden 4096, 32 layers, 32 heads, 32 KV heads, intermediate 11008,
     # rope_theta 5e5, rms_norm_eps 1e-6, untied
@@ -138,6 +138,7 @@ def test_a_recipe_at_its_published_size_is_the_published_model(name):
     assert model.tie_embeddings == pub["tie"]
     assert model.z_loss == pub.get("z_loss", 0.0)  # the output z-loss (model.z_loss), where the family uses one
     assert model.logit_softcap == pub.get("logit_softcap", 0.0)  # final-logit soft-capping, where the family caps
+    assert model.embed_scale == pub.get("embed_scale", "none")  # sqrt(d_model) on the input embeddings (Gemma)
 
 
 def test_every_setting_cites_a_source_and_no_recipe_sets_the_size():

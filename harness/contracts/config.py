@@ -83,6 +83,15 @@ def logit_factor(scale: str, d_model: int) -> float:
     return d_model ** -0.5 if scale == "inv_sqrt_d_model" else 1.0
 
 
+# model.embed_scale: the factor on the token embeddings, as a function of d_model
+EMBED_SCALES = ("none", "sqrt_d_model")
+
+
+def embed_factor(scale: str, d_model: int) -> float:
+    """The factor ``model.embed_scale`` puts on the token embeddings: 1, or sqrt(d_model)."""
+    return d_model ** 0.5 if scale == "sqrt_d_model" else 1.0
+
+
 @dataclass
 class ModelConfig:
     d_model: int = _f(128, "residual stream width", min=1, max=MAX_WIDTH)
@@ -118,6 +127,9 @@ class ModelConfig:
                        "of the logits at the scored positions, to the training loss (PaLM, Chowdhery et al. "
                        "2022, arXiv:2204.02311, sec. 5: 1e-4); 0 = off. val_loss stays the cross-entropy", min=0.0,
                        variant=True)
+    embed_scale: str = _f("none", "scale the token embeddings before the position encoding: none, or sqrt_d_model "
+                          "(multiply them by sqrt(d_model): Vaswani et al. 2017, arXiv:1706.03762, sec. 3.4; Gemma 2, "
+                          "Gemma Team 2024, arXiv:2408.00118, with tied embeddings)", choices=EMBED_SCALES, variant=True)
     logit_softcap: float = _f(0.0, "final-logit soft-capping: the LM head's logits (after model.logit_scale) become "
                               "c * tanh(logits / c), in training, evaluation and decoding (Gemma 2, Gemma Team 2024, "
                               "arXiv:2408.00118, sec. 2: c = 30.0); 0 = off", min=0.0, variant=True)
@@ -288,8 +300,9 @@ class Grid:
 
 
 def stored_model(model: ModelConfig) -> dict[str, Any]:
-    """``[model]`` as stored and hashed; ``recipe``, ``logit_scale``, ``z_loss`` and ``logit_softcap`` left
-    out at their defaults (empty, none, 0, 0), so the run ids of cells from before they existed stay the same."""
+    """``[model]`` as stored and hashed; ``recipe``, ``logit_scale``, ``z_loss``, ``embed_scale`` and
+    ``logit_softcap`` left out at their defaults (empty, none, 0, none, 0), so the run ids of cells from before
+    they existed stay the same."""
     out = dataclasses.asdict(model)
     if not out["recipe"]:
         del out["recipe"]
@@ -299,6 +312,8 @@ def stored_model(model: ModelConfig) -> dict[str, Any]:
         del out["z_loss"]
     if not out["logit_softcap"]:
         del out["logit_softcap"]
+    if out["embed_scale"] == "none":
+        del out["embed_scale"]
     return out
 
 

@@ -1,6 +1,6 @@
 """The shared decoder-only skeleton. Every part comes from the registry.
 
-    tokens -> embedding -> position.embed -> N x block -> final norm -> LM head (x logit scale, soft cap) -> CE
+    tokens -> embedding (x embed scale) -> position.embed -> N x block -> final norm -> LM head (x logit scale, soft cap) -> CE
                                                                              (+ z-loss)
 
 (the GPT-2 layout, Radford et al. 2019, "Language Models are Unsupervised
@@ -16,7 +16,9 @@ the output z-loss c * mean(log^2 Z) over the scored positions, Z = sum_v exp(log
 Chowdhery et al. 2022, arXiv:2204.02311, sec. 5, c = 1e-4), to the training loss. A third,
 ``model.logit_softcap`` = c > 0, soft-caps the (scaled) logits at c * tanh(logits / c) before the loss
 and wherever logits are read (Gemma 2, Gemma Team 2024, arXiv:2408.00118, sec. 2, "Logit soft-capping":
-c = 30.0 for the final layer).
+c = 30.0 for the final layer). At the input, ``model.embed_scale = "sqrt_d_model"`` multiplies the
+token embeddings by sqrt(d_model) before the position encoding (Vaswani et al. 2017, arXiv:1706.03762,
+sec. 3.4; Gemma 2 does it with tied embeddings, so the LM head reads the unscaled table).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 
-from ..contracts.config import ModelConfig, logit_factor
+from ..contracts.config import ModelConfig, embed_factor, logit_factor
 from ..contracts.registry import Registry
 from ..data.tasks import IGNORE_INDEX
 from ..kernels import TORCH, KernelBackend, use_triton
@@ -341,6 +343,9 @@ class DecoderLM(nn.Module):
         if ctx is None:
             ctx = ForwardContext(position=self.position)
         x = self.embed(idx)
+        factor = embed_factor(self.cfg.embed_scale, self.cfg.d_model)
+        if factor != 1.0:
+            x = x * factor
         x = self.position.embed(x, ctx.start)
         for i, block in enumerate(self.blocks):
             ctx.layer = i
