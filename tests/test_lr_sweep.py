@@ -321,7 +321,7 @@ def test_two_tuning_seeds_refuse_an_lr_that_learned_on_one_seed_only(tmp_path, m
     text = console.export_text()
     assert "seeds [0, 1]" in text and "phase 2 trains each variant at its own best lr on seeds [2, 3, 4]" in text
     assert "did not learn on seed 1" in text  # swiglu at 1e-2: the mean, why it lost, and each seed's loss
-    assert "[1.9000, 3.3" in text
+    assert "[1.9000, 3.3" in text and "tuning seeds 0, 1, then each seed's in brackets" in text
     # the phase-2 runs record the tuning seeds; a tuning run of seed 0 has the run id it has with one
     # tuning seed (nothing in its config says how many seeds tuned), so a store's seed-0 runs are reused
     from abl.run.lr_sweep import final_grid, tuning_grid

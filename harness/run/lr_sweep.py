@@ -258,10 +258,10 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
     labels = cell_labels(configs, [p for p in tuning.grid_paths if p != "train.lr"], fallback)
     seeds = sorted({c.seed for c in tuning.cells})
     title = ("lr sweep: final val_loss on the tuning seed; * = the learning rate each variant gets" if len(seeds) == 1
-             else f"lr sweep: mean final val_loss over tuning seeds {seeds} [each seed's]; * = the learning rate "
-                  "each variant gets")
+             else f"lr sweep: mean final val_loss over tuning seeds {', '.join(map(str, seeds))}, then each seed's in "
+                  "brackets; * = the learning rate each variant gets")
     lrs = sorted({lr for by_lr in results.values() for lr in by_lr})
-    table = Table(title=title, title_justify="left")
+    table = Table(title=Text(title), title_justify="left")  # Text: brackets in it are not markup
     table.add_column("variant", overflow="fold")
     for lr in lrs:
         table.add_column(f"lr {lr:g}", justify="right", no_wrap=True)
@@ -278,7 +278,7 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
                                          (each[s] for s in sorted(each))) + "]"
             cells.append(text + (" *" if best.get(v) == lr else ""))
         rows.append((str(labels.get(v, fallback[v])), cells))
-        table.add_row(rows[-1][0], *cells)
+        table.add_row(Text(rows[-1][0]), *(Text(c) for c in cells))
     if PRESENTATION.layout == "wide" or (PRESENTATION.layout == "auto" and fits(console, table)):
         print_wide(console, table)
         return
