@@ -390,3 +390,18 @@ def test_dry_run_and_design_count_only_the_comparison_seeds(tmp_path, monkeypatc
     plain = load_grid(tmp_path / "g.toml", get_registry(), ["train.lr_sweep=[]"])
     base = load_grid(tmp_path / "g.toml", get_registry(), ["train.lr_sweep=[]", "train.lr_tuning_seeds=1"])
     assert [c.run_id for c in plain.cells] == [c.run_id for c in base.cells]
+
+
+def test_tuning_seeds_without_a_sweep_warn(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from abl.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.toml").write_text(GRID.replace("lr_sweep = [1e-3, 3e-3, 1e-2]", "lr_tuning_seeds = 2"))
+    r = CliRunner().invoke(cli, ["run", "g.toml", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "lr_tuning_seeds = 2 has no effect without train.lr_sweep" in r.output
+    (tmp_path / "g.toml").write_text(GRID.replace("lr_sweep = [", "lr_tuning_seeds = 2\nlr_sweep = ["))
+    r = CliRunner().invoke(cli, ["run", "g.toml", "--dry-run"])
+    assert r.exit_code == 0 and "has no effect" not in r.output

@@ -41,7 +41,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         click.echo(f"note: {note}", err=True)
     termlayout.PRESENTATION = termlayout.Presentation(layout="wide" if wide else "auto", fmt=fmt)
     if not dry_run:  # the seed warnings of an lr sweep are printed by the sweep itself
-        for w in preflight.schedule_warnings(full):
+        for w in preflight.run_warnings(full):
             click.echo(f"warning: {w}", err=True)
     if dry_run:
         for w in preflight.warnings(full):  # the run itself prints them too (abl.run.lr_sweep)

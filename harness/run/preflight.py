@@ -140,7 +140,21 @@ def warnings(grid: Grid) -> list[str]:
     """What the user should know before the grid runs (empty when nothing)."""
     from .lr_sweep import seed_warnings
 
-    return seed_warnings(grid) + schedule_warnings(grid)
+    return seed_warnings(grid) + run_warnings(grid)
+
+
+def run_warnings(grid: Grid) -> list[str]:
+    """The warnings ``abl run`` prints itself (an lr sweep prints its seed warnings as it starts)."""
+    return schedule_warnings(grid) + unused_tuning_seeds(grid)
+
+
+def unused_tuning_seeds(grid: Grid) -> list[str]:
+    """train.lr_tuning_seeds set without train.lr_sweep: nothing is tuned, so it changes nothing."""
+    train = grid.raw.get("train")
+    if not grid.cells or grid.cells[0].train.lr_sweep or not (isinstance(train, dict) and "lr_tuning_seeds" in train):
+        return []
+    return [f"train.lr_tuning_seeds = {grid.cells[0].train.lr_tuning_seeds} has no effect without train.lr_sweep: "
+            "every cell trains at train.lr on every seed"]
 
 
 def schedule_warnings(grid: Grid) -> list[str]:
