@@ -405,3 +405,47 @@ def test_tuning_seeds_without_a_sweep_warn(tmp_path, monkeypatch):
     (tmp_path / "g.toml").write_text(GRID.replace("lr_sweep = [", "lr_tuning_seeds = 2\nlr_sweep = ["))
     r = CliRunner().invoke(cli, ["run", "g.toml", "--dry-run"])
     assert r.exit_code == 0 and "has no effect" not in r.output
+
+
+def test_compare_and_report_of_a_sweep_grid_read_its_phase_2_as_it_resolves_now(tmp_path, monkeypatch):
+    """`abl compare GRID` and `abl report GRID` of an lr-sweep grid read the phase-2 runs the store's tuning
+    runs choose for the grid as it is now: not every run of the experiment (a store that ran the grid
+    before with other seeds holds phase-2 runs of another config), and not nothing (the grid's own cells
+    carry the sweep, so their run ids never match a phase-2 run: `abl report` found no run at all)."""
+    from click.testing import CliRunner
+    from rich.console import Console
+
+    from abl.cli import cli
+    from abl.contracts.plugin_manager import get_registry
+    from abl.grid.gridfile import load_grid
+    from abl.run.lr_sweep import run_sweep
+
+    monkeypatch.chdir(tmp_path)
+    reg = get_registry()
+    db, runs = tmp_path / "r" / "abl.duckdb", tmp_path / "r" / "runs"
+    (tmp_path / "old.toml").write_text(GRID)
+    run_sweep(load_grid(tmp_path / "old.toml", reg), reg, db, runs, executor=FakeExecutor(), console=Console(width=250))
+    new = GRID.replace("seeds = [0, 1, 2, 3]", "seeds = [0, 1, 2, 3, 4]").replace(
+        "lr_sweep = [", "lr_tuning_seeds = 2\nlr_sweep = [")
+    (tmp_path / "g.toml").write_text(new)
+    run_sweep(load_grid(tmp_path / "g.toml", reg), reg, db, runs, executor=FakeExecutor(), console=Console(width=250))
+    r = CliRunner().invoke(cli, ["compare", "g.toml", "--db", str(db), "--json"])
+    assert r.exit_code == 0, r.output
+    cells = json.loads(r.output)[0]["cells"]
+    assert sorted(c["label"] for c in cells) == ["ffn=gelu, lr=0.003", "ffn=swiglu, lr=0.01"]
+    assert all(c["n"] == 3 for c in cells)  # seeds 2-4 of this config, not seeds 1-3 of the old one too
+    r = CliRunner().invoke(cli, ["report", "g.toml", "--db", str(db), "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "| 2 | ffn=swiglu | swiglu | 0.01 | 3/3 | completed |" in text and "seeds 2,3,4" in text
+    # --dry-run --detect sizes the seeds from the same phase-2 runs (it found none before)
+    r = CliRunner().invoke(cli, ["run", "g.toml", "--db", str(db), "--dry-run", "--detect", "0.05"])
+    assert r.exit_code == 0 and "seeds per cell needed to detect" in r.output and "over 2 cells" in r.output, r.output
+    # the experiment name still reads every run of it, both configs
+    r = CliRunner().invoke(cli, ["compare", "sweep", "--db", str(db), "--json"])
+    assert r.exit_code == 0 and len(json.loads(r.output)[0]["cells"]) == 4
+    # before phase 1 has run, the grid has no run to read: a clear message, exit 2
+    (tmp_path / "none.toml").write_text(new.replace('name = "sweep"', 'name = "fresh"'))
+    for cmd in ("compare", "report"):
+        r = CliRunner().invoke(cli, [cmd, "none.toml", "--db", str(db)])
+        assert r.exit_code == 2 and "abl run none.toml first" in r.output, r.output

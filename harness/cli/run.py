@@ -70,7 +70,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         if detect is not None:
             from ..present.summary import print_detect
 
-            print_detect(grid, Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB), detect)
+            print_detect(grid, Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB), detect, registry)
         return
     from ..run.runner import run_grid
 

@@ -457,8 +457,17 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None,
         console.print(f"[yellow]statistics unavailable: {type(exc).__name__}: {exc}[/]")
 
 
-def print_detect(grid, db_path: Path, detect: float) -> None:
-    """``abl run --dry-run --detect``: the seeds needed, from the grid's runs stored so far."""
+def print_detect(grid, db_path: Path, detect: float, registry=None) -> None:
+    """``abl run --dry-run --detect``: the seeds needed, from the grid's runs stored so far (an lr sweep's
+    phase-2 runs, as the store's tuning runs choose them, with the ``registry``)."""
+    if registry is not None and db_path.exists():
+        from ..run.lr_sweep import compared_grid
+
+        grid = compared_grid(grid, registry, db_path)
+        if not grid.cells:
+            termlayout.print_wrapped(termlayout.output_console(), "--detect: no phase-2 run of this lr sweep is "
+                                     "stored yet, so there is no variance to size the seeds from")
+            return
     exp = grid.cells[0].experiment
     metrics = list(exp.summary or ["val_loss"])
     order = list(dict.fromkeys(c.cell_key for c in grid.cells))
@@ -479,17 +488,18 @@ def run_compare(source: str, *, db_path: str | None, default_db: str, registry, 
 
     order, exp_baseline, paths = None, None, []
     if Path(source).is_file() or (source.endswith(".toml") and resolve_grid_path(source).is_file()):
-        grid = load_grid(source, registry(), list(overrides))
+        from ..run.lr_sweep import compared_grid
+
+        reg = registry()
+        grid = load_grid(source, reg, list(overrides))
         exp = grid.cells[0].experiment
         db = Path(db_path or exp.db or default_db)
         metrics = list(metrics) or list(exp.summary)
-        order = list(dict.fromkeys(c.cell_key for c in grid.cells))
-        paths = list(grid.grid_paths)
         exp_baseline, name = exp.baseline or None, exp.name
-        if grid.cells[0].train.lr_sweep:  # the phase-2 runs (abl.run.lr_sweep) are found by experiment
-            runs = load(db, experiment=name, metrics=metrics)
-        else:
-            runs = load(db, run_ids=[c.run_id for c in grid.cells], metrics=metrics)
+        grid = compared_grid(grid, reg, db)  # an lr sweep's phase 2 as the store's tuning chose it
+        paths = list(grid.grid_paths)  # with train.lr under a sweep: each variant's label says its lr
+        order = list(dict.fromkeys(c.cell_key for c in grid.cells))
+        runs = load(db, run_ids=[c.run_id for c in grid.cells], metrics=metrics) if grid.cells else []
         if not runs:
             raise ReportError(f"no run of {source} as it resolves now is in {db}: abl run {source} first")
     else:

@@ -123,6 +123,17 @@ def final_grid(grid: Grid, registry, best: dict[str, float]) -> Grid:
 PerSeed = dict[str, dict[float, dict[int, tuple[float | None, str]]]]
 
 
+def compared_grid(grid: Grid, registry, db_path: Path) -> Grid:
+    """The grid whose runs a comparison of ``grid`` reads (``abl compare`` / ``abl report`` of a grid file):
+    ``grid`` itself, or under train.lr_sweep its phase 2 as the store's tuning runs choose it now, the cells
+    ``run_sweep`` trains in phase 2 (no cell before any tuning run completed). Not the experiment's every
+    run: a store can hold phase-2 runs of the same experiment from an earlier config of the grid."""
+    if not grid.cells or not grid.cells[0].train.lr_sweep:
+        return grid
+    best, _ = best_lrs(tuning_results(db_path, tuning_grid(grid, registry)))
+    return final_grid(grid, registry, best)
+
+
 def tuning_runs(db_path: Path, tuning: Grid) -> PerSeed:
     """variant -> {lr: {seed: (final val_loss or None, why not usable)}} of the phase-1 runs in the store."""
     from ..present.report import load_runs
