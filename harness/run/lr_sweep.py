@@ -19,9 +19,9 @@ wins. With ``train.lr_sweep = [1e-3, 3e-3, 1e-2]`` a grid runs in two phases:
    (leaving it out would hide it). A variant with no completed tuning run is
    left out of phase 2.
 
-The tuning seed is kept out of phase 2, so picking the best learning rate on
-it does not bias the comparison (the selection and the test use different
-seeds).
+The tuning seeds are kept out of phase 2, so picking the best learning rate
+on them does not bias the comparison (the selection and the test use
+different seeds).
 
 Why more than one tuning seed (``train.lr_tuning_seeds = 2``): one seed
 cannot show that a learning rate is stable. At the edge of stability a
@@ -30,13 +30,18 @@ others; the lowest loss on one seed then picks exactly that edge, and the
 comparison inherits a variant that fails on some seeds (on selective copying,
 Mamba at lr 1e-2: solved on two seeds, never left the plateau on a third).
 Averaging the tuning loss over seeds, and refusing a learning rate that did
-not learn on one of them, is the variance-aware selection Bouthillier et al.
-2021 ("Accounting for Variance in Machine Learning Benchmarks",
-arXiv:2103.03098, sec. 3 and 5) recommend: hyperparameters chosen on one seed
-carry that seed's luck into the comparison. Each phase-2 run records what was swept and which learning rate won
-under ``config["lr_tuned"]`` (so in its run id), and its label ends with
-``lr=<chosen>``: every summary and report says which learning rate each
-variant got. ``abl compare <name>`` compares the phase-2 runs.
+not learn on one of them, follows Bouthillier et al. 2021 ("Accounting for
+Variance in Machine Learning Benchmarks", MLSys, arXiv:2103.03098):
+hyperparameters chosen under one draw of the seed-dependent sources of
+variation carry that draw's luck into the comparison.
+
+Each phase-2 run records what was swept, which learning rate won and on
+which seeds under ``config["lr_tuned"]`` (so in its run id), and its label
+ends with ``lr=<chosen>``: every summary and report says which learning rate
+each variant got. ``abl compare <name>`` compares every phase-2 run of the
+experiment; ``abl compare`` / ``abl report`` of the grid file compare the
+phase 2 the store's tuning runs choose for the grid as it is now
+(``compared_grid``).
 
 Two warnings (printed by ``abl run``, ``--dry-run`` included, and by the
 sweep itself): ``seed_warnings`` when the seeds left after the tuning seed
