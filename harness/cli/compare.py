@@ -18,6 +18,13 @@ def compare(source, db_path, metrics, baseline, pairs, by, bootstrap, correction
         run_compare(source, db_path=db_path, default_db=DEFAULT_DB, registry=load_registry, metrics=metrics,
                     baseline=baseline, pairs=pairs, by=by, bootstrap=bootstrap, correction=correction,
                     detect=detect, as_json=as_json, overrides=overrides, fmt=fmt,
-                    layout="wide" if wide else "auto")
+                    layout="wide" if wide else "auto", compared=_phase2)
     except user_errors() + (ReportError, VerdictError) as exc:
         fail(str(exc))
+
+
+def _phase2(grid, db):
+    """An lr-sweep grid file compares its phase 2 as the store's tuning runs choose it (abl.run.lr_sweep)."""
+    from ..run.lr_sweep import compared_grid
+
+    return compared_grid(grid, load_registry(), db)

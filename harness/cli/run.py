@@ -69,8 +69,15 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
                 click.echo(f"note: {note}")
         if detect is not None:
             from ..present.summary import print_detect
+            from ..run.lr_sweep import compared_grid
 
-            print_detect(grid, Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB), detect, registry)
+            db = Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB)
+            detected = compared_grid(grid, registry, db) if db.exists() else grid  # an lr sweep's phase 2
+            if detected.cells:
+                print_detect(detected, db, detect)
+            else:
+                click.echo("--detect: no phase-2 run of this lr sweep is stored yet, so there is no variance to "
+                           "size the seeds from")
         return
     from ..run.runner import run_grid
 

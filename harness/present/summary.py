@@ -457,17 +457,9 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None,
         console.print(f"[yellow]statistics unavailable: {type(exc).__name__}: {exc}[/]")
 
 
-def print_detect(grid, db_path: Path, detect: float, registry=None) -> None:
-    """``abl run --dry-run --detect``: the seeds needed, from the grid's runs stored so far (an lr sweep's
-    phase-2 runs, as the store's tuning runs choose them, with the ``registry``)."""
-    if registry is not None and db_path.exists():
-        from ..run.lr_sweep import compared_grid
-
-        grid = compared_grid(grid, registry, db_path)
-        if not grid.cells:
-            termlayout.print_wrapped(termlayout.output_console(), "--detect: no phase-2 run of this lr sweep is "
-                                     "stored yet, so there is no variance to size the seeds from")
-            return
+def print_detect(grid, db_path: Path, detect: float) -> None:
+    """``abl run --dry-run --detect``: the seeds needed, from the grid's runs stored so far (of an lr sweep,
+    the caller passes its phase 2: abl.run.lr_sweep.compared_grid)."""
     exp = grid.cells[0].experiment
     metrics = list(exp.summary or ["val_loss"])
     order = list(dict.fromkeys(c.cell_key for c in grid.cells))
@@ -481,22 +473,21 @@ def run_compare(source: str, *, db_path: str | None, default_db: str, registry, 
                 baseline: str | None = None, pairs: Sequence[str] = (), by: str | None = None,
                 bootstrap: bool = False, correction: str = stats.HOLM, detect: float | None = None,
                 as_json: bool = False, overrides: Sequence[str] = (), fmt: str = "table",
-                layout: str = "auto") -> None:
-    """``abl compare``: raises a user error (ConfigError, ReportError, VerdictError, ...) for bad input."""
+                layout: str = "auto", compared=None) -> None:
+    """``abl compare``: raises a user error (ConfigError, ReportError, VerdictError, ...) for bad input.
+    ``compared(grid, db)``: the grid whose runs a grid file compares (an lr sweep's phase 2; the CLI passes
+    abl.run.lr_sweep.compared_grid); None: the grid's own cells."""
     from ..grid.gridfile import load_grid, resolve_grid_path
     from .report import ReportError, experiments
 
     order, exp_baseline, paths = None, None, []
     if Path(source).is_file() or (source.endswith(".toml") and resolve_grid_path(source).is_file()):
-        from ..run.lr_sweep import compared_grid
-
-        reg = registry()
-        grid = load_grid(source, reg, list(overrides))
+        grid = load_grid(source, registry(), list(overrides))
         exp = grid.cells[0].experiment
         db = Path(db_path or exp.db or default_db)
         metrics = list(metrics) or list(exp.summary)
         exp_baseline, name = exp.baseline or None, exp.name
-        grid = compared_grid(grid, reg, db)  # an lr sweep's phase 2 as the store's tuning chose it
+        grid = compared(grid, db) if compared is not None else grid  # an lr sweep's phase 2, as tuned
         paths = list(grid.grid_paths)  # with train.lr under a sweep: each variant's label says its lr
         order = list(dict.fromkeys(c.cell_key for c in grid.cells))
         runs = load(db, run_ids=[c.run_id for c in grid.cells], metrics=metrics) if grid.cells else []
