@@ -145,3 +145,28 @@ def test_embed_scale_multiplies_the_token_embeddings_by_sqrt_d_model(registry):
     assert _cell(registry, embed_scale="sqrt_d_model").run_id != base.run_id
     with pytest.raises(ConfigError, match="embed_scale must be one of"):
         _cell(registry, embed_scale="sqrt")
+
+
+def test_a_soft_capped_head_never_takes_the_fused_uncapped_loss(registry, monkeypatch):
+    """Under the Triton backend a loss-only forward fuses the LM head into the loss
+    (abl.kernels.cross_entropy.linear_cross_entropy), which never forms the logits and so cannot cap them:
+    a capped model must keep the logits. The decoder's backend query is mocked (the fused kernel stubbed),
+    so this runs on the CPU; an uncapped model takes the stubbed path, the capped one does not."""
+    import abl.kernels.cross_entropy as ce
+    import abl.model.decoder as decoder
+    from abl.model.decoder import ForwardContext
+
+    fused = []
+    monkeypatch.setattr(decoder, "use_triton", lambda: True)
+    monkeypatch.setattr(ce, "linear_cross_entropy", lambda x, w, t: (fused.append(True), torch.tensor(0.0))[1])
+    x = torch.randint(0, V, (2, 8))
+    plain = _model(registry)
+    plain(x, x, ForwardContext(position=plain.position, need_logits=False))
+    assert fused == [True]  # the mocked backend does reach the fused branch
+    capped = _model(registry, logit_softcap=3.0)
+    with torch.no_grad():
+        capped.lm_head.weight.mul_(2.0)
+    _, loss, _ = capped(x, x, ForwardContext(position=capped.position, need_logits=False))
+    assert fused == [True]  # not again
+    logits = capped(x)[0].detach()
+    torch.testing.assert_close(loss, torch.nn.functional.cross_entropy(logits.reshape(-1, V), x.reshape(-1)))

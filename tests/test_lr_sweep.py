@@ -116,6 +116,9 @@ def test_each_variant_is_compared_at_its_own_best_lr(tmp_path, monkeypatch):
     (['grid.train.lr=[1e-3, 3e-3]'], "both a grid axis"),
     (['experiment.summary=[]'], "experiment.summary"),
     (['experiment.summary="val_loss"'], "experiment.summary"),
+    (["train.lr_tuning_seeds=3", "experiment.seeds=[0, 1, 2]"], "needs at least 4 seeds"),
+    (["train.lr_tuning_seeds=0"], "lr_tuning_seeds"),
+    (["grid.train.lr_tuning_seeds=[1, 2]"], "cannot be a grid axis"),
 ])
 def test_bad_sweeps_and_summaries_are_refused_before_training(tmp_path, sets, message):
     from abl.contracts.config import ConfigError
@@ -349,22 +352,6 @@ def test_over_seeds_rules():
     best, _ = best_lrs({"v": {1e-2: over_seeds({0: (0.0, ""), 1: (1.0, DID_NOT_LEARN_WHY)}),
                               3e-3: over_seeds({0: (3.2, DID_NOT_LEARN_WHY), 1: (3.2, DID_NOT_LEARN_WHY)})}})
     assert best == {"v": 1e-2}
-
-
-@pytest.mark.parametrize("sets, message", [
-    (["train.lr_tuning_seeds=3", "experiment.seeds=[0, 1, 2]"], "needs at least 4 seeds"),
-    (["train.lr_tuning_seeds=0"], "lr_tuning_seeds"),
-    (["grid.train.lr_tuning_seeds=[1, 2]"], "cannot be a grid axis"),
-])
-def test_bad_tuning_seeds_are_refused(tmp_path, sets, message):
-    from abl.contracts.config import ConfigError
-    from abl.contracts.plugin_manager import get_registry
-    from abl.grid.gridfile import load_grid
-
-    (tmp_path / "g.toml").write_text(GRID)
-    with pytest.raises(ConfigError) as exc:
-        load_grid(tmp_path / "g.toml", get_registry(), sets)
-    assert message in str(exc.value)
 
 
 def test_dry_run_and_design_count_only_the_comparison_seeds(tmp_path, monkeypatch):

@@ -24,12 +24,11 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
 
             grid = load_grid(source, registry, list(overrides))
             db = Path(db_path or getattr(grid.cells[0].experiment, "db", "") or DEFAULT_DB)
-            raw = grid.raw
+            name, raw = grid.cells[0].experiment.name, grid.raw
             grid = compared_grid(grid, registry, db)  # an lr sweep's phase 2 as the store's tuning chose it
             run_ids = [c.run_id for c in grid.cells]
             runs = load_runs(db, run_ids=run_ids) if run_ids else []
             if not runs:
-                name = load_grid(source, registry, list(overrides)).cells[0].experiment.name
                 hint = (f"; the store has runs of experiment {name!r} from other configs (the code or the "
                         f"grid changed since): abl report {name} reports those" if name in experiments(db)
                         else f": abl run {source} first")
@@ -37,7 +36,6 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
             order = list(dict.fromkeys(c.cell_key for c in grid.cells))
             baseline = baseline or grid.cells[0].experiment.baseline or None  # a display choice (abl.analysis.verdicts)
             missing = len(set(run_ids) - {r.run_id for r in runs})
-            name = grid.cells[0].experiment.name
         else:
             if source.endswith(".toml") or os.sep in source:
                 fail(f"{source}: no such grid file")

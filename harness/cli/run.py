@@ -51,12 +51,13 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         for line in design_lines(full):  # what the seeds can decide, before any run
             click.echo(line)
         if grid.cells[0].train.lr_sweep:  # abl.run.lr_sweep: phase 2's cells depend on phase 1's results
-            from ..run.lr_sweep import comparison_seeds, tuning_grid, tuning_seeds
+            from ..grid.design import compared_seeds
+            from ..run.lr_sweep import tuning_grid, tuning_seeds
 
             tuned = tuning_seeds(grid)
             on = f"seed {tuned[0]}" if len(tuned) == 1 else f"seeds {tuned} (the lowest mean val_loss wins)"
             click.echo(f"lr sweep: phase 1 (below) trains every cell at each lr of train.lr_sweep on {on}; phase 2 "
-                       f"then trains each variant at its own best lr on seeds {comparison_seeds(grid)}")
+                       f"then trains each variant at its own best lr on seeds {compared_seeds(grid)}")
             _print_cells(tuning_grid(grid, registry))
         else:
             _print_cells(grid, numbers_of(full))
@@ -72,7 +73,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
             from ..run.lr_sweep import compared_grid
 
             db = Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB)
-            detected = compared_grid(grid, registry, db) if db.exists() else grid  # an lr sweep's phase 2
+            detected = compared_grid(grid, registry, db)  # an lr sweep's phase 2, as the store's tuning chose it
             if detected.cells:
                 print_detect(detected, db, detect)
             else:

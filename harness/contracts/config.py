@@ -299,21 +299,18 @@ class Grid:
     notes: list[str] = field(default_factory=list)  # what loading changed, for the commands to say
 
 
+# [model] keys added after runs were stored: left out of the hashed config at their defaults
+MODEL_KEYS_LEFT_OUT_AT_DEFAULT = ("recipe", "logit_scale", "z_loss", "logit_softcap", "embed_scale")
+
+
 def stored_model(model: ModelConfig) -> dict[str, Any]:
-    """``[model]`` as stored and hashed; ``recipe``, ``logit_scale``, ``z_loss``, ``embed_scale`` and
-    ``logit_softcap`` left out at their defaults (empty, none, 0, none, 0), so the run ids of cells from before
-    they existed stay the same."""
+    """``[model]`` as stored and hashed; the keys of ``MODEL_KEYS_LEFT_OUT_AT_DEFAULT`` left out at their
+    defaults, so the run ids of cells from before they existed stay the same."""
     out = dataclasses.asdict(model)
-    if not out["recipe"]:
-        del out["recipe"]
-    if out["logit_scale"] == "none":
-        del out["logit_scale"]
-    if not out["z_loss"]:
-        del out["z_loss"]
-    if not out["logit_softcap"]:
-        del out["logit_softcap"]
-    if out["embed_scale"] == "none":
-        del out["embed_scale"]
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    for key in MODEL_KEYS_LEFT_OUT_AT_DEFAULT:
+        if out[key] == defaults[key]:
+            del out[key]
     return out
 
 

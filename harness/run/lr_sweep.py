@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, Hashable
 
 from ..contracts.config import Cell, Grid, run_id_of
+from ..grid.design import compared_seeds
 from ..grid.gridfile import expand
 
 TUNING_SUFFIX = ".lr_tuning"
@@ -83,11 +84,6 @@ def tuning_seeds(grid: Grid) -> list[int]:
     return list(grid.cells[0].experiment.seeds[:grid.cells[0].train.lr_tuning_seeds])
 
 
-def comparison_seeds(grid: Grid) -> list[int]:
-    """The seeds phase 2 compares on: the grid's seeds after the tuning seeds."""
-    return list(grid.cells[0].experiment.seeds[grid.cells[0].train.lr_tuning_seeds:])
-
-
 def _seeds_text(seeds: list[int]) -> str:
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds}"
 
@@ -107,7 +103,7 @@ def tuning_grid(grid: Grid, registry) -> Grid:
 def final_grid(grid: Grid, registry, best: dict[str, float]) -> Grid:
     """Phase 2: each variant at its best learning rate (``best``: variant -> lr), on the other seeds."""
     raw = _raw(grid)
-    raw.setdefault("experiment", {})["seeds"] = comparison_seeds(grid)
+    raw.setdefault("experiment", {})["seeds"] = compared_seeds(grid)
     full = expand(raw, registry, source=grid.path)
     swept = [float(v) for v in grid.cells[0].train.lr_sweep]
     tuned_on = tuning_seeds(grid)
@@ -219,7 +215,7 @@ def seed_warnings(grid: Grid) -> list[str]:
 
     if not grid.cells or not grid.cells[0].train.lr_sweep:
         return []
-    tuned, compared = tuning_seeds(grid), comparison_seeds(grid)
+    tuned, compared = tuning_seeds(grid), compared_seeds(grid)
     left = len(compared)
     if left >= MIN_SEEDS:
         return []
@@ -290,8 +286,7 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
                     else why if why else f"{loss:.4f}")
             each = (per_seed or {}).get(v, {}).get(lr, {})
             if len(each) > 1 and loss is not None:
-                text += " [" + ", ".join("-" if x is None else f"{x:.4f}" for x, _ in
-                                         (each[s] for s in sorted(each))) + "]"
+                text += " [" + ", ".join(f"{each[s][0]:.4f}" for s in sorted(each)) + "]"  # all completed
             cells.append(text + (" *" if best.get(v) == lr else ""))
         rows.append((str(labels.get(v, fallback[v])), cells))
         table.add_row(Text(rows[-1][0]), *(Text(c) for c in cells))
@@ -355,6 +350,6 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
         return failures + len(missing)
     final = final_grid(grid, registry, best)
     console.print(f"[bold]lr sweep[/]: phase 2 trains each variant at its own best lr on seeds "
-                  f"{comparison_seeds(grid)}")
+                  f"{compared_seeds(grid)}")
     return failures + len(missing) + run_grid(final, registry, db_path, runs_dir, executor=executor,
                                               retry_failed=retry_failed, console=console, detect=detect)

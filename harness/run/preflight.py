@@ -150,8 +150,7 @@ def run_warnings(grid: Grid) -> list[str]:
 
 def unused_tuning_seeds(grid: Grid) -> list[str]:
     """train.lr_tuning_seeds set without train.lr_sweep: nothing is tuned, so it changes nothing."""
-    train = grid.raw.get("train")
-    if not grid.cells or grid.cells[0].train.lr_sweep or not (isinstance(train, dict) and "lr_tuning_seeds" in train):
+    if not grid.cells or grid.cells[0].train.lr_sweep or grid.cells[0].train.lr_tuning_seeds == 1:
         return []
     return [f"train.lr_tuning_seeds = {grid.cells[0].train.lr_tuning_seeds} has no effect without train.lr_sweep: "
             "every cell trains at train.lr on every seed"]
