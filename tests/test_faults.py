@@ -408,7 +408,8 @@ def test_a_start_up_failure_is_retried_once(tmp_path, registry, always):
 @pytest.mark.slow
 def test_kill_9_of_abl_run_during_worker_start_up_leaves_a_cell_that_runs_again(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(steps=5, ckpt=0).replace('["rmsnorm", "none"]', '["rmsnorm"]'))
+    # 300 steps: the cell must still be running when the kill lands (at 5 it could complete first)
+    grid.write_text(GRID.format(steps=300, ckpt=0).replace('["rmsnorm", "none"]', '["rmsnorm"]'))
     db = tmp_path / "x.duckdb"
     (cell,) = cell_dirs(tmp_path, grid)
     proc = start_abl(["run", str(grid), "--db", str(db)])
@@ -442,8 +443,10 @@ def test_two_ctrl_c_leave_the_store_in_line_with_the_folders_and_unstarted_cells
     # the second cell never started: no folder set up, no attempt counted
     assert not (second / "meta.json").exists()
 
-    short = tmp_path / "short.toml"  # the same cells, finished quickly (the run ids change with steps,
-    short.write_text(GRID.format(steps=3, ckpt=0))  # so count attempts on a grid interrupted the same way)
+    # the same cells, shorter (the run ids change with steps, so count attempts on a grid interrupted
+    # the same way); 300 steps, not 3: a 3-step cell could complete before the Ctrl-C reached it
+    short = tmp_path / "short.toml"
+    short.write_text(GRID.format(steps=300, ckpt=0))
     a, b = cell_dirs(tmp_path, short)
     proc = start_abl(["run", str(short), "--db", str(db)])
     wait_for(lambda: status_of(a) == "running", what="cell 1 starting")
