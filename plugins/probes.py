@@ -345,83 +345,105 @@ class SelectiveCopy(_Copying):
 
 
 class SeparatorReset(Task):
-    """Two independent associative-recall sequences joined by a separator; only the second one's answers count.
+    """Two independent recall sequences joined by a separator; the queries after it are answered from
+    the second sequence alone.
 
-    Gu & Dao 2023, sec. 3.5.2 ("Boundary resetting"): where independent sequences are stitched together, a
-    selective model can reset its state at the boundary, while an LTI one (S4) carries the first
-    sequence's information into the second. Layout, with N = ``num_kv_pairs``, V = ``vocab_size``,
-    T = ``model.context``: id 0 is filler, 1 the separator, keys come from [2, 2 + K) and values from
-    [2 + K, V), K = (V - 2) // 2. A segment is N key-value pairs ``k1 v1 .. kN vN`` (distinct keys,
-    distinct values), then the N keys again in random order, each followed by its value (4N tokens).
-    An example is ``p`` filler tokens (p uniform in [0, T - 8N - 1], so the separator moves), segment
-    A, the separator, segment B, then filler. With ``same_keys`` (the default) B reuses A's keys with
-    fresh values, so a model that does not reset is pulled towards A's answers. The positions that
-    count are B's queries (the target is the value that follows).
+    Gu & Dao 2023 ("Mamba", arXiv:2312.00752), sec. 3.5.2, "Boundary resetting": where independent
+    sequences are stitched together, an LTI model (S4) carries the first one's information into the
+    second, while a selective model can reset its state at the boundary. With N = ``num_kv_pairs``,
+    s = ``shared``, G = ``max_gap``, V = ``vocab_size``: id 0 is filler, 1 the separator, 2 the answer
+    NONE, keys come from [3, 3 + K) and values from [3 + K, V), K = (V - 3) // 2. An example is
 
-    No-recall baseline: H_N / N (H_N the N-th harmonic number). B's queries come in random order and
-    each value is shown after its query (teacher forcing), so a rule that remembers B's values but
-    matches no key picks among the ones not yet answered: 1/N, 1/(N-1), ..., 1, averaged. A's value
-    for the key (no reset) is right only when the two draws coincide, about 1/(V - 2 - K).
+        p filler | A: N pairs k v | separator | B: N pairs k v | g filler | q queries, each k then a filler
+
+    with p uniform (the separator moves) and g uniform in [0, G]. A and B each pair N distinct keys
+    with distinct values; s of the keys are in both, B pairing them with new values. The q = 2N - s
+    queries ask every key of A and B once, in random order, and only they count: a key B paired is
+    answered with B's value, a key only A paired with NONE. The answers are never shown in the input.
+
+    What each rule scores (exactly, over the draw):
+
+    - without matching keys (the no-recall baseline): max(N - s, 1) / q, always answering NONE or
+      always one of B's values;
+    - matching keys by their latest occurrence but ignoring the separator: N / q, as a key seen
+      once could be A's (NONE) or B's (its value) and only which side of the separator tells them
+      apart (a shared key, seen twice, is B's by recency). B's queries start g tokens after its pairs,
+      so the distance back to a pair does not tell the two sides apart either (only in part);
+    - resetting at the separator: 1.
+
+    The layout is this project's; the notes it comes from (a study of decoder-only transformers,
+    footnote 26) ask for two independent sequences and a separator. Two choices make it a test of
+    resetting at tiny scale (measured, ablations/separator_reset.toml's header): the answers are
+    not shown after their queries (with them shown, remembering which of B's values were answered
+    already scores H_N / N without any key matching, and attention stayed on that shortcut), and
+    some keys are A's only (with B reusing all of A's keys, recency alone answers every query, and
+    S4 solved it at 2 pairs).
     """
 
-    FILLER, SEPARATOR = 0, 1
+    FILLER, SEPARATOR, NONE = 0, 1, 2
 
-    def __init__(self, vocab_size: int = 64, num_kv_pairs: int = 4, same_keys: bool = True):
-        super().__init__(vocab_size, num_kv_pairs=int(num_kv_pairs), same_keys=bool(same_keys))
+    def __init__(self, vocab_size: int = 64, num_kv_pairs: int = 4, shared: int = 2, max_gap: int = 8):
+        super().__init__(vocab_size, num_kv_pairs=int(num_kv_pairs), shared=int(shared), max_gap=int(max_gap))
 
     def _ranges(self) -> tuple[int, int]:
-        keys = (self.vocab_size - 2) // 2
-        return keys, self.vocab_size - 2 - keys
+        keys = (self.vocab_size - 3) // 2
+        return keys, self.vocab_size - 3 - keys
+
+    def _queries(self) -> int:
+        return 2 * self.params["num_kv_pairs"] - self.params["shared"]
+
+    def _width(self) -> int:
+        n, gap = self.params["num_kv_pairs"], self.params["max_gap"]
+        return 4 * n + 1 + gap + 2 * self._queries()
 
     def problems(self, seq_len: int) -> list[str]:
-        n, errs = self.params["num_kv_pairs"], []
-        keys, values = self._ranges()
+        n, shared, gap = self.params["num_kv_pairs"], self.params["shared"], self.params["max_gap"]
         if n < 1:
             return [f"num_kv_pairs must be >= 1, got {n}"]
-        if min(keys, values) < n:
-            errs.append(f"{n} distinct keys and values need vocab_size >= {2 + 2 * n}, got {self.vocab_size}")
-        if 8 * n + 1 > seq_len:
-            errs.append(f"{n} pairs need model.context >= 8 x {n} + 1 = {8 * n + 1} (two segments of 4N tokens and "
-                        f"the separator), got {seq_len}")
+        if not 0 <= shared <= n:
+            return [f"shared must be in [0, num_kv_pairs = {n}], got {shared}"]
+        if gap < 0:
+            return [f"max_gap must be >= 0, got {gap}"]
+        keys = self._ranges()[0]
+        errs = []
+        if keys < self._queries():  # then values >= keys >= q >= N too
+            need = 3 + 2 * self._queries()
+            errs.append(f"{self._queries()} distinct keys and {n} distinct values need vocab_size >= {need}, "
+                        f"got {self.vocab_size}")
+        if self._width() > seq_len:
+            errs.append(f"{n} pairs, {shared} shared, max_gap {gap} need model.context >= 4 x {n} + 1 + {gap} + "
+                        f"2 x {self._queries()} = {self._width()}, got {seq_len}")
         return errs
 
     def no_recall_baseline(self, seq_len: int, **_: Any) -> float:
-        n = self.params["num_kv_pairs"]
-        return float(sum(1.0 / k for k in range(1, n + 1)) / n)
-
-    def _segment(self, rng: np.random.Generator, n_ex: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """[n_ex, 4N] segments over the given keys [n_ex, N], and the offsets of their queries [n_ex, N]."""
-        n = keys.shape[1]
-        k_range, v_range = self._ranges()
-        values = 2 + k_range + _distinct(rng, n_ex, v_range, n)
-        seg = np.empty((n_ex, 4 * n), dtype=np.int64)
-        seg[:, 0:2 * n:2], seg[:, 1:2 * n:2] = keys, values
-        order = _distinct(rng, n_ex, n, n)  # the query order: a permutation of the pairs
-        rows = np.arange(n_ex)[:, None]
-        seg[:, 2 * n::2], seg[:, 2 * n + 1::2] = keys[rows, order], values[rows, order]
-        return seg, 2 * n + 2 * np.arange(n)[None].repeat(n_ex, 0)
+        n, shared = self.params["num_kv_pairs"], self.params["shared"]
+        return max(n - shared, 1) / self._queries()
 
     def generate(self, n: int, seq_len: int, rng: np.random.Generator, **_: Any) -> Examples:
-        pairs, t = self.params["num_kv_pairs"], seq_len
-        k_range = self._ranges()[0]
-        keys_a = 2 + _distinct(rng, n, k_range, pairs)
-        if self.params["same_keys"]:
-            keys_b = keys_a[np.arange(n)[:, None], _distinct(rng, n, pairs, pairs)]
-        else:
-            keys_b = 2 + _distinct(rng, n, k_range, pairs)
-        seg_a = self._segment(rng, n, keys_a)[0]
-        seg_b, queries = self._segment(rng, n, keys_b)
-        width = 4 * pairs
-        start = rng.integers(0, t - (2 * width + 1) + 1, size=n)  # filler before A
-        seq = np.full((n, t + 1), self.FILLER, dtype=np.int64)
-        labels = np.full((n, t + 1), IGNORE_INDEX, dtype=np.int64)
+        pairs, shared, max_gap = self.params["num_kv_pairs"], self.params["shared"], self.params["max_gap"]
+        k_range, v_range = self._ranges()
+        q = self._queries()
+        keys = 3 + _distinct(rng, n, k_range, q)  # columns: A's only (N - s) | shared (s) | B's only (N - s)
+        keys_a, keys_b = keys[:, :pairs], keys[:, pairs - shared:]
+        values_a = 3 + k_range + _distinct(rng, n, v_range, pairs)
+        values_b = 3 + k_range + _distinct(rng, n, v_range, pairs)
+        answers = np.concatenate([np.full((n, pairs - shared), self.NONE), values_b], axis=1)  # per column
+        order_a, order_b = _distinct(rng, n, pairs, pairs), _distinct(rng, n, pairs, pairs)
+        asked = _distinct(rng, n, q, q)  # the query order
+        start = rng.integers(0, seq_len - self._width() + 1, size=n)  # filler before A
+        gaps = rng.integers(0, max_gap + 1, size=n)  # filler between B's pairs and its queries
+        seq = np.full((n, seq_len + 1), self.FILLER, dtype=np.int64)
+        labels = np.full((n, seq_len + 1), IGNORE_INDEX, dtype=np.int64)
         for i in range(n):
             a = int(start[i])
-            b = a + width + 1
-            seq[i, a:a + width] = seg_a[i]
-            seq[i, a + width] = self.SEPARATOR
-            seq[i, b:b + width] = seg_b[i]
-            labels[i, b + queries[i] + 1] = seg_b[i, queries[i] + 1]
+            seq[i, a:a + 2 * pairs:2], seq[i, a + 1:a + 2 * pairs:2] = keys_a[i, order_a[i]], values_a[i, order_a[i]]
+            sep = a + 2 * pairs
+            seq[i, sep] = self.SEPARATOR
+            b = sep + 1
+            seq[i, b:b + 2 * pairs:2], seq[i, b + 1:b + 2 * pairs:2] = keys_b[i, order_b[i]], values_b[i, order_b[i]]
+            at = b + 2 * pairs + int(gaps[i]) + 2 * np.arange(q)  # the query positions; a filler follows each
+            seq[i, at] = keys[i, asked[i]]
+            labels[i, at + 1] = answers[i, asked[i]]
         return Examples(seq[:, :-1].copy(), labels[:, 1:].copy())
 
 
@@ -451,9 +473,11 @@ def register_components(register):
     register("dataset", "selective_copy", SelectiveCopy, params=copy_params,
              doc="Selective copying (Mamba sec. 3.1).", check=SelectiveCopy.config_check)
     register("dataset", "separator_reset", SeparatorReset, params={
-        "vocab_size": Param(64, doc=vocab + "; 0 filler, 1 separator, then keys and values", min=4),
+        "vocab_size": Param(64, doc=vocab + "; 0 filler, 1 separator, 2 NONE, then keys and values", min=6),
         "num_kv_pairs": Param(4, doc="key-value pairs in each of the two segments", min=1),
-        "same_keys": Param(True, doc="the second segment reuses the first one's keys (with new values)"),
+        "shared": Param(2, doc="keys in both segments (the second pairs them with new values); the first "
+                               "segment's other keys are answered NONE after the separator", min=0),
+        "max_gap": Param(8, doc="most filler tokens between the second segment's pairs and its queries", min=0),
     }, doc="Separator reset: two recall sequences joined by a separator (Mamba sec. 3.5.2).",
         check=SeparatorReset.config_check)
     register("dataset", "copy", Copy, params=copy_params,

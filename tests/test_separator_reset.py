@@ -1,6 +1,7 @@
-"""The separator-reset probe (plugins/probes.py SeparatorReset): its answers come from the second
-segment alone, the first segment is a complete sequence of the same kind, and its no-recall baseline
-is what a rule without key matching scores."""
+"""The separator-reset probe (plugins/probes.py SeparatorReset): after the separator, a query is
+answered from the second segment alone (B's value, or NONE for a key only the first segment paired),
+the answers are never shown, and the rules that skip what the probe tests score what the docstring
+says: no key matching max(N - s, 1) / q, key matching that ignores the separator N / q, a reset 1."""
 
 import re
 
@@ -12,75 +13,119 @@ from abl.data.tasks import IGNORE_INDEX
 from abl.grid.gridfile import expand
 from abl.plugins.probes import SeparatorReset
 
-T, N, V = 48, 4, 32
+T, N, S, G, V = 40, 4, 2, 8, 32
+Q = 2 * N - S
 
 
-def _split(x):
-    """(segment A, segment B) of one example, found by the separator."""
-    sep = int(np.flatnonzero(x == SeparatorReset.SEPARATOR)[0])
-    return x[sep - 4 * N:sep], x[sep + 1:sep + 1 + 4 * N], sep
+def _sep(x):
+    return int(np.flatnonzero(x == SeparatorReset.SEPARATOR)[0])
 
 
-def _recall(segment, key):
-    """The value the segment's pairs give the key."""
-    keys = list(segment[0:2 * N:2])
-    return int(segment[1 + 2 * keys.index(key)])
+def _pairs(x, lo, hi):
+    """{key: value} of the pairs k v in x[lo:hi]."""
+    return {int(x[t]): int(x[t + 1]) for t in range(lo, hi, 2)}
+
+
+def _segments(x):
+    sep = _sep(x)
+    return _pairs(x, sep - 2 * N, sep), _pairs(x, sep + 1, sep + 1 + 2 * N), sep
+
+
+def _latest(x, t, key, since=0):
+    """The token after the latest occurrence of key in x[since:t] (a pair's value), or NONE."""
+    hits = [u for u in range(since, t) if x[u] == key]
+    return int(x[hits[-1] + 1]) if hits else SeparatorReset.NONE
 
 
 @pytest.fixture(scope="module")
 def examples():
-    return SeparatorReset(vocab_size=V, num_kv_pairs=N).generate(200, T, np.random.default_rng(0))
+    return SeparatorReset(vocab_size=V, num_kv_pairs=N, shared=S, max_gap=G).generate(300, T, np.random.default_rng(0))
 
 
-def test_the_answers_come_from_the_second_segment_alone(examples):
-    stale = hits = 0
+def _queries(examples):
     for x, y in zip(examples.inputs, examples.targets):
-        a, b, sep = _split(x)
-        assert (x == SeparatorReset.SEPARATOR).sum() == 1 and sep >= 4 * N
+        for t in np.flatnonzero(y != IGNORE_INDEX):
+            yield x, int(t), int(y[t])
+
+
+def test_every_key_is_asked_once_after_the_separator_and_answered_from_the_second_segment(examples):
+    nones = 0
+    for x, y in zip(examples.inputs, examples.targets):
+        a, b, sep = _segments(x)
+        assert (x == SeparatorReset.SEPARATOR).sum() == 1
+        assert len(a) == len(b) == N and len(set(a) & set(b)) == S
+        assert len(set(a.values())) == len(set(b.values())) == N  # distinct values within a segment
         counted = np.flatnonzero(y != IGNORE_INDEX)
-        assert len(counted) == N and (counted > sep).all()  # only B's N queries count
+        assert len(counted) == Q and (counted > sep + 2 * N).all()
+        assert sorted(int(x[t]) for t in counted) == sorted(set(a) | set(b))
         for t in counted:
-            assert y[t] == _recall(b, x[t]) == x[t + 1]  # the value of B's pair, shown next (teacher forcing)
-            hits += 1
-            stale += y[t] == _recall(a, x[t])  # same keys: A paired it with another value, mostly
-        # A is a whole sequence of the same kind: its queries are followed by their values
-        for q in range(2 * N, 4 * N, 2):
-            assert a[q + 1] == _recall(a, a[q])
-        assert sorted(a[0:2 * N:2]) == sorted(b[0:2 * N:2])  # same_keys
-    assert stale / hits < 0.2
+            assert y[t] == b.get(int(x[t]), SeparatorReset.NONE)
+            nones += y[t] == SeparatorReset.NONE
+    assert nones == (N - S) * len(examples.inputs)
 
 
-def test_the_separator_moves_and_examples_are_deterministic_by_seed(examples):
-    seps = {_split(x)[2] for x in examples.inputs}
-    assert len(seps) > 5
-    again = SeparatorReset(vocab_size=V, num_kv_pairs=N).generate(200, T, np.random.default_rng(0))
+def test_the_answers_are_never_shown(examples):
+    """With each answer shown after its query (teacher forcing), remembering which of B's values were
+    answered already scored H_N / N with no key matching, and attention stayed on that shortcut."""
+    for x, y in zip(examples.inputs, examples.targets):
+        sep = _sep(x)
+        first_query = int(np.flatnonzero(y != IGNORE_INDEX)[0])
+        assert not set(x[first_query:].tolist()) & (set(_segments(x)[1].values()) | {SeparatorReset.NONE})
+        assert (x[first_query + 1::2][:Q - 1] == SeparatorReset.FILLER).all()
+        assert sep < first_query
+
+
+def test_a_rule_that_ignores_the_separator_cannot_solve_it_and_one_that_resets_does(examples):
+    """Key matching by the latest occurrence scores N / q when it ignores the separator (a key seen once
+    is A's or B's) and 1 when it only looks after the separator: what the probe tests is the reset."""
+    recency = reset = total = 0
+    for x, t, answer in _queries(examples):
+        recency += _latest(x, t, x[t]) == answer
+        reset += _latest(x, t, x[t], since=_sep(x)) == answer
+        total += 1
+    assert recency / total == pytest.approx(N / Q)
+    assert reset == total
+
+
+def test_no_recall_baseline_is_the_best_rule_without_key_matching(examples):
+    """Without matching the query's key, the best answer is a constant: NONE, or any one of B's values."""
+    task = SeparatorReset(vocab_size=V, num_kv_pairs=N, shared=S, max_gap=G)
+    always_none = first_value = total = 0
+    for x, t, answer in _queries(examples):
+        sep = _sep(x)
+        always_none += answer == SeparatorReset.NONE
+        first_value += answer == x[sep + 2]
+        total += 1
+    assert task.no_recall_baseline(T) == pytest.approx(max(N - S, 1) / Q)
+    assert max(always_none, first_value) / total == pytest.approx(task.no_recall_baseline(T), abs=0.03)
+    for shared in range(N + 1):
+        t = SeparatorReset(vocab_size=V, num_kv_pairs=N, shared=shared, max_gap=G)
+        assert t.no_recall_baseline(T) == max(N - shared, 1) / (2 * N - shared)
+
+
+def test_the_separator_and_the_queries_move_and_examples_are_deterministic_by_seed(examples):
+    seps = {_sep(x) for x in examples.inputs}
+    gaps = {int(np.flatnonzero(y != IGNORE_INDEX)[0]) - _sep(x) for x, y in zip(examples.inputs, examples.targets)}
+    assert len(seps) == T - (4 * N + 1 + G + 2 * Q) + 1 and len(gaps) == G + 1
+    again = SeparatorReset(vocab_size=V, num_kv_pairs=N, shared=S, max_gap=G).generate(300, T, np.random.default_rng(0))
     assert np.array_equal(again.inputs, examples.inputs) and np.array_equal(again.targets, examples.targets)
 
 
-def test_no_recall_baseline_is_the_elimination_rule(examples):
-    """Picking among B's values not yet answered, with no key matching, scores H_N / N."""
-    task = SeparatorReset(vocab_size=V, num_kv_pairs=N)
-    rng = np.random.default_rng(1)
-    right = total = 0
-    for x, y in zip(examples.inputs, examples.targets):
-        _, b, _ = _split(x)
-        left = list(b[1:2 * N:2])
-        for t in np.flatnonzero(y != IGNORE_INDEX):
-            right += rng.choice(left) == y[t]
-            total += 1
-            left.remove(y[t])
-    assert task.no_recall_baseline(T) == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
-    assert right / total == pytest.approx(task.no_recall_baseline(T), abs=0.05)
+@pytest.mark.parametrize("shared", [0, N])
+def test_the_extremes_of_shared(shared):
+    """shared = 0: B is unrelated to A (half the queries are NONE); shared = N: B reuses every key
+    (no NONE; recency alone answers, so it does not test resetting)."""
+    ex = SeparatorReset(vocab_size=V, num_kv_pairs=N, shared=shared, max_gap=0).generate(50, 4 * N + 1 + 2 * (2 * N - shared),
+                                                                                          np.random.default_rng(3))
+    answers = ex.targets[ex.targets != IGNORE_INDEX]
+    assert (answers == SeparatorReset.NONE).sum() == (N - shared) * 50
 
 
-def test_different_keys_option_draws_the_second_segments_keys_afresh():
-    ex = SeparatorReset(vocab_size=64, num_kv_pairs=N, same_keys=False).generate(50, T, np.random.default_rng(2))
-    same = [sorted(_split(x)[0][0:2 * N:2]) == sorted(_split(x)[1][0:2 * N:2]) for x in ex.inputs]
-    assert not all(same)
-
-
-@pytest.mark.parametrize("params,context,message", [({"num_kv_pairs": 4}, 32, "need model.context >= 8 x 4 + 1"),
-                                                    ({"vocab_size": 8, "num_kv_pairs": 4}, 64, "vocab_size >= 10")])
+@pytest.mark.parametrize("params,context,message", [
+    ({"num_kv_pairs": 4}, 36, "need model.context >= 4 x 4 + 1 + 8 + 2 x 6 = 37"),
+    ({"vocab_size": 12, "num_kv_pairs": 4}, 64, "need vocab_size >= 15"),
+    ({"num_kv_pairs": 2, "shared": 3}, 64, "shared must be in [0, num_kv_pairs = 2]"),
+])
 def test_impossible_layouts_are_refused_before_training(registry, params, context, message):
     raw = {"model": {"d_model": 16, "n_heads": 2, "context": context}, "data": {"dataset": "separator_reset"},
            "dataset": {"separator_reset": params}}
