@@ -367,17 +367,18 @@ class SeparatorReset(Task):
       always one of B's values;
     - matching keys by their latest occurrence but ignoring the separator: N / q, as a key seen
       once could be A's (NONE) or B's (its value) and only which side of the separator tells them
-      apart (a shared key, seen twice, is B's by recency). B's queries start g tokens after its pairs,
-      so the distance back to a pair does not tell the two sides apart either (only in part);
+      apart (a shared key, seen twice, is B's by recency); B's queries start g tokens after its
+      pairs, so the distance back to a pair tells the two sides apart only in part;
     - resetting at the separator: 1.
 
     The layout is this project's; the notes it comes from (a study of decoder-only transformers,
-    footnote 26) ask for two independent sequences and a separator. Two choices make it a test of
-    resetting at tiny scale (measured, ablations/separator_reset.toml's header): the answers are
+    footnote 26) ask for two independent sequences and a separator. These choices make it a test of
+    resetting at tiny scale (measured: docs/variants.md, ablations/separator_reset.toml): the answers are
     not shown after their queries (with them shown, remembering which of B's values were answered
     already scores H_N / N without any key matching, and attention stayed on that shortcut), and
-    some keys are A's only (with B reusing all of A's keys, recency alone answers every query, and
-    S4 solved it at 2 pairs).
+    B's queries start a random distance after its pairs (with B reusing all of A's keys and its
+    queries right after its pairs, S4 solved it at 2 pairs); with ``shared`` < N, keys only A paired
+    are answered NONE, which matching keys by recency cannot give.
     """
 
     FILLER, SEPARATOR, NONE = 0, 1, 2

@@ -115,8 +115,8 @@ def test_the_separator_and_the_queries_move_and_examples_are_deterministic_by_se
 def test_the_extremes_of_shared(shared):
     """shared = 0: B is unrelated to A (half the queries are NONE); shared = N: B reuses every key
     (no NONE; recency alone answers, so it does not test resetting)."""
-    ex = SeparatorReset(vocab_size=V, num_kv_pairs=N, shared=shared, max_gap=0).generate(50, 4 * N + 1 + 2 * (2 * N - shared),
-                                                                                          np.random.default_rng(3))
+    context = 4 * N + 1 + 2 * (2 * N - shared)
+    ex = SeparatorReset(vocab_size=V, num_kv_pairs=N, shared=shared, max_gap=0).generate(50, context, np.random.default_rng(3))
     answers = ex.targets[ex.targets != IGNORE_INDEX]
     assert (answers == SeparatorReset.NONE).sum() == (N - shared) * 50
 
