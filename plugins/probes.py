@@ -474,7 +474,7 @@ def register_components(register):
     register("dataset", "selective_copy", SelectiveCopy, params=copy_params,
              doc="Selective copying (Mamba sec. 3.1).", check=SelectiveCopy.config_check)
     register("dataset", "separator_reset", SeparatorReset, params={
-        "vocab_size": Param(64, doc=vocab + "; 0 filler, 1 separator, 2 NONE, then keys and values", min=6),
+        "vocab_size": Param(64, doc=vocab + "; 0 filler, 1 separator, 2 NONE, then keys and values", min=5),
         "num_kv_pairs": Param(4, doc="key-value pairs in each of the two segments", min=1),
         "shared": Param(2, doc="keys in both segments (the second pairs them with new values); the first "
                                "segment's other keys are answered NONE after the separator", min=0),
