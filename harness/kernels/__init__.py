@@ -50,6 +50,9 @@ class KernelBackend:
 
     name: str
     interpreted: bool = False
+    # ops that take their torch reference although the backend is triton: ``auto`` on a device
+    # where the reference measured faster, or where the kernel is not verified (``abl.kernels.auto``)
+    torch_ops: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
@@ -83,9 +86,11 @@ def active() -> KernelBackend:
     return _ACTIVE.get()
 
 
-def use_triton() -> bool:
-    """True when the ops should call the Triton kernels: the active backend is triton."""
-    return _ACTIVE.get().name == "triton"
+def use_triton(op: str | None = None) -> bool:
+    """True when the ops should call the Triton kernels: the active backend is triton (and,
+    given ``op``, e.g. "ssd_scan", that op is not one the backend routes to its reference)."""
+    backend = _ACTIVE.get()
+    return backend.name == "triton" and (op is None or op not in backend.torch_ops)
 
 
 def resolve(kernels: str, device: Any) -> KernelBackend:

@@ -321,7 +321,7 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int
                   reduction: str = "mean", label_smoothing: float = 0.0, z_loss: float = 0.0) -> torch.Tensor:
     """Cross-entropy on the active kernel backend (``abl.kernels.use_triton``):
     ``cross_entropy_triton`` under triton, ``cross_entropy_reference`` otherwise."""
-    if use_triton():
+    if use_triton("cross_entropy"):
         return cross_entropy_triton(logits, targets, ignore_index, reduction, label_smoothing, z_loss)
     return cross_entropy_reference(logits, targets, ignore_index, reduction, label_smoothing, z_loss)
 
@@ -333,7 +333,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     """LM head + cross-entropy on the active kernel backend (``abl.kernels.use_triton``):
     ``linear_cross_entropy_triton`` (the logits never exist whole) under triton,
     ``linear_cross_entropy_reference`` (which forms them) otherwise."""
-    if use_triton():
+    if use_triton("linear_cross_entropy"):
         return linear_cross_entropy_triton(hidden, weight, targets, bias, ignore_index, reduction,
                                            label_smoothing, z_loss)
     return linear_cross_entropy_reference(hidden, weight, targets, bias, ignore_index, reduction,

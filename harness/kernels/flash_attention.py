@@ -566,6 +566,6 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """Softmax attention on the active kernel backend (``abl.kernels.use_triton``):
     ``flash_attention_triton`` under triton, ``attention_reference`` otherwise.
     Arguments as ``flash_attention_triton`` (its ``return_lse`` is the kernel's own)."""
-    if use_triton():
+    if use_triton("flash_attention"):
         return flash_attention_triton(q, k, v, causal, window, alibi_slopes, scale)
     return attention_reference(q, k, v, causal, window, alibi_slopes, scale)

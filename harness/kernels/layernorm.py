@@ -212,6 +212,6 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.T
               eps: float = 1e-5, eps_placement: str = "inside") -> torch.Tensor:
     """LayerNorm over the last dim on the active kernel backend (``abl.kernels.use_triton``):
     ``layernorm_triton`` under triton, ``layernorm_reference`` otherwise. Arguments as ``layernorm_triton``."""
-    if use_triton():
+    if use_triton("layernorm"):
         return layernorm_triton(x, weight, bias, eps, eps_placement)
     return layernorm_reference(x, weight, bias, eps, eps_placement)

@@ -179,6 +179,6 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Ten
             eps: float = 1e-6) -> torch.Tensor:
     """RMSNorm over the last dim on the active kernel backend (``abl.kernels.use_triton``):
     ``rmsnorm_triton`` under triton, ``rmsnorm_reference`` otherwise. Arguments as ``rmsnorm_triton``."""
-    if use_triton():
+    if use_triton("rmsnorm"):
         return rmsnorm_triton(x, weight, bias, eps)
     return rmsnorm_reference(x, weight, bias, eps)

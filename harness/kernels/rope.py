@@ -175,6 +175,6 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
     """RoPE on the active kernel backend (``abl.kernels.use_triton``): ``rope_triton`` under
     triton, ``rope_reference`` otherwise. Arguments as ``rope_triton``."""
-    if use_triton():
+    if use_triton("rope"):
         return rope_triton(x, cos, sin, layout)
     return rope_reference(x, cos, sin, layout)

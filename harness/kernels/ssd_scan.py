@@ -398,6 +398,6 @@ def ssd_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tenso
     ``ssd_scan_triton`` under triton when its tile fits the chunk length
     (``fits_the_kernels``), else ``ssd_chunked``; both are the same chunked
     algorithm. Arguments and result as ``ssd_chunked``."""
-    if use_triton() and fits_the_kernels(chunk_size):
+    if use_triton("ssd_scan") and fits_the_kernels(chunk_size):
         return ssd_scan_triton(x, dt, A, Bm, Cm, chunk_size, initial_state)
     return ssd_chunked(x, dt, A, Bm, Cm, chunk_size, initial_state=initial_state)

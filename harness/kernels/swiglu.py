@@ -179,7 +179,7 @@ def geglu_reference(gate: torch.Tensor, up: torch.Tensor, approximate: str = "no
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up on the active kernel backend (``abl.kernels.use_triton``):
     ``swiglu_triton`` under triton, ``swiglu_reference`` otherwise."""
-    if use_triton():
+    if use_triton("swiglu"):
         return swiglu_triton(gate, up)
     return swiglu_reference(gate, up)
 
@@ -187,6 +187,6 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def geglu(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     """gelu(gate) * up on the active kernel backend (``abl.kernels.use_triton``):
     ``geglu_triton`` under triton, ``geglu_reference`` otherwise."""
-    if use_triton():
+    if use_triton("geglu"):
         return geglu_triton(gate, up, approximate)
     return geglu_reference(gate, up, approximate)

@@ -64,7 +64,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
         ``[B, Hq, Tq, Ev]`` in q's dtype.
     """
     hq, tq, tk = q.size(1), q.size(2), k.size(2)
-    if use_triton():
+    if use_triton("flash_attention"):
         out = _flash(q, k, v, position, q_start, k_start, window, softcap, scale)
         if out is not None:
             return out

@@ -356,7 +356,7 @@ class DecoderLM(nn.Module):
         # Only the Triton op fuses the LM head into the loss (the [B*T, V] logits never exist
         # whole); the reference would form them anyway, so on torch the model keeps them. The
         # z-loss needs the logits' normaliser and the soft cap changes them, so both keep them too.
-        if (use_triton() and targets is not None and not ctx.need_logits and fusable and not self.cfg.z_loss
+        if (use_triton("linear_cross_entropy") and targets is not None and not ctx.need_logits and fusable and not self.cfg.z_loss
                 and not self.cfg.logit_softcap):
             # imported here, not at the top: the kernel modules import triton, which decides once
             # at import whether it interprets, and a worker imports this module (through the
