@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from . import use_triton
-from .utils import cdiv, check_launch, interpreting, next_pow2, tl, triton
+from .utils import cdiv, check_launch, next_pow2, on_gpu, tl, triton
 
 # ---------------------------------------------------------------- kernels
 
@@ -92,8 +92,8 @@ def _ce_bwd_kernel(LOGITS, stride_l, DLOGITS, stride_dl, TARGETS, LSE, DLOSS, st
 # ---------------------------------------------------------------- launchers
 
 
-def _block_v(v: int, device) -> int:
-    cap = 128 if (device.type == "cpu" or interpreting()) else 4096
+def _block_v(v: int, x) -> int:
+    cap = 4096 if on_gpu(x) else 128
     return min(cap, next_pow2(v))
 
 
@@ -103,7 +103,7 @@ def ce_fwd(logits2, targets1, ignore_index, label_smoothing, z_loss):
     loss = torch.empty(n, dtype=torch.float32, device=logits2.device)
     lse = torch.empty(n, dtype=torch.float32, device=logits2.device)
     if n:
-        block = _block_v(v, logits2.device)
+        block = _block_v(v, logits2)
         _ce_fwd_kernel[(n,)](
             logits2, logits2.stride(0), targets1, loss, lse, v, ignore_index,
             float(label_smoothing), float(z_loss),
@@ -117,7 +117,7 @@ def ce_bwd(logits2, targets1, lse, dloss, ignore_index, label_smoothing, z_loss,
     n, v = logits2.shape
     dlogits = torch.empty_like(logits2) if out is None else out
     if n:
-        block = _block_v(v, logits2.device)
+        block = _block_v(v, logits2)
         _ce_bwd_kernel[(n, cdiv(v, block))](
             logits2, logits2.stride(0), dlogits, dlogits.stride(0), targets1, lse, dloss, dloss.stride(0),
             v, ignore_index, float(label_smoothing), float(z_loss),

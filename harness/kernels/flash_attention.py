@@ -37,7 +37,7 @@ import math
 import torch
 
 from . import FLASH_ATTENTION_MAX_HEAD_DIM, use_triton
-from .utils import check_launch, interpreting, next_pow2, tl, triton
+from .utils import check_launch, checking_compiles, interpreting, next_pow2, on_gpu, tl, triton
 
 _LOG2E = 1.4426950408889634
 
@@ -324,7 +324,7 @@ _chosen: dict = {}
 
 
 def _candidates(kind, q):
-    if q.device.type != "cuda" or interpreting():
+    if not on_gpu(q):
         return ((16, 16, 1, 1),)
     table = _CUDA_FWD if kind == "fwd" else _CUDA_BWD
     wide = q.shape[-1] > 64 or q.dtype == torch.float32
@@ -334,6 +334,10 @@ def _candidates(kind, q):
 def _launch(kind, q, launch):
     """Run ``launch(block_m, block_n, num_warps, num_stages)`` with the first tile that fits."""
     key = (kind, q.device.index, q.dtype, next_pow2(q.shape[-1]))
+    if checking_compiles():  # every tile this launch could pick is compiled and checked
+        for cfg in _candidates(kind, q):
+            launch(*cfg)
+        return None
     if key in _chosen:
         return launch(*_chosen[key])
     last: Exception | None = None
@@ -405,7 +409,7 @@ def attention_bwd(do, q, k, v, o, lse, slopes, causal, window, scale):
     if not q.numel() or not k.numel():
         return dq.zero_(), dk.zero_(), dv.zero_()
     delta = torch.empty_like(lse)
-    bm_pre = 16 if interpreting() or q.device.type != "cuda" else 64
+    bm_pre = 64 if on_gpu(q) else 16
     _attn_bwd_preprocess_kernel[(triton.cdiv(tq, bm_pre), b * h)](
         o, do, delta, o.stride(0), o.stride(1), o.stride(2), do.stride(0), do.stride(1), do.stride(2),
         h, tq, HEAD_DIM=d, BLOCK_M=bm_pre, BLOCK_D=block_d)

@@ -14,8 +14,11 @@ Triton path raises a clear error.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
+from typing import Iterator
 
 try:  # pragma: no cover - exercised implicitly by every kernel module
     import triton
@@ -59,12 +62,42 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+# Set by ``abl.kernels.compilecheck`` while it records the launches a GPU would make: the
+# launchers then choose their CUDA configurations for CPU tensors (nothing runs; each launch
+# is recorded and compiled for sm_90 without a driver).
+_COMPILE_CHECK: contextvars.ContextVar[bool] = contextvars.ContextVar("abl_compile_check", default=False)
+
+
+@contextlib.contextmanager
+def compile_check() -> Iterator[None]:
+    """Launchers pick what they would pick on a CUDA device (see ``on_gpu``), for any tensors."""
+    token = _COMPILE_CHECK.set(True)
+    try:
+        yield
+    finally:
+        _COMPILE_CHECK.reset(token)
+
+
+def checking_compiles() -> bool:
+    """True inside ``compile_check()``: a launcher that tries several configurations in turn
+    must launch every one it could pick, so that each is compiled and checked."""
+    return _COMPILE_CHECK.get()
+
+
+def on_gpu(x) -> bool:
+    """True when a launch on ``x`` compiles for a GPU: its tiles, warps and stages are the
+    CUDA ones (not the interpreter's small tiles). Launchers ask this, not ``x.device``."""
+    return _COMPILE_CHECK.get() or (x.device.type == "cuda" and not interpreting())
+
+
 class KernelUnavailable(RuntimeError):
     """A Triton kernel was asked for where it cannot run."""
 
 
 def check_launch(*tensors) -> None:
     """Raise a clear error when the Triton kernels cannot run on these tensors."""
+    if _COMPILE_CHECK.get():
+        return
     if not HAS_TRITON:
         raise KernelUnavailable("the Triton kernels need the 'triton' package (Linux): "
                                 "pip install triton, or use train.kernels = \"torch\"")
@@ -99,11 +132,13 @@ def as_rows(x):
 def sm_count(device_index: int) -> int:
     import torch
 
+    if _COMPILE_CHECK.get():
+        return 132  # an H100 SXM's
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def reduction_programs(x, rows: int) -> int:
     """How many programs share a row reduction (the dweight partial sums)."""
-    if x.device.type == "cuda":
+    if on_gpu(x):
         return max(1, min(rows, 4 * sm_count(x.device.index or 0)))
     return max(1, min(rows, 4))  # the interpreter runs programs one by one
