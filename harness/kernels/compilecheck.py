@@ -44,6 +44,8 @@ from typing import Any, Callable, Iterator
 
 # The spill budget: bytes of spill stores per thread a shipped configuration may have.
 SPILL_BUDGET_BYTES = 0
+# Shared memory one block may use on an H100 (sm_90: 227 KiB); a configuration needing more can never launch.
+SM90_SHARED_BYTES = 232448
 
 
 @dataclass
@@ -97,7 +99,8 @@ class Result:
     @property
     def ok(self) -> bool:
         return (self.error is None and not self.hazards
-                and (self.spill_store_bytes or 0) <= SPILL_BUDGET_BYTES)
+                and (self.spill_store_bytes or 0) <= SPILL_BUDGET_BYTES
+                and (self.shared_bytes or 0) <= SM90_SHARED_BYTES)
 
 
 class _Sm90Driver:

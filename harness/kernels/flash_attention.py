@@ -45,6 +45,58 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, hi, q_pos, offs_n, offs_d,
+                    N_K, WINDOW, qk_scale, slope,
+                    MASKED: tl.constexpr, EVEN_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                    BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # One pass over key blocks [lo, hi). MASKED=False is for blocks every row of the query block
+    # sees whole (in bounds, inside the causal limit and the window): no mask arithmetic there.
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :]
+        v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :]
+        if MASKED:
+            kv_mask = (cols[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if HAS_ALIBI:
+            s = s - slope * tl.abs(q_pos[:, None] - cols[None, :]).to(tl.float32)
+        if MASKED:
+            rel = q_pos[:, None] - cols[None, :]
+            valid = cols[None, :] < N_K
+            if IS_CAUSAL:
+                valid = valid & (rel >= 0)
+            if HAS_WINDOW:
+                valid = valid & (rel < WINDOW) & (rel > -WINDOW)
+            s = tl.where(valid, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees nothing yet
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = m_new
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        pv = p.to(v_base.dtype.element_ty)
+        if UPCAST:
+            pv = pv.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _attn_fwd_kernel(Q, K, V, O, LSE, SLOPES,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                      stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
@@ -72,50 +124,47 @@ def _attn_fwd_kernel(Q, K, V, O, LSE, SLOPES,
         q = q.to(tl.float32)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
+    slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(SLOPES + h).to(tl.float32) * 1.4426950408889634
     q_pos = offs_m + OFFSET
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # the key blocks that some row of this query block can see
+    # the key blocks that some row of this query block can see: [lo, hi)
+    row0 = OFFSET + start_m * BLOCK_M  # the first row's position
     lo = 0
     hi = N_K
     if IS_CAUSAL:
-        hi = tl.minimum(N_K, OFFSET + (start_m + 1) * BLOCK_M)
+        hi = tl.minimum(N_K, row0 + BLOCK_M)
     if HAS_WINDOW:
-        lo = tl.maximum(0, OFFSET + start_m * BLOCK_M - WINDOW + 1)
+        lo = tl.maximum(0, row0 - WINDOW + 1)
         lo = (lo // BLOCK_N) * BLOCK_N
         if not IS_CAUSAL:
-            hi = tl.minimum(N_K, OFFSET + (start_m + 1) * BLOCK_M - 1 + WINDOW)
-    for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        kv_mask = (cols[:, None] < N_K) & d_mask[None, :]
-        k = tl.load(k_base + cols[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        rel = q_pos[:, None] - cols[None, :]
-        if HAS_ALIBI:
-            s = s - slope * tl.abs(rel).to(tl.float32)
-        valid = cols[None, :] < N_K
-        if IS_CAUSAL:
-            valid = valid & (rel >= 0)
-        if HAS_WINDOW:
-            valid = valid & (rel < WINDOW) & (rel > -WINDOW)
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees nothing yet
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        pv = p.to(V.dtype.element_ty)
-        if UPCAST:
-            pv = pv.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(pv, v, input_precision=DOT_PRECISION)
-        m_i = m_new
+            hi = tl.minimum(N_K, row0 + BLOCK_M - 1 + WINDOW)
+    # the key blocks that every row sees whole, [full_lo, full_hi): the loop without masks
+    # (Triton's fused-attention tutorial splits its loop the same way)
+    full_hi = (N_K // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        full_hi = tl.minimum(full_hi, (tl.maximum(row0 + 1, 0) // BLOCK_N) * BLOCK_N)
+    full_lo = lo
+    if HAS_WINDOW:
+        first = tl.maximum(row0 + BLOCK_M - WINDOW, 0)  # rel < WINDOW for the last row
+        full_lo = tl.maximum(lo, ((first + BLOCK_N - 1) // BLOCK_N) * BLOCK_N)
+        if not IS_CAUSAL:
+            full_hi = tl.minimum(full_hi, (tl.maximum(row0 + WINDOW, 0) // BLOCK_N) * BLOCK_N)
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = tl.maximum(tl.minimum(full_hi, hi), full_lo)
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, full_lo, q_pos,
+                                    offs_n, offs_d, N_K, WINDOW, qk_scale, slope, True, EVEN_D, HEAD_DIM,
+                                    IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, BLOCK_N, DOT_PRECISION, UPCAST)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, full_lo, full_hi,
+                                    q_pos, offs_n, offs_d, N_K, WINDOW, qk_scale, slope, False, EVEN_D, HEAD_DIM,
+                                    IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, BLOCK_N, DOT_PRECISION, UPCAST)
+    acc, l_i, m_i = _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, full_hi, hi, q_pos,
+                                    offs_n, offs_d, N_K, WINDOW, qk_scale, slope, True, EVEN_D, HEAD_DIM,
+                                    IS_CAUSAL, HAS_WINDOW, HAS_ALIBI, BLOCK_N, DOT_PRECISION, UPCAST)
     seen = l_i > 0.0
     l_safe = tl.where(seen, l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -208,25 +257,28 @@ def _attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, SLOPES,
                 do = do.to(tl.float32)
             lse = tl.load(LSE + off_bh * M_Q + offs_m, mask=m_mask, other=float("inf"))
             delta = tl.load(DELTA + off_bh * M_Q + offs_m, mask=m_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-            rel = (offs_m + OFFSET)[:, None] - offs_n[None, :]
+            # transposed form (the key block is the M dimension of every product, as in Triton's
+            # fused-attention tutorial): S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T,
+            # dS^T = P^T (dP^T - delta), dK += dS^T Q; no tile is transposed through shared memory
+            st = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+            rel = (offs_m + OFFSET)[None, :] - offs_n[:, None]
             if HAS_ALIBI:
-                s = s - slope * tl.abs(rel).to(tl.float32)
-            valid = n_mask[None, :] & m_mask[:, None]
+                st = st - slope * tl.abs(rel).to(tl.float32)
+            valid = n_mask[:, None] & m_mask[None, :]
             if IS_CAUSAL:
                 valid = valid & (rel >= 0)
             if HAS_WINDOW:
                 valid = valid & (rel < WINDOW) & (rel > -WINDOW)
-            p = tl.where(valid, tl.math.exp2(s - lse[:, None]), 0.0)
-            pv = p.to(DO.dtype.element_ty)
+            pt = tl.where(valid, tl.math.exp2(st - lse[None, :]), 0.0)
+            ptv = pt.to(DO.dtype.element_ty)
             if UPCAST:
-                pv = pv.to(tl.float32)
-            dv += tl.dot(tl.trans(pv), do, input_precision=DOT_PRECISION)
-            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-            ds = (p * (dp - delta[:, None])).to(Q.dtype.element_ty)
+                ptv = ptv.to(tl.float32)
+            dv += tl.dot(ptv, do, input_precision=DOT_PRECISION)
+            dpt = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+            dst = (pt * (dpt - delta[None, :])).to(Q.dtype.element_ty)
             if UPCAST:
-                ds = ds.to(tl.float32)
-            dk += tl.dot(tl.trans(ds), q, input_precision=DOT_PRECISION)
+                dst = dst.to(tl.float32)
+            dk += tl.dot(dst, q, input_precision=DOT_PRECISION)
     dk = dk * sm_scale
     tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=kv_mask)
@@ -314,44 +366,94 @@ def _attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, SLOPES,
 
 # ---------------------------------------------------------------- launchers
 
-# Tile sizes. The interpreter runs one program at a time, so small tiles there
-# keep the tests' loops over several blocks (and their masked tails) cheap. On
-# CUDA the candidates go from large to small; a launch that runs out of shared
-# memory or registers retries with the next (the winner is cached per key).
-_CUDA_FWD = ((128, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 1), (16, 16, 4, 1))
-_CUDA_BWD = ((64, 64, 4, 2), (32, 64, 4, 2), (32, 32, 4, 1), (16, 32, 4, 1), (16, 16, 4, 1))
+# Tile configurations: (BLOCK_M, BLOCK_N, num_warps, num_stages). For the dK/dV kernel BLOCK_N is the
+# key block a program holds and BLOCK_M the query block it streams; for the forward and dQ kernels
+# BLOCK_M is the query block held and BLOCK_N the key block streamed. On CUDA a launch picks the
+# fastest configuration of its class by timing each once (``_launch``); every configuration listed
+# here compiles for sm_90 with no register spills and no asynchronous-MMA buffer hazard
+# (``abl.kernels.compilecheck``, run by tests/kernels/test_compilecheck.py). The dK/dV tile
+# (32, 64, 4 warps, 2 stages) at head_dim 128 is not here: Triton 3.6-3.9 give its q and dO tiles
+# a single shared buffer that the next iteration's cp.async overwrites while the asynchronous
+# wgmma products still read it, and gradients varied from run to run on an H100 (docs/gpu.md).
+# The interpreter runs one program at a time: small tiles keep the tests' loops over several
+# blocks (and their masked tails) cheap.
+_INTERPRETER_TILE = (16, 16, 1, 1)
+_TILES: dict[str, dict[str, tuple[tuple[int, int, int, int], ...]]] = {
+    "fwd": {
+        "d64": ((128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3)),
+        "d128": ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)),
+        "d256": ((64, 32, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2)),
+        "fp32": ((64, 32, 4, 2), (32, 32, 4, 2), (64, 64, 8, 2)),
+    },
+    "bwd_dkdv": {
+        "d64": ((32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)),
+        "d128": ((32, 128, 8, 3), (32, 64, 4, 3), (64, 64, 8, 2), (64, 128, 8, 2)),
+        "d256": ((16, 64, 4, 2), (32, 64, 8, 2)),
+        "fp32": ((32, 64, 4, 2), (16, 64, 4, 2), (32, 32, 4, 1)),
+    },
+    "bwd_dq": {
+        "d64": ((128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)),
+        "d128": ((128, 32, 8, 3), (64, 32, 4, 3), (64, 64, 8, 3), (128, 64, 8, 2)),
+        "d256": ((64, 32, 4, 2), (64, 16, 4, 2), (32, 32, 4, 2)),
+        "fp32": ((64, 32, 4, 2), (32, 32, 4, 2), (64, 16, 4, 2)),
+    },
+}
 _chosen: dict = {}
+
+
+def _tile_class(q) -> str:
+    if q.dtype == torch.float32:
+        return "fp32"
+    d = next_pow2(q.shape[-1])
+    return "d64" if d <= 64 else ("d128" if d <= 128 else "d256")
 
 
 def _candidates(kind, q):
     if not on_gpu(q):
-        return ((16, 16, 1, 1),)
-    table = _CUDA_FWD if kind == "fwd" else _CUDA_BWD
-    wide = q.shape[-1] > 64 or q.dtype == torch.float32
-    return table[1:] if wide else table
+        return (_INTERPRETER_TILE,)
+    return _TILES[kind][_tile_class(q)]
 
 
-def _launch(kind, q, launch):
-    """Run ``launch(block_m, block_n, num_warps, num_stages)`` with the first tile that fits."""
-    key = (kind, q.device.index, q.dtype, next_pow2(q.shape[-1]))
+def _length_bucket(n: int) -> int:
+    return max(128, min(16384, next_pow2(n)))
+
+
+def _launch(kind, q, launch, shape_key=()):
+    """Run ``launch(block_m, block_n, num_warps, num_stages)`` with this class's tile.
+
+    On CUDA the first launch per (kernel, device, dtype, head-dim class, masks, length bucket)
+    times every configuration of the class once (``triton.testing.do_bench``; each launch
+    rewrites its outputs whole, so repeating it is harmless) and keeps the fastest for the
+    process; a configuration that does not fit the device (out of shared memory) is skipped."""
+    key = (kind, q.device.index, q.dtype, _tile_class(q), shape_key)
     if checking_compiles():  # every tile this launch could pick is compiled and checked
         for cfg in _candidates(kind, q):
             launch(*cfg)
         return None
     if key in _chosen:
         return launch(*_chosen[key])
+    candidates = _candidates(kind, q)
+    if len(candidates) == 1 or not on_gpu(q):
+        _chosen[key] = candidates[0]
+        return launch(*candidates[0])
+    from triton.testing import do_bench
+
+    timed = []
     last: Exception | None = None
-    for cfg in _candidates(kind, q):
+    for cfg in candidates:
         try:
-            out = launch(*cfg)
+            ms = do_bench(lambda cfg=cfg: launch(*cfg), warmup=3, rep=12)
         except Exception as exc:  # triton's OutOfResources, or a compile failure for this tile
             if type(exc).__name__ not in ("OutOfResources", "CompilationError"):
                 raise
             last = exc
             continue
-        _chosen[key] = cfg
-        return out
-    raise last or RuntimeError(f"no tile configuration to try for {kind}")  # pragma: no cover
+        timed.append((ms, cfg))
+    if not timed:
+        raise last or RuntimeError(f"no tile configuration to try for {kind}")  # pragma: no cover
+    best = min(timed)[1]
+    _chosen[key] = best
+    return launch(*best)
 
 
 def _dot_precision(dtype) -> str | None:
@@ -394,7 +496,7 @@ def attention_fwd(q, k, v, slopes, causal, window, scale):
             UPCAST=_upcast(q.dtype), num_warps=warps, num_stages=stages)
 
     if o.numel():
-        _launch("fwd", q, launch)
+        _launch("fwd", q, launch, (causal, win > 0, slopes is not None, _length_bucket(max(tq, tk))))
     return o, lse
 
 
@@ -427,17 +529,17 @@ def attention_bwd(do, q, k, v, o, lse, slopes, causal, window, scale):
             BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **common)
 
     def launch_dq(bm, bn, warps, stages):
-        # the dq loop holds a query tile and streams key tiles: the roles of the tile sizes swap
-        _attn_bwd_dq_kernel[(triton.cdiv(tq, bn), b * h)](
+        _attn_bwd_dq_kernel[(triton.cdiv(tq, bm), b * h)](
             q, k, v, do, lse, delta, dq, slopes_arg,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
             dq.stride(0), dq.stride(1), dq.stride(2),
             h, h // hk, tq, tk, offset, win, scale * _LOG2E, scale,
-            BLOCK_M=bn, BLOCK_N=bm, num_warps=warps, num_stages=stages, **common)
+            BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **common)
 
-    _launch("bwd_dkdv", q, launch_dkdv)
-    _launch("bwd_dq", q, launch_dq)
+    shape_key = (causal, win > 0, slopes is not None, _length_bucket(max(tq, tk)))
+    _launch("bwd_dkdv", q, launch_dkdv, shape_key)
+    _launch("bwd_dq", q, launch_dq, shape_key)
     return dq, dk, dv
 
 

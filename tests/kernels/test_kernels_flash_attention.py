@@ -19,6 +19,10 @@ CASES = [
     (1, 2, 2, 5, 29, 32, torch.bfloat16, False, None, False),    # non-causal, Tq < Tk
     (1, 2, 1, 24, 12, 32, torch.float32, True, None, False),     # Tq > Tk: early rows see no key
     (1, 4, 2, 30, 30, 12, torch.float32, True, None, True),      # D = 12: model.head_dim set apart from d_model
+    # windows wider than a tile: key blocks seen whole inside the window (the loop without masks)
+    # beside masked ones at both of its ends
+    (1, 2, 1, 90, 90, 32, torch.float32, True, 40, True),        # causal window, ALiBi
+    (1, 2, 2, 70, 90, 32, torch.bfloat16, False, 35, False),     # bidirectional window, Tq < Tk
 ]
 
 
