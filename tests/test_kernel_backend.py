@@ -28,10 +28,12 @@ def no_interpreter(monkeypatch):
 
 
 def test_auto_resolves_to_triton_only_on_cuda(no_interpreter):
-    # torch.device("cuda") is only a name: nothing touches a GPU
+    # torch.device("cuda") is only a name: nothing touches a GPU. Without the run's shapes auto measures
+    # nothing, so no kernel is verified and every op takes its torch path (tests/test_autoselect.py: with them)
     for cuda in (torch.device("cuda"), torch.device("cuda", 1), "cuda", "cuda:0"):
         backend = resolve("auto", cuda)
-        assert backend == TRITON and backend.triton and not backend.interpreted
+        assert backend.triton and not backend.interpreted and backend.torch_ops == frozenset(kernels.OPS)
+        assert backend.info()["kernel_torch_ops"] == sorted(kernels.OPS)
     for other in (torch.device("cpu"), "cpu", torch.device("meta")):
         assert resolve("auto", other) == TORCH
     assert resolve("torch", torch.device("cuda")) == TORCH

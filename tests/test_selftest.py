@@ -239,7 +239,7 @@ def test_a_failed_check_exits_1_and_is_still_stored(tmp_path, monkeypatch):
     checks = [st.Check("kernels", "rmsnorm fwd", "fail", 0.5, "rel. error", 2e-5, "output vs reference: 0.5"),
               st.Check("peaks", "matmul fp32", "pass", 1.0, "TFLOP/s", None, "measured")]
     report = st.Report("0123456789abcdef", datetime(2026, 1, 1), "cpu (test)", True, {"versions": {}}, checks)
-    monkeypatch.setattr(st, "run_selftest", lambda device, quick, log: report)
+    monkeypatch.setattr(st, "run_selftest", lambda device, quick, log, cache_dir=None: report)
     db = tmp_path / "abl.duckdb"
     r = CliRunner().invoke(cli, ["selftest", "--quick", "--device", "cpu", "--db", str(db)])
     assert r.exit_code == 1, r.output

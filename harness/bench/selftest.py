@@ -6,8 +6,15 @@ reason, or information):
 - **environment**: device, compute capability, driver, CUDA, torch and triton
   versions; which precisions are real here; which optional kernel providers
   import (liger-kernel, flash-attn, fla, mamba-ssm);
-- **kernels**: every op of abl.kernels forward and backward against its
-  reference (abl.bench.selftest_kernels);
+- **kernels**: every op of abl.kernels forward and backward against its fp32
+  ground truth, under the fixed bound and the relative rule
+  (abl.bench.selftest_kernels);
+- **determinism** (CUDA): each op's backward repeated on the same inputs, the
+  gradients bitwise equal for every op whose kernel uses no atomics
+  (abl.bench.determinism);
+- **auto** (CUDA): what ``train.kernels = "auto"`` chooses per op for a
+  representative workload (abl.kernels.autoselect), measured or read from the
+  store's choice cache;
 - **peaks**: matmul TFLOP/s per number format and copy GB/s measured now,
   beside the figures abl.store.provenance holds (the datasheet's on a GPU, the
   cached measurement of abl.store.cpupeak on a CPU);
@@ -38,7 +45,7 @@ import torch
 
 from ..analysis.metrics import TOKENS_PER_S
 
-SECTIONS = ("environment", "kernels", "peaks", "bench", "training")
+SECTIONS = ("environment", "kernels", "determinism", "auto", "peaks", "bench", "training")
 PROVIDER_MODULES = {"liger-kernel": "liger_kernel", "flash-attn": "flash_attn", "fla": "fla",
                     "mamba-ssm": "mamba_ssm"}
 STATUSES = ("pass", "fail", "skip", "info")
@@ -294,21 +301,77 @@ def bench_checks(device: torch.device, quick: bool, measured: dict[str, Any],
 # ---------------------------------------------------------------- the whole
 
 
-def run_selftest(device: torch.device, quick: bool, log: Callable[[str], None] = lambda m: None) -> Report:
-    """Every section on ``device``; ``quick``: small sizes, fewer shapes and dtypes (CI)."""
+# the workload the auto section shows choices for: scripts/gpu_big.toml's cell (d_model 1024, 16 heads of
+# 64, context 1024, batch 16, bf16) with a GPT-2-sized vocabulary, and a Mamba-2 mixer's scan
+AUTO_WORKLOAD = dict(batch=16, context=1024, d_model=1024, n_heads=16, head_dim=64, vocab=50304,
+                     dtype="bfloat16", ssd=(64, 32, 64, 64))
+
+
+def determinism_checks(device: torch.device, quick: bool, log: Callable[[str], None]) -> list[Check]:
+    """Each op's backward repeated (abl.bench.determinism) on CUDA; a skip row elsewhere."""
+    from ..kernels.utils import HAS_TRITON
+
+    if device.type != "cuda":
+        return [Check("determinism", "kernel backward repeats", "skip",
+                      detail="needs CUDA (the Triton interpreter runs programs one by one: no race can show)")]
+    if not HAS_TRITON:  # pragma: no cover
+        return [Check("determinism", "kernel backward repeats", "fail", detail="triton is not installed")]
+    from .determinism import REPEATS, check_determinism
+
+    rows = check_determinism(device, repeats=3 if quick else REPEATS, log=log)
+    return determinism_rows(rows)
+
+
+def determinism_rows(rows: list[dict[str, Any]]) -> list[Check]:
+    """abl.bench.determinism's rows as checks: pass, fail (runs differ, or it raised), skip (atomics)."""
+    return [Check("determinism", f"{r['op']} bwd {r['shape']} {r['dtype']}",
+                  "skip" if r["ok"] is None else "pass" if r["ok"] else "fail", r.get("runs_differing"),
+                  "runs differing", 0, r["detail"], {k: v for k, v in r.items() if k != "detail"}) for r in rows]
+
+
+def auto_checks(device: torch.device, cache_dir, log: Callable[[str], None],
+                choose: Callable[..., Any] | None = None) -> list[Check]:
+    """What ``train.kernels = "auto"`` picks per op here for AUTO_WORKLOAD (information rows)."""
+    if device.type != "cuda":
+        return [Check("auto", "train.kernels = auto", "info", detail="torch on a CPU: every op takes its torch path")]
+    from ..kernels.autoselect import Workload
+    from ..kernels.autoselect import choose as real_choose
+
+    backend = (choose or real_choose)(device, Workload(**AUTO_WORKLOAD), cache_dir, log=log)
+    checks = []
+    for c in backend.choices:
+        speedup = c["torch_ms"] / c["triton_ms"] if c.get("torch_ms") and c.get("triton_ms") else None
+        checks.append(Check("auto", f"{c['op']} {c.get('shape', '')}".strip(), "info", speedup,
+                            "x torch (fwd+bwd)" if speedup is not None else "",
+                            None, f"{c['choice']}: {c['why']}" + (" (cached)" if c.get("cached") else ""), dict(c)))
+    return checks
+
+
+def run_selftest(device: torch.device, quick: bool, log: Callable[[str], None] = lambda m: None,
+                 cache_dir=None) -> Report:
+    """Every section on ``device``; ``quick``: small sizes, fewer shapes and dtypes (CI).
+    ``cache_dir``: the store's shape-cache folder, where auto's choices are cached."""
     from ..store.provenance import device_name
     from .selftest_kernels import check_kernels
     from .selftest_training import run_training, training_checks
 
     env, checks = environment(device)
-    log("kernels: every op against its reference")
+    log("kernels: every op against its fp32 ground truth")
     rows, why = check_kernels(device, quick, log)
     if why:
         checks.append(Check("kernels", "triton kernels", "fail" if device.type == "cuda" else "skip", detail=why))
     for r in rows:
         checks.append(Check("kernels", f"{r['op']} {r['pass']} {r['shape']} {r['dtype']}",
                             "pass" if r["ok"] else "fail", r["error"], "rel. error", r["tolerance"], r["detail"],
-                            {"op": r["op"], "pass": r["pass"], "shape": r["shape"], "dtype": r["dtype"]}))
+                            {"op": r["op"], "pass": r["pass"], "shape": r["shape"], "dtype": r["dtype"],
+                             "torch_error": r.get("torch_error"), "fixed_bound": r.get("fixed")}))
+    log("determinism: each op's backward repeated")
+    checks += determinism_checks(device, quick, log)
+    log("auto: the kernel choices for train.kernels = auto")
+    try:
+        checks += auto_checks(device, cache_dir, log)
+    except Exception as exc:  # noqa: BLE001 - information: the other sections still run
+        checks.append(Check("auto", "train.kernels = auto", "fail", detail=f"raised {type(exc).__name__}: {exc}"))
     log("peaks: matmul and copy")
     measured = measure_peaks(device, quick)
     checks += peak_checks(device, measured)

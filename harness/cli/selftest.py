@@ -34,7 +34,10 @@ def selftest(quick, as_json, db_path, device):
     except (RuntimeError, ValueError) as exc:
         fail(str(exc))
     t0 = time.perf_counter()
-    report = run_selftest(dev, quick, log=lambda msg: click.echo(f"[{time.perf_counter() - t0:6.1f} s] {msg}", err=True))
+    from ..store.rundir import SHAPES_DIR
+
+    report = run_selftest(dev, quick, log=lambda msg: click.echo(f"[{time.perf_counter() - t0:6.1f} s] {msg}", err=True),
+                          cache_dir=Path(db_path).parent / SHAPES_DIR)
     out = report.as_json()
     json_path = Path(db_path).parent / "selftest" / f"{report.created:%Y%m%d-%H%M%S}-{report.selftest_id}.json"
     try:

@@ -1,10 +1,12 @@
 """The Triton kernel set: one module per op, its torch reference beside it.
 
 Which path the ops take is a ``KernelBackend``: "triton" (the kernels) or
-"torch" (the references). A run resolves one from ``train.kernels`` and its
-device with ``resolve`` ("auto": triton on CUDA, torch elsewhere); the model
-owns it (``DecoderLM.kernel_backend``) and activates it for the duration of
-each forward.
+"torch" (the references), and per op ``torch_ops`` (ops a triton backend sends
+to their reference). A run resolves one from ``train.kernels`` and its device
+with ``resolve`` ("auto": on CUDA the triton backend with each op on the faster
+verified path for the run's shapes, measured once and cached (autoselect);
+torch elsewhere); the model owns it (``DecoderLM.kernel_backend``) and
+activates it for the duration of each forward.
 
 Each op chooses its path itself: ``<op>`` asks ``use_triton()`` (the active
 backend) and calls ``<op>_triton`` (the Triton kernels) or ``<op>_reference``
@@ -30,7 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 BACKENDS = ("triton", "torch")
@@ -51,8 +54,10 @@ class KernelBackend:
     name: str
     interpreted: bool = False
     # ops that take their torch reference although the backend is triton: ``auto`` on a device
-    # where the reference measured faster, or where the kernel is not verified (``abl.kernels.auto``)
+    # where the reference measured faster, or where the kernel is not verified (abl.kernels.autoselect)
     torch_ops: frozenset[str] = frozenset()
+    # what ``auto`` chose per op and why (abl.kernels.autoselect.Choice.as_json); not part of equality
+    choices: tuple[dict[str, Any], ...] = field(default=(), compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
@@ -63,6 +68,13 @@ class KernelBackend:
     @property
     def triton(self) -> bool:
         return self.name == "triton"
+
+    def info(self) -> dict[str, Any]:
+        """What a run records of the per-op routing (its info.json): {} unless some op goes to torch
+        or ``auto`` made choices."""
+        if not self.torch_ops and not self.choices:
+            return {}
+        return {"kernel_torch_ops": sorted(self.torch_ops), "kernel_choices": [dict(c) for c in self.choices]}
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[KernelBackend]:
@@ -93,12 +105,18 @@ def use_triton(op: str | None = None) -> bool:
     return backend.name == "triton" and (op is None or op not in backend.torch_ops)
 
 
-def resolve(kernels: str, device: Any) -> KernelBackend:
+def resolve(kernels: str, device: Any, workload: Any = None, cache_dir: Path | None = None,
+            log: Any = None) -> KernelBackend:
     """The backend for ``train.kernels`` ("auto", "triton", "torch") on ``device``.
 
-    "auto" is triton on CUDA only. Triton on CPU switches the Triton
-    interpreter on, and is an error when that is no longer possible (triton
-    was imported without it). ``device``: a ``torch.device`` or its type name.
+    "auto" is torch off CUDA. On CUDA it is the triton backend routing each op to the faster
+    verified path for ``workload`` (an ``abl.kernels.autoselect.Workload``: the shapes the run
+    will call the ops at), measured once per device, versions and shape class and cached in
+    ``cache_dir`` (the store's shape-cache folder; None: not cached); the ops that lost, failed
+    verification or were not measured go to torch (``torch_ops``). Without a workload nothing is
+    measured, so every op goes to torch. Triton on CPU switches the Triton interpreter on, and is
+    an error when that is no longer possible (triton was imported without it). ``device``: a
+    ``torch.device`` or its type name.
     """
     if kernels not in ("auto", *BACKENDS):
         raise ValueError(f"train.kernels must be 'auto', 'triton' or 'torch', got {kernels!r}")
@@ -106,6 +124,18 @@ def resolve(kernels: str, device: Any) -> KernelBackend:
     name = kernels if kernels != "auto" else ("triton" if kind == "cuda" else "torch")
     if name == "torch":
         return TORCH
+    if kernels == "auto":
+        if workload is None:
+            return KernelBackend("triton", torch_ops=frozenset(OPS), choices=(
+                {"op": "*", "choice": "torch", "why": "auto without the run's shapes: nothing measured"},))
+        import importlib
+
+        import torch
+
+        # imported by name, as the op modules are (it imports this package: no cycle for the layer check)
+        autoselect = importlib.import_module(f"{__name__}.autoselect")
+        dev = device if isinstance(device, torch.device) else torch.device(device)
+        return autoselect.choose(dev, workload, cache_dir, log=log or (lambda m: None))
     interpreted = kind == "cpu"
     if interpreted and not enable_interpreter():
         raise ValueError("train.kernels = \"triton\" on CPU needs the Triton interpreter, but triton was "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import os
 from typing import Iterator
@@ -55,6 +56,71 @@ except ImportError:  # pragma: no cover
 # over max |reference| (outputs and gradients are rounded to the input dtype at the end). The kernel
 # tests (tests/kernels/) and ``abl selftest`` both check it; keyed by torch dtype name.
 TOLERANCE = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 2.5e-2}
+
+# The relative rule of FlashAttention's tests (tests/test_flash_attn.py: ``(out - out_ref).abs().max()
+# <= 2 * (out_pt - out_ref).abs().max() + atol``): against an fp32 ground truth, the kernel may err by
+# at most LOWP_MULTIPLE times what torch's own low-precision path (the reference run in the same low
+# precision) errs on the same inputs, plus ERROR_FLOOR (about one rounding of the dtype) times
+# max |truth|. A rounding difference passes; a race or a lost tile, which leaves torch's error where it
+# is, does not. Both bounds hold at once: the rule and TOLERANCE. Keyed by the inputs' dtype.
+LOWP_MULTIPLE = 2.0
+ERROR_FLOOR = {"float32": 2e-5, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
+
+
+@dataclasses.dataclass(frozen=True)
+class ErrorCheck:
+    """One comparison with the ground truth; errors are max |x - truth| / max |truth|."""
+
+    error: float  # the kernel's
+    torch_error: float | None  # torch's low-precision path's (None: not given, the fixed bound alone)
+    fixed: float  # TOLERANCE of the dtype
+    bound: float  # min(fixed, LOWP_MULTIPLE * torch_error + floor): what error is held to
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.bound
+
+    def detail(self) -> str:
+        rule = (f"; torch's low-precision path {self.torch_error:.3g}, so <= {LOWP_MULTIPLE:g}x that + floor"
+                if self.torch_error is not None else "")
+        return f"{self.error:.3g} vs fp32 truth, bound {self.bound:.3g} (fixed {self.fixed:g}{rule})"
+
+
+def dtype_name(dtype) -> str:
+    """"bfloat16" for torch.bfloat16 or "bfloat16"."""
+    return str(dtype).removeprefix("torch.")
+
+
+def max_relative_error(out, truth) -> float:
+    """max |out - truth| / max |truth| in fp32 (inf when the shapes differ, or out is not finite
+    where truth is)."""
+    o, r = out.detach().float(), truth.detach().float()
+    if o.shape != r.shape or (not o.isfinite().all() and r.isfinite().all()):
+        return float("inf")
+    if not o.numel():
+        return 0.0
+    return float((o - r).abs().max()) / max(float(r.abs().max()), 1e-6)
+
+
+def check_error(out, truth, torch_out=None, dtype=None, fixed_dtype=None) -> ErrorCheck:
+    """``out`` (the kernel's) against ``truth`` (the reference in fp32) under both bounds.
+
+    ``torch_out``: torch's own path on the same low-precision inputs (None: the fixed bound alone).
+    ``dtype``: the inputs' dtype (default ``out``'s), which picks the floor and the fixed bound;
+    ``fixed_dtype``: another dtype's fixed bound (an fp32 loss of 16-bit logits is held to fp16's).
+    """
+    name = dtype_name(dtype if dtype is not None else out.dtype)
+    fixed = TOLERANCE[dtype_name(fixed_dtype) if fixed_dtype is not None else name]
+    err = max_relative_error(out, truth)
+    if torch_out is None:
+        return ErrorCheck(err, None, fixed, fixed)
+    torch_err = max_relative_error(torch_out, truth)
+    floor = ERROR_FLOOR[name]
+    if name == "bfloat16" and interpreting():
+        # the Triton interpreter stores fp32 as bf16 by dropping the low bits (toward zero), where a GPU
+        # and torch round to nearest: its kernels' outputs are one rounding further off
+        floor *= 2
+    return ErrorCheck(err, torch_err, fixed, min(fixed, LOWP_MULTIPLE * torch_err + floor))
 
 
 def interpreting() -> bool:

@@ -209,6 +209,10 @@ def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> 
     data = load_data(cell, registry)
     pc = cell.components["precision"]
     precision: Precision = registry.get("precision", pc["name"]).factory(**pc["params"])
+    if tc.kernels == "auto" and device.type == "cuda":  # each op on its faster verified path at these shapes
+        from ..kernels.autoselect import workload_of
+        kernels = resolve_kernels("auto", device, workload_of(mc, tc.batch_size // dist.world, precision.compute_dtype),
+                                  shape_cache)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     baseline_rss = cpu_peak_rss_bytes()
@@ -246,6 +250,7 @@ def run_info(run: TrainingRun) -> dict[str, Any]:
         "device": device_name(device),
         "device_type": device.type,
         "kernels": run.kernels.name,
+        **run.kernels.info(),  # auto's per-op choices (abl.kernels.autoselect)
         "data_fingerprint": run.data.fingerprint,
         "data_description": run.data.description,
         "tokenizer": run.data.tokenizer,

@@ -3,6 +3,7 @@
 import torch
 
 from abl.kernels.utils import TOLERANCE as _TOLERANCE
+from abl.kernels.utils import check_error
 
 # Largest error allowed, relative to the largest magnitude of the reference
 # (outputs and gradients are rounded to the input dtype at the end): abl.kernels.utils,
@@ -21,6 +22,16 @@ def assert_close(name, ref, out, dtype=None):
     err = (o - r).abs().max().item()
     scale = max(r.abs().max().item(), 1e-6)
     assert err <= tol * scale, f"{name}: max abs err {err:.3g} > {tol:g} x max|ref| {scale:.3g}"
+
+
+def assert_bounded(name, out, truth, torch_out, dtype):
+    """``out`` against the fp32 ``truth`` under both bounds abl selftest holds the kernels to
+    (abl.kernels.utils.check_error): the dtype's fixed TOLERANCE, and at most twice the error of
+    ``torch_out`` (torch's own path on the same low-precision inputs) plus a floor."""
+    assert out is not None and truth is not None, name
+    c = check_error(out, truth, torch_out, dtype)
+    assert c.ok, f"{name}: {c.detail()}"
+    return c
 
 
 def triton_device():
