@@ -550,24 +550,52 @@ def _unit_last(x):
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-class FlashAttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, slopes, causal, window, scale):
-        check_launch(q, k, v, slopes)
-        q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
-        if slopes is not None:
-            slopes = slopes.to(device=q.device, dtype=torch.float32).contiguous()
-        o, lse = attention_fwd(q, k, v, slopes, causal, window, scale)
-        ctx.save_for_backward(q, k, v, o, lse, slopes)
-        ctx.args = (causal, window, scale)
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+# The forward and backward are registered as custom ops: torch.compile (dynamo) keeps each one as a
+# single node of its graph instead of tracing the launchers' Python (tile timing, caches), so a
+# compiled model has no graph break around attention. They are opaque to Inductor (the tile is
+# chosen at run time), which launches them as they are.
+@torch.library.custom_op("abl::flash_attention_fwd", mutates_args=())
+def _flash_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor | None, causal: bool,
+               window: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    check_launch(q, k, v, slopes)
+    o, lse = attention_fwd(_unit_last(q), _unit_last(k), _unit_last(v), slopes, causal, window or None, scale)
+    return o, lse
 
-    @staticmethod
-    def backward(ctx, do, _dlse):
-        q, k, v, o, lse, slopes = ctx.saved_tensors
-        dq, dk, dv = attention_bwd(_unit_last(do), q, k, v, o, lse, slopes, *ctx.args)
-        return dq, dk, dv, None, None, None, None
+
+@_flash_fwd.register_fake
+def _(q, k, v, slopes, causal, window, scale):
+    b, h, tq, d = q.shape
+    return q.new_empty((b, h, tq, d)), q.new_empty((b, h, tq), dtype=torch.float32)
+
+
+@torch.library.custom_op("abl::flash_attention_bwd", mutates_args=())
+def _flash_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+               lse: torch.Tensor, slopes: torch.Tensor | None, causal: bool, window: int,
+               scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return attention_bwd(_unit_last(do), _unit_last(q), _unit_last(k), _unit_last(v), o, lse, slopes, causal,
+                         window or None, scale)
+
+
+@_flash_bwd.register_fake
+def _(do, q, k, v, o, lse, slopes, causal, window, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _flash_setup(ctx, inputs, output):
+    q, k, v, slopes, causal, window, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, slopes)
+    ctx.args = (causal, window, scale)
+    ctx.mark_non_differentiable(lse)
+
+
+def _flash_backward(ctx, do, _dlse):
+    q, k, v, o, lse, slopes = ctx.saved_tensors
+    dq, dk, dv = _flash_bwd(do, q, k, v, o, lse, slopes, *ctx.args)
+    return dq, dk, dv, None, None, None, None
+
+
+torch.library.register_autograd("abl::flash_attention_fwd", _flash_backward, setup_context=_flash_setup)
 
 
 def _check_shapes(q, k, v, window, alibi_slopes):
@@ -613,8 +641,8 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     """
     _check_shapes(q, k, v, window, alibi_slopes)
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    o, lse2 = FlashAttentionFunction.apply(q, k, v, alibi_slopes, bool(causal),
-                                           int(window) if window else None, scale)
+    slopes = None if alibi_slopes is None else alibi_slopes.to(device=q.device, dtype=torch.float32).contiguous()
+    o, lse2 = _flash_fwd(q, k, v, slopes, bool(causal), int(window) if window else 0, scale)
     if return_lse:
         return o, lse2 * math.log(2.0)
     return o
