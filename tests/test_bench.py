@@ -115,3 +115,51 @@ def test_a_flops_bound_op_is_a_fraction_of_its_flops_peak(monkeypatch):
     for r in rows:
         assert r["tflops"] > 0
         assert r["peak_fraction"] == pytest.approx(r["tflops"] / 1e3)
+
+
+def test_the_fused_lm_head_loss_is_timed_forward_and_backward_only():
+    # abl's and liger's fused kernels form the gradients in their forward: a forward-only torch
+    # figure beside them compared a forward+backward with a forward (docs/gpu.md's first figures)
+    torch = pytest.importorskip("torch")
+    from abl.bench.kernelbench import run_bench
+
+    rows = run_bench(torch.device("cpu"), ops=["linear_cross_entropy"], providers=["torch"], passes=["fwd"],
+                     size="small")
+    assert [(r["op"], r["pass"]) for r in rows] == [("linear_cross_entropy", "fwd+bwd")]
+    assert "timed fwd+bwd for every provider" in rows[0]["notes"]
+
+
+def _naive_simple_gla(q, k, v, g, scale):
+    """fla's chunk_simple_gla by its definition: S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale q_t^T S_t."""
+    import torch
+
+    b, t, h, kd = q.shape
+    s = torch.zeros(b, h, kd, v.shape[-1], dtype=torch.float64)
+    out = torch.zeros(b, t, h, v.shape[-1], dtype=torch.float64)
+    for i in range(t):
+        s = g[:, i].double().exp()[..., None, None] * s + k[:, i].double()[..., :, None] * v[:, i].double()[..., None, :]
+        out[:, i] = scale * (q[:, i].double()[..., :, None] * s).sum(-2)
+    return out, s
+
+
+def test_fla_provider_maps_the_ssd_scan_onto_simple_gla():
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from abl.bench.kernelbench import fla_ssd
+    from abl.kernels.ssd_scan import ssd_chunked
+
+    torch.manual_seed(0)
+    b, t, h, p, n = 2, 40, 4, 8, 6
+    x, dt = torch.randn(b, t, h, p), F.softplus(torch.randn(b, t, h) - 1)
+    a, bm, cm = -torch.rand(h) - 0.5, torch.randn(b, t, 1, n), torch.randn(b, t, 1, n)
+    got = fla_ssd(_naive_simple_gla, x, dt, a, bm, cm).float()
+    want = ssd_chunked(x, dt, a, bm, cm, 16)[0]
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_fla_is_a_peer_that_needs_cuda():
+    torch = pytest.importorskip("torch")
+    from abl.bench.kernelbench import PROVIDERS, available_providers
+
+    assert "fla" in PROVIDERS and available_providers(torch.device("cpu"))["fla"] == "peer kernels need CUDA"

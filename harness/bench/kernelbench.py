@@ -8,7 +8,8 @@ Providers, all timed in one process on the same inputs:
   when asked for with ``--provider``: compiling every op takes longer than
   timing them all);
 - installed peers, when importable on CUDA: ``liger`` (liger-kernel),
-  ``flash-attn``, ``mamba-ssm``.
+  ``flash-attn``, ``mamba-ssm``, ``fla`` (fla-core: its chunked simple-GLA
+  kernel, which is the SSD scan: q = C, k = dt B, v = x, log-decay g = dt A).
 
 Timing:
 - CUDA: ``triton.testing.do_bench`` (warm-up, then repetitions each preceded
@@ -17,7 +18,11 @@ Timing:
   calls per round calibrated on warmed calls so a round outlasts the timer's
   resolution, rounds repeated for a fixed minimum time per case, quantiles
   (p20/p50/p80) over the per-call times.
-Passes: ``fwd``, ``bwd`` (backward of a retained graph) and ``fwd+bwd``.
+Passes: ``fwd``, ``bwd`` (backward of a retained graph) and ``fwd+bwd``. A
+fused op whose forward already forms the gradients (the LM-head loss: abl's
+and liger's) is timed forward+backward only, for every provider, whatever
+passes were asked for: its forward against torch's forward alone would
+compare a forward+backward with a forward.
 
 Figures per row: effective GB/s for the memory-bound ops (the bytes an ideal
 kernel must move: each input read once, each output written once), TFLOP/s
@@ -50,7 +55,7 @@ import torch.nn.functional as F
 from ..store.provenance import Peak, device_peak, git_commit, package_versions
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
-PROVIDERS = ("triton", "torch", "torch.compile", "liger", "flash-attn", "mamba-ssm")
+PROVIDERS = ("triton", "torch", "torch.compile", "liger", "flash-attn", "mamba-ssm", "fla")
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -145,6 +150,8 @@ class Case:
     bytes: Callable[[str], float | None] = lambda p: None
     flops: Callable[[str], float | None] = lambda p: None
     notes: dict[str, str] = field(default_factory=dict)
+    # the fused kernels form the gradients in the forward: only fwd+bwd compares like with like
+    fused: bool = False
 
 
 def _peer(module: str):
@@ -266,7 +273,8 @@ def _case(op, triton_fn, ref_fn, s, dt, dname, es) -> Case:  # noqa: C901 - one 
             prov["liger"] = lambda h, w, y: liger.liger_fused_linear_cross_entropy(h, w, y)
         return Case(op, f"N{n}-D{d}-V{v}", dname, make, prov,
                     flops=lambda p: {"fwd": 2, "bwd": 4, "fwd+bwd": 6}[p] * n * d * v,
-                    notes={"triton": "fused: the gradients are formed during the forward"})
+                    notes={"*": "fused (abl, liger: the gradients are formed in the forward): timed fwd+bwd "
+                                "for every provider"}, fused=True)
     if op == "flash_attention":
         b, h, t, d = s["attn"]
 
@@ -301,10 +309,31 @@ def _case(op, triton_fn, ref_fn, s, dt, dname, es) -> Case:  # noqa: C901 - one 
         if mamba is not None:
             prov["mamba-ssm"] = lambda x, d_, a, bm, cm: mamba.mamba_chunk_scan_combined(
                 x, d_, a, bm, cm, chunk)
+        fla = _peer("fla.ops.simple_gla")
+        if fla is not None and hasattr(fla, "chunk_simple_gla"):
+            prov["fla"] = lambda x, d_, a, bm, cm: fla_ssd(fla.chunk_simple_gla, x, d_, a, bm, cm)
         io = (2 * b * t * h * p_ + 2 * b * t * n) * es + b * t * h * 4
         return Case(op, f"B{b}-T{t}-H{h}-P{p_}-N{n}-chunk{chunk}", dname, make, prov,
                     bytes=lambda p: {"fwd": 1, "bwd": 2, "fwd+bwd": 3}[p] * io)
     raise KeyError(op)
+
+
+def fla_ssd(chunk_simple_gla, x, dt, a, bm, cm):
+    """The SSD scan ``y = ssd_chunked(x, dt, A, B, C)`` through fla's chunked simple-GLA kernel.
+
+    Mamba-2's recurrence h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T, y_t = C_t^T h_t is simple GLA's
+    S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale q_t^T S_t with q = C, k = dt B, v = x, g = dt A and
+    scale 1 (fla's inputs are [B, T, H, *]; the group dim of B and C is broadcast over the heads).
+    """
+    b, t, h, _ = x.shape
+    n = bm.shape[-1]
+    rep = h // bm.shape[2]
+    bh = bm.repeat_interleave(rep, dim=2) if rep > 1 else bm.expand(b, t, h, n)
+    ch = cm.repeat_interleave(rep, dim=2) if rep > 1 else cm.expand(b, t, h, n)
+    k = (bh.float() * dt[..., None]).to(x.dtype)
+    out = chunk_simple_gla(q=ch.to(x.dtype).contiguous(), k=k.contiguous(), v=x.contiguous(),
+                           g=(dt * a).float().contiguous(), scale=1.0)
+    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 # ---------------------------------------------------------------- runner
@@ -321,7 +350,8 @@ def available_providers(device: torch.device) -> dict[str, str | None]:
         out["triton"] = "triton is not installed"
     else:  # pragma: no cover
         out["triton"] = None
-    for name, mod in (("liger", "liger_kernel"), ("flash-attn", "flash_attn"), ("mamba-ssm", "mamba_ssm")):
+    for name, mod in (("liger", "liger_kernel"), ("flash-attn", "flash_attn"), ("mamba-ssm", "mamba_ssm"),
+                      ("fla", "fla")):
         if device.type != "cuda":
             out[name] = "peer kernels need CUDA"
         elif importlib.util.find_spec(mod) is None:  # pragma: no cover
@@ -426,7 +456,8 @@ def _run_cases(device: torch.device, ops: list[str], dtypes: list[str], passes: 
         from ..store.cpupeak import last_level_cache_bytes
 
         llc = last_level_cache_bytes()
-    versions = json.dumps(package_versions(("abl", "torch", "triton", "liger-kernel", "flash-attn", "mamba-ssm"), missing=None), sort_keys=True)
+    versions = json.dumps(package_versions(("abl", "torch", "triton", "liger-kernel", "flash-attn", "mamba-ssm",
+                                            "fla-core"), missing=None), sort_keys=True)
     common = {"bench_id": uuid.uuid4().hex[:16], "created": datetime.now(timezone.utc).replace(tzinfo=None),
               "device": peak.device, "versions": versions, "git_commit": git_commit(),
               "timing": "triton.testing.do_bench (L2 flushed)" if device.type == "cuda"
@@ -445,7 +476,7 @@ def _run_cases(device: torch.device, ops: list[str], dtypes: list[str], passes: 
                 continue
             if prov == "torch.compile":
                 fn = _compiled(fn)
-            note = case.notes.get(prov, "")
+            note = "; ".join(x for x in (case.notes.get("*", ""), case.notes.get(prov, "")) if x)
             try:
                 out = fn(*args)  # with autograd on, as it is timed (no extra compile for no_grad)
                 out = [o.detach() for o in out] if isinstance(out, (tuple, list)) else out.detach()
@@ -453,7 +484,7 @@ def _run_cases(device: torch.device, ops: list[str], dtypes: list[str], passes: 
                     reference_out = out
                 elif reference_out is not None:
                     note = "; ".join(x for x in (note, f"max |out - torch| = {_max_err(out, reference_out):.3g}") if x)
-                for pass_ in passes:
+                for pass_ in (["fwd+bwd"] if case.fused else passes):
                     if pass_ != "fwd" and not leaves:
                         continue
                     p20, p50, p80 = _measure(fn, args, leaves, device, pass_)
