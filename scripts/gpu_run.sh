@@ -12,6 +12,10 @@
 #
 # Usage: bash scripts/gpu_run.sh [STAGE...]    STAGE: selftest, grids (= norms precision), big
 #        (default: selftest grids big)
+#        bash scripts/gpu_run.sh probe         the GPU probe alone (python -m abl.bench.probe; docs/gpu.md,
+#        "The probe"): seven stages, each under its own time limit (abl.bench.probe.LIMITS, 435 s in
+#        all), each writing its own probe-<letter>-<stage>.txt; status.txt holds the environment and
+#        each stage's exit status and wall time: 8 files
 # Environment:
 #   OUT                   output folder (default ./gpu-out)
 #   ABL_GPU_WHEELS        the folder scripts/gpu_prepare.sh filled (default .gpu-wheels)
@@ -39,7 +43,9 @@ STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(selftest grids big)
 for s in "${STAGES[@]}"; do
     case $s in selftest|grids|norms|precision|big) ;;
-        *) echo "error: unknown stage '$s' (selftest, grids, norms, precision, big)" >&2; exit 2;; esac
+        probe) [ ${#STAGES[@]} -eq 1 ] || {
+            echo "error: probe runs alone (its 8 files are all a call brings back)" >&2; exit 2; } ;;
+        *) echo "error: unknown stage '$s' (selftest, grids, norms, precision, big, probe)" >&2; exit 2;; esac
 done
 mkdir -p "$OUT"
 DB=$WORK/abl.duckdb
@@ -62,13 +68,15 @@ if [ "${ABL_GPU_INSTALL:-1}" != 0 ]; then
 fi
 ABL=("$PY" -m abl.cli)
 
+ENV_FILE=$OUT/env.txt
+[ "${STAGES[0]}" = probe ] && ENV_FILE=$OUT/status.txt  # the probe's 7 files and this one: 8
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"; echo "stages: ${STAGES[*]}  tiny: $TINY"
     command -v nvidia-smi >/dev/null && nvidia-smi
     "$PY" -c 'import platform, torch; print("python", platform.python_version(), "| torch", torch.__version__,
 "| cuda", torch.version.cuda, "| gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else "none")'
     "$PY" -m pip list 2>/dev/null | grep -iE '^(abl|torch|triton|duckdb|liger|fla|flash|mamba|numpy) ' || true
-} > "$OUT/env.txt" 2>&1
+} > "$ENV_FILE" 2>&1
 
 run_stage() {  # run_stage NAME LOGFILE COMMAND...: one stage, its status and wall time in status.txt
     local name=$1 log=$2; shift 2
@@ -101,6 +109,25 @@ for stage in "${STAGES[@]}"; do
                     --set "experiment.name=$grid-$kernels" --set "train.kernels=$kernels" "${extra[@]}"
             done
         done
+        ;;
+    probe)
+        # each stage in its own process under its own limit; the stage stops itself GRACE_S sooner and
+        # writes its file line by line, so a stage stopped here keeps what it measured
+        limits=$("$PY" -c 'from abl.bench.probe import LIMITS, GRACE_S
+for s, n in LIMITS.items(): print(s, n, n - GRACE_S)') || { status "probe: cannot read abl.bench.probe"; exit 1; }
+        while read -r name limit budget; do
+            t0=$SECONDS
+            log=$WORK/probe-$name.log
+            timeout -k 5 "$limit" "$PY" -m abl.bench.probe "$name" --out "$OUT" --seconds "$budget" > "$log" 2>&1
+            rc=$?
+            file=$(ls "$OUT"/probe-?-"$name".txt 2>/dev/null | head -1)
+            [ -n "$file" ] || file=$OUT/probe-$name.txt
+            if ! tail -1 "$file" 2>/dev/null | grep -qE '^(done|skipped|failed) in'; then
+                { echo "--- the stage did not finish (exit $rc; 124: stopped at its $limit s limit); its last output:"
+                  tail -30 "$log"; } >> "$file"
+            fi
+            status "probe $name: exit $rc in $((SECONDS - t0)) s (limit $limit s)"
+        done <<< "$limits"
         ;;
     big)
         extra=()

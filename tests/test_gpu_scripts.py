@@ -43,6 +43,50 @@ def test_gpu_run_script_runs_end_to_end_on_cpu(tmp_path):
     assert "non-embedding" in (out / "big.txt").read_text().lower() or "params" in (out / "big.txt").read_text()
 
 
+@pytest.mark.slow
+def test_gpu_probe_runs_end_to_end_on_cpu(tmp_path):
+    from abl.bench.probe import STAGES
+
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), ABL_GPU_INSTALL="0", ABL_GPU_TINY="1", ABL_GPU_PYTHON=sys.executable,
+               TMPDIR=str(tmp_path), TRITON_INTERPRET="1", ABL_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "probe"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=900, check=False)
+    status = (out / "status.txt").read_text() if (out / "status.txt").exists() else ""
+    assert r.returncode == 0, status + r.stdout[-2000:] + r.stderr[-2000:]
+    files = sorted(p.name for p in out.iterdir())
+    # one file per stage and the status (with the environment): what the device tool brings back
+    assert files == sorted(["status.txt"] + [f"probe-{letter}-{name}.txt" for name, letter in STAGES.items()])
+    assert len(files) <= 8
+    for name in ("determinism", "attention", "lce", "ssd", "layernorm"):  # the GPU stages say why they did not run
+        text = (out / f"probe-{STAGES[name]}-{name}.txt").read_text()
+        assert "skipped: no CUDA" in text and text.rstrip().splitlines()[-1].startswith("skipped in")
+    profile = (out / "probe-f-profile.txt").read_text()
+    assert "median step" in profile and "graph breaks:" in profile and "Self CPU" in profile
+    assert profile.rstrip().splitlines()[-1].startswith("done in")
+    assert "median step" in (out / "probe-g-torch-cell.txt").read_text()
+    lines = [ln for ln in status.splitlines() if ln.startswith("probe ")]
+    assert len(lines) == len(STAGES) and all("exit 0" in ln for ln in lines)
+    assert "torch" in status and "python" in status  # the environment heads the status file
+
+
+def test_probe_stages_fit_their_call():
+    from abl.bench.probe import GRACE_S, LIMITS, STAGES
+
+    assert list(LIMITS) == list(STAGES) and len(STAGES) == 7
+    # every stage's limit (and the 5 s timeout gives a stage that ignores SIGTERM) under 9 minutes, leaving
+    # the rest of a 10-minute call to the installs
+    assert sum(LIMITS.values()) + 5 * len(LIMITS) < 9 * 60
+    assert all(n > GRACE_S for n in LIMITS.values())
+
+
+def test_gpu_run_script_runs_the_probe_alone(tmp_path):
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "probe", "selftest"], cwd=tmp_path,
+                       env=dict(os.environ, OUT=str(tmp_path / "out")), capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 2 and "probe runs alone" in r.stderr
+
+
 def test_gpu_run_script_refuses_an_unknown_stage(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "everything"], cwd=tmp_path,
                        env=dict(os.environ, OUT=str(tmp_path / "out")), capture_output=True, text=True, timeout=60,

@@ -1,0 +1,56 @@
+"""The GPU probe's determinism stage (abl.bench.probe, stage a) in the interpreter: the tiles are read
+from the attention launcher at run time and each is forced in turn; a fake launcher module shows the
+enumeration and the forcing without a GPU."""
+
+import json
+
+import pytest
+import torch
+
+from abl.bench import probe
+
+
+class FakeLauncher:
+    """A module with flash_attention's launch plumbing: two backward kinds with their own tile lists."""
+
+    def __init__(self):
+        self._chosen = {}
+        self.launched = []
+        self.tables = {"fwd": ((64, 64, 4, 2),), "bwd_dkdv": ((64, 64, 4, 2), (32, 64, 4, 2)),
+                       "bwd_dq": ((32, 64, 4, 2), (16, 16, 4, 1))}
+
+    def _candidates(self, kind, q):
+        return self.tables[kind]
+
+    def _launch(self, kind, q, launch):
+        cfg = self._candidates(kind, q)[0]
+        self._chosen[(kind, 0)] = cfg
+        self.launched.append((kind, cfg))
+        return launch(*cfg)
+
+
+def test_the_tiles_are_the_union_of_the_backward_launches_and_each_is_forced():
+    fa = FakeLauncher()
+    configs = probe.tile_configs(fa, ["bwd_dkdv", "bwd_dq"], None)
+    assert configs == [(64, 64, 4, 2), (32, 64, 4, 2), (16, 16, 4, 1)]
+    fa._chosen[("bwd_dq", 0)] = (32, 64, 4, 2)
+    with probe.forced_tile(fa, (16, 16, 4, 1), ["bwd_dkdv", "bwd_dq"], None) as forced:
+        assert forced == ["bwd_dq"] and not fa._chosen  # dkdv cannot take it: left at its own choice
+        fa._launch("bwd_dq", None, lambda *cfg: None)
+        fa._launch("bwd_dkdv", None, lambda *cfg: None)
+    assert fa.launched == [("bwd_dq", (16, 16, 4, 1)), ("bwd_dkdv", (64, 64, 4, 2))]
+    assert fa._candidates("bwd_dq", None) == fa.tables["bwd_dq"]  # restored, and so is the choice cache
+    assert fa._chosen == {("bwd_dq", 0): (32, 64, 4, 2)}
+
+
+def test_the_determinism_stage_on_the_interpreter(tmp_path, device):
+    if device != "cpu":
+        pytest.skip("the interpreter run; on a GPU the probe itself runs it")
+    report = probe.Report(tmp_path / "a.txt", "determinism", 120)
+    probe.attention_tile_repeats(report, 64, (1, 2, 40, 64), torch.device(device), 2, None)
+    report.close()
+    text = (tmp_path / "a.txt").read_text()
+    assert "backward launches ['bwd_dkdv', 'bwd_dq']" in text and "(16, 16, 1, 1)" in text
+    rows = json.loads(next(ln for ln in text.splitlines() if ln.startswith("json: "))[6:])
+    assert [r["tile"] for r in rows] == ["default", "forced (16, 16, 1, 1) on dkdv+dq"]
+    assert all(r["equal"] and r["ok"] for r in rows)
