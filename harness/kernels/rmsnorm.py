@@ -8,12 +8,62 @@ Backward, with xhat = x * rstd and g = dy * weight (per row of length N):
     dweight = sum_rows dy * xhat,   dbias = sum_rows dy
 dweight/dbias are reduced in two steps: each program sums a strip of rows into
 an fp32 partial, then torch sums the partials.
+
+The launchers are custom ops (``abl::rmsnorm_fwd``, ``abl::rmsnorm_bwd``; ``kernel_op``
+below) with the backward registered as their autograd formula, so ``torch.compile`` traces
+the op into one graph (no graph break) on a GPU and in the interpreter alike.
 """
 
+from typing import Optional
+
 import torch
+from torch.library import wrap_triton
 
 from . import use_triton
-from .utils import as_rows, cdiv, check_launch, next_pow2, reduction_programs, tl, triton
+from .utils import (HAS_TRITON, as_rows, cdiv, check_launch, interpreting, next_pow2, reduction_programs, tl,
+                    triton)
+
+# ---------------------------------------------------------------- custom ops
+
+
+def kernel_op(name: str, fake):
+    """Register a launcher as the custom op ``name`` ("abl::..."), ``fake`` its fake (meta)
+    implementation, so that ``torch.compile`` keeps a call to it inside one graph.
+
+    The op is a ``torch.library.triton_op``, its kernels launched through
+    ``wrap_triton(kernel)[grid](...)`` (which under the interpreter gives the kernel back): on a
+    GPU, AOTAutograd decomposes it into the launches themselves, which inductor sees. In the
+    Triton interpreter (CPU), and without triton, it stays one opaque node instead: the
+    decomposition would run the interpreted kernel on fake tensors, so under
+    FunctionalTensorMode the op is dispatched as itself (as ``torch.export`` keeps triton ops)
+    and runs eagerly when the compiled graph runs. ``fake`` allocates the outputs with the real
+    ones' shapes, dtypes and strides, and launches nothing.
+    """
+
+    def register(fn):
+        if HAS_TRITON:
+            op = torch.library.triton_op(name, mutates_args=())(fn)
+        else:  # pragma: no cover - no triton (macOS): calling the op raises KernelUnavailable
+            op = torch.library.custom_op(name, mutates_args=())(fn)
+        op.register_fake(fake)
+        if not HAS_TRITON or interpreting():
+            from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+            op.register_torch_dispatch(FunctionalTensorMode, _dispatch_as_itself)
+        return op
+
+    return register
+
+
+def _dispatch_as_itself(mode, op, types, args, kwargs):
+    return mode.__torch_dispatch__(op, types, args, kwargs)
+
+
+def no_tensor(like: torch.Tensor) -> torch.Tensor:
+    """The empty fp32 tensor a backward op returns for a gradient that does not exist (an op
+    cannot return None)."""
+    return like.new_empty(0, dtype=torch.float32)
+
 
 # ---------------------------------------------------------------- kernels
 
@@ -76,14 +126,23 @@ def _num_warps(block_n: int) -> int:
     return min(16, max(1, block_n // 256))
 
 
-def rmsnorm_fwd(x2, weight, bias, eps):
-    """x2 [M, N] (unit stride along N) -> (y [M, N], rstd [M] fp32)."""
+def _rmsnorm_fwd_fake(x2, weight, bias, eps):
+    m, n = x2.shape
+    return x2.new_empty((m, n)), x2.new_empty(m, dtype=torch.float32)
+
+
+@kernel_op("abl::rmsnorm_fwd", _rmsnorm_fwd_fake)
+def rmsnorm_fwd(x2: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x2 [M, N] -> (y [M, N], rstd [M] fp32)."""
+    check_launch(x2, weight, bias)
+    x2 = as_rows(x2)
     m, n = x2.shape
     block_n = next_pow2(n)
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     rstd = torch.empty(m, dtype=torch.float32, device=x2.device)
     if m:
-        _rmsnorm_fwd_kernel[(m,)](
+        wrap_triton(_rmsnorm_fwd_kernel)[(m,)](
             x2, y, weight if weight is not None else x2, bias if bias is not None else x2, rstd,
             x2.stride(0), y.stride(0), n, eps,
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_N=block_n,
@@ -91,51 +150,52 @@ def rmsnorm_fwd(x2, weight, bias, eps):
     return y, rstd
 
 
-def rmsnorm_bwd(dy2, x2, weight, bias, rstd):
-    """Returns (dx [M, N] in x's dtype, dweight fp32 or None, dbias fp32 or None)."""
+def _rmsnorm_bwd_fake(dy2, x2, weight, bias, rstd):
+    n = x2.shape[1]
+    return (x2.new_empty(x2.shape), x2.new_empty(n, dtype=torch.float32) if weight is not None else no_tensor(x2),
+            x2.new_empty(n, dtype=torch.float32) if bias is not None else no_tensor(x2))
+
+
+@kernel_op("abl::rmsnorm_bwd", _rmsnorm_bwd_fake)
+def rmsnorm_bwd(dy2: torch.Tensor, x2: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (dx [M, N] in x's dtype, dweight [N] fp32, dbias [N] fp32); a gradient whose
+    parameter is None is an empty tensor."""
+    check_launch(dy2, x2, weight, bias)
+    dy2, x2 = as_rows(dy2), as_rows(x2)
     m, n = x2.shape
     block_n = next_pow2(n)
-    dx = torch.empty_like(x2)
+    dx = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     progs = reduction_programs(x2, m)
-    dw = torch.empty((progs, n), dtype=torch.float32, device=x2.device) if weight is not None else None
-    db = torch.empty((progs, n), dtype=torch.float32, device=x2.device) if bias is not None else None
+    partials = torch.empty if m else torch.zeros  # no rows: no program writes them
+    dw = partials((progs, n), dtype=torch.float32, device=x2.device) if weight is not None else None
+    db = partials((progs, n), dtype=torch.float32, device=x2.device) if bias is not None else None
     if m:
-        _rmsnorm_bwd_kernel[(progs,)](
+        wrap_triton(_rmsnorm_bwd_kernel)[(progs,)](
             dy2, x2, weight if weight is not None else x2, rstd, dx,
             dw if dw is not None else rstd, db if db is not None else rstd,
             dy2.stride(0), x2.stride(0), dx.stride(0), m, n, cdiv(m, progs),
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_N=block_n,
             num_warps=_num_warps(block_n))
-    dweight = dw.sum(0) if dw is not None else None
-    dbias = db.sum(0) if db is not None else None
-    if m == 0:
-        dweight = torch.zeros(n, device=x2.device) if weight is not None else None
-        dbias = torch.zeros(n, device=x2.device) if bias is not None else None
-    return dx, dweight, dbias
+    return (dx, dw.sum(0) if dw is not None else no_tensor(x2), db.sum(0) if db is not None else no_tensor(x2))
 
 
 # ---------------------------------------------------------------- autograd
 
 
-class RMSNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps):
-        check_launch(x, weight, bias)
-        shape = x.shape
-        x2 = as_rows(x)
-        y, rstd = rmsnorm_fwd(x2, weight, bias, eps)
-        ctx.save_for_backward(x2, weight, bias, rstd)
-        ctx.shape = shape
-        return y.view(shape)
+def _rmsnorm_setup(ctx, inputs, output):
+    x2, weight, bias, _ = inputs
+    ctx.save_for_backward(x2, weight, bias, output[1])
 
-    @staticmethod
-    def backward(ctx, dy):
-        x2, weight, bias, rstd = ctx.saved_tensors
-        dx, dw, db = rmsnorm_bwd(as_rows(dy), x2, weight, bias, rstd)
-        return (dx.view(ctx.shape),
-                dw.to(weight.dtype) if dw is not None else None,
-                db.to(bias.dtype) if db is not None else None,
-                None)
+
+def _rmsnorm_backward(ctx, dy, _drstd):
+    x2, weight, bias, rstd = ctx.saved_tensors
+    dx, dw, db = rmsnorm_bwd(dy, x2, weight, bias, rstd)
+    return (dx, dw.to(weight.dtype) if weight is not None else None,
+            db.to(bias.dtype) if bias is not None else None, None)
+
+
+rmsnorm_fwd.register_autograd(_rmsnorm_backward, setup_context=_rmsnorm_setup)
 
 
 def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -151,7 +211,8 @@ def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor | None = None, bias: to
     Returns:
         ``[..., N]`` in x's dtype. Differentiable in x, weight and bias.
     """
-    return RMSNormFunction.apply(x, weight, bias, eps)
+    y, _ = rmsnorm_fwd(as_rows(x), weight, bias, eps)
+    return y.view(x.shape)
 
 
 # ---------------------------------------------------------------- reference

@@ -8,11 +8,16 @@ Two layouts of the pairs, as in plugins/positions.py:
 The rotation is orthogonal, so the backward is the same kernel rotating by -a
 (sin negated). cos/sin are inputs (the position plugin owns theta, position
 interpolation and the cache) and get no gradient. Arithmetic is fp32.
+
+The launcher is the custom op ``abl::rope`` (abl.kernels.rmsnorm.kernel_op), its own
+autograd formula (the inverse rotation), so ``torch.compile`` keeps a call in one graph.
 """
 
 import torch
+from torch.library import wrap_triton
 
 from . import use_triton
+from .rmsnorm import kernel_op
 from .utils import check_launch, next_pow2, tl, triton
 
 # ---------------------------------------------------------------- kernel
@@ -54,8 +59,6 @@ def _rope_kernel(X, Y, COS, SIN,
 
 
 def _as4d(x):
-    if x.dim() < 2 or x.dim() > 4:
-        raise ValueError(f"rope expects [T, D], [H, T, D] or [B, H, T, D], got {tuple(x.shape)}")
     while x.dim() < 4:
         x = x.unsqueeze(0)
     if x.stride(-1) != 1:
@@ -63,20 +66,38 @@ def _as4d(x):
     return x
 
 
+def _check_shapes(x, cos, sin):
+    if x.dim() < 2 or x.dim() > 4:
+        raise ValueError(f"rope expects [T, D], [H, T, D] or [B, H, T, D], got {tuple(x.shape)}")
+    if x.shape[-1] % 2:
+        raise ValueError(f"rope needs an even last dim, got {x.shape[-1]}")
+    t, half = x.shape[-2], x.shape[-1] // 2
+    batch = x.shape[0] if x.dim() == 4 else 1
+    for c in (cos, sin):
+        if c.shape[-2:] != (t, half):
+            raise ValueError(f"cos/sin must be [T, D/2] = [{t}, {half}] (or [B, T, D/2]), got {tuple(c.shape)}")
+        if c.dim() not in (2, 3) or (c.dim() == 3 and c.shape[0] not in (1, batch)):
+            raise ValueError(f"cos/sin batch dim must be 1 or {batch}, got {tuple(c.shape)}")
+
+
 def _as_angles(c, t, half, batch):
-    if c.shape[-2:] != (t, half):
-        raise ValueError(f"cos/sin must be [T, D/2] = [{t}, {half}] (or [B, T, D/2]), got {tuple(c.shape)}")
     if c.dim() == 2:
         c = c.unsqueeze(0).expand(batch, t, half)
-    if c.dim() != 3 or c.shape[0] not in (1, batch):
-        raise ValueError(f"cos/sin batch dim must be 1 or {batch}, got {tuple(c.shape)}")
     if c.stride(-1) != 1:
         c = c.contiguous()
     return c
 
 
-def rope_launch(x, cos, sin, interleaved: bool, backward: bool):
-    """x: [..., T, D] with up to 4 dims. Returns a new tensor of x's shape and dtype."""
+def _rope_fake(x, cos, sin, interleaved, inverse):
+    return x.new_empty(x.shape)
+
+
+@kernel_op("abl::rope", _rope_fake)
+def rope_launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
+                inverse: bool) -> torch.Tensor:
+    """x: [..., T, D] with up to 4 dims. Returns a new tensor of x's shape and dtype: x rotated
+    by the angles, or by their negatives (``inverse``: the backward)."""
+    check_launch(x, cos, sin)
     shape = x.shape
     x4 = _as4d(x)
     b, h, t, d = x4.shape
@@ -88,11 +109,11 @@ def rope_launch(x, cos, sin, interleaved: bool, backward: bool):
         block_k = next_pow2(half)
         block_t = max(1, min(next_pow2(t), 4096 // block_k, 64))
         grid = (b * h, triton.cdiv(t, block_t))
-        _rope_kernel[grid](
+        wrap_triton(_rope_kernel)[grid](
             x4, y4, cos, sin,
             x4.stride(0), x4.stride(1), x4.stride(2), y4.stride(0), y4.stride(1), y4.stride(2),
             cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), h, t, half,
-            INTERLEAVED=interleaved, BACKWARD=backward, BLOCK_T=block_t, BLOCK_K=block_k,
+            INTERLEAVED=interleaved, BACKWARD=inverse, BLOCK_T=block_t, BLOCK_K=block_k,
             num_warps=4)
     return y4.view(shape)
 
@@ -100,18 +121,18 @@ def rope_launch(x, cos, sin, interleaved: bool, backward: bool):
 # ---------------------------------------------------------------- autograd
 
 
-class RoPEFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, cos, sin, interleaved):
-        check_launch(x, cos, sin)
-        ctx.save_for_backward(cos, sin)
-        ctx.interleaved = interleaved
-        return rope_launch(x, cos, sin, interleaved, backward=False)
+def _rope_setup(ctx, inputs, output):
+    _, cos, sin, interleaved, inverse = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.interleaved, ctx.inverse = interleaved, inverse
 
-    @staticmethod
-    def backward(ctx, dy):
-        cos, sin = ctx.saved_tensors
-        return rope_launch(dy, cos, sin, ctx.interleaved, backward=True), None, None, None
+
+def _rope_backward(ctx, dy):
+    cos, sin = ctx.saved_tensors
+    return rope_launch(dy, cos, sin, ctx.interleaved, not ctx.inverse), None, None, None, None
+
+
+rope_launch.register_autograd(_rope_backward, setup_context=_rope_setup)
 
 
 def _layout(layout: str) -> bool:
@@ -134,9 +155,9 @@ def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
     Returns:
         the rotated tensor, shape and dtype of x. Differentiable in x.
     """
-    if x.shape[-1] % 2:
-        raise ValueError(f"rope needs an even last dim, got {x.shape[-1]}")
-    return RoPEFunction.apply(x, cos, sin, _layout(layout))
+    interleaved = _layout(layout)
+    _check_shapes(x, cos, sin)
+    return rope_launch(x, cos, sin, interleaved, False)
 
 
 def rope_qk(q: torch.Tensor, k: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,

@@ -11,12 +11,18 @@ Derivatives (s = sigmoid(g)):
     gelu'(g) = Phi(g) + g * phi(g)                      exact: Phi = 0.5 (1 + erf(g / sqrt 2))
     gelu_tanh'(g) = 0.5 (1 + t) + 0.5 g (1 - t^2) c (1 + 3 a g^2),  t = tanh(c (g + a g^3))
 so du = dy * act(g) and dg = dy * u * act'(g). Arithmetic is fp32.
+
+The launchers are the custom ops ``abl::glu_fwd`` / ``abl::glu_bwd`` (one pair for
+swiglu and both GEGLUs; abl.kernels.rmsnorm.kernel_op), the backward registered as the
+forward's autograd formula, so ``torch.compile`` keeps a call in one graph.
 """
 
 import torch
 import torch.nn.functional as F
+from torch.library import wrap_triton
 
 from . import use_triton
+from .rmsnorm import kernel_op
 from .utils import check_launch, next_pow2, tl, triton
 
 # ACT codes (constexpr): 0 silu, 1 gelu (erf), 2 gelu (tanh approximation). The literals in the
@@ -83,26 +89,40 @@ def _block(n):
     return min(4096, next_pow2(n))
 
 
-def glu_fwd(gate, up, act: int):
+def _glu_fwd_fake(gate, up, act):
+    return gate.new_empty(gate.shape)
+
+
+@kernel_op("abl::glu_fwd", _glu_fwd_fake)
+def glu_fwd(gate: torch.Tensor, up: torch.Tensor, act: int) -> torch.Tensor:
+    """act(gate) * up, ``act`` 0 silu, 1 gelu, 2 gelu (tanh); gate and up of one shape."""
+    check_launch(gate, up)
     n = gate.shape[-1]
     g2, u2 = _rows(gate, n), _rows(up, n)
     y = torch.empty(g2.shape, dtype=gate.dtype, device=gate.device)
     if y.numel():
         block = _block(n)
-        _glu_fwd_kernel[(g2.shape[0], triton.cdiv(n, block))](
+        wrap_triton(_glu_fwd_kernel)[(g2.shape[0], triton.cdiv(n, block))](
             g2, u2, y, g2.stride(0), u2.stride(0), y.stride(0), n,
             ACT=act, BLOCK_N=block, num_warps=max(1, min(8, block // 256)))
     return y.view(gate.shape)
 
 
-def glu_bwd(dy, gate, up, act: int):
+def _glu_bwd_fake(dy, gate, up, act):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
+@kernel_op("abl::glu_bwd", _glu_bwd_fake)
+def glu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, act: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dgate, dup) of ``glu_fwd``."""
+    check_launch(dy, gate, up)
     n = gate.shape[-1]
     dy2, g2, u2 = _rows(dy, n), _rows(gate, n), _rows(up, n)
     dg = torch.empty(g2.shape, dtype=gate.dtype, device=gate.device)
     du = torch.empty(u2.shape, dtype=up.dtype, device=up.device)
     if dg.numel():
         block = _block(n)
-        _glu_bwd_kernel[(g2.shape[0], triton.cdiv(n, block))](
+        wrap_triton(_glu_bwd_kernel)[(g2.shape[0], triton.cdiv(n, block))](
             dy2, g2, u2, dg, du, dy2.stride(0), g2.stride(0), u2.stride(0), dg.stride(0), du.stride(0), n,
             ACT=act, BLOCK_N=block, num_warps=max(1, min(8, block // 256)))
     return dg.view(gate.shape), du.view(up.shape)
@@ -111,21 +131,25 @@ def glu_bwd(dy, gate, up, act: int):
 # ---------------------------------------------------------------- autograd
 
 
-class GLUFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gate, up, act):
-        check_launch(gate, up)
-        if gate.shape != up.shape:
-            raise ValueError(f"gate and up must have one shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
-        ctx.save_for_backward(gate, up)
-        ctx.act = act
-        return glu_fwd(gate, up, act)
+def _glu_setup(ctx, inputs, output):
+    gate, up, act = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.act = act
 
-    @staticmethod
-    def backward(ctx, dy):
-        gate, up = ctx.saved_tensors
-        dg, du = glu_bwd(dy, gate, up, ctx.act)
-        return dg, du, None
+
+def _glu_backward(ctx, dy):
+    gate, up = ctx.saved_tensors
+    dg, du = glu_bwd(dy, gate, up, ctx.act)
+    return dg, du, None
+
+
+glu_fwd.register_autograd(_glu_backward, setup_context=_glu_setup)
+
+
+def _glu(gate, up, act):
+    if gate.shape != up.shape:
+        raise ValueError(f"gate and up must have one shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
+    return glu_fwd(gate, up, act)
 
 
 def swiglu_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -139,7 +163,7 @@ def swiglu_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[..., H]`` in the inputs' dtype. Differentiable in gate and up.
     """
-    return GLUFunction.apply(gate, up, 0)
+    return _glu(gate, up, 0)
 
 
 def geglu_triton(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none") -> torch.Tensor:
@@ -154,7 +178,7 @@ def geglu_triton(gate: torch.Tensor, up: torch.Tensor, approximate: str = "none"
     """
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
-    return GLUFunction.apply(gate, up, 1 if approximate == "none" else 2)
+    return _glu(gate, up, 1 if approximate == "none" else 2)
 
 
 # ---------------------------------------------------------------- references
