@@ -441,15 +441,15 @@ def stage_ssd(report: Report, device, tiny: bool) -> None:  # pragma: no cover -
         report.row(f"{name:<32} fwd {_fmt(fwd)}, fwd+bwd {_fmt(both)}; max |y - torch| / max |torch| {diff:.3g}",
                    provider=name, fwd_ms=fwd, fwd_bwd_ms=both, rel_diff=diff)
     for name in ("triton", "fla chunk_simple_gla"):
-        fn = providers.get(name)
-        if fn is None or report.over(8):
+        scan = providers.get(name)
+        if scan is None or report.over(8):
             continue
-        out = fn(*inp.args)
+        out = scan(*inp.args)
         grad = torch.randn_like(out)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
-                fn(*inp.args).backward(grad)
+                scan(*inp.args).backward(grad)
             torch.cuda.synchronize()
         report.line(f"{name}: per launch over 3 fwd+bwd (torch.profiler, by self CUDA time; the kernels' rows "
                     "give calls and time per call)")
@@ -458,6 +458,13 @@ def stage_ssd(report: Report, device, tiny: bool) -> None:  # pragma: no cover -
 
 
 # ---------------------------------------------------------------- e: layernorm num_warps
+
+
+def _fixed_warps(warps: int) -> Callable[[int], int]:
+    def num_warps(block_n: int) -> int:
+        return warps
+
+    return num_warps
 
 
 def stage_layernorm(report: Report, device, tiny: bool) -> None:  # pragma: no cover - GPU
@@ -487,7 +494,7 @@ def stage_layernorm(report: Report, device, tiny: bool) -> None:  # pragma: no c
             report.stopped(f"{name} and after")
             break
         if warps is not None:
-            ln._num_warps = lambda block_n, w=warps: w
+            setattr(ln, "_num_warps", _fixed_warps(warps))
         try:
             fwd, both = fwd_and_fwd_bwd(fn, inp.args, inp.leaves, cuda_ms)
             report.row(f"{name:<22} fwd {_fmt(fwd)} ({nbytes['fwd'] / fwd / 1e6:.0f} GB/s), fwd+bwd {_fmt(both)} "
@@ -496,7 +503,7 @@ def stage_layernorm(report: Report, device, tiny: bool) -> None:  # pragma: no c
             report.row(f"{name:<22} not run: {_err(exc)}", provider=name, error=_err(exc))
         finally:
             if original is not None:
-                ln._num_warps = original
+                setattr(ln, "_num_warps", original)
 
 
 # ---------------------------------------------------------------- f, g: the 126M cell
@@ -519,8 +526,9 @@ def step_times(run, steps: int, report: Report, reserve: float) -> list[float]:
 
     import inspect
 
-    times = []
+    times: list[float] = []
     # (run, x, y), or the older (run, x, y, step, lr, sink): the step as the trainer runs it either way
+    step_fn: Any = train_step
     extra = (run.cell.train.lr, NullSink()) if len(inspect.signature(train_step).parameters) > 3 else None
     for step in range(1, steps + 1):
         if report.over(reserve + (max(times) if times else 0)):
@@ -528,9 +536,9 @@ def step_times(run, steps: int, report: Report, reserve: float) -> list[float]:
         t0 = time.perf_counter()
         x, y = run.next_batch()
         if extra is None:
-            train_step(run, x, y)
+            step_fn(run, x, y)
         else:
-            train_step(run, x, y, step, *extra)
+            step_fn(run, x, y, step, *extra)
         run.synchronize()
         times.append(time.perf_counter() - t0)
     return times
@@ -569,9 +577,11 @@ def stage_profile(report: Report, device, tiny: bool) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    counters = None
+    counters: Any = None
     try:
-        from torch._dynamo.utils import counters
+        from torch._dynamo import utils as dynamo_utils
+
+        counters = dynamo_utils.counters
         counters.clear()
     except Exception:  # noqa: BLE001 - the counts are then not known
         counters = None

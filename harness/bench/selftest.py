@@ -303,7 +303,7 @@ def bench_checks(device: torch.device, quick: bool, measured: dict[str, Any],
 
 # the workload the auto section shows choices for: scripts/gpu_big.toml's cell (d_model 1024, 16 heads of
 # 64, context 1024, batch 16, bf16) with a GPT-2-sized vocabulary, and a Mamba-2 mixer's scan
-AUTO_WORKLOAD = dict(batch=16, context=1024, d_model=1024, n_heads=16, head_dim=64, vocab=50304,
+AUTO_WORKLOAD: dict[str, Any] = dict(batch=16, context=1024, d_model=1024, n_heads=16, head_dim=64, vocab=50304,
                      dtype="bfloat16", ssd=(64, 32, 64, 64))
 
 

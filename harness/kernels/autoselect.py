@@ -459,7 +459,8 @@ def choose(device: torch.device, workload: Workload, cache_dir: Path | None,
     path = None if cache_dir is None else Path(cache_dir) / CACHE_FILE
     cached = read_cache(path)
     dtype = getattr(torch, workload.dtype)
-    choices, fresh = [], {}
+    choices: list[Choice] = []
+    fresh: dict[str, dict[str, Any]] = {}
     # measuring draws random inputs: the run's generators (seeded before) must not see it
     with _rng_kept(device):
         _choose_ops(device, workload, dkey, cached, dtype, measure, log, choices, fresh)
