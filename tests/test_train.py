@@ -130,3 +130,114 @@ def test_the_trainer_builds_the_model_on_the_resolved_kernel_backend(registry, m
     cell = expand({**TINY, "eval": {"decode": False, "extrapolation": False}}, registry).cells[0]
     train(cell, registry, ListSink(), on_info=infos.append)
     assert built == [TORCH] and infos[0]["kernels"] == "torch"  # train.kernels = auto on CPU
+    assert infos[0]["optimizer"] == {"name": "AdamW", "fused": False}  # CPU: the default implementation
+
+
+def test_divergence_is_reported_at_the_step_whose_loss_diverged(registry):
+    """The check reads each step's loss once the step is done: the step it names is the one
+    whose loss crossed the bound, and every step before it was recorded below the bound."""
+    grid = {**GRID, "train": {**GRID["train"], "lr": 1e6, "warmup_steps": 0, "grad_clip": 0.0,
+                              "diverge_loss": 20.0}}
+    cell = expand(grid, registry).cells[0]
+    sink = ListSink()
+    with pytest.raises(Diverged) as raised:
+        train(cell, registry, sink)
+    losses = sink.series("train_loss")
+    step, last = losses[-1]
+    assert str(raised.value).startswith(f"diverged at step {step}: ")
+    assert [s for s, _ in losses] == list(range(1, step + 1))
+    assert all(math.isfinite(v) and v <= 20.0 for _, v in losses[:-1])
+    assert not math.isfinite(last) or last > 20.0
+
+
+def test_no_device_value_is_read_between_the_forward_and_the_backward(registry, monkeypatch):
+    """A .item() / float() / bool() of a tensor between a training step's forward and its
+    backward makes the host wait for the forward before it can queue the backward."""
+    import torch
+
+    import abl.run.train as trainer
+    from abl.model.decoder import DecoderLM
+
+    events: list[str] = []
+    stepping = []  # non-empty inside train_step: the loop's steps, not the cost measurement or evaluation
+
+    def recorded(name, real):
+        def wrapper(self, *args, **kwargs):
+            if stepping:
+                events.append(name)
+            return real(self, *args, **kwargs)
+        return wrapper
+
+    for name in ("item", "__float__", "__bool__", "__int__", "tolist", "backward"):
+        monkeypatch.setattr(torch.Tensor, name, recorded(name, getattr(torch.Tensor, name)))
+    monkeypatch.setattr(DecoderLM, "forward", recorded("forward", DecoderLM.forward))
+    real_step = trainer.train_step
+
+    def step(*args, **kwargs):
+        stepping.append(True)
+        try:
+            return real_step(*args, **kwargs)
+        finally:
+            stepping.pop()
+            events.append("end")
+
+    monkeypatch.setattr(trainer, "train_step", step)
+    cell = expand({**TINY, "eval": {"decode": False, "extrapolation": False}}, registry).cells[0]
+    sink = ListSink()
+    train(cell, registry, sink)
+    steps = " ".join(events).split("end")[:-1]
+    assert len(steps) == 2 and len(sink.series("train_loss")) == 2
+    for one in steps:
+        calls = one.split()
+        assert calls.count("forward") == 1 and calls.count("backward") == 1, calls
+        between = calls[calls.index("forward") + 1:calls.index("backward")]
+        assert not between, f"read between forward and backward: {between}"
+
+
+def test_fused_adamw_on_cuda_with_the_same_groups_and_steps():
+    """The CUDA branch (the device given as CUDA; the parameters stay on the CPU, where torch's
+    fused AdamW runs too): a fused AdamW with each group's hyperparameters, stepping as the
+    default implementation does (to rounding); on the CPU the optimizer is left as it is."""
+    import torch
+
+    from abl.run.optim import make_optimizer
+    from abl.run.train import fused_where_supported, optimizer_info
+
+    class Cfg:
+        lr, beta1, beta2, adam_eps, weight_decay = 1e-2, 0.9, 0.95, 1e-8, 0.1
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+
+    plain_model, fused_model = model(), model()
+    plain = make_optimizer(plain_model, Cfg)
+    assert fused_where_supported(plain, torch.device("cpu")) is plain
+    fused = fused_where_supported(make_optimizer(fused_model, Cfg), torch.device("cuda"))
+    assert fused.defaults["fused"] is True and optimizer_info(fused) == {"name": "AdamW", "fused": True}
+    assert optimizer_info(plain) == {"name": "AdamW", "fused": False}
+    for a, b in zip(plain.param_groups, fused.param_groups):
+        assert {k: a[k] for k in ("lr", "betas", "eps", "weight_decay")} == \
+            {k: b[k] for k in ("lr", "betas", "eps", "weight_decay")}
+        assert [id(p) for p in b["params"]] == [id(p) for p in fused_model.parameters() if
+                                                any(p is q for q in b["params"])]
+    x = torch.randn(32, 8)
+    for _ in range(3):
+        for m, opt in ((plain_model, plain), (fused_model, fused)):
+            opt.zero_grad()
+            m(x).square().mean().backward()
+            opt.step()
+    for p, q in zip(plain_model.parameters(), fused_model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_adamw_only_where_every_parameter_dtype_has_the_kernel():
+    import torch
+
+    from abl.run.train import fused_where_supported
+
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.complex64))
+    opt = torch.optim.AdamW([p])
+    assert fused_where_supported(opt, torch.device("cuda")) is opt
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(4))], lr=0.1)
+    assert fused_where_supported(sgd, torch.device("cuda")) is sgd

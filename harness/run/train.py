@@ -176,6 +176,26 @@ class TrainingRun:
             torch.cuda.synchronize(self.device)
 
 
+def fused_where_supported(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.optim.Optimizer:
+    """``optimizer`` rebuilt as fused AdamW (one kernel steps every parameter) on CUDA when every
+    parameter's dtype has the fused kernel; else as it is. Not on CPU: torch's fused CPU AdamW
+    differs from the default one in the last bits, and the CPU runs' results come from the
+    default one. info.json records which stepped the run ("optimizer")."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if device.type != "cuda" or type(optimizer) is not torch.optim.AdamW or not params or any(
+            p.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64) for p in params):
+        return optimizer
+    flags = ("foreach", "fused", "capturable", "differentiable")  # the new defaults' (fused)
+    groups = [{k: v for k, v in g.items() if k not in flags} for g in optimizer.param_groups]
+    d = optimizer.defaults
+    return torch.optim.AdamW(groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
+                             amsgrad=d["amsgrad"], maximize=d["maximize"], fused=True)
+
+
+def optimizer_info(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    return {"name": type(optimizer).__name__, "fused": bool(optimizer.defaults.get("fused"))}
+
+
 def load_data(cell: Cell, registry: Registry) -> TokenData | Task:
     """The cell's tokens (mapped from the token store the parent prepared) or its task (a
     generator of examples, abl.data.tasks), checked against the context; fills ``model.vocab_size``
@@ -218,7 +238,7 @@ def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> 
     baseline_rss = cpu_peak_rss_bytes()
     core = DecoderLM(mc, cell.components, registry, kernel_backend=kernels).to(device)
     precision.setup(core, device)
-    optimizer = make_optimizer(core, tc)
+    optimizer = fused_where_supported(make_optimizer(core, tc), device)
     model = Compiled(core) if tc.compile else dist.wrap(core, device)
     run = TrainingRun(cell=cell, registry=registry, dist=dist, device=device, kernels=kernels, data=data,
                       precision=precision, core=core, model=model, optimizer=optimizer,
@@ -265,6 +285,7 @@ def run_info(run: TrainingRun) -> dict[str, Any]:
         "peak_mem_kind": "cuda_max_allocated" if device.type == "cuda" else "cpu_peak_rss",
         "device_count": torch.cuda.device_count() if device.type == "cuda" else 1,
         "processes": run.dist.world,
+        "optimizer": optimizer_info(run.optimizer),  # fused AdamW on CUDA (fused_where_supported)
         "shape_cache": {part: "reused" if run.shapes.has(part) else "measured" for part in ("flops", "memory")},
         "seed": run.cell.seed,
         "determinism": {
@@ -300,24 +321,31 @@ def begin(run: TrainingRun, sink: MetricSink, checkpoint_path: Path | None) -> t
     return 1, costs
 
 
-def train_step(run: TrainingRun, x: torch.Tensor, y: torch.Tensor, step: int, lr: float,
-               sink: MetricSink) -> tuple[float, dict[str, Any], ForwardContext]:
-    """Forward, divergence check, backward, optimizer step.
-
-    Returns (the training loss averaged over ranks, the precision policy's step
-    metrics, the forward's context). Raises Diverged after recording the loss.
-    """
+def train_step(run: TrainingRun, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any],
+                                                                            ForwardContext]:
+    """Forward, backward, optimizer step. Returns (this process's training loss, a device tensor
+    not read yet; the precision policy's step metrics; the forward's context). Nothing reads a
+    device value between forward and backward: a ``float(loss)`` there would stall the host until
+    the forward has run before it could queue the backward (``check_divergence`` reads it later)."""
     tc = run.cell.train
     ctx = ForwardContext(position=run.core.position, need_logits=False)
     with run.precision.autocast(run.device):
         _, loss, ctx = run.model(x, y, ctx)
-    train_loss = run.dist.mean(_to_float(ctx.metrics["ce_loss"]), run.device)
-    if not math.isfinite(train_loss) or train_loss > tc.diverge_loss:
-        sink.log(step, {"train_loss": train_loss, "lr": lr})
-        raise Diverged(f"diverged at step {step}: train_loss={train_loss}")
     run.optimizer.zero_grad(set_to_none=True)
     run.precision.backward(loss)
-    return train_loss, run.precision.step(run.optimizer, run.params, tc.grad_clip), ctx
+    return ctx.metrics["ce_loss"].detach(), run.precision.step(run.optimizer, run.params, tc.grad_clip), ctx
+
+
+def check_divergence(run: TrainingRun, sink: MetricSink, step: int, lr: float, loss: torch.Tensor) -> float:
+    """The step's training loss averaged over ranks, read once the step is done (where the loop
+    waits for the device anyway, to time it). Raises Diverged, after recording it, when it is
+    non-finite or above ``train.diverge_loss``: at the step it happened, as before, but after
+    that step's backward and update (applied; the run stops there, nothing is checkpointed)."""
+    train_loss = run.dist.mean(_to_float(loss), run.device)
+    if not math.isfinite(train_loss) or train_loss > run.cell.train.diverge_loss:
+        sink.log(step, {"train_loss": train_loss, "lr": lr})
+        raise Diverged(f"diverged at step {step}: train_loss={train_loss}")
+    return train_loss
 
 
 def memory_tracked(run: TrainingRun, step: int) -> bool:
@@ -366,9 +394,10 @@ def train_loop(run: TrainingRun, sink: MetricSink, start_step: int, t_start: flo
         x, y = run.next_batch()
         tracked = memory_tracked(run, step) and cached_memory is None
         with step_memory(tracked, run.core, run.optimizer, x, y) as mem:
-            train_loss, step_metrics, ctx = train_step(run, x, y, step, lr, sink)
+            loss, step_metrics, ctx = train_step(run, x, y)
         run.synchronize()
         dt = time.perf_counter() - t0
+        train_loss = check_divergence(run, sink, step, lr, loss)
         row = {"train_loss": train_loss, "lr": lr, "elapsed_s": time.perf_counter() - t_start}
         if tracked:  # the tracker slows the step: it gives no throughput figure
             measured = memory_metrics(mem, run.notes)
