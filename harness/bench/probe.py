@@ -121,7 +121,14 @@ def cuda_ms(fn: Callable[[], Any], leaves: list | None = None, rep: int = 40) ->
     """Median ms of ``fn`` (triton.testing.do_bench, L2 flushed between repetitions)."""
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=10, rep=rep, grad_to_none=leaves, quantiles=[0.5])[0])
+    from ..kernels.autoselect import median_of
+
+    return median_of(triton.testing.do_bench(fn, warmup=10, rep=rep, grad_to_none=leaves, quantiles=[0.5]))
+
+
+def _timer() -> Callable[..., float]:
+    """The stages' timer (a test swaps ``cuda_ms`` for a CPU one to run the stages in the interpreter)."""
+    return cuda_ms
 
 
 def fwd_and_fwd_bwd(fn: Callable[..., Any], args: list, leaves: list[int],
@@ -282,7 +289,7 @@ def attention_tile_repeats(report: Report, d: int, shape: tuple, device, repeats
 
 def stage_determinism(report: Report, device, tiny: bool) -> None:
     repeats = 5
-    timer = cuda_ms if device.type == "cuda" else None
+    timer = _timer() if device.type == "cuda" else None
     for d in (128, 64):
         if report.over(15):
             report.stopped(f"D{d}")
@@ -306,7 +313,7 @@ def sdpa_default_backend(q, k, v) -> str:
         return f"unknown ({_err(exc)})"
 
 
-def stage_attention(report: Report, device, tiny: bool) -> None:  # pragma: no cover - GPU
+def stage_attention(report: Report, device, tiny: bool) -> None:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -316,7 +323,7 @@ def stage_attention(report: Report, device, tiny: bool) -> None:  # pragma: no c
     backends = {"sdpa flash": SDPBackend.FLASH_ATTENTION, "sdpa cudnn": SDPBackend.CUDNN_ATTENTION,
                 "sdpa efficient": SDPBackend.EFFICIENT_ATTENTION}
     for d in (64, 128):
-        b, h, t = 4, 16, 4096
+        b, h, t = (1, 2, 40) if tiny else (4, 16, 4096)
         torch.manual_seed(0)
         args = [torch.randn(b, h, t, d, device=device, dtype=torch.bfloat16).requires_grad_() for _ in range(3)]
         flops = 4 * b * h * t * t * d / 2
@@ -335,7 +342,7 @@ def stage_attention(report: Report, device, tiny: bool) -> None:  # pragma: no c
                 report.stopped(f"D{d} {name} and after")
                 return
             try:
-                fwd, both = fwd_and_fwd_bwd(fn, args, [0, 1, 2], cuda_ms)
+                fwd, both = fwd_and_fwd_bwd(fn, args, [0, 1, 2], _timer())
             except Exception as exc:  # noqa: BLE001 - a backend that does not take these inputs
                 report.row(f"D{d} {name:<15} not run: {_err(exc)}", d=d, provider=name, error=_err(exc))
                 continue
@@ -350,7 +357,7 @@ def stage_attention(report: Report, device, tiny: bool) -> None:  # pragma: no c
 # ---------------------------------------------------------------- c: linear cross-entropy
 
 
-def stage_lce(report: Report, device, tiny: bool) -> None:  # pragma: no cover - GPU
+def stage_lce(report: Report, device, tiny: bool) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -358,7 +365,7 @@ def stage_lce(report: Report, device, tiny: bool) -> None:  # pragma: no cover -
     from .kernelbench import _peer
 
     liger = _peer("liger_kernel.transformers.functional")
-    for n, d, v in ((8192, 4096, 65536), (16384, 1024, 32768)):
+    for n, d, v in ((64, 32, 300),) if tiny else ((8192, 4096, 65536), (16384, 1024, 32768)):
         torch.manual_seed(0)
         hid = torch.randn(n, d, device=device).to(torch.bfloat16).requires_grad_()
         w = (torch.randn(v, d, device=device) * d ** -0.5).to(torch.bfloat16).requires_grad_()
@@ -367,14 +374,14 @@ def stage_lce(report: Report, device, tiny: bool) -> None:  # pragma: no cover -
         providers: dict[str, Callable[..., Any]] = {
             "torch": lambda h_, w_, y_: F.cross_entropy(F.linear(h_, w_).float(), y_),
             "triton default chunk": lambda h_, w_, y_: linear_cross_entropy_triton(h_, w_, y_)}
-        for chunk in (256, 512, 1024, 2048, 4096, 8192):
+        for chunk in (16, 32) if tiny else (256, 512, 1024, 2048, 4096, 8192):
             providers[f"triton chunk {chunk}"] = lambda h_, w_, y_, c=chunk: linear_cross_entropy_triton(
                 h_, w_, y_, chunk_size=c)
         if liger is not None:
             providers["liger fused"] = lambda h_, w_, y_: liger.liger_fused_linear_cross_entropy(h_, w_, y_)
         else:
             report.line("liger: not installed")
-        ref_loss = float(providers["torch"](hid, w, y))
+        ref_loss = float(providers["torch"](hid, w, y).detach())
         base = None
         report.line(f"N{n} D{d} V{v} bf16, forward+backward (the fused ops form the gradients in the forward)")
         for name, fn in providers.items():
@@ -382,8 +389,8 @@ def stage_lce(report: Report, device, tiny: bool) -> None:  # pragma: no cover -
                 report.stopped(f"N{n} {name} and after")
                 return
             try:
-                loss = float(fn(hid, w, y))
-                both = cuda_ms(lambda: fn(hid, w, y).backward(), [hid, w], rep=25)
+                loss = float(fn(hid, w, y).detach())
+                both = _timer()(lambda: fn(hid, w, y).backward(), [hid, w])
             except Exception as exc:  # noqa: BLE001
                 report.row(f"N{n} {name:<22} not run: {_err(exc)}", shape=(n, d, v), provider=name, error=_err(exc))
                 continue
@@ -410,14 +417,15 @@ def profile_table(prof, cuda: bool, rows: int = 25) -> list[str]:
     return averages.table(row_limit=rows).splitlines()
 
 
-def stage_ssd(report: Report, device, tiny: bool) -> None:  # pragma: no cover - GPU
+def stage_ssd(report: Report, device, tiny: bool) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from ..kernels.autoselect import make_inputs
     from .kernelbench import _peer, fla_ssd
 
-    shape = (4, 2048, 32, 64, 128, 64)
+    shape = (1, 40, 2, 16, 16, 16) if tiny else (4, 2048, 32, 64, 128, 64)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.manual_seed(0)
     inp = make_inputs("ssd_scan", shape, torch.bfloat16, device)
     report.line(f"{inp.shape} bf16")
@@ -434,7 +442,7 @@ def stage_ssd(report: Report, device, tiny: bool) -> None:  # pragma: no cover -
             return
         try:
             diff = float((fn(*inp.args).detach().float() - ref).abs().max()) / float(ref.abs().max())
-            fwd, both = fwd_and_fwd_bwd(fn, inp.args, inp.leaves, cuda_ms)
+            fwd, both = fwd_and_fwd_bwd(fn, inp.args, inp.leaves, _timer())
         except Exception as exc:  # noqa: BLE001
             report.row(f"{name:<32} not run: {_err(exc)}", provider=name, error=_err(exc))
             continue
@@ -446,14 +454,14 @@ def stage_ssd(report: Report, device, tiny: bool) -> None:  # pragma: no cover -
             continue
         out = scan(*inp.args)
         grad = torch.randn_like(out)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]) as prof:
             for _ in range(3):
                 scan(*inp.args).backward(grad)
-            torch.cuda.synchronize()
+            sync()
         report.line(f"{name}: per launch over 3 fwd+bwd (torch.profiler, by self CUDA time; the kernels' rows "
                     "give calls and time per call)")
-        for line in profile_table(prof, True, 20):
+        for line in profile_table(prof, device.type == "cuda", 20):
             report.line(line)
 
 
@@ -467,14 +475,14 @@ def _fixed_warps(warps: int) -> Callable[[int], int]:
     return num_warps
 
 
-def stage_layernorm(report: Report, device, tiny: bool) -> None:  # pragma: no cover - GPU
+def stage_layernorm(report: Report, device, tiny: bool) -> None:
     import torch
 
     from ..kernels import layernorm as ln
     from ..kernels.autoselect import make_inputs
     from .kernelbench import _peer
 
-    m, n = 8192, 4096
+    m, n = (16, 64) if tiny else (8192, 4096)
     torch.manual_seed(0)
     inp = make_inputs("layernorm", (m, n), torch.bfloat16, device)
     nbytes = {"fwd": 2 * m * n * 2, "fwd+bwd": 5 * m * n * 2}
@@ -496,7 +504,7 @@ def stage_layernorm(report: Report, device, tiny: bool) -> None:  # pragma: no c
         if warps is not None:
             setattr(ln, "_num_warps", _fixed_warps(warps))
         try:
-            fwd, both = fwd_and_fwd_bwd(fn, inp.args, inp.leaves, cuda_ms)
+            fwd, both = fwd_and_fwd_bwd(fn, inp.args, inp.leaves, _timer())
             report.row(f"{name:<22} fwd {_fmt(fwd)} ({nbytes['fwd'] / fwd / 1e6:.0f} GB/s), fwd+bwd {_fmt(both)} "
                        f"({nbytes['fwd+bwd'] / both / 1e6:.0f} GB/s)", provider=name, fwd_ms=fwd, fwd_bwd_ms=both)
         except Exception as exc:  # noqa: BLE001 - too many warps for the block: say so, go on

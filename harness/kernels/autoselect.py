@@ -322,7 +322,12 @@ def time_fwd_bwd_cuda(fn: Callable[[], Any], leaves: list[torch.Tensor]) -> floa
     """Median ms of ``fn`` (a forward and its backward) by ``triton.testing.do_bench``."""
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=10, rep=40, grad_to_none=leaves, quantiles=[0.5])[0])
+    return median_of(triton.testing.do_bench(fn, warmup=10, rep=40, grad_to_none=leaves, quantiles=[0.5]))
+
+
+def median_of(q: Any) -> float:
+    """do_bench's answer for quantiles=[0.5]: a list of one, or (triton 3.x) the bare number."""
+    return float(q[0] if isinstance(q, (list, tuple)) else q)
 
 
 def fwd_bwd(fn: Callable[..., Any], args: list[Any], leaves: list[int]) -> Callable[[], None]:

@@ -54,3 +54,34 @@ def test_the_determinism_stage_on_the_interpreter(tmp_path, device):
     rows = json.loads(next(ln for ln in text.splitlines() if ln.startswith("json: "))[6:])
     assert [r["tile"] for r in rows] == ["default", "forced (16, 16, 1, 1) on dkdv+dq"]
     assert all(r["equal"] and r["ok"] for r in rows)
+
+
+@pytest.mark.parametrize("stage", ["attention", "lce", "ssd", "layernorm"])
+def test_the_gpu_stages_run_in_the_interpreter_at_tiny_sizes(stage, tmp_path, monkeypatch, device):
+    # their CUDA-only timer swapped for one CPU call: every line of the stage's code runs without a GPU
+    import time
+
+    if device != "cpu":
+        pytest.skip("the interpreter run; on a GPU the probe itself runs it")
+
+    def one_call_ms(fn, leaves=None, rep=40):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    monkeypatch.setattr(probe, "cuda_ms", one_call_ms)
+    report = probe.Report(tmp_path / "x.txt", stage, 300)
+    probe.RUNNERS[stage](report, torch.device("cpu"), True)
+    report.close()
+    rows = report.rows
+    ran = [r for r in rows if "error" not in r]
+    assert ran, (tmp_path / "x.txt").read_text()
+    first = {"attention": "triton", "lce": "torch", "ssd": "triton", "layernorm": "triton default"}[stage]
+    assert any(r.get("provider") == first for r in ran), (tmp_path / "x.txt").read_text()
+    if stage == "layernorm":  # each forced num_warps ran (the interpreter ignores it, the plumbing does not)
+        assert {r["provider"] for r in ran} >= {f"triton num_warps={w}" for w in (1, 2, 4, 8, 16, 32)}
+    if stage == "lce":
+        assert all(r["loss_diff"] < 1e-2 for r in ran)
+    if stage == "ssd":
+        assert next(r for r in ran if r["provider"] == "triton")["rel_diff"] < 2e-2
+        assert "per launch" in (tmp_path / "x.txt").read_text()
