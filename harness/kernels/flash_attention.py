@@ -32,12 +32,14 @@ Features, all inside the kernels:
 Key blocks that the causal mask or the window hide entirely are skipped.
 """
 
+import json
 import math
+import os
 
 import torch
 
 from . import FLASH_ATTENTION_MAX_HEAD_DIM, use_triton
-from .utils import check_launch, checking_compiles, interpreting, next_pow2, on_gpu, tl, triton
+from .utils import TRITON_VERSION, check_launch, checking_compiles, interpreting, next_pow2, on_gpu, tl, triton
 
 _LOG2E = 1.4426950408889634
 
@@ -399,6 +401,50 @@ _TILES: dict[str, dict[str, tuple[tuple[int, int, int, int], ...]]] = {
     },
 }
 _chosen: dict = {}
+# Where the timed choices are kept between processes (``use_tile_cache``): a run's cells, its
+# resumed cells and later runs on this device then launch the same tiles, so their numerics do
+# not change with a timing race between two near-equal tiles.
+_tile_cache: list = [None]
+
+
+def use_tile_cache(path) -> None:
+    """Keep (and read) the attention tiles timed on CUDA in the JSON file ``path`` (None: this
+    process only). Keyed by the device's name, torch and triton versions and the launch key."""
+    _tile_cache[0] = None if path is None else os.fspath(path)
+
+
+def _cache_key(kind, q, shape_key) -> str:
+    name = torch.cuda.get_device_name(q.device) if q.device.type == "cuda" else q.device.type
+    return "|".join(map(str, (name, torch.__version__, TRITON_VERSION, kind, q.dtype, _tile_class(q),
+                              *shape_key)))
+
+
+def _read_tiles() -> dict:
+    path = _tile_cache[0]
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):  # none yet, or unreadable: time again
+        return {}
+
+
+def _write_tile(key: str, cfg) -> None:
+    path = _tile_cache[0]
+    if not path:
+        return
+    try:
+        data = _read_tiles()
+        data[key] = list(cfg)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:  # a read-only folder: this process keeps its choice, the next one times again
+        pass
 
 
 def _tile_class(q) -> str:
@@ -424,7 +470,9 @@ def _launch(kind, q, launch, shape_key=()):
     On CUDA the first launch per (kernel, device, dtype, head-dim class, masks, length bucket)
     times every configuration of the class once (``triton.testing.do_bench``; each launch
     rewrites its outputs whole, so repeating it is harmless) and keeps the fastest for the
-    process; a configuration that does not fit the device (out of shared memory) is skipped."""
+    process, and in the tile cache where one is set (``use_tile_cache``), which later processes
+    read instead of timing; a configuration that does not fit the device (out of shared memory)
+    is skipped."""
     key = (kind, q.device.index, q.dtype, _tile_class(q), shape_key)
     if checking_compiles():  # every tile this launch could pick is compiled and checked
         for cfg in _candidates(kind, q):
@@ -436,6 +484,10 @@ def _launch(kind, q, launch, shape_key=()):
     if len(candidates) == 1 or not on_gpu(q):
         _chosen[key] = candidates[0]
         return launch(*candidates[0])
+    stored = _read_tiles().get(_cache_key(kind, q, shape_key))
+    if stored is not None and tuple(stored) in candidates:
+        _chosen[key] = tuple(stored)
+        return launch(*_chosen[key])
     from triton.testing import do_bench
 
     timed = []
@@ -453,6 +505,7 @@ def _launch(kind, q, launch, shape_key=()):
         raise last or RuntimeError(f"no tile configuration to try for {kind}")  # pragma: no cover
     best = min(timed)[1]
     _chosen[key] = best
+    _write_tile(_cache_key(kind, q, shape_key), best)
     return launch(*best)
 
 
