@@ -135,8 +135,10 @@ def free_port() -> int:
 def serve(db: Path, runs_dir: Path, port: int, log: Any) -> subprocess.Popen:
     """Start ``streamlit run app.py`` on 127.0.0.1:port (its own process group)."""
     app = Path(__file__).resolve().parent / "app.py"
-    env = dict(os.environ, ABL_DB=str(db), ABL_RUNS_DIR=str(runs_dir))
-    argv = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", "127.0.0.1",
+    from ..pyexec import child_env, python
+
+    env = child_env(dict(os.environ, ABL_DB=str(db), ABL_RUNS_DIR=str(runs_dir)))
+    argv = [*python("-m", "streamlit"), "run", str(app), "--server.address", "127.0.0.1",
             "--server.port", str(port), "--server.headless", "true", "--browser.gatherUsageStats", "false",
             "--global.developmentMode", "false", "--client.toolbarMode", "minimal",
             "--server.fileWatcherType", "none"]

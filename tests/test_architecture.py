@@ -22,7 +22,7 @@ SOURCES = {package: ROOT / folder for package, folder in _PACKAGE_DIR.items() if
 # public face: it hands names on lazily and stands outside the order. The built-in plugins (abl.plugins)
 # are clients of the face: they import ``abl``, ``abl.kernels`` and each other, exactly as a third-party
 # plugin could.
-LAYERS = ["abl.files", "abl.kernels", "abl.contracts", "abl.analysis", "abl.data", "abl.model", "abl.grid", "abl.store",
+LAYERS = ["abl.pyexec", "abl.files", "abl.kernels", "abl.contracts", "abl.analysis", "abl.data", "abl.model", "abl.grid", "abl.store",
           "abl.present", "abl.run", "abl.bench", "abl.dashboard", "abl.cli"]
 PLUGIN_MAY_IMPORT = ("abl", "abl.kernels", "abl.plugins")
 

@@ -127,3 +127,46 @@ def test_the_safe_checkpoint_restores_every_rng_exactly(tmp_path):
     first = draws()
     assert load_checkpoint(ckpt, model, opt, Precision(), Batches) == 7
     assert draws() == first
+
+
+# ---------------------------------------------------------------- the import path
+
+RUN_GRID = """
+[experiment]
+name = "shadow"
+seeds = [0]
+[model]
+d_model = 32
+n_layers = 2
+n_heads = 4
+context = 32
+[train]
+steps = 2
+batch_size = 4
+eval_every = 2
+eval_batches = 1
+[eval]
+decode = false
+extrapolation = false
+[dataset.pystdlib]
+max_bytes = 300000
+"""
+
+
+def abl_script() -> str:
+    """The installed ``abl`` command (its own folder first on the import path, not the working directory)."""
+    return str(Path(sys.executable).parent / "abl")
+
+
+def test_abl_run_from_a_folder_holding_an_abl_folder_trains_normally(tmp_path):
+    """A plain ``abl/`` folder in the working directory (the parent of a clone named abl) must not shadow
+    the installed package in the workers: they start with ``python -P``."""
+    (tmp_path / "abl").mkdir()
+    (tmp_path / "abl" / "__init__.py").write_text("raise ImportError('the wrong abl: a folder in the working directory')\n")
+    (tmp_path / "grid.toml").write_text(RUN_GRID)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    r = subprocess.run([abl_script(), "run", "grid.toml", "--db", "store/abl.duckdb"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    status = json.loads(next((tmp_path / "store" / "runs").glob("*/status.json")).read_text())
+    assert status["status"] == "completed", status

@@ -30,10 +30,12 @@ def dashboard(db_path, runs_dir, port, host, snapshot_dir, widths):
     import abl.dashboard
 
     app = Path(abl.dashboard.__file__).resolve().parent / "app.py"
-    env = dict(os.environ, ABL_DB=str(db),
-               ABL_RUNS_DIR=str(Path(runs_dir).resolve() if runs_dir else db.parent / "runs"))
+    from ..pyexec import child_env, python
+
+    env = child_env(dict(os.environ, ABL_DB=str(db),
+                         ABL_RUNS_DIR=str(Path(runs_dir).resolve() if runs_dir else db.parent / "runs")))
     click.echo(f"abl dashboard: http://{host}:{port}  (store {db})", err=True)
-    argv = [sys.executable, "-m", "streamlit", "run", str(app), "--server.address", host,
+    argv = [*python("-m", "streamlit"), "run", str(app), "--server.address", host,
             "--server.port", str(port), "--server.headless", "true",
             "--browser.gatherUsageStats", "false", "--global.developmentMode", "false",
             "--client.toolbarMode", "minimal"]

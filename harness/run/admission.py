@@ -178,8 +178,10 @@ def gpu_free_bytes(indices: list[int]) -> dict[int, int] | None:
     code = "import json, sys; from abl.run.admission import cuda_free_bytes; " \
            "print(json.dumps(cuda_free_bytes(json.loads(sys.argv[1]))))"
     try:
-        out = subprocess.run([sys.executable, "-c", code, json.dumps(indices)], capture_output=True,
-                             text=True, timeout=120, stdin=subprocess.DEVNULL)
+        from ..pyexec import child_env, python
+
+        out = subprocess.run(python("-c", code, json.dumps(indices)), capture_output=True,
+                             text=True, timeout=120, stdin=subprocess.DEVNULL, env=child_env())
         return {int(k): int(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..contracts.config import Cell
+from ..pyexec import child_env, python
 from ..store import rundir
 
 
@@ -65,8 +66,8 @@ def tail(job: Job) -> bool:
 def worker_command(run_dir: Path, devices: int) -> list[str]:
     """The command that trains one cell: the worker, under torchrun if it spans devices."""
     if devices <= 1:
-        return [sys.executable, "-m", "abl.run.worker", str(run_dir)]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={devices}",
+        return python("-m", "abl.run.worker", str(run_dir))
+    return [*python("-m", "torch.distributed.run"), "--standalone", f"--nproc_per_node={devices}",
             "-m", "abl.run.worker", str(run_dir)]
 
 
@@ -85,7 +86,7 @@ def run_worker_process(run_dir: str, devices: int = 1, env: dict[str, str] | Non
             log.write(f"threads: {chosen[1]}\n".encode())
             log.flush()
         proc = subprocess.Popen(worker_command(path, devices), stdout=log, stderr=log,
-                                stdin=subprocess.DEVNULL, env=env)
+                                stdin=subprocess.DEVNULL, env=child_env(env))
         try:
             return proc.wait()
         except BaseException:
@@ -292,7 +293,7 @@ class LocalExecutor(Executor):
         log = open(job.run_dir / rundir.LOG, "ab")
         job.handle = subprocess.Popen(
             worker_command(job.run_dir, job.cell.train.devices), stdout=log, stderr=log,
-            stdin=subprocess.DEVNULL, env=env,
+            stdin=subprocess.DEVNULL, env=child_env(env),
             start_new_session=True,  # Ctrl-C reaches the parent only; it stops the workers
         )
         log.close()

@@ -102,7 +102,10 @@ def _retry_startup(run_dir: Path, error: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     print(f"abl worker: start-up failed, retrying once in a fresh process:\n{error}", file=sys.stderr, flush=True)
-    os.execv(sys.executable, [sys.executable, "-m", "abl.run.worker", str(run_dir)])
+    from ..pyexec import python
+
+    os.environ["PYTHONSAFEPATH"] = "1"
+    os.execv(sys.executable, python("-m", "abl.run.worker", str(run_dir)))
 
 
 def die_with_parent() -> None:

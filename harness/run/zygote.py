@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..pyexec import child_env, python
 from ..store import rundir
 
 READY = {"ready": True}
@@ -225,8 +226,8 @@ class Zygote:
     def __init__(self, env: dict[str, str] | None = None, start_timeout: float = 300.0, wait: bool = True):
         """Start the zygote; with ``wait`` (the default) return once it is ready, else at once (its imports
         then overlap the caller's own start-up; ``ready()`` waits for them before the first fork)."""
-        self.proc = subprocess.Popen([sys.executable, "-m", "abl.run.zygote"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+        self.proc = subprocess.Popen(python("-m", "abl.run.zygote"), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env(env), text=True,
                                      bufsize=1)
         self._lock = threading.Condition()
         self._replies: dict[int, dict[str, Any]] = {}
