@@ -118,7 +118,8 @@ for s, n in LIMITS.items(): print(s, n, n - GRACE_S)') || { status "probe: canno
         while read -r name limit budget; do
             t0=$SECONDS
             log=$WORK/probe-$name.log
-            timeout -k 5 "$limit" "$PY" -m abl.bench.probe "$name" --out "$OUT" --seconds "$budget" > "$log" 2>&1
+            timeout -k 5 "$limit" "$PY" -m abl.bench.probe "$name" --out "$OUT" --seconds "$budget" \
+                --cell "$ROOT/scripts/gpu_big.toml" > "$log" 2>&1
             rc=$?
             file=$(ls "$OUT"/probe-?-"$name".txt 2>/dev/null | head -1)
             [ -n "$file" ] || file=$OUT/probe-$name.txt

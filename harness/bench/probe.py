@@ -67,7 +67,8 @@ TITLES = {
 LIMITS = {"determinism": 75, "attention": 45, "lce": 40, "ssd": 40, "layernorm": 25, "profile": 120,
           "torch-cell": 90}
 GRACE_S = 10
-CELL_FILE = Path(__file__).resolve().parents[2] / "scripts" / "gpu_big.toml"
+# the 126M cell: --cell, else scripts/gpu_big.toml of the working tree (an installed abl has no scripts/)
+CELL_FILE = Path("scripts") / "gpu_big.toml"
 # the big cell shrunk to a CPU-sized fp32 one (as scripts/gpu_run.sh's tiny big stage)
 TINY_CELL = ["train.steps=4", "train.eval_every=4", "train.eval_batches=1", "train.batch_size=2", "model.context=32",
              "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "train.compile=false", "train.precision=fp32",
@@ -361,6 +362,7 @@ def stage_lce(report: Report, device, tiny: bool) -> None:
     import torch
     import torch.nn.functional as F
 
+    from ..kernels.autoselect import first
     from ..kernels.cross_entropy import linear_cross_entropy_triton
     from .kernelbench import _peer
 
@@ -389,8 +391,8 @@ def stage_lce(report: Report, device, tiny: bool) -> None:
                 report.stopped(f"N{n} {name} and after")
                 return
             try:
-                loss = float(fn(hid, w, y).detach())
-                both = _timer()(lambda: fn(hid, w, y).backward(), [hid, w])
+                loss = float(first(fn(hid, w, y)).detach())
+                both = _timer()(lambda: first(fn(hid, w, y)).backward(), [hid, w])
             except Exception as exc:  # noqa: BLE001
                 report.row(f"N{n} {name:<22} not run: {_err(exc)}", shape=(n, d, v), provider=name, error=_err(exc))
                 continue
@@ -517,13 +519,24 @@ def stage_layernorm(report: Report, device, tiny: bool) -> None:
 # ---------------------------------------------------------------- f, g: the 126M cell
 
 
+def cell_file() -> Path:
+    """The cell's grid file: ABL_PROBE_CELL (set from --cell), scripts/gpu_big.toml here, or beside
+    this source tree's harness/."""
+    given = os.environ.get("ABL_PROBE_CELL")
+    if given:
+        return Path(given)
+    if CELL_FILE.exists():
+        return CELL_FILE
+    return Path(__file__).resolve().parents[2] / CELL_FILE
+
+
 def load_cell(kernels: str, tiny: bool):
     from ..contracts.plugin_manager import get_registry
     from ..grid.gridfile import load_grid
 
     registry = get_registry()
     overrides = [f"train.kernels={kernels}"] + (TINY_CELL if tiny else [])
-    grid = load_grid(CELL_FILE, registry, overrides)
+    grid = load_grid(cell_file(), registry, overrides)
     return grid.cells[0], registry
 
 
@@ -640,10 +653,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("stage", choices=list(STAGES))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seconds", type=float, default=None, help="this stage's budget (default: its LIMITS - 10 s)")
+    ap.add_argument("--cell", type=Path, default=None,
+                    help="the grid file of stages f and g (default: scripts/gpu_big.toml of the working tree)")
     ap.add_argument("--tiny", action="store_true", default=os.environ.get("ABL_GPU_TINY", "0") == "1",
                     help="CPU-sized cells (also ABL_GPU_TINY=1)")
     args = ap.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else LIMITS[args.stage] - GRACE_S
+    if args.cell is not None:
+        os.environ["ABL_PROBE_CELL"] = str(args.cell.resolve())
     import torch
 
     cuda = torch.cuda.is_available()
