@@ -170,16 +170,22 @@ def _attention_cases():
     # compiles as bf16 does (same tiles, same layouts), so it is checked at one head dim.
     plan = [(torch.bfloat16, d, "causal") for d in (64, 128, 256)]
     plan += [(torch.bfloat16, d, v) for d in (64, 128) for v in ("full", "window+alibi")]
-    plan += [(torch.float16, 128, "causal"), (torch.float32, 64, "causal"), (torch.float32, 128, "causal")]
-    masks = {"causal": dict(causal=True), "full": dict(causal=False),
+    plan += [(torch.float16, 128, "causal"), (torch.bfloat16, 128, "alibi")]
+    plan += [(torch.float32, d, "causal") for d in (64, 128, 256)] + [(torch.float32, 64, "causal tf32")]
+    masks = {"causal": dict(causal=True), "full": dict(causal=False), "alibi": dict(alibi_slopes=torch.ones(4)),
              "window+alibi": dict(causal=True, window=64, alibi_slopes=torch.ones(4))}
     for dtype, d, name in plan:
-        def run(dtype=dtype, d=d, kw=masks[name]):
+        def run(dtype=dtype, d=d, kw=masks[name.split()[0]], tf32=name.endswith("tf32")):
             q = torch.zeros(1, 4, 256, d, dtype=dtype, requires_grad=True)
             k = torch.zeros(1, 2, 256, d, dtype=dtype, requires_grad=True)
             v = torch.zeros(1, 2, 256, d, dtype=dtype, requires_grad=True)
-            o = flash_attention_triton(q, k, v, **kw)
-            o.backward(torch.zeros_like(o))
+            before = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = tf32  # the tf32 precision policy's products
+            try:
+                o = flash_attention_triton(q, k, v, **kw)
+                o.backward(torch.zeros_like(o))
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = before
         yield f"flash_attention {str(dtype)[6:]} D{d} {name}", run
 
 

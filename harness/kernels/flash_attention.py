@@ -383,21 +383,29 @@ _INTERPRETER_TILE = (16, 16, 1, 1)
 _TILES: dict[str, dict[str, tuple[tuple[int, int, int, int], ...]]] = {
     "fwd": {
         "d64": ((128, 64, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3)),
-        "d128": ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)),
+        "d128": ((128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3)),
+        "d128+alibi": ((128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)),  # the bias tile needs registers
         "d256": ((64, 32, 4, 2), (64, 64, 8, 2), (32, 32, 4, 2)),
-        "fp32": ((64, 32, 4, 2), (32, 32, 4, 2), (64, 64, 8, 2)),
+        # fp32 (IEEE or TF32 products): operands stay 32-bit in registers, so small tiles
+        "fp32_d64": ((32, 32, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1)),
+        "fp32_d128": ((16, 16, 4, 1),),
+        "fp32_d256": ((16, 16, 4, 1),),
     },
     "bwd_dkdv": {
         "d64": ((32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)),
         "d128": ((32, 128, 8, 3), (32, 64, 8, 3), (16, 128, 8, 2)),
         "d256": ((32, 32, 8, 2), (16, 32, 4, 2), (16, 32, 4, 1)),
-        "fp32": ((32, 64, 4, 2), (16, 64, 4, 2), (32, 32, 4, 1)),
+        "fp32_d64": ((16, 32, 4, 1), (16, 16, 4, 1)),
+        "fp32_d128": ((16, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)),
+        "fp32_d256": ((16, 16, 4, 1),),
     },
     "bwd_dq": {
         "d64": ((128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3)),
         "d128": ((128, 32, 8, 3), (64, 32, 4, 3), (64, 64, 8, 3), (128, 64, 8, 2)),
         "d256": ((64, 32, 4, 2), (64, 16, 4, 2), (32, 32, 4, 2)),
-        "fp32": ((64, 32, 4, 2), (32, 32, 4, 2), (64, 16, 4, 2)),
+        "fp32_d64": ((32, 32, 4, 1), (32, 16, 4, 1), (16, 16, 4, 1)),
+        "fp32_d128": ((16, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)),
+        "fp32_d256": ((16, 16, 4, 1),),
     },
 }
 _chosen: dict = {}
@@ -448,16 +456,17 @@ def _write_tile(key: str, cfg) -> None:
 
 
 def _tile_class(q) -> str:
-    if q.dtype == torch.float32:
-        return "fp32"
     d = next_pow2(q.shape[-1])
-    return "d64" if d <= 64 else ("d128" if d <= 128 else "d256")
+    cls = "d64" if d <= 64 else ("d128" if d <= 128 else "d256")
+    return f"fp32_{cls}" if q.dtype == torch.float32 else cls
 
 
-def _candidates(kind, q):
+def _candidates(kind, q, alibi=False):
     if not on_gpu(q):
         return (_INTERPRETER_TILE,)
-    return _TILES[kind][_tile_class(q)]
+    table = _TILES[kind]
+    cls = _tile_class(q)
+    return table.get(f"{cls}+alibi", table[cls]) if alibi else table[cls]
 
 
 def _length_bucket(n: int) -> int:
@@ -474,13 +483,14 @@ def _launch(kind, q, launch, shape_key=()):
     read instead of timing; a configuration that does not fit the device (out of shared memory)
     is skipped."""
     key = (kind, q.device.index, q.dtype, _tile_class(q), shape_key)
+    alibi = bool(shape_key[2]) if len(shape_key) > 2 else False
     if checking_compiles():  # every tile this launch could pick is compiled and checked
-        for cfg in _candidates(kind, q):
+        for cfg in _candidates(kind, q, alibi):
             launch(*cfg)
         return None
     if key in _chosen:
         return launch(*_chosen[key])
-    candidates = _candidates(kind, q)
+    candidates = _candidates(kind, q, alibi)
     if len(candidates) == 1 or not on_gpu(q):
         _chosen[key] = candidates[0]
         return launch(*candidates[0])
