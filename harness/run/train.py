@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 import time
+from importlib import import_module
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -57,8 +58,7 @@ from ..contracts.precision import Precision
 from ..contracts.registry import Registry
 from ..data.corpus import Batches, TokenData
 from ..data.tasks import IGNORE_INDEX, Task
-from ..kernels import KernelBackend
-from ..kernels import resolve as resolve_kernels
+from ..kernels import KernelBackend, resolve as resolve_kernels
 from ..model.decoder import DecoderLM, ForwardContext
 from ..model.memory import step_memory
 from ..model.shapecache import ShapeCache, StepTimes, shape_key, timing_key
@@ -235,6 +235,8 @@ def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> 
                                   shape_cache)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        if kernels.triton and shape_cache is not None:  # every cell of this store: the same attention tiles
+            import_module("abl.kernels.flash_attention").use_tile_cache(shape_cache / "attention-tiles.json")
     baseline_rss = cpu_peak_rss_bytes()
     core = DecoderLM(mc, cell.components, registry, kernel_backend=kernels).to(device)
     precision.setup(core, device)
