@@ -38,7 +38,6 @@ saying so. Times are milliseconds.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import json
 import math
@@ -53,6 +52,8 @@ import torch
 import torch.nn.functional as F
 
 from ..store.provenance import Peak, device_peak, git_commit, package_versions
+from .peers import fla_ssd
+from .peers import peer as _peer
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
 PROVIDERS = ("triton", "torch", "torch.compile", "liger", "flash-attn", "mamba-ssm", "fla")
@@ -152,13 +153,6 @@ class Case:
     notes: dict[str, str] = field(default_factory=dict)
     # the fused kernels form the gradients in the forward: only fwd+bwd compares like with like
     fused: bool = False
-
-
-def _peer(module: str):
-    try:
-        return importlib.import_module(module)
-    except Exception:  # noqa: BLE001 - any import failure means "not installed here"
-        return None
 
 
 def _sizes(device: torch.device, size: str) -> dict[str, Any]:
@@ -316,24 +310,6 @@ def _case(op, triton_fn, ref_fn, s, dt, dname, es) -> Case:  # noqa: C901 - one 
         return Case(op, f"B{b}-T{t}-H{h}-P{p_}-N{n}-chunk{chunk}", dname, make, prov,
                     bytes=lambda p: {"fwd": 1, "bwd": 2, "fwd+bwd": 3}[p] * io)
     raise KeyError(op)
-
-
-def fla_ssd(chunk_simple_gla, x, dt, a, bm, cm):
-    """The SSD scan ``y = ssd_chunked(x, dt, A, B, C)`` through fla's chunked simple-GLA kernel.
-
-    Mamba-2's recurrence h_t = exp(dt_t A) h_{t-1} + dt_t B_t x_t^T, y_t = C_t^T h_t is simple GLA's
-    S_t = exp(g_t) S_{t-1} + k_t v_t^T, o_t = scale q_t^T S_t with q = C, k = dt B, v = x, g = dt A and
-    scale 1 (fla's inputs are [B, T, H, *]; the group dim of B and C is broadcast over the heads).
-    """
-    b, t, h, _ = x.shape
-    n = bm.shape[-1]
-    rep = h // bm.shape[2]
-    bh = bm.repeat_interleave(rep, dim=2) if rep > 1 else bm.expand(b, t, h, n)
-    ch = cm.repeat_interleave(rep, dim=2) if rep > 1 else cm.expand(b, t, h, n)
-    k = (bh.float() * dt[..., None]).to(x.dtype)
-    out = chunk_simple_gla(q=ch.to(x.dtype).contiguous(), k=k.contiguous(), v=x.contiguous(),
-                           g=(dt * a).float().contiguous(), scale=1.0)
-    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 # ---------------------------------------------------------------- runner

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from abl.bench import probe
+from abl.bench import probe, probe_kernels
 
 
 class FakeLauncher:
@@ -31,10 +31,10 @@ class FakeLauncher:
 
 def test_the_tiles_are_the_union_of_the_backward_launches_and_each_is_forced():
     fa = FakeLauncher()
-    configs = probe.tile_configs(fa, ["bwd_dkdv", "bwd_dq"], None)
+    configs = probe_kernels.tile_configs(fa, ["bwd_dkdv", "bwd_dq"], None)
     assert configs == [(64, 64, 4, 2), (32, 64, 4, 2), (16, 16, 4, 1)]
     fa._chosen[("bwd_dq", 0)] = (32, 64, 4, 2)
-    with probe.forced_tile(fa, (16, 16, 4, 1), ["bwd_dkdv", "bwd_dq"], None) as forced:
+    with probe_kernels.forced_tile(fa, (16, 16, 4, 1), ["bwd_dkdv", "bwd_dq"], None) as forced:
         assert forced == ["bwd_dq"] and not fa._chosen  # dkdv cannot take it: left at its own choice
         fa._launch("bwd_dq", None, lambda *cfg: None)
         fa._launch("bwd_dkdv", None, lambda *cfg: None)
@@ -47,7 +47,7 @@ def test_the_determinism_stage_on_the_interpreter(tmp_path, device):
     if device != "cpu":
         pytest.skip("the interpreter run; on a GPU the probe itself runs it")
     report = probe.Report(tmp_path / "a.txt", "determinism", 120)
-    probe.attention_tile_repeats(report, 64, (1, 2, 40, 64), torch.device(device), 2, None)
+    probe_kernels.attention_tile_repeats(report, 64, (1, 2, 40, 64), torch.device(device), 2, None)
     report.close()
     text = (tmp_path / "a.txt").read_text()
     assert "backward launches ['bwd_dkdv', 'bwd_dq']" in text and "(16, 16, 1, 1)" in text
@@ -69,7 +69,7 @@ def test_the_gpu_stages_run_in_the_interpreter_at_tiny_sizes(stage, tmp_path, mo
         fn()
         return (time.perf_counter() - t0) * 1e3
 
-    monkeypatch.setattr(probe, "cuda_ms", one_call_ms)
+    monkeypatch.setattr(probe_kernels, "cuda_ms", one_call_ms)
     report = probe.Report(tmp_path / "x.txt", stage, 300)
     probe.RUNNERS[stage](report, torch.device("cpu"), True)
     report.close()
