@@ -170,3 +170,64 @@ def test_abl_run_from_a_folder_holding_an_abl_folder_trains_normally(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     status = json.loads(next((tmp_path / "store" / "runs").glob("*/status.json")).read_text())
     assert status["status"] == "completed", status
+
+
+# ---------------------------------------------------------------- damaged stores
+
+BLOCK = 262144  # DuckDB's block size; block b starts after the 3 x 4096-byte headers
+
+
+def real_store(path: Path) -> None:
+    """A store with abl's schema and enough metric rows to span several blocks."""
+    from abl.store.database import open_store
+
+    con = open_store(path)
+    try:
+        con.execute("INSERT INTO runs (run_id, experiment, status, seed) "
+                    "SELECT 'r' || i, 'tiny', 'completed', i FROM range(20) t(i)")
+        con.execute("INSERT INTO metrics SELECT 'r' || (i % 20), i, 'train_loss', random() FROM range(300000) t(i)")
+    finally:
+        con.close()
+
+
+def damage(path: Path, how: str) -> None:
+    import duckdb
+
+    if how == "truncated":
+        os.truncate(path, path.stat().st_size // 2)
+        return
+    con = duckdb.connect(str(path), read_only=True)
+    try:  # the first block the metrics table's values fill from its start
+        block = con.execute("SELECT min(block_id) FROM pragma_storage_info('metrics') "
+                            "WHERE column_name = 'value' AND block_id >= 0 AND block_offset = 0").fetchone()[0]
+    finally:
+        con.close()
+    with open(path, "r+b") as f:  # a few bytes inside it, past its checksum
+        f.seek(3 * 4096 + block * BLOCK + 4096)
+        f.write(b"\xab" * 256)
+
+
+COMMANDS = {
+    "run": ["run", "grid.toml", "--db", "store/abl.duckdb"],
+    "ingest": ["ingest", "--db", "store/abl.duckdb"],
+    "report": ["report", "tiny", "--db", "store/abl.duckdb"],
+    "compare": ["compare", "tiny", "--db", "store/abl.duckdb"],
+    "dashboard": ["dashboard", "--db", "store/abl.duckdb", "--port", "1"],
+}
+
+
+@pytest.mark.parametrize("how", ["block", "truncated"])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_damaged_store_is_refused_before_any_work(tmp_path, how, command):
+    store = tmp_path / "store" / "abl.duckdb"
+    store.parent.mkdir()
+    real_store(store)
+    damage(store, how)
+    before = store.read_bytes()
+    (tmp_path / "grid.toml").write_text(RUN_GRID)
+    r = subprocess.run([abl_script(), *COMMANDS[command]], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "store/abl.duckdb is damaged" in r.stderr and "abl ingest" in r.stderr and "--db" in r.stderr, r.stderr
+    assert sorted(p.name for p in store.parent.iterdir()) == ["abl.duckdb"]  # no runs/, no lock, no reports/
+    assert store.read_bytes() == before

@@ -14,7 +14,12 @@ def kernels(ops, providers, dtypes, passes, size, device, as_json, db_path, no_s
     import json
 
     from ..bench.kernelbench import run_bench, store_rows
+    from ..run.preflight import db_problems
     from ..run.train import resolve_device
+
+    problems = [] if no_store else db_problems(Path(db_path))  # a store that cannot take the rows: before timing
+    if problems:
+        fail("\n".join(problems))
 
     try:
         dev = resolve_device(device)

@@ -18,6 +18,12 @@ def dashboard(db_path, runs_dir, port, host, snapshot_dir, widths):
 
     if importlib.util.find_spec("streamlit") is None:
         fail("the dashboard needs Streamlit: pip install 'abl[dashboard]'")
+    from ..store.database import StoreError, verify_store
+
+    try:
+        verify_store(db_path)  # a damaged store: one clear message, no server started
+    except StoreError as exc:
+        fail(str(exc))
     db = Path(db_path).resolve()
     if snapshot_dir is not None:
         _dashboard_snapshot(db, Path(runs_dir).resolve() if runs_dir else db.parent / "runs", Path(snapshot_dir),

@@ -13,6 +13,7 @@ from .common import DEFAULT_DB, fail, load_registry, user_errors
 def report(source, db_path, out_dir, fmt, baseline, overrides):
     """The body of ``abl report``: its options and help are declared in abl.cli."""
     from ..present.report import ReportError, build_report, experiments, load_runs, write_report
+    from ..store.database import verify_store
 
     registry = load_registry()
     errors = user_errors() + (ReportError,)
@@ -24,6 +25,7 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
 
             grid = load_grid(source, registry, list(overrides))
             db = Path(db_path or getattr(grid.cells[0].experiment, "db", "") or DEFAULT_DB)
+            verify_store(db)  # a damaged store: one clear message before anything is read
             name, raw = grid.cells[0].experiment.name, grid.raw
             grid = compared_grid(grid, registry, db)  # an lr sweep's phase 2 as the store's tuning chose it
             run_ids = [c.run_id for c in grid.cells]
@@ -40,6 +42,7 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
             if source.endswith(".toml") or os.sep in source:
                 fail(f"{source}: no such grid file")
             db = Path(db_path or DEFAULT_DB)
+            verify_store(db)
             runs = load_runs(db, experiment=source)
             if not runs:
                 names = experiments(db)

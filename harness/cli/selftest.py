@@ -22,6 +22,11 @@ def selftest(quick, as_json, db_path, device):
 
     if device not in ("auto", "cpu") and not device.startswith("cuda"):
         fail(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
+    from ..run.preflight import db_problems
+
+    problems = db_problems(Path(db_path))  # a store that cannot take the rows (damaged, a folder): before any check
+    if problems:
+        fail("\n".join(problems))
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         # before anything imports triton: on a CPU the kernels run in its interpreter
         enable_interpreter()

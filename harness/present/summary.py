@@ -478,6 +478,7 @@ def run_compare(source: str, *, db_path: str | None, default_db: str, registry, 
     ``compared(grid, db)``: the grid whose runs a grid file compares (an lr sweep's phase 2; the CLI passes
     abl.run.lr_sweep.compared_grid); None: the grid's own cells."""
     from ..grid.gridfile import load_grid, resolve_grid_path
+    from ..store.database import verify_store
     from .report import ReportError, experiments
 
     order, exp_baseline, paths = None, None, []
@@ -485,6 +486,7 @@ def run_compare(source: str, *, db_path: str | None, default_db: str, registry, 
         grid = load_grid(source, registry(), list(overrides))
         exp = grid.cells[0].experiment
         db = Path(db_path or exp.db or default_db)
+        verify_store(db)  # a damaged store: one clear message before anything is read
         metrics = list(metrics) or list(exp.summary)
         exp_baseline, name = exp.baseline or None, exp.name
         grid = compared(grid, db) if compared is not None else grid  # an lr sweep's phase 2, as tuned
@@ -497,6 +499,7 @@ def run_compare(source: str, *, db_path: str | None, default_db: str, registry, 
         if source.endswith(".toml"):
             raise ReportError(f"{source}: no such grid file")
         db = Path(db_path or default_db)
+        verify_store(db)
         metrics = list(metrics) or ["val_loss"]
         runs = load(db, experiment=source, metrics=metrics)
         name = source

@@ -8,7 +8,7 @@ the whole grid or the file system:
   sweeps that change nothing (a grid over a parameter of a component no cell
   selects collapses to fewer runs than it names);
 - ``db_problems``: a ``--db`` that cannot be a database (its folder is a file,
-  it is a folder, it is some other file, it is not writable).
+  it is a folder, it is some other file, it is not writable, its blocks are damaged).
 
 Each returns one message per problem; ``check`` raises them together as a
 ``ConfigError`` (exit status 2, nothing written). ``warnings`` lists what
@@ -120,6 +120,12 @@ def db_problems(db_path: Path) -> list[str]:
         if not _is_duckdb(db):
             what = "an empty file" if db.stat().st_size == 0 else "not a DuckDB database"
             return [f"--db {db}: exists but is {what}; give another path"]
+        from ..store.database import StoreError, verify_store
+
+        try:
+            verify_store(db)
+        except StoreError as exc:
+            return [str(exc)]
     lock = db.with_name(db.name + ".lock")
     if lock.exists() and not lock.is_file():
         return [f"--db {db}: its lock file {lock} is not a file"]

@@ -115,11 +115,60 @@ def is_lock_conflict(exc: Exception) -> bool:
     return "Could not set lock" in str(exc) or "Conflicting lock" in str(exc)
 
 
+# what DuckDB says of a file whose blocks are damaged or missing (a bad disk, a cut copy)
+DAMAGE_SIGNS = ("corrupt", "checksum", "could not read enough bytes", "serialization", "internal error")
+
+
+def is_damage(exc: Exception) -> bool:
+    """DuckDB's error means the file's blocks are damaged or missing (not a lock, not a missing folder)."""
+    text = str(exc).lower()
+    return any(sign in text for sign in DAMAGE_SIGNS)
+
+
+def damaged(path: str | Path, exc: Exception) -> StoreError:
+    """The one message for a damaged store: the file, what is wrong with it, and what to do."""
+    text = str(exc).lower()
+    if "could not read enough bytes" in text:
+        why = "it is shorter than its own blocks: cut off, e.g. by a full disk or a copy that stopped"
+    elif "checksum" in text or "corrupt" in text:
+        why = "a block's checksum does not match its contents: bytes in it were overwritten"
+    else:
+        why = "DuckDB cannot read its contents back"
+    return StoreError(
+        f"{path} is damaged ({why}); nothing was run, read or written. Keep the file (it may still be "
+        f"recovered), give another --db, or rebuild the store from the run folders: move the file aside "
+        f"and run abl ingest --db {path} (with --runs-dir if the run folders are not in runs/ beside it)")
+
+
+def verify_store(path: str | Path) -> None:
+    """Read every block of an existing store once, before any work: a damaged one raises ``damaged``
+    (StoreError). A scan of every column of every table (DuckDB checks each block's checksum as it
+    reads it); about a second per few million metric rows."""
+    p = Path(path)
+    if not p.is_file():
+        return
+    con = connect(p, read_only=True)
+    try:
+        tables = con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT internal").fetchall()
+        for (table,) in tables:
+            cols = [r[0] for r in con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = ? AND NOT internal", [table]).fetchall()]
+            if cols:
+                quoted = ", ".join('"' + c.replace('"', '""') + '"' for c in cols)
+                con.execute(f'SELECT bit_xor(hash({quoted})) FROM "{table.replace(chr(34), chr(34) * 2)}"').fetchall()
+    except duckdb.Error as exc:
+        if is_damage(exc):
+            raise damaged(path, exc) from None
+        raise StoreError(f"cannot read database {path}: {str(exc).splitlines()[0]}") from None
+    finally:
+        con.close()
+
+
 def connect(path: str | Path, read_only: bool = False, retries: int = 50) -> duckdb.DuckDBPyConnection:
     """Open the database, retrying briefly while another process holds DuckDB's file lock.
 
     Any other failure (a folder, a file that is not a database, no such
-    folder) is reported at once.
+    folder, a damaged file) is reported at once.
     """
     p = Path(path)
     if not read_only:
@@ -131,7 +180,9 @@ def connect(path: str | Path, read_only: bool = False, retries: int = 50) -> duc
     for _ in range(retries):
         try:
             return duckdb.connect(str(p), read_only=read_only)
-        except duckdb.IOException as exc:
+        except duckdb.Error as exc:
+            if is_damage(exc):
+                raise damaged(path, exc) from None
             if not is_lock_conflict(exc):
                 raise StoreError(f"cannot open database {path}: {exc}") from None
             last = exc
