@@ -19,7 +19,7 @@ the op and keeps no copy of its math, e.g.
         return rmsnorm(x, self.weight, self.bias, self.eps)
 
 Outside any activation (a module called on its own, a test) the torch path
-runs. Modules (each: Triton kernels, launchers, autograd.Function, the
+runs. Modules (each: Triton kernels, launchers, custom-op registration and autograd, the
 ``_triton`` function with a shape docstring, the torch reference, the op):
 rmsnorm, layernorm, rope, swiglu (swiglu, geglu), cross_entropy
 (cross_entropy, linear_cross_entropy), flash_attention, ssd_scan; utils holds
