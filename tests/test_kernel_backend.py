@@ -135,3 +135,12 @@ def test_no_kernels_string_is_passed_around(registry):
     assert not hasattr(model, "kernels") and model.kernel_backend == TORCH
     for gone in ("set_backend", "backend", "using"):
         assert not hasattr(kernels, gone)
+
+
+def test_the_cache_key_of_a_backend_names_the_ops_it_routes_to_torch():
+    """An auto run's memory and step-time figures are not a pure triton run's: their cache keys differ."""
+    from abl.kernels import TORCH, KernelBackend
+
+    assert TORCH.key == "torch" and KernelBackend("triton").key == "triton"
+    routed = KernelBackend("triton", torch_ops=frozenset({"ssd_scan", "layernorm"}))
+    assert routed.key == "triton-torch:layernorm,ssd_scan" != KernelBackend("triton").key

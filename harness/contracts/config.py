@@ -171,7 +171,8 @@ class TrainConfig:
     eval_batches: int = _f(8, "validation batches per evaluation", min=1, max=MAX_BATCH)
     precision: str = _f("fp32", "precision component")
     device: str = _f("auto", "auto, cpu, cuda or cuda:N", choices=None)
-    kernels: str = _f("auto", "auto (triton on CUDA, torch elsewhere), triton or torch",
+    kernels: str = _f("auto", "auto (torch off CUDA; on CUDA each op's faster verified path, measured once "
+                              "per device and shapes), triton or torch",
                       choices=("auto", "triton", "torch"))
     threads: int = _f(0, "torch CPU threads per cell: 0 = chosen as the cell starts from the cores, the cells "
                       "run at once and the load (docs/robustness.md); -1 = torch's default (all cores); "

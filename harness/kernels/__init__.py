@@ -69,6 +69,14 @@ class KernelBackend:
     def triton(self) -> bool:
         return self.name == "triton"
 
+    @property
+    def key(self) -> str:
+        """The backend as cached measurements (memory, step times) must tell it apart: its name, and
+        the ops it routes to torch (an ``auto`` run's figures are not a pure triton run's)."""
+        if not self.triton or not self.torch_ops:
+            return self.name
+        return f"{self.name}-torch:{','.join(sorted(self.torch_ops))}"
+
     def info(self) -> dict[str, Any]:
         """What a run records of the per-op routing (its info.json): {} unless some op goes to torch
         or ``auto`` made choices."""

@@ -248,10 +248,10 @@ def prepare(cell: Cell, registry: Registry, shape_cache: Path | None = None) -> 
                                            stream=dist.rank, val_batch_size=tc.batch_size),
                       baseline_rss_bytes=baseline_rss,
                       shapes=ShapeCache(shape_cache, shape_key(cell, tc.batch_size // dist.world, dist.world,
-                                                               kernels.name, device_name(device),
+                                                               kernels.key, device_name(device),
                                                                torch.__version__)),
                       timings=StepTimes(shape_cache, timing_key(cell, tc.batch_size // dist.world, dist.world,
-                                                                kernels.name, torch.__version__)))
+                                                                kernels.key, torch.__version__)))
     run.notes += spanscore.notes(data)
     if kernels.interpreted:
         run.notes.append("Triton kernels ran in the Triton interpreter on CPU (a correctness path: its "
