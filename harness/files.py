@@ -11,8 +11,10 @@ behind. This module is the ground floor: it imports only the standard library.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,3 +58,80 @@ def write_text(path: Path, text: str, fsync: bool = False) -> None:
 def write_json(path: Path, obj: Any, indent: int | None = 1, fsync: bool = False) -> None:
     """Replace ``path`` with ``obj`` as JSON (sorted keys) atomically (see ``replacing``)."""
     write_text(path, json.dumps(obj, indent=indent, sort_keys=True), fsync=fsync)
+
+
+# ---------------------------------------------------------------- names that become paths
+
+# the longest file or folder name most file systems take (ext4, APFS, NTFS: 255 bytes or units)
+NAME_MAX = 255
+
+
+class PathRefused(ValueError):
+    """A user-supplied name cannot become a path where abl would put it (reported to the user, exit 2)."""
+
+
+def confined(base: Path, name: str, what: str, *, user_path: bool = False) -> Path:
+    """``base / name``, checked before anything is written there: the one way a user-supplied string
+    becomes a path.
+
+    A name from a file (an experiment name, a grid's ``db``, a plugin's key) must stay inside ``base``:
+    an absolute name, ``..`` that climbs out, or a symbolic link that leads out is refused. A path the
+    user typed on the command line (``user_path``: ``--out``, ``--runs-dir``) may point anywhere; it is
+    only checked for what no file system takes. Either way an empty name, a NUL or a component over
+    ``NAME_MAX`` bytes is refused. ``what`` names the setting in the message (``experiment.name``).
+    Raises ``PathRefused``; returns the joined path (not resolved, as the user would read it).
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise PathRefused(f"{what} is empty; give a name")
+    if "\0" in name:
+        raise PathRefused(f"{what} holds a NUL character")
+    long = [part for part in Path(name).parts if len(os.fsencode(part)) > NAME_MAX]
+    if long:
+        raise PathRefused(f"{what}: {long[0][:40]!r}... is {len(os.fsencode(long[0]))} bytes long, more than a "
+                          f"file name may be ({NAME_MAX}); use a shorter one")
+    path = Path(name) if user_path and Path(name).is_absolute() else Path(base) / name
+    if user_path:
+        return path
+    inside = path.resolve().is_relative_to(Path(base).resolve()) and path.resolve() != Path(base).resolve()
+    if Path(name).is_absolute() or not inside:
+        raise PathRefused(f"{what} = {name!r} points outside {_shown(base)}; use a relative name inside it, "
+                          "without '..'")
+    return path
+
+
+def _shown(base: Path) -> str:
+    """A folder as a message names it: "the working directory", else as given."""
+    if Path(base).resolve() == Path.cwd().resolve():
+        return "the working directory"
+    return f"{base}{os.sep}"
+
+
+# ---------------------------------------------------------------- reading what others wrote
+
+
+class NotRegularFile(OSError):
+    """A path that is a FIFO, a device or a folder where a file was expected (never opened blocking)."""
+
+
+def read_bytes(path: Path) -> bytes:
+    """The bytes of the regular file at ``path``. Opened without blocking and checked before reading,
+    so a FIFO (which would wait for a writer for ever), a device or a folder raises ``NotRegularFile``;
+    any other failure is the OSError it is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    """The JSON in the file at ``path``, or ``default`` when it cannot be read as JSON for any reason:
+    missing, a folder or FIFO, no permission, bytes that are not UTF-8, damaged or absurdly nested JSON.
+    Run folders, caches and lock files are data another process (or person) wrote: never trusted whole."""
+    try:
+        return json.loads(read_bytes(path))
+    except (OSError, ValueError, RecursionError):  # ValueError: JSONDecodeError, UnicodeDecodeError
+        return default

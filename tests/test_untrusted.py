@@ -231,3 +231,153 @@ def test_a_damaged_store_is_refused_before_any_work(tmp_path, how, command):
     assert "store/abl.duckdb is damaged" in r.stderr and "abl ingest" in r.stderr and "--db" in r.stderr, r.stderr
     assert sorted(p.name for p in store.parent.iterdir()) == ["abl.duckdb"]  # no runs/, no lock, no reports/
     assert store.read_bytes() == before
+
+
+# ---------------------------------------------------------------- names that become paths
+
+
+def escaping_names(tmp_path):
+    return {"climbs": "../../escaped", "absolute": str(tmp_path / "elsewhere" / "escaped"), "long": "x" * 300}
+
+
+def tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("case", ["climbs", "absolute", "long"])
+@pytest.mark.parametrize("command", ["run", "report"])
+def test_an_experiment_name_that_would_leave_its_folder_is_refused(tmp_path, case, command):
+    """experiment.name becomes reports/<name>/ beside the store: a name that climbs out, an absolute one or
+    one longer than a file name may be is refused (exit 2) before anything is read or written."""
+    work = tmp_path / "a" / "b" / "work"
+    work.mkdir(parents=True)
+    name = escaping_names(tmp_path)[case]
+    (work / "grid.toml").write_text(RUN_GRID.replace('name = "shadow"', f"name = {json.dumps(name)}"))
+    before = tree(tmp_path)
+    args = ["run", "grid.toml"] if command == "run" else ["report", "grid.toml"]
+    r = subprocess.run([abl_script(), *args, "--db", "store/abl.duckdb"], cwd=work, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "experiment.name" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert tree(tmp_path) == before
+
+
+def store_with_experiment(db: Path, name: str) -> None:
+    """A store holding one completed run of experiment ``name`` (as if a grid of that name had run)."""
+    from abl.store.database import open_store
+
+    con = open_store(db)
+    try:
+        con.execute("INSERT INTO runs (run_id, experiment, cell_key, label, seed, status, config) "
+                    "VALUES ('r0', ?, 'k', 'base', 0, 'completed', ?)",
+                    [name, json.dumps({"experiment": {"name": name}, "seed": 0})])
+        con.execute("INSERT INTO metrics VALUES ('r0', 1, 'train_loss', 3.0), ('r0', 1, 'val_loss', 3.1)")
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("name", ["..", "x" * 300])
+def test_abl_report_of_a_stored_experiment_keeps_its_report_inside_reports(tmp_path, name):
+    """The experiment name typed on the command line (a store may hold any name) is confined the same way."""
+    store = tmp_path / "store" / "abl.duckdb"
+    store.parent.mkdir()
+    store_with_experiment(store, name)
+    before = tree(tmp_path)
+    r = subprocess.run([abl_script(), "report", name, "--db", "store/abl.duckdb"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "experiment name" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("args", [["report", "tiny", "--out", "y" * 300], ["run", "grid.toml", "--db", "z" * 300],
+                                  ["run", "grid.toml", "--runs-dir", "r" * 300], ["ingest", "--db", "z" * 300]])
+def test_an_over_long_path_on_the_command_line_is_a_clear_error(tmp_path, args):
+    (tmp_path / "grid.toml").write_text(RUN_GRID)
+    store = tmp_path / "store" / "abl.duckdb"
+    store.parent.mkdir()
+    store_with_experiment(store, "tiny")
+    args = args if "--db" in args else [*args, "--db", "store/abl.duckdb"]
+    before = tree(tmp_path)
+    r = subprocess.run([abl_script(), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "more than a file name may be" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert tree(tmp_path) == before
+
+
+# ---------------------------------------------------------------- reading run folders
+
+
+def run_folders(tmp_path, registry, n=3) -> list[Path]:
+    """``n`` run folders of completed-looking runs (a config, a status, a few metric rows)."""
+    from abl.grid.gridfile import expand
+    from abl.store import rundir
+
+    raw = json.loads(json.dumps(TINY))
+    raw["experiment"]["seeds"] = list(range(n))
+    out = []
+    for cell in expand(raw, registry).cells:
+        d = rundir.prepare(tmp_path / "runs" / cell.run_id, cell.config, {"attempts": 1})
+        rundir.write_status(d, {"status": "killed", "error": "stopped"})
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "train_loss": 3.0}) + "\n")
+        out.append(d)
+    return out
+
+
+def ingest(tmp_path, *extra):
+    return subprocess.run([abl_script(), "ingest", "--db", "store/abl.duckdb", *extra], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+
+
+def stored(tmp_path) -> dict[str, str]:
+    import duckdb
+
+    con = duckdb.connect(str(tmp_path / "store" / "abl.duckdb"), read_only=True)
+    try:
+        return dict(con.execute("SELECT run_id, status FROM runs").fetchall())
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("damage_kind", ["status-not-utf8", "status-folder", "status-fifo", "config-not-utf8",
+                                         "config-folder", "config-fifo", "metrics-fifo", "metrics-folder",
+                                         "meta-fifo", "info-not-utf8"])
+def test_ingest_reads_every_damaged_run_folder_file_with_a_message_and_goes_on(tmp_path, registry, damage_kind):
+    bad, *good = run_folders(tmp_path, registry)
+    which, how = damage_kind.split("-", 1)
+    target = bad / {"status": "status.json", "config": "config.json", "metrics": "metrics.jsonl",
+                    "meta": "meta.json", "info": "info.json"}[which]
+    target.unlink(missing_ok=True)
+    if how == "not-utf8":
+        target.write_bytes(b'{"status": "\xff\xfe\xc3(", "x": 1}')
+    elif how == "folder":
+        target.mkdir()
+    else:
+        os.mkfifo(target)
+    r = ingest(tmp_path, "--runs-dir", "runs")
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    runs = stored(tmp_path)
+    assert all(runs.get(d.name) == "killed" for d in good), runs  # the rest of the work went on
+    if which == "config":
+        assert bad.name not in runs and f"skipped: runs/{bad.name}: no readable config.json" in r.stderr
+        assert r.returncode == 1
+    elif which == "status":
+        assert runs[bad.name] == "incomplete" and "status" in r.stderr, r.stderr
+    elif which == "metrics":
+        assert "metrics.jsonl cannot be read" in r.stderr, r.stderr
+    else:
+        assert runs[bad.name] == "killed"
+
+
+@pytest.mark.parametrize("command", ["run", "ingest"])
+def test_runs_dir_naming_a_regular_file_is_a_clear_error(tmp_path, command):
+    (tmp_path / "grid.toml").write_text(RUN_GRID)
+    (tmp_path / "runs.txt").write_text("not a folder\n")
+    args = ["run", "grid.toml"] if command == "run" else ["ingest"]
+    before = tree(tmp_path)
+    r = subprocess.run([abl_script(), *args, "--db", "store/abl.duckdb", "--runs-dir", "runs.txt"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "--runs-dir runs.txt: is a file, not a folder" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert tree(tmp_path) == before

@@ -30,6 +30,7 @@ def fail(message: str) -> None:
 def user_errors():
     """The exceptions that mean bad input or a busy store: each command turns them into ``fail``."""
     from ..contracts.config import ConfigError
+    from ..files import PathRefused
     from ..contracts.plugin_manager import PluginLoadError
     from ..contracts.registry import RegistryError
     from ..data.corpus import DataError
@@ -37,7 +38,7 @@ def user_errors():
     from ..store.database import StoreError
     from ..store.lock import StoreBusy
 
-    return (ConfigError, RegistryError, PluginLoadError, DataError, StoreError, StoreBusy, AdmissionError)
+    return (ConfigError, RegistryError, PluginLoadError, DataError, StoreError, StoreBusy, AdmissionError, PathRefused)
 
 
 def note_new_store(db: Path) -> bool:

@@ -17,7 +17,7 @@ def ingest(run_dirs, db_path, runs_dir, wait):
     from ..store import rundir
 
     db = Path(db_path)
-    problems = preflight.db_problems(db)
+    problems = preflight.db_problems(db) + (preflight.runs_dir_problems(Path(runs_dir)) if runs_dir else [])
     if problems:
         fail("\n".join(problems))
     note_new_store(db)
@@ -27,8 +27,9 @@ def ingest(run_dirs, db_path, runs_dir, wait):
         dirs = [Path(d) for d in run_dirs]
         if not dirs:
             base = Path(runs_dir) if runs_dir else db.parent / "runs"
-            dirs = sorted(p for p in base.glob("*") if (p / rundir.CONFIG).exists())
-        result = store.ingest_dirs(db, dirs)
+            dirs = sorted(p for p in base.glob("*") if _has_config(p))
+        skipped: list[tuple[Path, str]] = []  # folders that cannot be ingested: named, the rest go on
+        result = store.ingest_dirs(db, dirs, skipped)
     except user_errors() as exc:
         fail(str(exc))
     except OSError as exc:  # a full disk: the run folders keep the truth; ingest again later
@@ -41,7 +42,12 @@ def ingest(run_dirs, db_path, runs_dir, wait):
         counts[state] = counts.get(state, 0) + 1
     by_status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     click.echo(f"ingested {len(result)} run folder(s) into {db}" + (f" ({by_status})" if by_status else ""))
+    for d, why in skipped:
+        click.echo(f"skipped: {d}: {why}", err=True)
     for d in dirs:
+        problem = rundir.scan_metrics(d / rundir.METRICS).problem if d.name in result else None
+        if problem:
+            click.echo(f"note: {d}: {problem}", err=True)
         if rundir.read_status(d) is None and result.get(d.name) == rundir.QUEUED:
             click.echo(f"queued: {d}: no readable status.json; its worker never started", err=True)
     damaged = [d for d in dirs if result.get(d.name) == rundir.INCOMPLETE]
@@ -51,5 +57,15 @@ def ingest(run_dirs, db_path, runs_dir, wait):
         why = "; ".join(rundir.check_complete(scan, steps)) if rundir.read_status(d) is not None else \
             store.no_status(d, scan)[1]
         click.echo(f"incomplete: {d}: {why}", err=True)
-    if damaged:
+    if damaged or skipped:
         sys.exit(1)
+
+
+def _has_config(folder: Path) -> bool:
+    """Does ``folder`` look like a run folder (it holds a config.json)? True when it cannot be looked into."""
+    from ..store import rundir
+
+    try:
+        return (folder / rundir.CONFIG).exists()
+    except OSError:  # no permission to look in: ingest names it among the skipped
+        return True

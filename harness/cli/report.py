@@ -17,14 +17,16 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
 
     registry = load_registry()
     errors = user_errors() + (ReportError,)
+    out: Path | None = None
     try:
-        from ..grid.gridfile import load_grid, resolve_grid_path
+        from ..grid.gridfile import load_grid, names_grid_file
 
-        if Path(source).is_file() or (source.endswith(".toml") and resolve_grid_path(source).is_file()):
+        if names_grid_file(source):
             from ..run.lr_sweep import compared_grid
 
             grid = load_grid(source, registry, list(overrides))
             db = Path(db_path or getattr(grid.cells[0].experiment, "db", "") or DEFAULT_DB)
+            out = _folder(out_dir, db, grid.cells[0].experiment.name)  # refused before anything is read
             verify_store(db)  # a damaged store: one clear message before anything is read
             name, raw = grid.cells[0].experiment.name, grid.raw
             grid = compared_grid(grid, registry, db)  # an lr sweep's phase 2 as the store's tuning chose it
@@ -42,6 +44,7 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
             if source.endswith(".toml") or os.sep in source:
                 fail(f"{source}: no such grid file")
             db = Path(db_path or DEFAULT_DB)
+            out = _folder(out_dir, db, source)
             verify_store(db)
             runs = load_runs(db, experiment=source)
             if not runs:
@@ -53,7 +56,19 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
             order, missing, name, raw = recorded_grid_order(runs, str(db)), 0, source, None
         rep = build_report(runs, source=source, db_path=str(db), registry=registry, order=order,
                            baseline=baseline, grid_raw=raw, missing_runs=missing)
-        path = write_report(rep, Path(out_dir) if out_dir else db.parent / "reports" / name, fmt)
+        path = write_report(rep, out, fmt)
     except errors as exc:
         fail(str(exc))
+    except OSError as exc:  # a full disk, a folder that cannot be made
+        fail(f"cannot write the report into {out}: {exc.strerror or exc}")
     click.echo(f"wrote {path}")
+
+
+def _folder(out_dir: str | None, db: Path, name: str) -> Path:
+    """Where the report goes: ``--out`` as typed, else ``reports/<name>/`` beside the store, the name
+    confined to that folder (abl.files.confined: no '..', no absolute name, no over-long name)."""
+    from .. import files
+
+    if out_dir:
+        return files.confined(Path.cwd(), out_dir, "--out", user_path=True)
+    return files.confined(db.parent / "reports", name, "the experiment name")

@@ -84,7 +84,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
 
     db = Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB)
     runs = Path(runs_dir) if runs_dir else db.parent / "runs"
-    problems = preflight.db_problems(db)
+    problems = preflight.db_problems(db) + preflight.runs_dir_problems(runs)
     if problems:
         fail("\n".join(problems))
     console = None

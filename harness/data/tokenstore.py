@@ -259,7 +259,11 @@ def prepare_tokens(dataset: dict[str, Any], tokenizer: dict[str, Any], registry,
         tok = make_tokenizer(tokenizer, registry)
         tkey = tok.training_key(corpus)
         if tkey is not None:
-            cached = root / TOKENIZERS_DIR / f"{tkey}.json" if root is not None else None
+            try:  # a plugin's key names a file: it must stay a name inside tokenizers/
+                cached = files.confined(root / TOKENIZERS_DIR, f"{tkey}.json", f"tokenizer {tokenizer['name']!r}'s "
+                                        "training key") if root is not None else None
+            except files.PathRefused as exc:
+                raise DataError(str(exc)) from None
             if cached is not None and cached.is_file():
                 tok.load_definition(cached.read_text())
                 notes.append(f"tokenizer reused from {cached.parent.name}/{cached.name}, not trained again")
@@ -367,7 +371,7 @@ def commit(prepared: Prepared, root: Path) -> Path:
     if prepared.trained is not None:
         tdir = root / TOKENIZERS_DIR
         tdir.mkdir(parents=True, exist_ok=True)
-        target = tdir / f"{prepared.trained[0]}.json"
+        target = files.confined(tdir, f"{prepared.trained[0]}.json", "the tokenizer's training key")
         files.write_text(target, prepared.trained[1])
     if prepared.arrays is None:
         return folder

@@ -54,6 +54,15 @@ def packaged_grids() -> dict[str, Path]:
     return {p.stem: p for p in sorted(folder.glob("*.toml"))}
 
 
+def names_grid_file(source: str) -> bool:
+    """Does ``source`` (a grid file or an experiment name, as ``abl report``/``compare`` take) name a grid
+    file? A name no file system takes (a component over 255 bytes) is not one."""
+    try:
+        return Path(source).is_file() or (source.endswith(".toml") and resolve_grid_path(source).is_file())
+    except (OSError, ValueError):
+        return False
+
+
 def resolve_grid_path(path: str | Path) -> Path:
     """A grid file by path; where none exists, a shipped grid of that name.
 

@@ -23,6 +23,7 @@ from ..contracts.config import (
     stored_components,
     stored_model,
 )
+from .. import files
 from ..contracts.registry import AXES, Registry, RegistryError
 from ..data.tasks import is_task_factory, resolve_probes
 from .labels import grid_label
@@ -128,12 +129,24 @@ def _parse_grid(raw: dict, registry: Registry) -> tuple[dict[str, list], list[di
 
 
 def check_output_path(key: str, value: str) -> list[str]:
-    """An output path named in a grid file must stay inside the working directory."""
-    p = Path(value)
-    root = Path.cwd().resolve()
-    if p.is_absolute() or not (root / p).resolve().is_relative_to(root):
-        return [f"{key} = {value!r} points outside the working directory; use a relative path "
-                f"inside it (or pass --db on the command line)"]
+    """An output path named in a grid file must stay inside the working directory (abl.files.confined)."""
+    try:
+        files.confined(Path.cwd(), value, key)
+    except files.PathRefused as exc:
+        return [f"{exc} (or pass --db on the command line)"]
+    return []
+
+
+def name_errors(section: str, values: dict[str, Any]) -> list[str]:
+    """``experiment.name`` names the report's folder (reports/<name>/ beside the store): it must stay a
+    name inside that folder (no absolute path, no '..' out of it, no component over 255 bytes)."""
+    name = values.get("name")
+    if section != "experiment" or not isinstance(name, str):
+        return []
+    try:
+        files.confined(Path("reports"), name, "experiment.name (the report's folder, reports/<name>/)")
+    except files.PathRefused as exc:
+        return [str(exc)]
     return []
 
 
@@ -163,6 +176,7 @@ def _build_section(name: str, raw: dict) -> tuple[Any, list[str]]:
             v = float(v)
         values[key] = v
     errs += control_character_errors(name, values)
+    errs += name_errors(name, values)
     if errs:
         return None, errs
     return cls(**values), []

@@ -20,7 +20,6 @@ compiled one's median step and ``compile_s``; docs/recorded.md).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -45,10 +44,7 @@ def _read_dict(path: Path | None) -> dict[str, Any]:
     """A cache file's JSON object; {} when there is none, or it is unreadable or not an object."""
     if path is None:
         return {}
-    try:
-        loaded = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    loaded = files.read_json(path, {})  # a FIFO or folder there never blocks the worker
     return loaded if isinstance(loaded, dict) else {}
 
 

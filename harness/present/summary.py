@@ -477,12 +477,12 @@ def run_compare(source: str, *, db_path: str | None, default_db: str, registry, 
     """``abl compare``: raises a user error (ConfigError, ReportError, VerdictError, ...) for bad input.
     ``compared(grid, db)``: the grid whose runs a grid file compares (an lr sweep's phase 2; the CLI passes
     abl.run.lr_sweep.compared_grid); None: the grid's own cells."""
-    from ..grid.gridfile import load_grid, resolve_grid_path
+    from ..grid.gridfile import load_grid, names_grid_file
     from ..store.database import verify_store
     from .report import ReportError, experiments
 
     order, exp_baseline, paths = None, None, []
-    if Path(source).is_file() or (source.endswith(".toml") and resolve_grid_path(source).is_file()):
+    if names_grid_file(source):
         grid = load_grid(source, registry(), list(overrides))
         exp = grid.cells[0].experiment
         db = Path(db_path or exp.db or default_db)
@@ -498,8 +498,7 @@ def run_compare(source: str, *, db_path: str | None, default_db: str, registry, 
     else:
         if source.endswith(".toml"):
             raise ReportError(f"{source}: no such grid file")
-        db = Path(db_path or default_db)
-        verify_store(db)
+        verify_store(db := Path(db_path or default_db))  # a damaged store: one clear message before any read
         metrics = list(metrics) or ["val_loss"]
         runs = load(db, experiment=source, metrics=metrics)
         name = source

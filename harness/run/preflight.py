@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .. import files
 from ..contracts.config import ConfigError, Grid, canonical_json
 from ..contracts.registry import AXES, Registry
 from ..grid.gridfile import _matches
@@ -103,6 +104,10 @@ def _selected(components: dict[str, Any], axis: str) -> Any:
 def db_problems(db_path: Path) -> list[str]:
     """Why ``db_path`` cannot be opened for writing as a DuckDB file (empty when it can)."""
     db = Path(db_path)
+    try:
+        files.confined(Path.cwd(), str(db), "--db", user_path=True)
+    except files.PathRefused as exc:
+        return [str(exc)]
     if db.is_dir():
         return [f"--db {db}: is a folder; give a database file, e.g. {db / 'abl.duckdb'}"]
     ancestor = db.parent
@@ -129,6 +134,22 @@ def db_problems(db_path: Path) -> list[str]:
     lock = db.with_name(db.name + ".lock")
     if lock.exists() and not lock.is_file():
         return [f"--db {db}: its lock file {lock} is not a file"]
+    return []
+
+
+def runs_dir_problems(runs_dir: Path, option: str = "--runs-dir") -> list[str]:
+    """Why ``runs_dir`` cannot hold run folders (empty when it can): a name no file system takes,
+    a regular file (or a file where one of its folders should be)."""
+    try:
+        files.confined(Path.cwd(), str(runs_dir), option, user_path=True)
+    except files.PathRefused as exc:
+        return [str(exc)]
+    ancestor = Path(runs_dir)
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if ancestor.exists() and not ancestor.is_dir():
+        what = "is a file" if ancestor == Path(runs_dir) else f"is inside {ancestor}, a file"
+        return [f"{option} {runs_dir}: {what}, not a folder; give the folder of the run folders"]
     return []
 
 

@@ -40,7 +40,6 @@ not once per cell. ``refresh=True`` measures again.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -214,11 +213,8 @@ def dram_bytes() -> int:
 
 
 def _read_cache() -> dict:
-    try:
-        data = json.loads((cache_dir() / CACHE_FILE).read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    data = files.read_json(cache_dir() / CACHE_FILE, {})  # never blocks on a FIFO
+    return data if isinstance(data, dict) else {}
 
 
 def _write_cache(data: dict) -> None:

@@ -260,6 +260,8 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
                      + f". Repair {run_dir / rundir.METRICS} and run abl ingest, or run the grid again")
     elif scan.damaged_lines:
         damage = f"metrics.jsonl: {len(scan.damaged_lines)} damaged line(s) skipped"
+    elif scan.problem:
+        damage = scan.problem
     notes = "; ".join(n for n in (meta.get("notes"), status.get("notes"), damage) if n) or None
     seed = config["seed"]
     if not isinstance(seed, int) or not INT32[0] <= seed <= INT32[1]:
@@ -315,11 +317,22 @@ def no_status(run_dir: Path, scan: rundir.MetricsScan) -> tuple[str, str]:
     return rundir.QUEUED, f"status.json is {what}: its worker never started (run the grid to train it)"
 
 
-def ingest_dirs(db_path: str | Path, run_dirs: Iterable[Path]) -> dict[str, str]:
+def ingest_dirs(db_path: str | Path, run_dirs: Iterable[Path],
+                skipped: list[tuple[Path, str]] | None = None) -> dict[str, str]:
+    """Ingest each folder; returns {run id: status}. With ``skipped``, a folder that cannot be ingested
+    (no readable config.json, ...) is listed there with why, and the rest go on; without, it raises."""
     with storage_errors(db_path):
         con = open_store(db_path)
         try:
-            return {d.name: ingest_run(con, d) for d in run_dirs}
+            out: dict[str, str] = {}
+            for d in run_dirs:
+                try:
+                    out[d.name] = ingest_run(con, d)
+                except StoreError as exc:
+                    if skipped is None:
+                        raise
+                    skipped.append((d, str(exc).removeprefix(f"{d}: ")))
+            return out
         finally:
             con.close()
 

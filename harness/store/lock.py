@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import files
 from .rundir import pid_alive
 
 try:
@@ -51,10 +52,7 @@ def lock_path(db_path: str | Path) -> Path:
 
 def read_holder(path: Path) -> dict[str, Any]:
     """What the lock file says about its holder ({} if unreadable)."""
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    obj = files.read_json(path, {})  # a FIFO or folder there never blocks
     return obj if isinstance(obj, dict) else {}
 
 

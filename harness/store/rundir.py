@@ -65,10 +65,8 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path, default: Any = None) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return default
+    """The file's JSON, or ``default`` when it cannot be read for any reason (abl.files.read_json)."""
+    return files.read_json(path, default)
 
 
 def read_status(run_dir: Path) -> dict[str, Any] | None:
@@ -97,8 +95,8 @@ def prepare(run_dir: Path, config: dict[str, Any], meta: dict[str, Any]) -> Path
 def log_tail(run_dir: Path, n: int = 12) -> str:
     """The last ``n`` lines of the worker's log (what a worker that died silently left)."""
     try:
-        lines = (run_dir / LOG).read_text(errors="replace").strip().splitlines()
-    except FileNotFoundError:
+        lines = files.read_bytes(run_dir / LOG).decode(errors="replace").strip().splitlines()
+    except OSError:
         return "worker exited without a status"
     return "\n".join(lines[-n:]) or "worker exited without a status"
 
@@ -143,16 +141,20 @@ class MetricsScan:
     damaged_lines: list[int] = field(default_factory=list)  # 1-based numbers of complete lines that do not parse
     torn_tail: bool = False  # the last line has no newline (its writer was stopped mid-line)
     exists: bool = True
+    problem: str | None = None  # why the file could not be read at all (a FIFO, a folder, no permission)
 
 
 def scan_metrics(path: Path) -> MetricsScan:
     """Read a metrics file, keeping count of the lines that had to be skipped."""
     scan = MetricsScan()
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = files.read_bytes(path)
     except FileNotFoundError:
         scan.exists = False
+        return scan
+    except OSError as exc:  # never opened blocking: a FIFO here would hang ingest
+        scan.exists = False
+        scan.problem = f"{path.name} cannot be read ({exc.strerror or exc}); skipped"
         return scan
     lines = data.split(b"\n")
     scan.torn_tail = lines[-1] != b""
@@ -179,7 +181,7 @@ def check_complete(scan: MetricsScan, steps: int) -> list[str]:
     missing or repeated steps, a missing first or last row."""
     problems: list[str] = []
     if not scan.exists:
-        return ["metrics.jsonl is missing"]
+        return [scan.problem or "metrics.jsonl is missing"]
     if scan.damaged_lines:
         shown = ", ".join(map(str, scan.damaged_lines[:5])) + (", ..." if len(scan.damaged_lines) > 5 else "")
         problems.append(f"metrics.jsonl has {len(scan.damaged_lines)} damaged line(s) (line {shown})")
@@ -223,12 +225,14 @@ def tail_metrics(path: Path, offset: int) -> tuple[int, list[dict[str, Any]]]:
     from the start again.
     """
     try:
+        if not path.is_file():  # missing, or a FIFO or folder: nothing to follow (never opened blocking)
+            return offset, []
         if path.stat().st_size < offset:
             offset = 0
         with open(path, "rb") as f:
             f.seek(offset)
             chunk = f.read()
-    except FileNotFoundError:
+    except OSError:
         return offset, []
     end = chunk.rfind(b"\n")
     if end < 0:
@@ -244,8 +248,8 @@ def truncate_metrics(path: Path, last_step: int | None) -> None:
     """
     if not path.exists():
         return
-    if last_step is None:
-        path.unlink()
+    if last_step is None or not path.is_file():  # a FIFO or folder is no metrics file: gone, written anew
+        path.unlink() if not path.is_dir() else None
         return
     kept = [line for line in _complete_lines(path)
             if (obj := parse_line(line)) is not None and obj["step"] <= last_step]
