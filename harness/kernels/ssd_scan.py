@@ -28,9 +28,8 @@ Everything is computed in the dtype of the inputs; callers pass fp32.
 
 from __future__ import annotations
 
-from typing import Any
-
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -165,73 +164,153 @@ def ssd_chunked_flops(seq_len: int, chunk_size: int, n_heads: int, head_dim: int
 
 # ==================================================================== Triton kernels
 #
-# The forward of ``ssd_chunked`` as four Triton kernels, following the same
-# decomposition (Dao & Gu 2024, arXiv:2405.21060, sec. 6, steps 1-4; the paper's
-# ssd_minimal listing), with the chunk length L a power of two >= 16 and the
-# sequence tail masked instead of padded:
-#   1. _ssd_chunk_cumsum_kernel:  a_cum[c, l] = cumsum_l (dt A)          per (batch, head, chunk)
-#   2. _ssd_chunk_state_kernel:   S_c = sum_l exp(a_cum[L-1] - a_cum[l]) dt_l x_l B_l^T   (sec. 6.2, T)
-#   3. _ssd_state_passing_kernel: h_c = exp(sum_l A_{c-1,l}) h_{c-1} + S_{c-1}, h_0 = initial state
-#   4. _ssd_chunk_scan_kernel:    y_l = sum_{s<=l} (C_l . B_s) exp(a_cum[l] - a_cum[s]) dt_s x_s
-#                                       + exp(a_cum[l]) C_l h_c                    (secs. 6.1, 6.2)
-# Positions past the end load dt = 0 (decay 1, no input), so the final state is
-# exact. Arithmetic is fp32 whatever the input dtype. The backward recomputes
-# through ``ssd_chunked`` with autograd (the issue allows it).
+# The forward of ``ssd_chunked`` as five Triton kernels, the decomposition of the
+# Mamba-2 paper's chunked SSD algorithm (Dao & Gu 2024, arXiv:2405.21060, sec. 6,
+# steps 1-4 of Listing 1; the kernel split of its reference implementation,
+# mamba_ssm's ops/triton/ssd_*.py), with the chunk length L a power of two >= 16 and
+# the sequence tail masked instead of padded:
+#   1. _ssd_chunk_cumsum_kernel:  a_cum[c, l] = cumsum_l (dt A), and dt in the same layout
+#   2. _ssd_bmm_chunk_kernel:     CB[c, l, s] = C_l . B_s, once per group (B and C are shared by
+#                                 the group's heads), lower-triangle tiles only
+#   3. _ssd_chunk_state_kernel:   S_c = sum_l exp(a_cum[L-1] - a_cum[l]) dt_l x_l B_l^T  (sec. 6.2, right factor)
+#   4. _ssd_state_passing_kernel: h_c = exp(sum_l A_{c-1,l}) h_{c-1} + S_{c-1}, h_0 = initial state (sec. 6.2, centre)
+#   5. _ssd_chunk_scan_kernel:    y_l = sum_{s<=l} CB[l, s] exp(a_cum[l] - a_cum[s]) dt_s x_s     (sec. 6.1, diagonal
+#                                       + exp(a_cum[l]) C_l h_c                       blocks; sec. 6.2, left factor)
+# Positions past the end load dt = 0 (decay 1, no input), so the final state is exact.
+#
+# Precision (as mamba_ssm's kernels): every product is a ``tl.dot`` with fp32 accumulation
+# whose operands are in the inputs' dtype: fp16/bf16 inputs run on the tensor cores (the
+# decay-weighted operands, CB exp(segsum) dt and B exp(..) dt, and the passed states are
+# rounded to that dtype first); fp32 inputs use TF32 only where
+# ``torch.backends.cuda.matmul.allow_tf32`` allows it, else exact fp32 ("ieee"). Decays,
+# cumulative sums, CB and the chunk states are fp32.
+#
+# The backward recomputes through ``ssd_chunked`` in fp32 (its vector-Jacobian product,
+# ``torch.func.vjp``): correct, and as fast as the reference's own backward.
+#
+# Both directions are custom ops (``abl::ssd_scan_fwd``, ``abl::ssd_scan_bwd``), so
+# ``torch.compile`` traces ``ssd_scan_triton`` without graph breaks; the forward is a
+# ``torch.library.triton_op`` whose kernels launch through ``wrap_triton`` (Inductor sees
+# the five kernels), or an opaque custom op under the Triton interpreter.
 
 
+from .utils import HAS_TRITON as _HAS_TRITON  # noqa: E402
 from .utils import check_launch as _check_launch  # noqa: E402
+from .utils import interpreting as _interpreting  # noqa: E402
 from .utils import next_pow2 as _next_pow2  # noqa: E402
+from .utils import on_gpu as _on_gpu  # noqa: E402
 from .utils import tl, triton  # noqa: E402
 
 
 @triton.jit
-def _ssd_chunk_cumsum_kernel(DT, A, ACUM, stride_dtb, stride_dtt, stride_dth, T, H, NCHUNK,
-                             L: tl.constexpr):
-    pid_bh = tl.program_id(0)
-    c = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = pid_bh % H
-    offs_l = tl.arange(0, L)
-    t = c * L + offs_l
-    dt = tl.load(DT + b * stride_dtb + t * stride_dtt + h * stride_dth, mask=t < T, other=0.0).to(tl.float32)
-    a = dt * tl.load(A + h).to(tl.float32)
-    tl.store(ACUM + (pid_bh.to(tl.int64) * NCHUNK + c) * L + offs_l, tl.cumsum(a, axis=0))
+def _mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b with fp32 accumulation. UPCAST (bf16 in the Triton interpreter, which
+    multiplies bf16 tiles as their raw bits): the operands, already rounded to bf16, are widened
+    first; exact, the same products the tensor cores form."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
 @triton.jit
-def _ssd_chunk_state_kernel(X, DT, ACUM, BM, STATES,
-                            stride_xb, stride_xt, stride_xh, stride_dtb, stride_dtt, stride_dth,
-                            stride_bb, stride_bt, stride_bg, T, H, HEADS_PER_GROUP, NCHUNK, P, N,
-                            L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_p = tl.program_id(0)
+def _narrow(v, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 ``v`` rounded to DTYPE, to nearest even (the GPU's conversion). UPCAST: the
+    interpreter's fp32 -> bf16 conversion truncates, so the rounding is done on the fp32 bits
+    and the result stays fp32 (exactly a bf16 value: converting or widening it is exact)."""
+    if UPCAST:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    return v.to(DTYPE)
+
+
+@triton.jit
+def _ssd_chunk_cumsum_kernel(DT, A, ACUM, DTC, stride_dtb, stride_dtt, stride_dth, T, H, NCHUNK,
+                             L: tl.constexpr, BLOCK_H: tl.constexpr):
+    pid_bc = tl.program_id(0)
+    b = (pid_bc // NCHUNK).to(tl.int64)
+    c = pid_bc % NCHUNK
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_l = tl.arange(0, L)
+    h_mask = offs_h < H
+    dt_ptr = DT + b * stride_dtb + c.to(tl.int64) * L * stride_dtt
+    dt = tl.load(dt_ptr + offs_l[:, None] * stride_dtt + offs_h[None, :] * stride_dth,
+                 mask=(offs_l[:, None] < T - c * L) & h_mask[None, :], other=0.0).to(tl.float32)
+    a = dt * tl.load(A + offs_h, mask=h_mask, other=0.0).to(tl.float32)[None, :]
+    out = ((b * H + offs_h[None, :]) * NCHUNK + c) * L + offs_l[:, None]  # [B, H, NCHUNK, L]
+    tl.store(ACUM + out, tl.cumsum(a, axis=0), mask=h_mask[None, :])
+    tl.store(DTC + out, dt, mask=h_mask[None, :])
+
+
+@triton.jit
+def _ssd_bmm_chunk_kernel(CM, BM, CB, stride_cb, stride_ct, stride_cg, stride_bb, stride_bt, stride_bg,
+                          T, G, NCHUNK, N, L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr,
+                          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    pid_m = tl.program_id(0) // (L // BLOCK_S)
+    pid_s = tl.program_id(0) % (L // BLOCK_S)
+    if pid_s * BLOCK_S >= (pid_m + 1) * BLOCK_M:  # a tile above the diagonal: never read
+        return
+    pid_bc = tl.program_id(1)
+    g = tl.program_id(2)
+    b = (pid_bc // NCHUNK).to(tl.int64)
+    c = pid_bc % NCHUNK
+    chunk_len = T - c * L
+    c0 = c.to(tl.int64) * L
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_s = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_n = tl.arange(0, BLOCK_N)
+    c_ptr = CM + b * stride_cb + c0 * stride_ct + g * stride_cg + offs_m[:, None] * stride_ct
+    b_ptr = BM + b * stride_bb + c0 * stride_bt + g * stride_bg + offs_s[None, :] * stride_bt
+    acc = tl.zeros([BLOCK_M, BLOCK_S], dtype=tl.float32)
+    for k in range(0, N, BLOCK_N):
+        kn = k + offs_n
+        cm = tl.load(c_ptr + kn[None, :], mask=(offs_m[:, None] < chunk_len) & (kn[None, :] < N), other=0.0)
+        bt = tl.load(b_ptr + kn[:, None], mask=(kn[:, None] < N) & (offs_s[None, :] < chunk_len), other=0.0)
+        acc = _mma(cm, bt, acc, PRECISION, UPCAST)
+    out = CB + ((b * NCHUNK + c) * G + g) * L * L  # [B, NCHUNK, G, L, L] fp32
+    tl.store(out + offs_m[:, None] * L + offs_s[None, :], acc)
+
+
+@triton.jit
+def _ssd_chunk_state_kernel(X, BM, ACUM, DTC, STATES,
+                            stride_xb, stride_xt, stride_xh, stride_bb, stride_bt, stride_bg,
+                            T, H, HEADS_PER_GROUP, NCHUNK, P, N, L: tl.constexpr,
+                            BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    n_blocks_n = tl.cdiv(N, BLOCK_N)
+    pid_p = tl.program_id(0) // n_blocks_n
+    pid_n = tl.program_id(0) % n_blocks_n
     pid_bc = tl.program_id(1)
     h = tl.program_id(2)
     b = (pid_bc // NCHUNK).to(tl.int64)
     c = pid_bc % NCHUNK
     g = h // HEADS_PER_GROUP
-    offs_l = tl.arange(0, L)
+    chunk_len = tl.minimum(T - c * L, L)
+    c0 = c.to(tl.int64) * L
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    t = c * L + offs_l
-    t_mask = t < T
-    x = tl.load(X + b * stride_xb + t[:, None] * stride_xt + h * stride_xh + offs_p[None, :],
-                mask=t_mask[:, None] & (offs_p[None, :] < P), other=0.0).to(tl.float32)
-    dt = tl.load(DT + b * stride_dtb + t * stride_dtt + h * stride_dth, mask=t_mask, other=0.0).to(tl.float32)
-    acum_base = ACUM + ((b * H + h) * NCHUNK + c) * L
-    acum = tl.load(acum_base + offs_l)
-    a_last = tl.load(acum_base + L - 1)
-    w = tl.exp(a_last - acum) * dt  # the right factor T (sec. 6.2), times the discretisation dt
-    bm = tl.load(BM + b * stride_bb + t[:, None] * stride_bt + g * stride_bg + offs_n[None, :],
-                 mask=t_mask[:, None] & (offs_n[None, :] < N), other=0.0).to(tl.float32)
-    state = tl.dot(tl.trans(x * w[:, None]), bm, input_precision="ieee")  # [P, N]
-    s_base = STATES + (((b * NCHUNK + c) * H + h) * P) * N
-    tl.store(s_base + offs_p[:, None] * N + offs_n[None, :], state,
-             mask=(offs_p[:, None] < P) & (offs_n[None, :] < N))
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptr = X + b * stride_xb + c0 * stride_xt + h * stride_xh + offs_p[:, None]  # x^T: [P, L]
+    b_ptr = BM + b * stride_bb + c0 * stride_bt + g * stride_bg + offs_n[None, :]
+    vec = ((b * H + h) * NCHUNK + c) * L
+    a_last = tl.load(ACUM + vec + L - 1)
+    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    for k in range(0, chunk_len, BLOCK_K):
+        kk = k + offs_k
+        k_mask = kk < chunk_len
+        xt = tl.load(x_ptr + kk[None, :] * stride_xt, mask=(offs_p[:, None] < P) & k_mask[None, :], other=0.0)
+        bm = tl.load(b_ptr + kk[:, None] * stride_bt, mask=k_mask[:, None] & (offs_n[None, :] < N), other=0.0)
+        # the right factor T (sec. 6.2) times the discretisation dt, on B's rows
+        w = tl.exp(a_last - tl.load(ACUM + vec + kk, mask=k_mask, other=0.0)) \
+            * tl.load(DTC + vec + kk, mask=k_mask, other=0.0)
+        acc = _mma(xt, _narrow(bm.to(tl.float32) * w[:, None], X.dtype.element_ty, UPCAST), acc, PRECISION, UPCAST)
+    out = STATES + ((b * NCHUNK + c) * H + h) * P * N  # [B, NCHUNK, H, P, N] fp32
+    tl.store(out + offs_p[:, None] * N + offs_n[None, :], acc, mask=(offs_p[:, None] < P) & (offs_n[None, :] < N))
 
 
 @triton.jit
 def _ssd_state_passing_kernel(STATES, ACUM, INIT, PREV, FINAL, H, NCHUNK, PN,
-                              L: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK: tl.constexpr):
+                              L: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr):
     pid_bh = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < PN
@@ -243,98 +322,251 @@ def _ssd_state_passing_kernel(STATES, ACUM, INIT, PREV, FINAL, H, NCHUNK, PN,
         s = tl.zeros([BLOCK], dtype=tl.float32)
     for c in range(0, NCHUNK):
         idx = ((b * NCHUNK + c) * H + h) * PN + offs
-        tl.store(PREV + idx, s, mask=mask)  # the state entering chunk c
+        tl.store(PREV + idx, _narrow(s, PREV.dtype.element_ty, UPCAST), mask=mask)  # the state entering chunk c
         total = tl.load(ACUM + (pid_bh.to(tl.int64) * NCHUNK + c) * L + L - 1)
         s = tl.exp(total) * s + tl.load(STATES + idx, mask=mask, other=0.0)
     tl.store(FINAL + pid_bh.to(tl.int64) * PN + offs, s, mask=mask)
 
 
 @triton.jit
-def _ssd_chunk_scan_kernel(X, DT, ACUM, BM, CM, PREV, Y,
-                           stride_xb, stride_xt, stride_xh, stride_dtb, stride_dtt, stride_dth,
-                           stride_bb, stride_bt, stride_bg, stride_cb, stride_ct, stride_cg,
-                           stride_yb, stride_yt, stride_yh, T, H, HEADS_PER_GROUP, NCHUNK, P, N,
-                           L: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_p = tl.program_id(0)
+def _ssd_chunk_scan_kernel(X, CM, CB, ACUM, DTC, PREV, Y,
+                           stride_xb, stride_xt, stride_xh, stride_cb, stride_ct, stride_cg,
+                           stride_yb, stride_yt, stride_yh, T, H, HEADS_PER_GROUP, G, NCHUNK, P, N,
+                           L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    n_blocks_p = tl.cdiv(P, BLOCK_P)
+    pid_m = tl.program_id(0) // n_blocks_p
+    pid_p = tl.program_id(0) % n_blocks_p
     pid_bc = tl.program_id(1)
     h = tl.program_id(2)
     b = (pid_bc // NCHUNK).to(tl.int64)
     c = pid_bc % NCHUNK
     g = h // HEADS_PER_GROUP
-    offs_l = tl.arange(0, L)
+    chunk_len = tl.minimum(T - c * L, L)
+    c0 = c.to(tl.int64) * L
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
-    t = c * L + offs_l
-    t_mask = t < T
-    n_mask = offs_n < N
-    cm = tl.load(CM + b * stride_cb + t[:, None] * stride_ct + g * stride_cg + offs_n[None, :],
-                 mask=t_mask[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
-    bm = tl.load(BM + b * stride_bb + t[:, None] * stride_bt + g * stride_bg + offs_n[None, :],
-                 mask=t_mask[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
-    acum = tl.load(ACUM + ((b * H + h) * NCHUNK + c) * L + offs_l)
-    dt = tl.load(DT + b * stride_dtb + t * stride_dtt + h * stride_dth, mask=t_mask, other=0.0).to(tl.float32)
-    # intra-chunk (c = c'): (C B^T o exp(segsum(a))) (dt x), lower triangle only (sec. 6.1)
-    causal = offs_l[:, None] >= offs_l[None, :]
-    seg = tl.where(causal, acum[:, None] - acum[None, :], float("-inf"))
-    scores = tl.dot(cm, tl.trans(bm), input_precision="ieee") * tl.exp(seg) * dt[None, :]
-    x = tl.load(X + b * stride_xb + t[:, None] * stride_xt + h * stride_xh + offs_p[None, :],
-                mask=t_mask[:, None] & (offs_p[None, :] < P), other=0.0).to(tl.float32)
-    y = tl.dot(scores, x, input_precision="ieee")
-    # inter-chunk (c > c'): the passed state, carried to each row by U = exp(cumsum a) (sec. 6.2, the C-block factors)
-    prev = tl.load(PREV + (((b * NCHUNK + c) * H + h) * P + offs_p[:, None]) * N + offs_n[None, :],
-                   mask=(offs_p[:, None] < P) & n_mask[None, :], other=0.0)
-    y += tl.exp(acum)[:, None] * tl.dot(cm, tl.trans(prev), input_precision="ieee")
-    tl.store(Y + b * stride_yb + t[:, None] * stride_yt + h * stride_yh + offs_p[None, :],
-             y.to(Y.dtype.element_ty), mask=t_mask[:, None] & (offs_p[None, :] < P))
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < chunk_len
+    p_mask = offs_p < P
+    vec = ((b * H + h) * NCHUNK + c) * L
+    acum_m = tl.load(ACUM + vec + offs_m)
+    # inter-chunk (c > c'): C_l h_c over blocks of the state dim, then the left factor
+    # U = exp(cumsum a) (sec. 6.2, the C-block factors)
+    c_ptr = CM + b * stride_cb + c0 * stride_ct + g * stride_cg + offs_m[:, None] * stride_ct
+    prev_ptr = PREV + ((b * NCHUNK + c) * H + h) * P * N + offs_p[None, :] * N  # h_c^T: [N, P]
+    acc = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
+    for k in range(0, N, BLOCK_N):
+        kn = k + offs_n
+        cm = tl.load(c_ptr + kn[None, :], mask=m_mask[:, None] & (kn[None, :] < N), other=0.0)
+        ht = tl.load(prev_ptr + kn[:, None], mask=(kn[:, None] < N) & p_mask[None, :], other=0.0)
+        acc = _mma(cm, ht, acc, PRECISION, UPCAST)
+    acc *= tl.exp(acum_m)[:, None]
+    # intra-chunk (c = c'): (CB o exp(segsum(a)) dt) (x), the lower triangle only (sec. 6.1): the
+    # loop stops at this row block's diagonal
+    cb_ptr = CB + ((b * NCHUNK + c) * G + g) * L * L + offs_m[:, None] * L
+    x_ptr = X + b * stride_xb + c0 * stride_xt + h * stride_xh + offs_p[None, :]
+    hi = tl.minimum((pid_m + 1) * BLOCK_M, chunk_len)
+    for k in range(0, hi, BLOCK_K):
+        kk = k + offs_k
+        k_mask = kk < chunk_len
+        causal = offs_m[:, None] >= kk[None, :]
+        cb = tl.load(cb_ptr + kk[None, :], mask=causal & k_mask[None, :], other=0.0)
+        acum_k = tl.load(ACUM + vec + kk, mask=k_mask, other=0.0)
+        dt_k = tl.load(DTC + vec + kk, mask=k_mask, other=0.0)
+        seg = tl.where(causal, acum_m[:, None] - acum_k[None, :], float("-inf"))
+        xk = tl.load(x_ptr + kk[:, None] * stride_xt, mask=k_mask[:, None] & p_mask[None, :], other=0.0)
+        scores = cb * tl.exp(seg) * dt_k[None, :]
+        acc = _mma(_narrow(scores, X.dtype.element_ty, UPCAST), xk, acc, PRECISION, UPCAST)
+    y_ptr = Y + b * stride_yb + c0 * stride_yt + h * stride_yh
+    tl.store(y_ptr + offs_m[:, None] * stride_yt + offs_p[None, :], _narrow(acc, Y.dtype.element_ty, UPCAST),
+             mask=m_mask[:, None] & p_mask[None, :])
+
+
+# ---------------------------------------------------------------- launchers
 
 
 def _unit_last(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def ssd_scan_fwd(x, dt, A, Bm, Cm, chunk_size, initial_state=None):
-    """The Triton forward. Returns (y [B, T, H, P] in x's dtype, final_state [B, H, P, N] fp32)."""
+def _tile(n: int, cap: int) -> int:
+    """A power-of-two tile for a dim of ``n``: at least 16 (the MMA's minimum), at most ``cap``."""
+    return max(16, min(cap, _next_pow2(n)))
+
+
+def ssd_scan_configs(x, p: int, n: int, chunk: int) -> dict:
+    """The tiles, warps and stages of each kernel for a launch on ``x`` (one configuration
+    per kernel; ``abl.kernels.compilecheck`` compiles them for sm_90 and checks for spills).
+
+    On CUDA: 64-row blocks of the chunk, 64-wide blocks of P and of the state dim (a loop over
+    N; 32-wide for fp32 operands where the tile would spill), 4 warps, 2 stages on the loops
+    (0 bytes of spill stores for sm_90 at every tile class: tests/kernels/test_kernels_ssd_scan.py).
+    The interpreter runs programs one at a time: tiles of 16 there, so the tests go round every
+    loop and through every masked tail.
+    """
+    if not _on_gpu(x):
+        t = dict(num_warps=1, num_stages=1)
+        return {"cumsum": dict(BLOCK_H=4, **t),
+                "bmm": dict(BLOCK_M=16, BLOCK_S=16, BLOCK_N=16, **t),
+                "state": dict(BLOCK_P=16, BLOCK_N=16, BLOCK_K=16, **t),
+                "passing": dict(BLOCK=256, **t),
+                "scan": dict(BLOCK_M=16, BLOCK_P=16, BLOCK_N=16, BLOCK_K=16, **t)}
+    wide = x.dtype == torch.float32  # fp32 operands: twice the registers per tile
+    exact = _dot_precision(x.dtype) == "ieee"  # fp32 products without TF32: FMAs, operands in registers
+    bm = min(chunk, 64)
+    return {"cumsum": dict(BLOCK_H=max(1, min(_next_pow2(x.shape[2]), 2048 // chunk)), num_warps=4, num_stages=1),
+            "bmm": dict(BLOCK_M=bm, BLOCK_S=bm, BLOCK_N=_tile(n, 32 if wide else 64), num_warps=4, num_stages=2),
+            "state": dict(BLOCK_P=_tile(p, 64), BLOCK_N=_tile(n, 32 if exact else 64),
+                          BLOCK_K=min(chunk, 16 if exact else 32 if wide else 64), num_warps=4, num_stages=2),
+            "passing": dict(BLOCK=min(1024, _next_pow2(p * n)), num_warps=4, num_stages=1),
+            "scan": dict(BLOCK_M=bm, BLOCK_P=_tile(p, 64), BLOCK_N=_tile(n, 32 if wide else 64),
+                         BLOCK_K=min(chunk, 32), num_warps=4, num_stages=2)}
+
+
+def _dot_precision(dtype) -> str:
+    """fp32 operands: TF32 only where the run allows it (the tf32 precision policy), else exact.
+    16-bit operands take the tensor cores' native MMA whatever this says."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _upcast(dtype) -> bool:
+    return dtype == torch.bfloat16 and _interpreting()
+
+
+if _HAS_TRITON and not _interpreting():
+    # compiled kernels: a triton_op, which torch.compile can open up (its kernels launch through
+    # wrap_triton, so Inductor sees them)
+    from torch.library import triton_op as _op_decorator
+    from torch.library import wrap_triton as _wrap_triton
+else:
+    # the interpreter (or no triton: the launch raises in check_launch): an opaque custom op. The
+    # interpreter runs kernels on real tensors only, so tracing must not open the op up (a
+    # triton_op is decomposed into its kernel launches under FakeTensors); wrap_triton would hand
+    # the interpreted kernel back as is anyway
+    _op_decorator = torch.library.custom_op
+
+    def _wrap_triton(kernel):
+        return kernel
+
+
+@_op_decorator("abl::ssd_scan_fwd", mutates_args=())
+def ssd_scan_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
+                 chunk_size: int, initial_state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton forward (``torch.ops.abl.ssd_scan_fwd``): the chunked SSD algorithm (Dao & Gu
+    2024, arXiv:2405.21060, sec. 6; Listing 1) as the five kernels above. Returns (y [B, T, H, P]
+    in x's dtype, final_state [B, H, P, N] fp32)."""
+    _check_launch(x, dt, A, Bm, Cm, initial_state)
     b, t, h, p = x.shape
     g, n = Bm.shape[2], Bm.shape[3]
     L = chunk_size
     nchunk = max(1, triton.cdiv(t, L))
-    x, Bm, Cm = _unit_last(x), _unit_last(Bm), _unit_last(Cm)
+    # one operand dtype for every product: x's (B and C are cast to it where they differ)
+    x, Bm, Cm = _unit_last(x), _unit_last(Bm.to(x.dtype)), _unit_last(Cm.to(x.dtype))
     dt, A = dt.contiguous(), A.contiguous()
     dev = x.device
+    cfg = ssd_scan_configs(x, p, n, L)
+    ops = dict(PRECISION=_dot_precision(x.dtype), UPCAST=_upcast(x.dtype))
     acum = torch.empty((b, h, nchunk, L), dtype=torch.float32, device=dev)
+    dtc = torch.empty_like(acum)
+    cb = torch.empty((b, nchunk, g, L, L), dtype=torch.float32, device=dev)
     states = torch.empty((b, nchunk, h, p, n), dtype=torch.float32, device=dev)
-    prev = torch.empty_like(states)
+    # the passed states are an MMA operand beside C: stored in its dtype
+    prev = torch.empty((b, nchunk, h, p, n), dtype=x.dtype, device=dev)
     final = torch.empty((b, h, p, n), dtype=torch.float32, device=dev)
     y = torch.empty((b, t, h, p), dtype=x.dtype, device=dev)
-    block_p = max(16, min(64, _next_pow2(p)))
-    block_n = max(16, _next_pow2(n))
-    _ssd_chunk_cumsum_kernel[(b * h, nchunk)](dt, A, acum, dt.stride(0), dt.stride(1), dt.stride(2),
-                                              t, h, nchunk, L=L)
-    grid = (triton.cdiv(p, block_p), b * nchunk, h)
-    _ssd_chunk_state_kernel[grid](
-        x, dt, acum, Bm, states, x.stride(0), x.stride(1), x.stride(2), dt.stride(0), dt.stride(1),
-        dt.stride(2), Bm.stride(0), Bm.stride(1), Bm.stride(2), t, h, h // g, nchunk, p, n,
-        L=L, BLOCK_P=block_p, BLOCK_N=block_n)
+    if not y.numel() and not final.numel():
+        return y, final
+    k = cfg["cumsum"]
+    _wrap_triton(_ssd_chunk_cumsum_kernel)[(b * nchunk, triton.cdiv(h, k["BLOCK_H"]))](
+        dt, A, acum, dtc, dt.stride(0), dt.stride(1), dt.stride(2), t, h, nchunk, L=L, **k)
+    k = cfg["bmm"]
+    _wrap_triton(_ssd_bmm_chunk_kernel)[((L // k["BLOCK_M"]) * (L // k["BLOCK_S"]), b * nchunk, g)](
+        Cm, Bm, cb, Cm.stride(0), Cm.stride(1), Cm.stride(2), Bm.stride(0), Bm.stride(1), Bm.stride(2),
+        t, g, nchunk, n, L=L, **ops, **k)
+    k = cfg["state"]
+    _wrap_triton(_ssd_chunk_state_kernel)[
+        (triton.cdiv(p, k["BLOCK_P"]) * triton.cdiv(n, k["BLOCK_N"]), b * nchunk, h)](
+        x, Bm, acum, dtc, states, x.stride(0), x.stride(1), x.stride(2), Bm.stride(0), Bm.stride(1), Bm.stride(2),
+        t, h, h // g, nchunk, p, n, L=L, **ops, **k)
+    k = cfg["passing"]
     init = initial_state.float().contiguous() if initial_state is not None else final
-    block = min(1024, _next_pow2(p * n))
-    _ssd_state_passing_kernel[(b * h, triton.cdiv(p * n, block))](
-        states, acum, init, prev, final, h, nchunk, p * n,
-        L=L, HAS_INIT=initial_state is not None, BLOCK=block)
-    _ssd_chunk_scan_kernel[grid](
-        x, dt, acum, Bm, Cm, prev, y, x.stride(0), x.stride(1), x.stride(2), dt.stride(0), dt.stride(1),
-        dt.stride(2), Bm.stride(0), Bm.stride(1), Bm.stride(2), Cm.stride(0), Cm.stride(1), Cm.stride(2),
-        y.stride(0), y.stride(1), y.stride(2), t, h, h // g, nchunk, p, n,
-        L=L, BLOCK_P=block_p, BLOCK_N=block_n)
+    _wrap_triton(_ssd_state_passing_kernel)[(b * h, triton.cdiv(p * n, k["BLOCK"]))](
+        states, acum, init, prev, final, h, nchunk, p * n, L=L, HAS_INIT=initial_state is not None,
+        UPCAST=ops["UPCAST"], **k)
+    k = cfg["scan"]
+    _wrap_triton(_ssd_chunk_scan_kernel)[((L // k["BLOCK_M"]) * triton.cdiv(p, k["BLOCK_P"]), b * nchunk, h)](
+        x, Cm, cb, acum, dtc, prev, y, x.stride(0), x.stride(1), x.stride(2), Cm.stride(0), Cm.stride(1),
+        Cm.stride(2), y.stride(0), y.stride(1), y.stride(2), t, h, h // g, g, nchunk, p, n,
+        L=L, **ops, **k)
     return y, final
 
 
+@ssd_scan_fwd.register_fake
+def _(x, dt, A, Bm, Cm, chunk_size, initial_state=None):
+    b, t, h, p = x.shape
+    return x.new_empty((b, t, h, p)), x.new_empty((b, h, p, Bm.shape[3]), dtype=torch.float32)
+
+
+@torch.library.custom_op("abl::ssd_scan_bwd", mutates_args=())
+def ssd_scan_bwd(dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+                 Bm: torch.Tensor, Cm: torch.Tensor, chunk_size: int, initial_state: Optional[torch.Tensor] = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward (``torch.ops.abl.ssd_scan_bwd``): the vector-Jacobian product of
+    ``ssd_chunked`` recomputed in fp32. Returns the gradients of (x, dt, A, Bm, Cm,
+    initial_state), each in its input's dtype; the last is empty without an initial state."""
+    def chunked(x_, dt_, a_, b_, c_, *s0):
+        return ssd_chunked(x_, dt_, a_, b_, c_, chunk_size, initial_state=s0[0] if s0 else None)
+
+    inputs = [v.detach().float() for v in (x, dt, A, Bm, Cm, initial_state) if v is not None]
+    _, vjp = torch.func.vjp(chunked, *inputs)
+    grads = [gr.to(src.dtype) for gr, src in zip(vjp((dy.float(), dfinal.float())), (x, dt, A, Bm, Cm, initial_state))]
+    if initial_state is None:
+        grads.append(x.new_empty(0))
+    return tuple(grads)  # type: ignore[return-value]
+
+
+@ssd_scan_bwd.register_fake
+def _(dy, dfinal, x, dt, A, Bm, Cm, chunk_size, initial_state=None):
+    s0 = torch.empty_like(initial_state) if initial_state is not None else x.new_empty(0)
+    return (torch.empty_like(x), torch.empty_like(dt), torch.empty_like(A), torch.empty_like(Bm),
+            torch.empty_like(Cm), s0)
+
+
+def compile_check_cases():
+    """The launches ``abl.kernels.compilecheck`` compiles for sm_90 (``register_cases("ssd_scan",
+    compile_check_cases)``): yields (label, function that runs the forward) for each dtype class
+    (bf16, fp16, fp32 exact, fp32 TF32) and tile class (the largest, 64-wide tiles; 32; 16), with
+    and without an initial state. Under ``compile_check()`` nothing runs (zeros suffice)."""
+    for dtype, tf32 in ((torch.bfloat16, False), (torch.float16, False), (torch.float32, False),
+                        (torch.float32, True)):
+        for p, n, chunk, init in ((64, 128, 64, False), (64, 128, 256, True), (32, 32, 32, False),
+                                  (16, 16, 16, True)):
+            def run(dtype=dtype, tf32=tf32, p=p, n=n, chunk=chunk, init=init):
+                allowed = torch.backends.cuda.matmul.allow_tf32
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+                try:
+                    x = torch.zeros(1, 2 * chunk, 2, p, dtype=dtype)
+                    bm = torch.zeros(1, 2 * chunk, 1, n, dtype=dtype)
+                    s0 = torch.zeros(1, 2, p, n) if init else None
+                    ssd_scan_triton(x, torch.zeros(1, 2 * chunk, 2), -torch.ones(2), bm, bm, chunk, s0)
+                finally:
+                    torch.backends.cuda.matmul.allow_tf32 = allowed
+            name = f"{str(dtype)[6:]}{'-tf32' if tf32 else ''}"
+            yield f"ssd_scan {name} P{p} N{n} chunk{chunk}{' init' if init else ''}", run
+
+
 class SSDScanFunction(torch.autograd.Function):
-    """Triton forward; the backward differentiates ``ssd_chunked`` (recomputed in fp32)."""
+    """Triton forward (``abl::ssd_scan_fwd``); the backward (``abl::ssd_scan_bwd``) differentiates
+    ``ssd_chunked`` recomputed in fp32."""
 
     @staticmethod
     def forward(ctx, x, dt, A, Bm, Cm, initial_state, chunk_size):
-        _check_launch(x, dt, A, Bm, Cm, initial_state)
-        y, final = ssd_scan_fwd(x, dt, A, Bm, Cm, chunk_size, initial_state)
+        y, final = torch.ops.abl.ssd_scan_fwd(x, dt, A, Bm, Cm, chunk_size, initial_state)
         ctx.save_for_backward(x, dt, A, Bm, Cm, initial_state)
         ctx.chunk_size = chunk_size
         return y, final.to(x.dtype)
@@ -342,27 +574,15 @@ class SSDScanFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dfinal):
         x, dt, A, Bm, Cm, initial_state = ctx.saved_tensors
-        inputs: list[Any] = [t.detach().float().requires_grad_(t.requires_grad) if t is not None else None
-                             for t in (x, dt, A, Bm, Cm, initial_state)]
-        with torch.enable_grad():
-            x_, dt_, a_, b_, c_, s_ = inputs
-            y, final = ssd_chunked(x_, dt_, a_, b_, c_, ctx.chunk_size, initial_state=s_)
-            outs, grads_out = [y], [dy.float()]
-            if dfinal is not None:
-                outs.append(final)
-                grads_out.append(dfinal.float())
-            wanted = [i for i, t in enumerate(inputs) if t is not None and t.requires_grad]
-            got = torch.autograd.grad(outs, [inputs[i] for i in wanted], grads_out, allow_unused=True)
-        grads: list[torch.Tensor | None] = [None] * 6
-        for i, gr in zip(wanted, got):
-            src = (x, dt, A, Bm, Cm, initial_state)[i]
-            grads[i] = gr.to(src.dtype) if gr is not None else None
-        return (*grads, None)
+        dx, ddt, dA, dB, dC, ds0 = torch.ops.abl.ssd_scan_bwd(dy, dfinal, x, dt, A, Bm, Cm, ctx.chunk_size,
+                                                              initial_state)
+        return dx, ddt, dA, dB, dC, (ds0 if initial_state is not None else None), None
 
 
 def ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
              chunk_size: int = 64, initial_state: torch.Tensor | None = None):
-    """The chunked SSD scan with the Triton forward kernels (same contract as ``ssd_chunked``).
+    """The chunked SSD scan with the Triton forward kernels (same contract as ``ssd_chunked``): the
+    chunked SSD algorithm of Dao & Gu 2024 (arXiv:2405.21060, sec. 6; Listing 1), as five kernels.
 
     Args:
         x: ``[B, T, H, P]``; dt: ``[B, T, H]`` (after softplus, > 0); A: ``[H]`` (< 0);
@@ -372,7 +592,8 @@ def ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torc
 
     Returns:
         (y ``[B, T, H, P]`` in x's dtype, final_state ``[B, H, P, N]`` in x's dtype).
-        Differentiable in every input (the backward goes through ``ssd_chunked``).
+        Differentiable in every input (the backward is the vector-Jacobian product of
+        ``ssd_chunked`` in fp32).
     """
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two >= 16 for the kernels, got {chunk_size}")
