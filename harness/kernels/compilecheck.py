@@ -10,13 +10,13 @@ it from tests/kernels/test_compilecheck.py):
   ``wgmma.wait_group`` retires it. Triton's software pipeliner prefetches the next
   iteration's tiles with ``cp.async`` (``ttg.async_copy_global_to_local``) into a
   ring of shared buffers. When the ring has a single slot and the copy into it
-  comes before a full wait (``warp_group_dot_wait {pendings = 0}``) retires the
-  MMA reading it, the copy overwrites an operand the tensor cores may still be
+  comes before a wait (``warp_group_dot_wait {pendings = N}``, which waits for
+  all but the N most recent groups) retires the MMA reading it, the copy overwrites an operand the tensor cores may still be
   reading: a write-after-read race whose result depends on timing (run-to-run
   varying gradients; the class of bug Triton PR #3106 fixed once). The check finds
   every asynchronous MMA operand that traces back to a mutable shared allocation,
   every asynchronous copy into the same allocation in the same loop, and fails
-  unless a full wait lies between the MMA and the copy on the loop's path.
+  unless a wait that retires the MMA lies between it and the copy on the loop's path.
 - **Register spills** above a budget, from ``ptxas -v`` on the kernel's PTX (the
   ptxas that ships in the triton wheel).
 
@@ -189,8 +189,15 @@ def _attention_cases():
         yield f"flash_attention {str(dtype)[6:]} D{d} {name}", run
 
 
+def _ssd_cases():
+    from .ssd_scan import compile_check_cases
+
+    return compile_check_cases()
+
+
 CASES: dict[str, Callable[[], Iterator[tuple[str, Callable[[], None]]]]] = {
     "flash_attention": _attention_cases,
+    "ssd_scan": _ssd_cases,
 }
 
 
@@ -276,14 +283,15 @@ def _slots(alloc_type: str) -> int:
 
 
 def wgmma_hazards(ttgir: str) -> list[str]:
-    """Asynchronous MMAs whose shared operand an asynchronous copy may overwrite before a full wait.
+    """Asynchronous MMAs whose shared operand an asynchronous copy may overwrite before a wait retires them.
 
     Reads TTGIR as text: each ``scf.for`` body is a region; inside it, an async
     ``ttng.warp_group_dot`` operand is traced through views (``memdesc_index``,
     ``memdesc_subview``, ``memdesc_trans``, ``memdesc_reinterpret``) and
     loop-carried arguments to its allocation. An ``async_copy_global_to_local``
     into the same allocation is a hazard unless a ``warp_group_dot_wait {pendings
-    = 0}`` comes after the MMA and before the copy, going round the loop body.
+    = N}`` that retires the MMA (at least N asynchronous MMAs issued after it) comes
+    after the MMA and before the copy, going round the loop body.
     """
     lines = ttgir.splitlines()
     root: dict[str, str] = {}
@@ -343,7 +351,7 @@ def wgmma_hazards(ttgir: str) -> list[str]:
                 bodies.append((start + 1, i))
     for start, end in bodies:
         body = list(range(start, end))
-        events: list[tuple[int, str, set[str]]] = []  # (line, kind, allocations)
+        events: list[tuple[int, str, set[str], int]] = []  # (line, kind, allocations, pendings)
         for i in body:
             d = _defs(lines[i])
             text = lines[i]
@@ -351,32 +359,38 @@ def wgmma_hazards(ttgir: str) -> list[str]:
                 allocs: set[str] = set()
                 for operand in _operands(d[2])[:2]:
                     allocs |= alloc_of(operand)
-                if allocs:
-                    events.append((i, "mma", allocs))
+                events.append((i, "mma", allocs, 0))
             elif d and d[1] == "ttg.async_copy_global_to_local":
                 ops_ = _operands(d[2])
                 if len(ops_) >= 2:
-                    events.append((i, "copy", alloc_of(ops_[1])))
-            elif d and d[1] == "ttng.warp_group_dot_wait" and re.search(r"pendings\s*=\s*0\b", text):
-                events.append((i, "wait0", set()))
+                    events.append((i, "copy", alloc_of(ops_[1]), 0))
+            elif d and d[1] == "ttng.warp_group_dot_wait":
+                m = re.search(r"pendings\s*=\s*(\d+)", text)
+                events.append((i, "wait", set(), int(m.group(1)) if m else 0))
         n = len(events)
-        for a, (line_a, kind_a, allocs_a) in enumerate(events):
+        for a, (line_a, kind_a, allocs_a, _) in enumerate(events):
             if kind_a != "mma":
                 continue
             for alloc in sorted(allocs_a):
                 # The copy that overwrites the slot this MMA reads: with one slot, the next copy
                 # into the allocation (later in this iteration, or in the next); with a ring of
                 # slots, the pipeliner writes the slot read in iteration i no earlier than
-                # iteration i + 1 (copies later in iteration i fill other slots).
+                # iteration i + 1 (copies later in iteration i fill other slots). The MMA is retired
+                # by a wait that leaves fewer groups pending than were issued after it
+                # (``wgmma.wait_group N`` waits for all but the N most recent).
                 single = _slots(mutable_alloc[alloc]) == 1
+                issued_after = 0
                 for step in range(1, 2 * n + 1):
-                    line_b, kind_b, allocs_b = events[(a + step) % n]
-                    if kind_b == "wait0":
+                    line_b, kind_b, allocs_b, pendings = events[(a + step) % n]
+                    if kind_b == "mma":
+                        issued_after += 1
+                        continue
+                    if kind_b == "wait" and pendings <= issued_after:
                         break
                     if kind_b == "copy" and alloc in allocs_b and (single or a + step >= n):
                         found = (f"async MMA at TTGIR line {line_a + 1} reads {alloc} "
                                  f"({mutable_alloc[alloc].split('->')[-1].split(' loc(')[0].strip()}), which the "
-                                 f"async copy at line {line_b + 1} overwrites before any full wait (pendings = 0)")
+                                 f"async copy at line {line_b + 1} overwrites before a wait retires it")
                         if found not in hazards:  # an inner loop's lines are also in its outer loop's body
                             hazards.append(found)
                         break

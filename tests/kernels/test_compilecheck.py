@@ -49,7 +49,7 @@ def _can_compile_sm90(pythonpath: str | None) -> str | None:
 
 
 @pytest.mark.parametrize("pythonpath", _tritons(), ids=lambda p: "pinned triton" if p is None else "second triton")
-def test_every_shipped_attention_configuration_compiles_for_sm90_without_hazard_or_spill(pythonpath):
+def test_every_shipped_kernel_configuration_compiles_for_sm90_without_hazard_or_spill(pythonpath):
     why = _can_compile_sm90(pythonpath)
     if why:
         pytest.skip(f"this triton cannot compile for sm_90 here: {why}")
@@ -64,7 +64,8 @@ def test_every_shipped_attention_configuration_compiles_for_sm90_without_hazard_
                               f"{row['error'] or ''}" for row in bad)
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     kernels = {row["kernel"] for row in rows}
-    assert {"_attn_fwd_kernel", "_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel"} <= kernels
+    assert {"_attn_fwd_kernel", "_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel", "_ssd_chunk_scan_kernel",
+            "_ssd_bmm_chunk_kernel", "_ssd_chunk_state_kernel"} <= kernels
     # every tile of every class was compiled: 3 head-dim classes + fp32, each with several tiles
     assert sum(row["kernel"] == "_attn_bwd_dkdv_kernel" for row in rows) >= 10
 
@@ -109,7 +110,7 @@ def test_the_check_fails_on_the_old_racing_dkdv_tile(pythonpath):
     racing, clean = json.loads(r.stdout.strip().splitlines()[-1])
     assert "BLOCK_M=32,BLOCK_N=64" in racing["label"] and "warps=4, stages=2" in racing["label"]
     assert not racing["ok"]
-    # the race itself: q and dO in a one-slot buffer that a cp.async refills before a full wait
+    # the race itself: q and dO in a one-slot buffer that a cp.async refills before a wait retires their MMAs
     assert any("1x32x128xbf16" in h for h in racing["hazards"]), racing["hazards"]
     # the hazard test is not "everything fails": the same kernel at another tile has no hazard
     assert "BLOCK_M=64,BLOCK_N=64" in clean["label"] and clean["hazards"] == [], clean
@@ -141,13 +142,27 @@ def test_a_full_wait_between_the_mma_and_the_copy_clears_it():
     assert wgmma_hazards(_LOOP.format(slots=1, pendings=0)) == []
 
 
-def test_a_ring_of_slots_refilled_next_iteration_after_a_full_wait_is_safe():
+def test_a_ring_of_slots_refilled_next_iteration_after_a_retiring_wait_is_safe():
     # two slots: the copy in this iteration fills the other slot, and the slot the MMA read is
-    # refilled in the next iteration; with no full wait anywhere in the loop that is still a hazard,
-    # with one at the top of the loop (as Triton's pipeliner places it) it is not
-    assert wgmma_hazards(_LOOP.format(slots=2, pendings=1))
-    with_wait = _LOOP.format(slots=2, pendings=1).replace(
+    # refilled in the next iteration. With waits that keep two groups pending, nothing retires
+    # the MMA before that copy: a hazard. A full wait at the top of the loop retires it; so does
+    # the next iteration's "pendings = 1" wait, issued after that iteration's own MMA.
+    assert wgmma_hazards(_LOOP.format(slots=2, pendings=2))
+    with_wait = _LOOP.format(slots=2, pendings=2).replace(
         "      %w = ttg.async_wait",
         "      %w0:1 = ttng.warp_group_dot_wait %acc {pendings = 0 : i32} : tensor<64x128xf32, #mma> loc(#loc0)\n"
         "      %w = ttg.async_wait")
     assert wgmma_hazards(with_wait) == []
+    assert wgmma_hazards(_LOOP.format(slots=2, pendings=1)) == []
+
+
+def test_a_wait_that_leaves_only_later_mmas_pending_retires_the_earlier_one():
+    # wgmma.wait_group 1 waits for all but the most recent group: after a second MMA it retires the
+    # first (Triton's pipeliner keeps one product in flight this way); right after the only MMA it does not
+    second = ("      %d2 = ttng.warp_group_dot %a, %other, %acc {inputPrecision = 0 : i32, isAsync = true} : "
+              "tensor<64x32xbf16, #dot> * !ttg.memdesc<32x128xbf16, #shared1, #smem> -> tensor<64x128xf32, #mma> "
+              "loc(#loc40)\n")
+    loop = _LOOP.format(slots=1, pendings=1)
+    assert wgmma_hazards(loop)
+    at = loop.index("      %dw:2 = ttng.warp_group_dot_wait")
+    assert wgmma_hazards(loop[:at] + second + loop[at:]) == []
