@@ -110,7 +110,7 @@ def test_the_check_fails_on_the_old_racing_dkdv_tile(pythonpath):
     racing, clean = json.loads(r.stdout.strip().splitlines()[-1])
     assert "BLOCK_M=32,BLOCK_N=64" in racing["label"] and "warps=4, stages=2" in racing["label"]
     assert not racing["ok"]
-    # the race itself: q and dO in a one-slot buffer that a cp.async refills before a wait retires their MMAs
+    # the race itself: q and dO in a one-slot buffer refilled by a cp.async before a wait retires the MMAs
     assert any("1x32x128xbf16" in h for h in racing["hazards"]), racing["hazards"]
     # the hazard test is not "everything fails": the same kernel at another tile has no hazard
     assert "BLOCK_M=64,BLOCK_N=64" in clean["label"] and clean["hazards"] == [], clean
