@@ -27,7 +27,7 @@ loads of bf16), at most 16; 8 at N = 4096, as Liger-Kernel's LayerNorm picks
 from review, not yet timed on a GPU).
 
 The launchers are the custom ops ``abl::layernorm_fwd`` / ``abl::layernorm_bwd``
-(abl.kernels.rmsnorm.kernel_op), the backward registered as the forward's autograd
+(abl.kernels.registration.kernel_op), the backward registered as the forward's autograd
 formula: ``torch.compile`` keeps a call in one graph.
 """
 
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch.library import wrap_triton
 
 from . import use_triton
-from .rmsnorm import kernel_op, no_tensor
+from .registration import kernel_op, no_tensor
 from .utils import as_rows, cdiv, check_launch, next_pow2, reduction_programs, tl, triton
 
 # ---------------------------------------------------------------- kernels

@@ -9,7 +9,7 @@ The rotation is orthogonal, so the backward is the same kernel rotating by -a
 (sin negated). cos/sin are inputs (the position plugin owns theta, position
 interpolation and the cache) and get no gradient. Arithmetic is fp32.
 
-The launcher is the custom op ``abl::rope`` (abl.kernels.rmsnorm.kernel_op), its own
+The launcher is the custom op ``abl::rope`` (abl.kernels.registration.kernel_op), its own
 autograd formula (the inverse rotation), so ``torch.compile`` keeps a call in one graph.
 """
 
@@ -17,7 +17,7 @@ import torch
 from torch.library import wrap_triton
 
 from . import use_triton
-from .rmsnorm import kernel_op
+from .registration import kernel_op
 from .utils import check_launch, next_pow2, tl, triton
 
 # ---------------------------------------------------------------- kernel

@@ -13,7 +13,7 @@ Derivatives (s = sigmoid(g)):
 so du = dy * act(g) and dg = dy * u * act'(g). Arithmetic is fp32.
 
 The launchers are the custom ops ``abl::glu_fwd`` / ``abl::glu_bwd`` (one pair for
-swiglu and both GEGLUs; abl.kernels.rmsnorm.kernel_op), the backward registered as the
+swiglu and both GEGLUs; abl.kernels.registration.kernel_op), the backward registered as the
 forward's autograd formula, so ``torch.compile`` keeps a call in one graph.
 """
 
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.library import wrap_triton
 
 from . import use_triton
-from .rmsnorm import kernel_op
+from .registration import kernel_op
 from .utils import check_launch, next_pow2, tl, triton
 
 # ACT codes (constexpr): 0 silu, 1 gelu (erf), 2 gelu (tanh approximation). The literals in the
