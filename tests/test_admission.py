@@ -122,7 +122,9 @@ def test_gpu_free_bytes_asks_in_a_child_process(monkeypatch):
 
     monkeypatch.setattr(admission.subprocess, "run", fake_run)
     assert admission.gpu_free_bytes([0, 1]) == {0: 123, 1: 456}
-    assert seen["argv"][0] == sys.executable and "cuda_free_bytes" in seen["argv"][2]
+    argv = seen["argv"]
+    assert argv[0] == sys.executable and "-P" in argv  # abl.pyexec: the working directory is not on the path
+    assert "cuda_free_bytes" in argv[argv.index("-c") + 1]
     monkeypatch.setattr(admission.subprocess, "run", lambda *a, **k: types.SimpleNamespace(stdout="boom"))
     assert admission.gpu_free_bytes([0]) is None  # unknown: nothing refused on a guess
 

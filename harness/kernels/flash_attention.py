@@ -54,6 +54,7 @@ def _attn_fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, 
                     BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     # One pass over key blocks [lo, hi). MASKED=False is for blocks every row of the query block
     # sees whole (in bounds, inside the causal limit and the window): no mask arithmetic there.
+    qk_scale = tl.cast(qk_scale, tl.float32)  # the caller's is fp32 already; kept fp32 whoever calls
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :]

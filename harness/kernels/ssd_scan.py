@@ -448,7 +448,7 @@ else:
     # interpreter runs kernels on real tensors only, so tracing must not open the op up (a
     # triton_op is decomposed into its kernel launches under FakeTensors); wrap_triton would hand
     # the interpreted kernel back as is anyway
-    _op_decorator = torch.library.custom_op
+    _op_decorator = torch.library.custom_op  # type: ignore[assignment]
 
     def _wrap_triton(kernel):
         return kernel
@@ -522,9 +522,9 @@ def ssd_scan_bwd(dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: to
     def chunked(x_, dt_, a_, b_, c_, *s0):
         return ssd_chunked(x_, dt_, a_, b_, c_, chunk_size, initial_state=s0[0] if s0 else None)
 
-    inputs = [v.detach().float() for v in (x, dt, A, Bm, Cm, initial_state) if v is not None]
-    _, vjp = torch.func.vjp(chunked, *inputs)
-    grads = [gr.to(src.dtype) for gr, src in zip(vjp((dy.float(), dfinal.float())), (x, dt, A, Bm, Cm, initial_state))]
+    sources = [v for v in (x, dt, A, Bm, Cm, initial_state) if v is not None]
+    vjp = torch.func.vjp(chunked, *[v.detach().float() for v in sources])[1]
+    grads = [gr.to(src.dtype) for gr, src in zip(vjp((dy.float(), dfinal.float())), sources)]
     if initial_state is None:
         grads.append(x.new_empty(0))
     return tuple(grads)  # type: ignore[return-value]
