@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -87,5 +88,11 @@ class Distributed:
         if self.enabled:
             import torch.distributed as dist
 
+            # gloo's worker thread frees each finished collective (and its tensors) after the
+            # collective returned; a tensor made in Python needs the GIL for that. The group's
+            # destructor, run when the DDP model is dropped after this, joins that thread while
+            # holding the GIL: were the thread still waiting for it, the rank would hang at exit
+            # (seen under load, py-spy on the stuck rank). Sleeping gives the thread the GIL first.
+            time.sleep(0.25)
             dist.destroy_process_group()
 
