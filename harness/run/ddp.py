@@ -26,12 +26,6 @@ class Distributed:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.enabled = self.world > 1
         self.is_main = self.rank == 0
-        # The tensors of the collectives this process started, held until close(). gloo's worker
-        # thread drops its work items (and their tensors) after the collective has returned; were
-        # that the last reference to a tensor made in Python, the thread would need the GIL to free
-        # it while the main thread, holding the GIL, joins that thread in the process group's
-        # destructor at teardown: a deadlock (seen as a rank that never exits after its cell ended).
-        self._held: list[Any] = []
 
     def setup(self, device: torch.device) -> torch.device:
         if not self.enabled:
@@ -57,7 +51,6 @@ class Distributed:
         import torch.distributed as dist
 
         t = torch.tensor([value], dtype=torch.float64, device=device)
-        self._hold(t)
         dist.all_reduce(t)
         return float(t.item()) / self.world
 
@@ -67,13 +60,8 @@ class Distributed:
             return t
         import torch.distributed as dist
 
-        self._hold(t)
         dist.all_reduce(t)
         return t
-
-    def _hold(self, t: torch.Tensor) -> None:
-        # the last few suffice: gloo drops a work item right after its collective returns
-        self._held = self._held[-63:] + [t]
 
     def gather(self, obj: Any) -> list[Any]:
         if not self.enabled:
