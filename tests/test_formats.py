@@ -26,16 +26,43 @@ def test_numbers_signed_and_missing():
     assert formats.fmt_p(3e-5) == "<0.0001"
 
 
+def _byte_units_spelled(source: str) -> list[int]:
+    """Lines of ``source`` that spell a byte unit the way a byte formatter does.
+
+    A bare unit name (``"KiB"``, ``"GiB"``, ``"TiB"``: a formatter's unit table) or a
+    formatted number followed by one of them (``f"{n / GiB:.1f} GiB"``: a formatter's
+    output). MiB as a fixed column or axis unit stays allowed ("peak MiB"), and so does
+    a unit in prose after a literal number ("copies of 256 KiB").
+    """
+    units = ("KiB", "GiB", "TiB")
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and node.value in units:
+            lines.append(node.lineno)
+        if isinstance(node, ast.JoinedStr):
+            for before, after in zip(node.values, node.values[1:]):
+                if isinstance(before, ast.FormattedValue) and isinstance(after, ast.Constant) \
+                        and str(after.value).lstrip().startswith(units):
+                    lines.append(node.lineno)
+    return lines
+
+
+def test_the_byte_unit_scan_sees_a_formatter_in_an_f_string():
+    """The scan missed ``f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"`` (abl.run.admission)."""
+    planted = 'def fmt(n):\n    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"\n'
+    assert _byte_units_spelled(planted) == [2]
+    assert _byte_units_spelled('UNITS = ("B", "KiB")\n') == [1]
+    assert _byte_units_spelled('A = f"{n} MiB"\nB = f"copies of 256 KiB, {n} threads"\n') == []
+
+
 def test_no_other_module_spells_the_byte_units():
     """A second byte formatter would drift (it did: 1 and 2 decimals, GiB or TiB as the top unit)."""
     found = []
-    for folder in ("harness", "dashboard"):
+    for folder in ("harness", "dashboard", "plugins"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             if path == ROOT / "harness" / "analysis" / "formats.py":
                 continue
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Constant) and node.value in ("KiB", "TiB"):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            found += [f"{path.relative_to(ROOT)}:{n}" for n in _byte_units_spelled(path.read_text())]
     assert not found, "byte units spelled outside abl.analysis.formats: " + ", ".join(found)
 
 

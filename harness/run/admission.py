@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..analysis.formats import fmt_bytes
 from ..contracts.config import Cell
 from ..contracts.registry import Registry, RegistryError
 from ..data.corpus import DataError
@@ -89,7 +90,7 @@ class Need:
 
 
 def fmt(n: float) -> str:
-    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
+    return fmt_bytes(n)
 
 
 def cell_device(cell: Cell, gpus: list[int]) -> str:
