@@ -31,8 +31,7 @@ import pandas as pd
 
 from abl.store import rundir
 from abl.store.rundir import RUNNING
-
-DEFAULT_DB = "results/abl.duckdb"
+from abl.store.workspace import DEFAULT_DB, Workspace
 
 # A page render shares one read-only connection, but holds it at most this long
 # before reopening, so a waiting writer (abl run retries for 5 s) gets its turn.
@@ -73,9 +72,8 @@ class Store:
 
     @classmethod
     def from_env(cls) -> "Store":
-        db = os.environ.get("ABL_DB") or DEFAULT_DB
-        runs = os.environ.get("ABL_RUNS_DIR") or str(Path(db).parent / "runs")
-        return cls(db=db, runs_dir=runs)
+        ws = Workspace.resolve(os.environ.get("ABL_DB"), runs_option=os.environ.get("ABL_RUNS_DIR"))
+        return cls(db=str(ws.db), runs_dir=str(ws.runs))
 
     def signature(self) -> tuple:
         """Changes whenever the writer commits (the file or its WAL changes)."""
