@@ -8,6 +8,7 @@ import streamlit as st
 
 from abl.analysis import sections
 from abl.analysis.tables import config_diff
+from abl.contracts.status import RUNNING
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 from abl.store import rundir
@@ -88,7 +89,7 @@ if this_contended:
                + (f", load per core {last['load_per_core']:.2f})" if last.get("load_per_core") is not None
                   else ")" if last.get("cpu_util") is not None else "") + ".")
 
-if status == "running":
+if status == RUNNING:
     p = ctx.live.progress.get(run_id, {})
     steps = config.get("train", {}).get("steps")
     st.info(f"In progress: step {p.get('step') or 0} of {steps}"

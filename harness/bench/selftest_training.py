@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from ..contracts.status import COMPLETED
+
 # relative difference of the final validation loss allowed against the reference cell
 # relative difference of the final validation loss allowed against the reference cell, by the number
 # format a policy's matmuls run in (its ``peak_format`` after setup on this device)
@@ -239,7 +241,7 @@ def training_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     for r in rows:
         key = (r["precision"], r["kernels"], r["compile"])
-        done = r["status"] == "completed"
+        done = r["status"] == COMPLETED
         out.append({"name": f"{tag(*key)}: completes", "ok": done, "value": None, "tolerance": None,
                     "detail": r["status"] + (f": {r['error']}" if r["error"] else "")})
         if not done:
@@ -258,7 +260,7 @@ def training_checks(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             comparisons.append((r["precision"], r["kernels"], False))
         for ref_key in comparisons:
             ref = by.get(ref_key)
-            if ref is None or ref["status"] != "completed" or ref["val_loss"] is None or r["val_loss"] is None:
+            if ref is None or ref["status"] != COMPLETED or ref["val_loss"] is None or r["val_loss"] is None:
                 continue
             tol = max(LOSS_TOLERANCE.get(r["format"], LOSS_TOLERANCE["fp8"]),
                       LOSS_TOLERANCE.get(ref["format"], LOSS_TOLERANCE["fp8"]))

@@ -39,6 +39,7 @@ from ..analysis.health import HEALTH_METRICS, MAX_LOAD_PER_CORE, MIN_CPU_UTIL
 from ..analysis.metrics import is_speed  # speed figures show their spread; a contended run marks them
 from ..analysis.metrics import metric as catalogue_entry
 from ..analysis.sections import CONTENDED, is_contended
+from ..contracts.status import COMPLETED
 from ..grid.labels import run_labels
 from . import termlayout
 from .termlayout import Presentation, fits, pack, print_wide, wrap  # noqa: F401 - re-exported
@@ -113,11 +114,11 @@ def figures(runs, metrics: Sequence[str]) -> dict[Any, dict[str, Figure]]:
     out: dict[Any, dict[str, Figure]] = {}
     contended: dict[Any, bool] = {}
     for r in runs:
-        if r.status == "completed" and is_contended(r.final):
+        if r.status == COMPLETED and is_contended(r.final):
             contended[r.cell_key] = True
     for r in runs:
         cell = out.setdefault(r.cell_key, {m: Figure(m, [], contended.get(r.cell_key, False)) for m in metrics})
-        if r.status != "completed":
+        if r.status != COMPLETED:
             continue
         for m in metrics:
             v = r.final.get(m)
@@ -223,7 +224,7 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
     for r in view.ranked():
         statuses = by_key[r.key].statuses if r.key in by_key else {}
         runs = sum(statuses.values()) or r.n
-        others = ", ".join(f"{n} {st}" for st, n in statuses.items() if st != verdicts.COMPLETED)
+        others = ", ".join(f"{n} {st}" for st, n in statuses.items() if st != COMPLETED)
         out += [("bold", ln) for ln in head(view.numbers[r.key], r.label)]
         items = ["rank " + r.rank_text,
                  f"{name} {verdicts.fmt(r.mean)}" + ("" if r.std is None else f" ± {verdicts.fmt(r.std)}"),

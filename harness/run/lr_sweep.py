@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, Hashable
 
 from ..contracts.config import Cell, Grid, run_id_of
+from ..contracts.status import COMPLETED
 from ..grid.design import compared_seeds
 from ..grid.gridfile import expand
 
@@ -147,9 +148,9 @@ def tuning_runs(db_path: Path, tuning: Grid) -> PerSeed:
     for r in runs:
         c = by_id[r.run_id]
         loss = r.final.get("val_loss")
-        why = ("" if r.status == "completed" and loss is not None and math.isfinite(loss)
+        why = ("" if r.status == COMPLETED and loss is not None and math.isfinite(loss)
                and not (r.final.get("did_not_learn") or 0) >= 0.5
-               else r.status if r.status != "completed" else DID_NOT_LEARN_WHY if loss is not None else "no val_loss")
+               else r.status if r.status != COMPLETED else DID_NOT_LEARN_WHY if loss is not None else "no val_loss")
         out[variant(c)][c.train.lr][c.seed] = (loss, why)
     return out
 
