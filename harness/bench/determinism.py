@@ -31,9 +31,9 @@ ATTENTION_SHAPES = [(2, 16, 2048, 128), (2, 16, 2048, 64)]
 
 def uses_atomics(op: str) -> bool:
     """Whether the op's kernel module calls a Triton atomic (its sums then depend on program order)."""
-    from ..kernels import _module
+    from ..kernels import module_of
 
-    return "atomic_" in inspect.getsource(_module(op))
+    return "atomic_" in inspect.getsource(module_of(op))
 
 
 def repeat_backward(kernel: Callable[..., Any], args: list[Any], leaves: list[int], repeats: int = REPEATS,

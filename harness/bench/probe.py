@@ -49,7 +49,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .probe_kernels import (GRACE_S, LIMITS, STAGES, TITLES, Report, _err, profile_table, stage_attention,
+from .probe_kernels import (GRACE_S, LIMITS, STAGES, TITLES, Report, error_text, profile_table, stage_attention,
                             stage_determinism, stage_file, stage_layernorm, stage_lce, stage_ssd)
 
 __all__ = ["GRACE_S", "LIMITS", "RUNNERS", "STAGES", "TITLES", "Report", "main"]
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         RUNNERS[args.stage](report, device, args.tiny)
     except Exception as exc:  # noqa: BLE001 - written to the stage's file, then a non-zero exit
-        report.line(f"FAILED: {_err(exc)}")
+        report.line(f"FAILED: {error_text(exc)}")
         for line in traceback.format_exc().splitlines()[-15:]:
             report.line(f"  {line}")
         report.close("failed")

@@ -109,7 +109,8 @@ def _fmt(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:.4g} ms"
 
 
-def _err(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """An exception in one line: its type and the first 200 characters of its message."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
 
@@ -239,7 +240,7 @@ def attention_tile_repeats(report: Report, d: int, shape: tuple, device, repeats
             try:
                 one(f"forced {cfg} on {'+'.join(k.removeprefix('bwd_') for k in forced)}", forced)
             except Exception as exc:  # noqa: BLE001 - a tile that does not fit on this GPU: say so, go on
-                report.row(f"D{d} forced {cfg}: did not run: {_err(exc)}", d=d, tile=str(cfg), error=_err(exc))
+                report.row(f"D{d} forced {cfg}: did not run: {error_text(exc)}", d=d, tile=str(cfg), error=error_text(exc))
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -267,7 +268,7 @@ def sdpa_default_backend(q, k, v) -> str:
         choice = torch._fused_sdp_choice(q, k, v, None, 0.0, True)
         return SDPBackend(choice).name
     except Exception as exc:  # noqa: BLE001 - a private API: say that it could not be asked
-        return f"unknown ({_err(exc)})"
+        return f"unknown ({error_text(exc)})"
 
 
 def stage_attention(report: Report, device, tiny: bool) -> None:
@@ -301,7 +302,7 @@ def stage_attention(report: Report, device, tiny: bool) -> None:
             try:
                 fwd, both = fwd_and_fwd_bwd(fn, args, [0, 1, 2], _timer())
             except Exception as exc:  # noqa: BLE001 - a backend that does not take these inputs
-                report.row(f"D{d} {name:<15} not run: {_err(exc)}", d=d, provider=name, error=_err(exc))
+                report.row(f"D{d} {name:<15} not run: {error_text(exc)}", d=d, provider=name, error=error_text(exc))
                 continue
             base = both if name == "sdpa default" else base
             report.row(f"D{d} {name:<15} fwd {_fmt(fwd)} ({flops / fwd / 1e9:.0f} TFLOP/s), fwd+bwd {_fmt(both)} "
@@ -350,7 +351,7 @@ def stage_lce(report: Report, device, tiny: bool) -> None:
                 loss = float(first(fn(hid, w, y)).detach())
                 both = _timer()(lambda: first(fn(hid, w, y)).backward(), [hid, w])
             except Exception as exc:  # noqa: BLE001
-                report.row(f"N{n} {name:<22} not run: {_err(exc)}", shape=(n, d, v), provider=name, error=_err(exc))
+                report.row(f"N{n} {name:<22} not run: {error_text(exc)}", shape=(n, d, v), provider=name, error=error_text(exc))
                 continue
             base = both if name == "torch" else base
             report.row(f"N{n} {name:<22} fwd+bwd {_fmt(both)} ({flops / both / 1e9:.0f} TFLOP/s)"
@@ -403,7 +404,7 @@ def stage_ssd(report: Report, device, tiny: bool) -> None:
             diff = float((fn(*inp.args).detach().float() - ref).abs().max()) / float(ref.abs().max())
             fwd, both = fwd_and_fwd_bwd(fn, inp.args, inp.leaves, _timer())
         except Exception as exc:  # noqa: BLE001
-            report.row(f"{name:<32} not run: {_err(exc)}", provider=name, error=_err(exc))
+            report.row(f"{name:<32} not run: {error_text(exc)}", provider=name, error=error_text(exc))
             continue
         report.row(f"{name:<32} fwd {_fmt(fwd)}, fwd+bwd {_fmt(both)}; max |y - torch| / max |torch| {diff:.3g}",
                    provider=name, fwd_ms=fwd, fwd_bwd_ms=both, rel_diff=diff)
@@ -467,7 +468,7 @@ def stage_layernorm(report: Report, device, tiny: bool) -> None:
             report.row(f"{name:<22} fwd {_fmt(fwd)} ({nbytes['fwd'] / fwd / 1e6:.0f} GB/s), fwd+bwd {_fmt(both)} "
                        f"({nbytes['fwd+bwd'] / both / 1e6:.0f} GB/s)", provider=name, fwd_ms=fwd, fwd_bwd_ms=both)
         except Exception as exc:  # noqa: BLE001 - too many warps for the block: say so, go on
-            report.row(f"{name:<22} not run: {_err(exc)}", provider=name, error=_err(exc))
+            report.row(f"{name:<22} not run: {error_text(exc)}", provider=name, error=error_text(exc))
         finally:
             if original is not None:
                 setattr(ln, "_num_warps", original)

@@ -187,7 +187,8 @@ OPS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _module(op: str):
+def module_of(op: str):
+    """The kernel module of an op (imported on first use)."""
     import importlib
 
     return importlib.import_module(f"{__name__}.{OPS[op][0]}")
@@ -196,10 +197,10 @@ def _module(op: str):
 def load(op: str):
     """(Triton function, torch reference) of an op, importing its module."""
     _, fn, ref = OPS[op]
-    mod = _module(op)
+    mod = module_of(op)
     return getattr(mod, fn), getattr(mod, ref)
 
 
 def op(name: str):
     """The op itself (it picks the Triton function or the reference from the active backend)."""
-    return getattr(_module(name), name)
+    return getattr(module_of(name), name)

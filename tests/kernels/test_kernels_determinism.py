@@ -74,8 +74,8 @@ def test_ops_with_atomics_are_left_out(monkeypatch, tmp_path, device):
     spec = importlib.util.spec_from_file_location("fake_kernel", src)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    real = kernels._module
-    monkeypatch.setattr(kernels, "_module", lambda op: mod if op == "swiglu" else real(op))
+    real = kernels.module_of
+    monkeypatch.setattr(kernels, "module_of", lambda op: mod if op == "swiglu" else real(op))
     assert det.uses_atomics("swiglu") and not det.uses_atomics("rmsnorm")
     rows = det.check_determinism(torch.device(device), repeats=2, plan=PLAN[:1])
     assert rows[0]["ok"] is None and "atomics" in rows[0]["detail"]

@@ -13,7 +13,7 @@ by the other axes' levels, as a randomized complete block design does
 (Montgomery, "Design and Analysis of Experiments", 8th ed. 2013, ch. 4 and
 5). The levels of the axis are compared pairwise by t-tests of the model's
 contrasts, Holm-adjusted over the pairs (Holm 1979), with intervals at the
-level each Holm step tested (``engine._holm_interval``), so the verdict and
+level each Holm step tested (``engine.holm_interval``), so the verdict and
 the interval never disagree. Each level's figure is its least-squares mean:
 the model's prediction averaged over a balanced grid of the other factors.
 
@@ -40,7 +40,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from .corrections import holm
-from .engine import BETTER, SAME, TOO_FEW, WORSE, CellInput, ComparisonRow, _holm_interval, letters
+from .engine import BETTER, SAME, TOO_FEW, WORSE, CellInput, ComparisonRow, holm_interval, letters
 from .power import MIN_SEEDS, POWER, min_detectable, power_t
 from .ttest import ALPHA
 
@@ -304,7 +304,7 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
     apart = set()
     for (a, b), (c, enough), pa in zip(pairs, comps, adj):
         c.p_adjusted = float(pa) if np.isfinite(pa) else None
-        _holm_interval(c, {}, alpha, bootstrap=False)
+        holm_interval(c, {}, alpha, bootstrap=False)
         if not enough:
             c.verdict = (f"{TOO_FEW} (n={min(counts[a], counts[b])} runs; at least {MIN_SEEDS} runs per "
                          f"level and {MIN_SEEDS - 1} residual degrees of freedom give a verdict)")

@@ -39,7 +39,7 @@ import numpy as np
 from .bootstrap import BOOTSTRAP_RESAMPLES, bootstrap_diff
 from .corrections import HOLM, NO_CORRECTION, holm
 from .power import MIN_SEEDS, POWER, min_detectable
-from .ttest import ALPHA, CONFIDENCE, Summary, _exact, paired, summarize, welch_test
+from .ttest import ALPHA, CONFIDENCE, Summary, exact_difference, paired, summarize, welch_test
 
 BETTER, WORSE, SAME, BASELINE = "better", "worse", "not distinguishable", "baseline"
 TOO_FEW = "too few seeds to decide"
@@ -222,7 +222,7 @@ def _one_comparison(a: CellInput, b: CellInput, *, bootstrap: bool, confidence: 
         r = paired(ca, cb, confidence)
         se, df = r["se"], float(r["pairs"] - 1)
         if se == 0.0:
-            row.delta, row.ci_low, row.ci_high, row.p_value = _exact(r["diff"])
+            row.delta, row.ci_low, row.ci_high, row.p_value = exact_difference(r["diff"])
         else:
             row.ci_low, row.ci_high, row.p_value = r["diff_lo"], r["diff_hi"], r["p"]
         row.test = f"paired t (n={r['pairs']})"
@@ -293,7 +293,7 @@ def analyse(cells: Sequence[CellInput], comparisons: Sequence[tuple[Hashable, Ha
         cr.p_adjusted = None if not np.isfinite(pa) else float(pa)
         n_min = min(cr.n_a, cr.n_b)
         if correction == HOLM:
-            _holm_interval(cr, by_key, alpha, bootstrap)
+            holm_interval(cr, by_key, alpha, bootstrap)
         if n_min < MIN_SEEDS:
             cr.verdict = f"{TOO_FEW} (n={n_min}; at least {MIN_SEEDS} seeds per cell give a verdict)"
         elif cr.p_adjusted is None:
@@ -303,7 +303,7 @@ def analyse(cells: Sequence[CellInput], comparisons: Sequence[tuple[Hashable, Ha
     return Analysis(rows, comps, alpha, correction, bootstrap, lower_is_better)
 
 
-def _holm_interval(cr: ComparisonRow, by_key: Mapping, alpha: float, bootstrap: bool) -> None:
+def holm_interval(cr: ComparisonRow, by_key: Mapping, alpha: float, bootstrap: bool) -> None:
     """The interval at the level Holm's procedure tested ``cr`` at (Holm 1979): alpha_i = alpha * p / p_Holm.
 
     Without the monotonicity step p_Holm = (m - i + 1) p, so alpha_i = alpha / (m - i + 1), Holm's own

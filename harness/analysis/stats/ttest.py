@@ -119,7 +119,7 @@ def summarize(values: Mapping[Any, float] | Sequence[float], confidence: float =
     return Summary(n, mean, std, mean - half, mean + half, vals)
 
 
-def _exact(diff: float) -> tuple[float, float, float, float]:
+def exact_difference(diff: float) -> tuple[float, float, float, float]:
     """Zero spread: the t statistic is infinite (or 0/0); the difference is exact: (diff, lo, hi, p)."""
     return diff, diff, diff, (1.0 if diff == 0.0 else 0.0)
 
@@ -129,7 +129,7 @@ def paired_test(cell: Mapping[Any, float], base: Mapping[Any, float],
     """(mean diff, ci_low, ci_high, p, n) of the per-seed differences cell - base over common seeds."""
     r = paired(cell, base, confidence)
     if r["se"] == 0.0:
-        return (*_exact(r["diff"]), r["pairs"])
+        return (*exact_difference(r["diff"]), r["pairs"])
     return r["diff"], r["diff_lo"], r["diff_hi"], r["p"], r["pairs"]
 
 
@@ -141,5 +141,5 @@ def welch_test(a: Sequence[float], b: Sequence[float],
         sx, sy = x.std(ddof=1), y.std(ddof=1)
     w = welch(x.mean(), sx, len(x), y.mean(), sy, len(y), confidence)
     if float(w["se"]) == 0.0:
-        return (*_exact(float(w["diff"])), float(len(x) + len(y) - 2))
+        return (*exact_difference(float(w["diff"])), float(len(x) + len(y) - 2))
     return (float(w["diff"]), float(w["diff_lo"]), float(w["diff_hi"]), float(w["p"]), float(w["dof"]))
