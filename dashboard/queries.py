@@ -161,18 +161,18 @@ def runs(store: Store, sel: Selection, axis_paths: Iterable[str] = ()) -> pd.Dat
 
 
 def grid_cell_order(store: Store, sel: Selection) -> list[str]:
-    """The cell keys of the selected runs in their grid's order (abl.present.palette.recorded_grid_order, which
-    ``abl report`` uses too): the order ``abl run`` expands each experiment's grid file into; where the grid
-    file cannot be read, or a cell is not a point of it, the order its first run started."""
-    from abl.present.palette import recorded_grid_order
+    """The cell keys of the selected runs in their grid's order (abl.present.palette.grid_order, which
+    ``abl report`` uses too): the position each cell recorded in its grid file when it ran; a cell that
+    recorded none (an older run folder) after them, in the order its first run started."""
+    from abl.present.palette import grid_order
 
     where, params = sel.where()
     df = store.query(f"""
-        SELECT r.experiment, coalesce(r.cell_key, r.run_id) AS cell_key, r.label, r.grid_file
+        SELECT r.experiment, coalesce(r.cell_key, r.run_id) AS cell_key, r.label, r.grid_file, r.grid_index
         FROM runs r WHERE {where}
         ORDER BY r.experiment, r.started NULLS LAST, r.cell_key, r.seed
     """, params)
-    return recorded_grid_order(list(df.itertuples(index=False)), store.db)
+    return grid_order(list(df.itertuples(index=False)))
 
 
 def metric_catalogue(store: Store, sel: Selection, live: Live | None = None) -> pd.DataFrame:

@@ -1,10 +1,13 @@
 """A cell's grid position on the dashboard (its colour, line style and marker: abl.present.palette) comes from
 its grid file's order of cells - the order ``abl run`` expands the grid into - not from the order its runs
-started (issue 25). Where the grid file cannot be read (a store copied elsewhere), first-run order."""
+started (issue 25). Each run records its position when it runs (issue 38), so the order, the labels and the
+colours stay the same after the grid file is moved, edited or deleted; only a run folder from before runs
+recorded it falls back to first-run order."""
 
 import json
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -72,23 +75,26 @@ def test_cells_take_their_grid_files_order_not_their_runs(store):
     assert q.grid_cell_order(st, q.Selection(experiments=("normslike",))) == grid_order
 
 
-def test_without_the_grid_file_first_run_order_is_the_fallback(store, tmp_path):
+def test_a_store_copied_without_its_grid_file_keeps_the_grid_order(store, tmp_path):
     st, grid_order, run_order = store
     copied = tmp_path / "elsewhere" / "abl.duckdb"  # a store copied without its grid file
     copied.parent.mkdir()
     shutil.copy(st.db, copied)
-    assert q.grid_cell_order(q.Store(str(copied), str(tmp_path / "runs")), q.Selection()) == run_order
+    assert q.grid_cell_order(q.Store(str(copied), str(tmp_path / "runs")), q.Selection()) == grid_order
 
 
-def test_a_cell_that_is_no_point_of_the_grid_comes_after_its_points():
-    points = palette.grid_points({"grid": {"model.norm": ["a", "b"], "model.block": ["pre", "post"],
-                                           "exclude": [{"model.norm": "b", "model.block": "post"}]}})
-    assert points == ["norm=a, block=pre", "norm=a, block=post", "norm=b, block=pre", "norm=b, block=post"]
-    cells = [("x", "norm=c, block=pre"), ("k3", "norm=b, block=pre"), ("k1", "norm=a, block=pre"),
-             ("k2", "norm=a, block=post"), ("y", "lr=0.1")]
-    assert palette.in_grid_order(cells, points) == ["k1", "k2", "k3", "x", "y"]
-    assert palette.in_grid_order(cells, None) == ["x", "k3", "k1", "k2", "y"]  # no grid file: as given
-    assert palette.grid_points({"experiment": {"name": "one"}}) == ["base"]
+def test_cells_that_recorded_no_grid_position_follow_in_first_run_order():
+    """Runs from before runs recorded their grid (no index): after the indexed cells, in start order; the
+    indexed ones by (the grid file's first run, their index), experiment by experiment."""
+    from types import SimpleNamespace as R
+
+    runs = [R(experiment="e", cell_key="old2", grid_file="", grid_index=None),
+            R(experiment="e", cell_key="b", grid_file="g.toml", grid_index=3),
+            R(experiment="e", cell_key="old1", grid_file="", grid_index=float("nan")),
+            R(experiment="e", cell_key="a", grid_file="g.toml", grid_index=1),
+            R(experiment="e", cell_key="c", grid_file="h.toml", grid_index=0),
+            R(experiment="d", cell_key="z", grid_file="g.toml", grid_index=7)]
+    assert palette.grid_order(runs) == ["z", "a", "b", "c", "old2", "old1"]
 
 
 def test_the_curves_page_colours_cells_by_grid_position(store, monkeypatch):
@@ -128,19 +134,15 @@ def _grid_label(shown: str, labels: dict) -> str:
 
 def test_a_report_by_experiment_name_orders_cells_as_the_dashboard_does(store, tmp_path):
     """``abl report NAME`` (no grid file given) used to order cells by first run while the dashboard used the
-    grid's order, so one cell could take two colours. Both now read the grid file the runs recorded."""
+    grid's order, so one cell could take two colours. Both now use the grid position the runs recorded."""
     from abl.present.report import load_runs
     from abl.present.report.runs import group_cells
 
     st, grid_order, run_order = store
     runs = load_runs(st.db, experiment="normslike")
-    order = palette.recorded_grid_order(runs, st.db)
+    order = palette.grid_order(runs)
     assert order == grid_order
     assert [c.key for c in group_cells(runs, order)] == grid_order
-    copied = tmp_path / "elsewhere" / "abl.duckdb"
-    copied.parent.mkdir()
-    shutil.copy(st.db, copied)
-    assert palette.recorded_grid_order(load_runs(copied, experiment="normslike"), str(copied)) == run_order
     # the CLI: the report's cell table lists them in grid order
     from conftest import run_abl
 
@@ -151,3 +153,37 @@ def test_a_report_by_experiment_name_orders_cells_as_the_dashboard_does(store, t
     labels = {k: lbl for k, lbl in st.query("SELECT DISTINCT cell_key, label FROM runs").itertuples(index=False)}
     positions = [text.find(f"| {labels[k]} |") for k in grid_order]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), positions
+
+
+def test_a_finished_grid_shows_the_same_labels_and_colours_after_its_grid_file_is_deleted(store, tmp_path):
+    """Issue 38: the labels (the grid's axes named first, from the paths each run recorded) and the colours
+    (from the position each run recorded) of a finished grid do not depend on its grid file still being there:
+    the report's cells and the dashboard's order, before and after the file is deleted."""
+    from abl.present.report import load_runs
+    from abl.present.report.runs import group_cells, label_cells
+
+    st, grid_order, _ = store
+
+    def shown(db: str) -> tuple[list[tuple[str, str]], list[str]]:
+        runs = load_runs(db, experiment="normslike")
+        cells = group_cells(runs, palette.grid_order(runs))
+        label_cells(cells)
+        colours = palette.styles(c.key for c in cells)
+        return ([(c.label, colours[c.key].colour) for c in cells],
+                q.grid_cell_order(q.Store(db, str(tmp_path / "runs")), q.Selection()))
+
+    before = shown(st.db)
+    assert before[1] == grid_order
+    # the grid's axes, in the grid file's order, name every cell (norm before block)
+    assert before[0][0][0] == "norm=layernorm, block=pre", before[0]
+    grid_file = Path(st.db).parent.parent / "normslike.toml"
+    saved = grid_file.read_text()
+    grid_file.unlink()
+    try:
+        assert shown(st.db) == before
+        copied = tmp_path / "elsewhere" / "abl.duckdb"  # and a copy of the store far from where it ran
+        copied.parent.mkdir()
+        shutil.copy(st.db, copied)
+        assert shown(str(copied)) == before
+    finally:
+        grid_file.write_text(saved)

@@ -6,16 +6,18 @@ import pytest
 
 from abl.contracts.plugin_manager import get_registry
 from abl.grid.gridfile import load_grid
-from abl.grid.labels import cell_labels, short_names, show
+from abl.grid.labels import cell_labels, recorded_paths, short_names, show
 
 SHIPPED = ["norms", "position", "ffn", "attention", "moe", "precision", "ssm", "tokenizers", "recall"]
 
 
 def _labels(grids, order=True):
+    """Labels of the grids' cells with the grid's paths as given (``order``), or as the cells record them
+    (abl.contracts.config.Cell.grid_paths; what a stored run keeps when its grid file is gone)."""
     cells = [c for g in grids for c in g.cells]
     configs = {c.cell_key: c.config for c in cells}
     fallback = {c.cell_key: c.label for c in cells}
-    return cell_labels(configs, grids[0].grid_paths if order else (), fallback), cells
+    return cell_labels(configs, grids[0].grid_paths if order else recorded_paths(cells), fallback), cells
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -55,6 +57,16 @@ def test_equal_settings_still_give_distinct_labels():
     cfg = {"model": {"norm": "rmsnorm"}}
     labels = cell_labels({"aaaaaaaaaa1": cfg, "bbbbbbbbbb2": dict(cfg)}, (), {})
     assert len(set(labels.values())) == 2
+
+
+def test_cells_record_their_grid_paths_and_position():
+    grid = load_grid("ablations/norms.toml", get_registry(), [])
+    assert recorded_paths(grid.cells) == grid.grid_paths == ["model.norm", "model.block"]
+    indices = list(dict.fromkeys(c.grid_index for c in grid.cells))
+    assert indices == sorted(indices) and indices[0] == 0  # the expansion order, excluded points keep a place
+    c = grid.cells[0]
+    assert c.grid_record(grid.path) == {"file": grid.path, "paths": grid.grid_paths, "index": c.grid_index,
+                                        "varied": c.varied}
 
 
 def test_short_names_grow_only_where_ambiguous():

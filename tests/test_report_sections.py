@@ -47,7 +47,8 @@ def _write_run(d, cell, *, status, info, final, loss, tokens_per_s, wall, starte
     (d / "config.json").write_text(json.dumps(cell.config))
     (d / "meta.json").write_text(json.dumps({
         "cell_key": cell.cell_key, "label": cell.label, "git_commit": "abc123",
-        "versions": {"torch": "2.x", "python": "3.x"}, "grid_file": "normslike.toml"}))
+        "versions": {"torch": "2.x", "python": "3.x"}, "grid_file": "normslike.toml",
+        "grid": cell.grid_record("normslike.toml")}))
     if info:
         (d / "info.json").write_text(json.dumps({
             "device": "cpu (test)", "data_fingerprint": "f" * 64, "vocab_size": 4096, "precision": "fp32",
@@ -385,6 +386,7 @@ def test_loss_curves_band_only_with_three_seeds(norms_store, tmp_path):
     from matplotlib.collections import PolyCollection
 
     from abl.present import report
+    from abl.store.reader import StoredRun
 
     rep, md = _report(norms_store, tmp_path)
     ax = next(a for a in report.loss_curves_figure(rep.cells, "").axes if "equal tokens" in a.get_title())
@@ -393,7 +395,7 @@ def test_loss_curves_band_only_with_three_seeds(norms_store, tmp_path):
     assert "(fewer than 3 seeds per cell: no CI band)" in md
     runs = [r for c in rep.cells[:3] for r in c.completed]
     for i, r in enumerate(list(runs)):  # a third seed for three cells
-        extra = report.Run(**{**r.__dict__, "run_id": r.run_id + "b", "seed": r.seed + 2,
+        extra = StoredRun(**{**r.__dict__, "run_id": r.run_id + "b", "seed": r.seed + 2,
                               "curves": {k: [(s, v + 0.01 * (i % 3)) for s, v in pts] for k, pts in r.curves.items()}})
         if r.seed == 0:
             runs.append(extra)

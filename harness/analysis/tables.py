@@ -32,6 +32,26 @@ def flatten(obj: Any, prefix: str = "", *, index_lists: bool = False) -> dict[st
     return {prefix: obj}
 
 
+SETTING_SECTIONS = ("model", "train", "data", "eval")
+
+
+def settings_of(config: dict[str, Any], sections: tuple[str, ...] = SETTING_SECTIONS) -> dict[str, Any]:
+    """A run's settings, ``{dotted path: value}``: the one flattening of a config (either stored shape) that
+    the store's ``run_settings`` table, the labels and the analysis share. ``sections`` flattened as they
+    are (``model.d_model``), and each component's parameters under its axis and name
+    (``position.sinusoidal.embed_scale``)."""
+    from ..contracts.config import CONFIG_FORMAT, canonical_config
+
+    if config.get("format") == CONFIG_FORMAT:
+        config = canonical_config(dict(config))
+    flat = flatten({k: config.get(k) for k in sections if config.get(k) is not None})
+    for axis, spec in (config.get("components") or {}).items():
+        if isinstance(spec, dict) and isinstance(spec.get("params"), dict):
+            for k, v in spec["params"].items():
+                flat[f"{axis}.{spec.get('name')}.{k}"] = v
+    return flat
+
+
 def config_diff(a: Any, b: Any, ignore: tuple[str, ...] = ("seed",)):
     """A DataFrame of the paths where two configs (dicts or their JSON text) differ, one-sided keys included.
 

@@ -50,10 +50,10 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
             if not runs:
                 names = experiments(db)
                 fail(f"no experiment {source!r} in {db}; experiments there: {', '.join(names) or 'none'}")
-            from ..present.palette import recorded_grid_order
+            from ..present.palette import grid_order
 
-            # the grid files the runs recorded give the order, as on the dashboard (first-run order without)
-            order, missing, name, raw = recorded_grid_order(runs, str(db)), 0, source, None
+            # the grid positions the runs recorded give the order, as on the dashboard
+            order, missing, name, raw = grid_order(runs), 0, source, None
         rep = build_report(runs, source=source, db_path=str(db), registry=registry, order=order,
                            baseline=baseline, grid_raw=raw, missing_runs=missing)
         path = write_report(rep, out, fmt)

@@ -274,6 +274,16 @@ class Cell:
     eval: EvalConfig = field(default_factory=EvalConfig)
     # the grid's label of the cell (abl.grid.labels.grid_label of ``varied``), set where the cell is made
     label: str = "base"
+    # what the grid knew, recorded with the run so no reader re-reads the grid file: the swept paths in the
+    # file's order, and the cell's 0-based position among the file's points in the order ``abl run``
+    # expands them (itertools.product over the axes, the last fastest; excluded points keep their place)
+    grid_paths: list[str] = field(default_factory=list)
+    grid_index: int | None = None
+
+    def grid_record(self, grid_file: str) -> dict[str, Any]:
+        """What the grid knew about this cell, as meta.json's ``grid`` object (abl.store ingests it)."""
+        return {"file": grid_file, "paths": list(self.grid_paths), "index": self.grid_index,
+                "varied": dict(self.varied)}
 
     @property
     def cell_key(self) -> str:

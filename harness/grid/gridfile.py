@@ -183,7 +183,7 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
     seen: set[str] = set()
     paths = list(axes)
     n_points = 0
-    for combo in itertools.product(*(axes[p] for p in paths)):
+    for index, combo in enumerate(itertools.product(*(axes[p] for p in paths))):
         varied = dict(zip(paths, combo))
         if any(_matches(varied, ex, raw) for ex in excludes):
             continue
@@ -201,6 +201,7 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
                 errs += [f"{source}: cell [{grid_label(varied)}]: {m}" for m in e]
                 break
             assert cell is not None
+            cell.grid_paths, cell.grid_index = list(paths), index
             if cell.run_id in seen:  # two grid points resolving to the same run
                 continue
             seen.add(cell.run_id)

@@ -20,8 +20,8 @@ import json
 import math
 from typing import Any, Hashable, Mapping, Sequence
 
-from ..analysis.tables import flatten
-from ..contracts.config import CONFIG_FORMAT, canonical_config, solved_paths
+from ..analysis.tables import settings_of
+from ..contracts.config import solved_paths
 
 SEP = ", "
 # never a label part: the seed (a cell is every seed of one config), the experiment's name and
@@ -56,15 +56,9 @@ def grid_label(varied: Mapping[str, Any]) -> str:
 
 
 def settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A run's config (either stored shape) flattened to ``{dotted path: value}``: its sections and
-    its components' parameters."""
-    if config.get("format") == CONFIG_FORMAT:
-        config = canonical_config(dict(config))
-    flat = flatten({k: config.get(k) for k in ("model", "train", "data", "eval") if config.get(k) is not None})
-    for axis, spec in (config.get("components") or {}).items():
-        if isinstance(spec, dict) and isinstance(spec.get("params"), dict):
-            for k, v in spec["params"].items():
-                flat[f"{axis}.{spec.get('name')}.{k}"] = v
+    """The settings of a run's config (either stored shape; abl.analysis.tables.settings_of) that can
+    enter a label: not the seed, the experiment or what the run records about itself."""
+    flat = settings_of(dict(config))
     solved = solved_paths(dict(config))  # train.match's output: the budget is the choice, not these
     return {k: v for k, v in flat.items() if not k.startswith(IGNORED_PREFIXES) and k not in solved}
 
@@ -115,9 +109,8 @@ def cell_labels(configs: Mapping[Hashable, Mapping[str, Any]], order: Sequence[s
     """``{key: label}``, distinct for distinct keys, as ``name=value`` pairs joined by ", ".
 
     ``configs``: one config per cell (any seed's). ``order``: the axes the cells
-    were chosen by (a grid's paths); every one of them that differs is in every
-    label. Without ``order``, the names in the ``fallback`` labels (the stored
-    grid labels) pick the axes. Cells those axes leave alike get, beside them,
+    were chosen by (the grid's paths, which each run records: ``recorded_paths``);
+    every one of them that differs is in every label. Cells those axes leave alike get, beside them,
     the first settings that tell them apart (a ``--set`` of a component
     parameter, say), and only they do: a setting derived from an axis (a head
     width from d_model) never lengthens a label that is already distinct.
@@ -127,11 +120,6 @@ def cell_labels(configs: Mapping[Hashable, Mapping[str, Any]], order: Sequence[s
     cfgs = [configs[k] for k in keys]
     flats = [settings(c) for c in cfgs]
     paths = differing(cfgs, order)
-    if not order and fallback:  # the stored labels name the grid's axes by their last segment
-        named = list(dict.fromkeys(part.split("=", 1)[0].strip() for lbl in fallback.values()
-                                   for part in (lbl or "").split(",")))
-        order = sorted((p for p in paths if p.split(".")[-1] in named), key=lambda p: named.index(p.split(".")[-1]))
-        paths = differing(cfgs, order)
     axes = [p for p in paths if p in set(order)]
     rest = sorted((p for p in paths if p not in axes), key=lambda p: (not _is_component_param(p, cfgs),))
     names = short_names(paths)
@@ -161,8 +149,17 @@ def cell_labels(configs: Mapping[Hashable, Mapping[str, Any]], order: Sequence[s
     return {k: (lbl if seen[lbl] == 1 else f"{lbl} [{str(k)[:8]}]") for k, lbl in zip(keys, labels)}
 
 
+def recorded_paths(runs: Sequence[Any]) -> list[str]:
+    """The grid paths ``runs`` (objects with ``grid_paths``: abl.store's stored runs) recorded, each once, in
+    the order their grids listed them: the axes their labels name first. A run from before runs recorded
+    their grid has none."""
+    return list(dict.fromkeys(p for r in runs for p in (getattr(r, "grid_paths", None) or ()) if isinstance(p, str)))
+
+
 def run_labels(runs: Sequence[Any], order: Sequence[str] = ()) -> dict[str, str]:
-    """``{cell_key: label}`` for runs with ``cell_key``, ``config`` and ``label`` attributes."""
+    """``{cell_key: label}`` for runs with ``cell_key``, ``config`` and ``label`` attributes; ``order``: the
+    axes to name first, else the grid paths the runs recorded (``recorded_paths``)."""
+    order = list(order) or recorded_paths(runs)
     configs: dict[Hashable, Mapping[str, Any]] = {}
     stored: dict[Hashable, str] = {}
     for r in runs:

@@ -206,6 +206,7 @@ def make_jobs(grid: Grid, todo: list[Cell], registry: Registry, db_path: Path, r
                 "first_commit": first, "attempts": int(old.get("attempts", 0)) + 1,
                 "code_changed": bool(old.get("code_changed")) or first != commit,
                 "executor": executor.name, "versions": versions(cell, registry), "grid_file": grid.path,
+                "grid": cell.grid_record(grid.path),
                 # FLOP counts and tracked memory of model shapes measured before (abl.model.shapecache)
                 "shape_cache": str((db_path.parent / rundir.SHAPES_DIR).resolve())}
         if meta["code_changed"]:

@@ -22,6 +22,7 @@ import duckdb
 
 from ..analysis import health
 from ..analysis import metrics as catalogue
+from ..analysis.tables import settings_of
 from ..contracts.config import ConfigError, canonical_config
 from . import rundir
 
@@ -103,6 +104,17 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             git_commit VARCHAR
         );
         CREATE INDEX selftest_id ON selftest (selftest_id, section)
+    """),
+    (7, "what the grid knew", """
+        ALTER TABLE runs ADD COLUMN grid_paths JSON;
+        ALTER TABLE runs ADD COLUMN grid_index INTEGER;
+        ALTER TABLE runs ADD COLUMN grid_varied JSON;
+        CREATE TABLE run_settings (
+            run_id VARCHAR NOT NULL,
+            path VARCHAR NOT NULL,
+            value JSON
+        );
+        CREATE INDEX run_settings_run ON run_settings (run_id)
     """),
 ]
 
@@ -266,21 +278,25 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     seed = config["seed"]
     if not isinstance(seed, int) or not INT32[0] <= seed <= INT32[1]:
         raise StoreError(f"{run_dir}: seed {seed!r} does not fit the store's INTEGER column")
+    grid = grid_record(meta.get("grid"))
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
         con.execute(
             "INSERT INTO runs (run_id, experiment, cell_key, label, seed, status, config, started,"
             " finished, git_commit, versions, device, env, data_fingerprint, grid_file, notes, error,"
-            " attempts, code_changed, executor)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " attempts, code_changed, executor, grid_paths, grid_index, grid_varied)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run_id, config["experiment"], meta.get("cell_key"), meta.get("label"), config["seed"], state,
              json.dumps(stored_config, sort_keys=True), _ts(status.get("started")), _ts(status.get("finished")),
              meta.get("git_commit"), json.dumps(meta.get("versions", {}), sort_keys=True),
              info.get("device"), json.dumps(info, sort_keys=True), info.get("data_fingerprint"),
              meta.get("grid_file"), notes, error, meta.get("attempts", 1),
-             bool(meta.get("code_changed", False)), meta.get("executor")],
+             bool(meta.get("code_changed", False)), meta.get("executor"),
+             None if grid is None else json.dumps(grid["paths"]), None if grid is None else grid["index"],
+             None if grid is None else json.dumps(grid["varied"], sort_keys=True, default=str)],
         )
+        write_settings(con, run_id, stored_config)
         con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])
         if rows:
             steps, names, values = zip(*rows)
@@ -297,6 +313,32 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
         con.execute("ROLLBACK")
         raise
     return state
+
+
+def grid_record(record: Any) -> dict[str, Any] | None:
+    """meta.json's ``grid`` object (abl.contracts.config.Cell.grid_record) when it has the recorded shape
+    (a run folder is untrusted input): swept paths (strings), the cell's index among the grid's points
+    (a non-negative int that fits the store, or None) and its swept settings; else None (a folder
+    written before runs recorded their grid, or a damaged one)."""
+    if not isinstance(record, dict):
+        return None
+    paths, index, varied = record.get("paths"), record.get("index"), record.get("varied")
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths) or not isinstance(varied, dict):
+        return None
+    if not (isinstance(index, int) and not isinstance(index, bool) and 0 <= index <= INT32[1]):
+        index = None
+    return {"paths": paths, "index": index, "varied": varied}
+
+
+def write_settings(con, run_id: str, config: dict[str, Any]) -> None:
+    """The run's flattened settings (abl.analysis.tables.settings_of) as ``run_settings`` rows, one per
+    path, the value as JSON: the one place a stored run's settings are flattened (inside the caller's
+    transaction)."""
+    flat = settings_of(config)
+    con.execute("DELETE FROM run_settings WHERE run_id = ?", [run_id])
+    if flat:
+        con.execute("INSERT INTO run_settings SELECT ?, p, v FROM (SELECT unnest(?) AS p, unnest(?) AS v)",
+                    [run_id, list(flat), [json.dumps(v, sort_keys=True, default=str) for v in flat.values()]])
 
 
 # the range of the store's INTEGER columns (runs.seed, runs.attempts, metrics.step)

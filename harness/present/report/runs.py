@@ -53,6 +53,7 @@ class Run:
     data_fingerprint: str
     grid_file: str
     notes: str
+    grid_index: int | None = None  # the cell's position among its grid file's points (abl.present.palette)
     final: dict = field(default_factory=dict)  # metric name -> final value (abl.analysis.metrics)
     curves: dict = field(default_factory=dict)  # metric name -> [(step, value)]
 
@@ -114,7 +115,7 @@ def load_runs(db_path: str | Path, *, run_ids: list[str] | None = None, experime
         if "runs" not in tables:
             raise ReportError(f"{db_path} has no runs table: not an abl database, or nothing ran yet")
         cols = ("run_id, experiment, cell_key, label, seed, status, config, git_commit, versions, device, "
-                "env, data_fingerprint, grid_file, notes")
+                "env, data_fingerprint, grid_file, notes, grid_index")
         if run_ids is not None:
             rows = con.execute(f"SELECT {cols} FROM runs WHERE list_contains(?, run_id) "
                                "ORDER BY started NULLS LAST, run_id", [run_ids]).fetchall()
@@ -123,7 +124,7 @@ def load_runs(db_path: str | Path, *, run_ids: list[str] | None = None, experime
                                "ORDER BY started NULLS LAST, run_id", [experiment]).fetchall()
         runs = [Run(r[0], r[1], r[2] or r[0], r[3] or "", r[4], r[5], _json(r[6], {}), r[7] or "unknown",
                     _json(r[8], {}), r[9] or "unknown", _json(r[10], {}), r[11] or "unknown", r[12] or "",
-                    r[13] or "") for r in rows]
+                    r[13] or "", r[14]) for r in rows]
         ids = [r.run_id for r in runs]
         by_id = {r.run_id: r for r in runs}
         if ids:
