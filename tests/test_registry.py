@@ -55,7 +55,7 @@ def test_in_process_plugin_adds_a_component():
     class Extra:
         @hookimpl
         def register_components(self, register):
-            register("norm", "test_only_norm", lambda dim: None, params={"alpha": 0.5})
+            register("norm", "test_only_norm", lambda dim, alpha=0.5: None, params={"alpha": 0.5})
 
     pm.register(Extra(), name="extra")
     try:
