@@ -5,8 +5,12 @@ needs is importable as ``from abl import ...``. Names load on first use, so
 ``import abl`` (and ``abl --help``) does not import torch.
 
 Registering components
-    ``hookimpl`` (mark a hook implementation), ``Param`` (a typed component
-    parameter), ``RegistryError``, ``AXES`` (each axis and its factory signature).
+    ``hookimpl`` (mark a hook implementation), ``Arg`` (a factory parameter's doc,
+    choices and bounds: ``eps: Annotated[float, Arg("doc", min=0.0)] = 1e-5``; the
+    signature is the parameter's one declaration), ``params_of`` (a signature's
+    parameters, for a wrapper that passes ``**kwargs`` on), ``Param`` (a typed component
+    parameter, for ``params=``, checked against the signature), ``RegistryError``,
+    ``AXES`` (each axis and its factory signature).
     ``register(axis, name, factory, params=, doc=, cost=, reference=, check=,
     width=, own_init=)``: ``width`` names the float parameter ``train.match``
     turns to resize an FFN; ``own_init=True`` keeps the component's own weight init.
@@ -59,6 +63,8 @@ _PUBLIC: dict[str, str] = {
     "hookimpl": "abl.contracts.hookspecs",
     "hookspec": "abl.contracts.hookspecs",
     "Param": "abl.contracts.registry",
+    "Arg": "abl.contracts.registry",
+    "params_of": "abl.contracts.registry",
     "RegistryError": "abl.contracts.registry",
     "AXES": "abl.contracts.registry",
     "ModelConfig": "abl.contracts.config",
@@ -115,7 +121,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and editors
     from .contracts.hookspecs import hookimpl, hookspec
     from .contracts.precision import Precision
     from .contracts.recipes import Scaled, Setting, of_context, of_width, per_head
-    from .contracts.registry import AXES, Param, RegistryError
+    from .contracts.registry import AXES, Arg, Param, RegistryError, params_of
     from .data.corpus import (
         DataError,
         TextCorpus,
