@@ -11,14 +11,19 @@ Algorithms 1 and 2. Every factory is ``factory(dim, **params)``.
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from abl import Param, hookimpl
+from abl import Arg, hookimpl
 from abl.kernels.layernorm import layernorm
 from abl.kernels.rmsnorm import rmsnorm
+
+
+EPS_DOC = "added for numerical safety (see the class docstring for where)"
+GAIN_DOC = "learnable per-channel scale gamma"
 
 
 class LayerNorm(nn.Module):
@@ -30,8 +35,11 @@ class LayerNorm(nn.Module):
     (``"outside"``). Variance is the biased (1/d) estimate in both.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-5, gain: bool = True, bias: bool = True,
-                 eps_placement: str = "inside"):
+    def __init__(self, dim: int, eps: Annotated[float, Arg(EPS_DOC, min=0.0)] = 1e-5,
+                 gain: Annotated[bool, Arg(GAIN_DOC)] = True,
+                 bias: Annotated[bool, Arg("learnable per-channel shift beta")] = True,
+                 eps_placement: Annotated[Literal["inside", "outside"],
+                                          Arg("inside: sqrt(var + eps); outside: sqrt(var) + eps")] = "inside"):
         super().__init__()
         self.dim, self.eps, self.eps_placement = dim, eps, eps_placement
         self.weight = nn.Parameter(torch.ones(dim)) if gain else None
@@ -48,7 +56,9 @@ class RMSNorm(nn.Module):
     optional bias is the ``bias`` parameter (off by default, as in LLaMA).
     """
 
-    def __init__(self, dim: int, eps: float = 1e-6, gain: bool = True, bias: bool = False):
+    def __init__(self, dim: int, eps: Annotated[float, Arg(EPS_DOC, min=0.0)] = 1e-6,
+                 gain: Annotated[bool, Arg(GAIN_DOC)] = True,
+                 bias: Annotated[bool, Arg("learnable per-channel shift (the paper's optional b)")] = False):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim)) if gain else None
@@ -65,7 +75,8 @@ class ScaleNorm(nn.Module):
     which makes the output RMS 1 like the other norms.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-5, gain: bool = True):
+    def __init__(self, dim: int, eps: Annotated[float, Arg("lower bound on the L2 norm", min=0.0)] = 1e-5,
+                 gain: Annotated[bool, Arg("learnable scalar g (init sqrt(dim)); False keeps it fixed")] = True):
         super().__init__()
         self.eps = eps
         g = torch.tensor(math.sqrt(dim))
@@ -98,7 +109,10 @@ class BatchNorm(nn.Module):
     running_mean: torch.Tensor
     running_var: torch.Tensor
 
-    def __init__(self, dim: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True):
+    def __init__(self, dim: int, eps: Annotated[float, Arg("added to the batch variance", min=0.0)] = 1e-5,
+                 momentum: Annotated[float, Arg("weight of the current batch in the running statistics",
+                                                min=0.0, max=1.0)] = 0.1,
+                 affine: Annotated[bool, Arg("learnable per-channel gamma and beta")] = True):
         super().__init__()
         self.eps, self.momentum = eps, momentum
         self.weight = nn.Parameter(torch.ones(dim)) if affine else None
@@ -162,26 +176,9 @@ def _no_norm_cost(dim, **_):
 
 @hookimpl
 def register_components(register):
-    eps_doc = "added for numerical safety (see the class docstring for where)"
-    register("norm", "layernorm", LayerNorm, params={
-        "eps": Param(1e-5, doc=eps_doc, min=0.0),
-        "gain": Param(True, doc="learnable per-channel scale gamma"),
-        "bias": Param(True, doc="learnable per-channel shift beta"),
-        "eps_placement": Param("inside", doc="inside: sqrt(var + eps); outside: sqrt(var) + eps",
-                               choices=("inside", "outside")),
-    }, cost=_layernorm_cost)
-    register("norm", "rmsnorm", RMSNorm, params={
-        "eps": Param(1e-6, doc=eps_doc, min=0.0),
-        "gain": Param(True, doc="learnable per-channel scale gamma"),
-        "bias": Param(False, doc="learnable per-channel shift (the paper's optional b)"),
-    }, cost=_rmsnorm_cost)
-    register("norm", "scalenorm", ScaleNorm, params={
-        "eps": Param(1e-5, doc="lower bound on the L2 norm", min=0.0),
-        "gain": Param(True, doc="learnable scalar g (init sqrt(dim)); False keeps it fixed"),
-    }, cost=_scalenorm_cost)
-    register("norm", "batchnorm", BatchNorm, params={
-        "eps": Param(1e-5, doc="added to the batch variance", min=0.0),
-        "momentum": Param(0.1, doc="weight of the current batch in the running statistics", min=0.0, max=1.0),
-        "affine": Param(True, doc="learnable per-channel gamma and beta"),
-    }, cost=_batchnorm_cost)
+    # each factory's signature declares its parameters (type, default, doc, bounds)
+    register("norm", "layernorm", LayerNorm, cost=_layernorm_cost)
+    register("norm", "rmsnorm", RMSNorm, cost=_rmsnorm_cost)
+    register("norm", "scalenorm", ScaleNorm, cost=_scalenorm_cost)
+    register("norm", "batchnorm", BatchNorm, cost=_batchnorm_cost)
     register("norm", "none", NoNorm, doc="Identity: no normalisation.", cost=_no_norm_cost)

@@ -21,11 +21,12 @@ An encoding that cannot run past some length says so with ``max_positions``
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import torch
 import torch.nn as nn
 
-from abl import Cost, Param, PositionEncoding, hookimpl
+from abl import Arg, Cost, PositionEncoding, hookimpl
 from abl.kernels.rope import rope
 
 
@@ -63,7 +64,9 @@ class SinusoidalPosition(PositionEncoding):
 
     inv_freq: torch.Tensor  # a buffer
 
-    def __init__(self, cfg, base: float = 10000.0, embed_scale: bool = True):
+    def __init__(self, cfg, base: Annotated[float, Arg("wavelength base: PE uses base^(2i/d)", min=1.0)] = 10000.0,
+                 embed_scale: Annotated[bool, Arg("multiply token embeddings by sqrt(d_model) first "
+                                                  "(Vaswani sec. 3.4)")] = True):
         super().__init__()
         self.d_model = cfg.d_model
         self.scale = math.sqrt(cfg.d_model) if embed_scale else 1.0
@@ -94,8 +97,12 @@ class RotaryPosition(PositionEncoding):
 
     inv_freq: torch.Tensor  # a buffer
 
-    def __init__(self, cfg, theta: float = 10000.0, interpolation_factor: float = 1.0,
-                 layout: str = "interleaved"):
+    def __init__(self, cfg,
+                 theta: Annotated[float, Arg("base of the frequencies theta_k = theta^(-2k/d)", min=1.0)] = 10000.0,
+                 interpolation_factor: Annotated[float, Arg("position interpolation: rotate position p as p/s",
+                                                            min=1e-6)] = 1.0,
+                 layout: Annotated[Literal["interleaved", "half"],
+                                   Arg("dims paired as (2k, 2k+1) or (k, k+d/2)")] = "interleaved"):
         super().__init__()
         self.head_dim = cfg.head_dim
         self.theta = theta
@@ -213,7 +220,10 @@ class T5RelativeBias(PositionEncoding):
     log-spaced buckets and a scalar bias instead of an embedding.
     """
 
-    def __init__(self, cfg, num_buckets: int = 32, max_distance: int = 128):
+    def __init__(self, cfg,
+                 num_buckets: Annotated[int, Arg("relative-position buckets (learned scalar per bucket and head)",
+                                                 min=2)] = 32,
+                 max_distance: Annotated[int, Arg("distances beyond this share the last bucket", min=2)] = 128):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.num_buckets = num_buckets
@@ -269,20 +279,9 @@ def _free_cost(cfg, **params):
 @hookimpl
 def register_components(register):
     register("position", "learned", LearnedPosition, cost=_learned_cost)
-    register("position", "sinusoidal", SinusoidalPosition, params={
-        "base": Param(10000.0, doc="wavelength base: PE uses base^(2i/d)", min=1.0),
-        "embed_scale": Param(True, doc="multiply token embeddings by sqrt(d_model) first (Vaswani sec. 3.4)"),
-    }, cost=_free_cost)
-    register("position", "rope", RotaryPosition, params={
-        "theta": Param(10000.0, doc="base of the frequencies theta_k = theta^(-2k/d)", min=1.0),
-        "interpolation_factor": Param(1.0, doc="position interpolation: rotate position p as p/s",
-                                      min=1e-6),
-        "layout": Param("interleaved", doc="dims paired as (2k, 2k+1) or (k, k+d/2)",
-                        choices=("interleaved", "half")),
-    }, check=_rope_check, cost=_free_cost)
+    # each factory's signature declares its parameters (type, default, doc, bounds)
+    register("position", "sinusoidal", SinusoidalPosition, cost=_free_cost)
+    register("position", "rope", RotaryPosition, check=_rope_check, cost=_free_cost)
     register("position", "alibi", ALiBiPosition, cost=_free_cost)
-    register("position", "t5", T5RelativeBias, params={
-        "num_buckets": Param(32, doc="relative-position buckets (learned scalar per bucket and head)", min=2),
-        "max_distance": Param(128, doc="distances beyond this share the last bucket", min=2),
-    }, check=_t5_check, cost=_t5_cost)
+    register("position", "t5", T5RelativeBias, check=_t5_check, cost=_t5_cost)
     register("position", "nope", NoPosition, cost=_free_cost)
