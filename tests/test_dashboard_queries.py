@@ -275,10 +275,10 @@ def test_verdict_runs_carry_what_each_run_was_scored_on(small_store):
 
 
 def test_the_run_summary_keeps_what_each_run_was_scored_on():
-    from types import SimpleNamespace
-
     from abl.present.summary import relabel
+    from abl.store.reader import StoredRun
 
-    run = SimpleNamespace(cell_key="A", label="A", seed=0, status="completed", config=_config("rmsnorm", 0),
-                          data_fingerprint="d", final={"val_loss": 3.0}, scored_targets={"val_loss": "f0"})
+    run = StoredRun(run_id="a0", experiment="e", cell_key="A", label="A", seed=0, status="completed",
+                    config=_config("rmsnorm", 0), data_fingerprint="d", final={"val_loss": 3.0},
+                    env={"scored_targets": {"val_loss": "f0"}})
     assert relabel([run])[0].scored_targets == {"val_loss": "f0"}

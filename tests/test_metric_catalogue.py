@@ -100,7 +100,8 @@ def test_is_speed_is_defined_once_and_every_caller_agrees():
 
 
 def _tokenizer_cells():
-    from abl.present.report import Cell, Run
+    from abl.present.report import Cell
+    from abl.store.reader import StoredRun as Run
 
     cells = []
     for k, (tokenizer, bpb, loss, wall) in enumerate((("byte", 1.20, 0.83, 10.0), ("bpe", 1.10, 3.05, 20.0))):

@@ -57,7 +57,7 @@ def run_harness_bench(steps: int = 200, overrides: list[str] | None = None,
     from ..grid.gridfile import apply_override, expand, parse_overrides
     from ..run.executors import LocalExecutor
     from ..run.runner import run_grid
-    from ..store import database as store
+    from ..store import reader
     from ..store import rundir
 
     raw = default_grid(steps, cells)
@@ -77,16 +77,10 @@ def run_harness_bench(steps: int = 200, overrides: list[str] | None = None,
         grid_wall = time.perf_counter() - t0
         if failed:
             raise RuntimeError("the benchmark cell did not complete")
-        con = store.connect(db, read_only=True)
-        try:
-            by_run = {}
-            for c in grid.cells:
-                by_run[c.run_id] = con.execute(
-                    "SELECT step, name, value FROM metrics WHERE run_id = ? AND name IN "
-                    "('tokens_per_s', 'elapsed_s', 'wall_s', 'compile_s', 'eval_s', 'post_eval_s')",
-                    [c.run_id]).fetchall()
-        finally:
-            con.close()
+        by_run = {r.run_id: [(step, name, value) for name, rows in r.curves.items() for step, value in rows]
+                  for r in reader.read_runs(db, run_ids=[c.run_id for c in grid.cells], metrics=(),
+                                            curves=("tokens_per_s", "elapsed_s", "wall_s", "compile_s",
+                                                    "eval_s", "post_eval_s"))}
         ends = sorted((rundir.read_json(runs / c.run_id / rundir.STATUS)["finished"], c.run_id)
                       for c in grid.cells)
     first = _split(grid.cells[0], by_run[ends[0][1]], grid_wall - (ends[-1][0] - ends[0][0]))

@@ -24,7 +24,6 @@ Checks:
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -175,12 +174,6 @@ def grid_raw(device: torch.device, quick: bool, cells: list[tuple[str, str, bool
     return {"experiment": {"name": "selftest", "seeds": [0]}, "model": s["model"], "train": train, "grid": grid}
 
 
-def _final(con, run_id: str) -> dict[str, float]:
-    rows = con.execute("SELECT name, arg_max(value, step) FROM metrics WHERE run_id = ? GROUP BY name",
-                       [run_id]).fetchall()
-    return {str(n): float(v) for n, v in rows if v is not None}
-
-
 def run_training(device: torch.device, quick: bool,
                  log: Callable[[str], None] = lambda m: None) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
     """Train the planned cells; one row per cell (with its checks) and the combinations left out."""
@@ -190,7 +183,7 @@ def run_training(device: torch.device, quick: bool,
     from ..grid.gridfile import expand
     from ..model.costmodel import MEMORY_BAND, agreement, predict
     from ..run.runner import run_grid
-    from ..store import database as store
+    from ..store import reader
 
     registry = get_registry()
     cells, skipped = plan(device, quick, registry)
@@ -204,30 +197,27 @@ def run_training(device: torch.device, quick: bool,
         log(f"training: {len(grid.cells)} cells ({', '.join(c.label for c in grid.cells)})")
         # the runner's start/end lines go to stderr with the selftest's progress
         run_grid(grid, registry, db, runs, console=Console(stderr=True, width=120))
-        con = store.connect(db, read_only=True)
-        try:
-            for c in grid.cells:
-                status = con.execute("SELECT status, error, env FROM runs WHERE run_id = ?", [c.run_id]).fetchone()
-                m = _final(con, c.run_id)
-                vocab = (json.loads(status[2]) if status and status[2] else {}).get("vocab_size")
-                try:
-                    predicted = float(predict(c, registry, vocab_size=vocab or None)["train_peak_bytes"])
-                except Exception:  # noqa: BLE001 - no prediction is reported as such, never raised
-                    predicted = None
-                measured = m.get("peak_tensor_bytes")
-                ratio, verdict = agreement(predicted, measured, MEMORY_BAND)
-                policy = formats[c.train.precision]
-                rows.append({"precision": c.train.precision, "format": policy.format, "compute": policy.compute,
-                             "kernels": c.train.kernels, "compile": c.train.compile,
-                             "status": status[0] if status else "missing",
-                             "error": (status[1] if status else None) or None,
-                             "val_loss": m.get("val_loss"), "train_loss": m.get("train_loss"),
-                             "tokens_per_s": m.get("train_tokens_per_s"), "mfu": m.get("mfu"),
-                             "peak_mem_bytes": m.get("peak_mem_bytes"), "predicted_peak_bytes": predicted,
-                             "measured_peak_tensor_bytes": measured, "memory_ratio": ratio,
-                             "memory_verdict": verdict})
-        finally:
-            con.close()
+        stored = {r.run_id: r for r in reader.read_runs(db, run_ids=[c.run_id for c in grid.cells])}
+        for c in grid.cells:
+            run = stored.get(c.run_id)
+            m = {str(n): float(v) for n, v in (run.final if run else {}).items() if v is not None}
+            vocab = (run.env if run else {}).get("vocab_size")
+            try:
+                predicted = float(predict(c, registry, vocab_size=vocab or None)["train_peak_bytes"])
+            except Exception:  # noqa: BLE001 - no prediction is reported as such, never raised
+                predicted = None
+            measured = m.get("peak_tensor_bytes")
+            ratio, verdict = agreement(predicted, measured, MEMORY_BAND)
+            policy = formats[c.train.precision]
+            rows.append({"precision": c.train.precision, "format": policy.format, "compute": policy.compute,
+                         "kernels": c.train.kernels, "compile": c.train.compile,
+                         "status": run.status if run else "missing",
+                         "error": (run.error if run else None) or None,
+                         "val_loss": m.get("val_loss"), "train_loss": m.get("train_loss"),
+                         "tokens_per_s": m.get("train_tokens_per_s"), "mfu": m.get("mfu"),
+                         "peak_mem_bytes": m.get("peak_mem_bytes"), "predicted_peak_bytes": predicted,
+                         "measured_peak_tensor_bytes": measured, "memory_ratio": ratio,
+                         "memory_verdict": verdict})
     return rows, skipped
 
 

@@ -1,6 +1,6 @@
 """The verdict tables of the terminal: the ``abl run`` summary and ``abl compare``.
 
-Both read the store through abl.present.report.load_runs and compute with
+Both read the store through the one reader (abl.store.reader) and compute with
 abl.analysis.verdicts / abl.analysis.stats, like ``abl report`` and the dashboard. The metrics
 shown are the grid's ``experiment.summary`` (loss metrics get a verdict
 table each; the first one ranks the cells); the baseline is
@@ -35,10 +35,10 @@ from typing import Any, Sequence
 import click
 
 from ..analysis import stats, verdicts
-from ..analysis.health import HEALTH_METRICS, MAX_LOAD_PER_CORE, MIN_CPU_UTIL
+from ..analysis.health import MAX_LOAD_PER_CORE, MIN_CPU_UTIL
 from ..analysis.metrics import is_speed  # speed figures show their spread; a contended run marks them
 from ..analysis.metrics import metric as catalogue_entry
-from ..analysis.sections import CONTENDED, is_contended
+from ..analysis.sections import is_contended
 from ..contracts.status import COMPLETED
 from ..grid.labels import run_labels
 from . import termlayout
@@ -49,29 +49,23 @@ from .termlayout import Presentation, fits, pack, print_wide, wrap  # noqa: F401
 ALWAYS = ("train_tokens_per_s", "tokens_per_s", "mfu", "peak_mem_bytes")
 
 
-def _final_names(metrics: Sequence[str]) -> tuple[str, ...]:
-    from .report import FINAL_NAMES
-
-    return tuple(dict.fromkeys([*FINAL_NAMES, *metrics, *HEALTH_METRICS, CONTENDED]))
-
-
 def load(db_path: Path, *, run_ids: list[str] | None = None, experiment: str | None = None,
          metrics: Sequence[str] = ("val_loss",)):
+    """The runs with the final value of every stored metric (abl.store.reader, through the report's
+    ``load_runs``); ``metrics``, the ones shown, are among them when stored."""
     from .report import load_runs
 
-    return load_runs(db_path, run_ids=run_ids, experiment=experiment, curve_names=(),
-                     final_names=_final_names(metrics))
+    return load_runs(db_path, run_ids=run_ids, experiment=experiment, curve_names=())
 
 
 CONTENDED_NOTE = (f"* the machine was busy during this cell (load per core > {MAX_LOAD_PER_CORE:g} or the run got "
                   f"< {MIN_CPU_UTIL:.0%} of its CPU time): its speed is not comparable")
 
 
-def relabel(runs, paths: Sequence[str] = ()) -> list[verdicts.RunRecord]:
-    """The runs with display labels (abl.grid.labels: the settings that differ between these cells)."""
+def relabel(runs, paths: Sequence[str] = ()) -> list:
+    """The runs (copies) with display labels (abl.grid.labels: the settings that differ between these cells)."""
     labels = run_labels(runs, list(paths))
-    return [verdicts.RunRecord(r.cell_key, labels.get(str(r.cell_key), r.label), r.seed, r.status, r.config,
-                               r.data_fingerprint, r.final, r.scored_targets) for r in runs]
+    return [dataclasses.replace(r, label=labels.get(str(r.cell_key), r.label)) for r in runs]
 
 
 @dataclass

@@ -42,24 +42,22 @@ def mixer_label(config: dict) -> str:
 
 
 def load(db_path: str | Path, run_ids: list[str]) -> tuple[dict[str, dict[str, float]], dict]:
-    """(run_id -> {metric: final value}, run_id -> {metric: [(step, value)]}) of the accuracy metrics."""
-    from ..store import database as store
+    """(run_id -> {metric: final value}, run_id -> {metric: [(step, value)]}) of the accuracy metrics
+    (read through abl.store.reader)."""
+    from ..store import reader
 
-    con = store.connect(db_path, read_only=True)
-    try:
-        finals: dict[str, dict[str, float]] = {}
-        for rid, name, value in con.execute(store.final_values_sql(
-                "list_contains(?, run_id) AND (name LIKE '%\\_accuracy%' ESCAPE '\\' "
-                "OR name LIKE '%\\_no\\_recall\\_baseline%' ESCAPE '\\')"), [run_ids]).fetchall():
-            finals.setdefault(rid, {})[name] = value
-        curves: dict[str, dict[str, list]] = {}
-        for rid, name, step, value in con.execute(
-                "SELECT run_id, name, step, value FROM metrics WHERE list_contains(?, run_id) "
-                "AND name LIKE '%\\_accuracy' ESCAPE '\\' ORDER BY run_id, name, step", [run_ids]).fetchall():
-            curves.setdefault(rid, {}).setdefault(name, []).append((step, value))
-        return finals, curves
-    finally:
-        con.close()
+    finals: dict[str, dict[str, float]] = {}
+    for r in reader.read_runs(db_path, run_ids=run_ids):
+        for name, value in r.final.items():
+            if "_accuracy" in name or "_no_recall_baseline" in name:
+                finals.setdefault(r.run_id, {})[name] = value
+    names = sorted({n for f in finals.values() for n in f if n.endswith("_accuracy")})
+    curves: dict[str, dict[str, list]] = {}
+    if names:
+        for r in reader.read_runs(db_path, run_ids=run_ids, metrics=(), curves=names):
+            if r.curves:
+                curves[r.run_id] = r.curves
+    return finals, curves
 
 
 def metric_table(cells: list[tuple[str, str, list[tuple[str, int, dict]]]], finals: dict, metric: str,

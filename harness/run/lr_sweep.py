@@ -138,10 +138,11 @@ def compared_grid(grid: Grid, registry, db_path: Path) -> Grid:
 
 def tuning_runs(db_path: Path, tuning: Grid) -> PerSeed:
     """variant -> {lr: {seed: (final val_loss or None, why not usable)}} of the phase-1 runs in the store."""
-    from ..present.report import load_runs
+    from ..store import reader
 
     by_id = {c.run_id: c for c in tuning.cells}
-    runs = load_runs(db_path, run_ids=list(by_id), curve_names=()) if Path(db_path).exists() else []
+    runs = (reader.read_runs(db_path, run_ids=list(by_id), metrics=("val_loss", "did_not_learn"))
+            if Path(db_path).exists() else [])
     out: PerSeed = {}
     for c in tuning.cells:
         out.setdefault(variant(c), {}).setdefault(c.train.lr, {})[c.seed] = (None, "not run")

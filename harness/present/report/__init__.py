@@ -61,11 +61,9 @@ from .plots import (  # noqa: F401
     scaling_figure,
 )
 from .runs import (  # noqa: F401
-    FINAL_NAMES,
     MIN_SIZES_FOR_FIT,
     Cell,
     ReportError,
-    Run,
     cell_statistics,
     comparison_metric,
     experiments,

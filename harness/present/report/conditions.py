@@ -12,12 +12,13 @@ from typing import Any
 
 from ...analysis.tables import flatten
 from ...store.rundir import COMPLETED
-from .runs import Cell, Run
+from ...store.reader import StoredRun
+from .runs import Cell
 
 # ---------------------------------------------------------------- conditions
 
 
-def run_conditions(r: Run) -> dict[str, str]:
+def run_conditions(r: StoredRun) -> dict[str, str]:
     v = r.versions or {}
     env = r.env or {}
     precision = str(env.get("precision", r.config.get("train", {}).get("precision", "?")))
@@ -35,22 +36,22 @@ def run_conditions(r: Run) -> dict[str, str]:
     }
 
 
-def condition_groups(runs: list[Run]) -> list[tuple[dict[str, str], list[Run]]]:
-    groups: dict[str, tuple[dict[str, str], list[Run]]] = {}
+def condition_groups(runs: list[StoredRun]) -> list[tuple[dict[str, str], list[StoredRun]]]:
+    groups: dict[str, tuple[dict[str, str], list[StoredRun]]] = {}
     for r in runs:
         cond = run_conditions(r)
         groups.setdefault(json.dumps(cond, sort_keys=True), (cond, []))[1].append(r)
     return list(groups.values())
 
 
-def measured_runs(runs: list[Run]) -> list[Run]:
+def measured_runs(runs: list[StoredRun]) -> list[StoredRun]:
     """The runs whose numbers are shown: the completed ones (all, when none is). A run still going, or
     one that failed or was killed, may not have recorded its environment yet: it is no condition of
     any number in the report."""
     return [r for r in runs if r.status == COMPLETED] or list(runs)
 
 
-def conditions_line(runs: list[Run]) -> str:
+def conditions_line(runs: list[StoredRun]) -> str:
     """One line that says where every number came from (the completed runs)."""
     runs = measured_runs(runs)
     groups = condition_groups(runs)

@@ -17,7 +17,8 @@ from typing import Any
 from ...analysis import sections
 from ...model.costmodel import CHECKS, agreement
 from ...store.rundir import COMPLETED
-from .runs import Cell, Run
+from ...store.reader import StoredRun
+from .runs import Cell
 
 # ---------------------------------------------------------------- predictions
 
@@ -132,12 +133,12 @@ def cost_summary(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
     return out, outliers
 
 
-def contended_runs(runs: list[Run]) -> list[Run]:
+def contended_runs(runs: list[StoredRun]) -> list[StoredRun]:
     """The completed runs whose machine was contended during their loop (``abl.analysis.sections.is_contended``)."""
     return [r for r in runs if r.status == COMPLETED and sections.is_contended(r.final)]
 
 
-def contention_note(runs: list[Run]) -> str:
+def contention_note(runs: list[StoredRun]) -> str:
     """One sentence on the contended runs ("" when none is)."""
     bad = contended_runs(runs)
     if not bad:

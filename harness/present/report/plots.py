@@ -14,7 +14,8 @@ from ...analysis import sections, stats
 from ...model.costmodel import MEMORY_BAND
 from ..figures import cell_styles, fig_to_png, finish_figure, plain_ticks, pyplot, si_ticks
 from .costs import CONTENDED_MARK, measured
-from .runs import Cell, Run
+from ...store.reader import StoredRun
+from .runs import Cell
 
 # ---------------------------------------------------------------- plots
 
@@ -26,7 +27,7 @@ def _contended_handle():
                   label=f"{CONTENDED_MARK} contended run: its speed is not comparable")
 
 
-def _mean_curve(runs: list[Run], name: str) -> tuple[list[int], list[float]]:
+def _mean_curve(runs: list[StoredRun], name: str) -> tuple[list[int], list[float]]:
     by_step: dict[int, list[float]] = {}
     for r in runs:
         for step, v in r.curves.get(name, []):

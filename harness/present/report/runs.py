@@ -1,9 +1,9 @@
 """The report's data: runs and their cells from the store, and the per-cell statistics.
 
-``load_runs`` is the one reader of stored runs for ``abl report``, the run
-summary and ``abl compare`` (abl.present.summary) and the learning-rate sweep:
-each run with its final metrics (each metric's final value as the metric
-catalogue, abl.analysis.metrics, defines it) and its curves.
+Stored runs come from the one reader, abl.store.reader.read_runs (``load_runs``
+is its use here: a missing store is a ``ReportError``): each run with the final
+value of every stored metric (as the metric catalogue, abl.analysis.metrics,
+defines it) and its curves.
 """
 
 from __future__ import annotations
@@ -15,21 +15,13 @@ from typing import Any
 
 from ...analysis import metrics as catalogue
 from ...analysis import sections, stats
+from ...store.reader import StoredRun
 from ...store.rundir import COMPLETED
 
 # eval.extrapolation's metrics, one per abl.model.decode.EXTRAPOLATION_SCALES (spelled here so that reading a
 # report does not import torch; tests/test_scoring.py keeps the two equal)
 EXTRAPOLATION = ("val_loss_x1", "val_loss_x2", "val_loss_x4")
 MIN_SIZES_FOR_FIT = sections.MIN_SIZES  # kept for callers; the rule is abl.analysis.sections.scaling_fit_applies
-FINAL_NAMES = ("n_params", "n_params_non_embedding", "peak_mem_bytes", "peak_tensor_bytes",
-               "baseline_rss_bytes", "wall_s",
-               "flops_per_step_measured", "device_peak_flops", "mfu", "hfu", "val_loss", "val_bpb",
-               "tokens_per_s", "train_tokens_per_s", "compile_s",
-               "unigram_floor", "did_not_learn", "loss_spikes", "max_loss_spike",  # these 4: abl.analysis.health
-               sections.CONTENDED, "cpu_util", "load_per_core",  # these 3: the machine's contention
-               *EXTRAPOLATION)
-
-
 class ReportError(Exception):
     """Nothing to report, or an unusable source (a user error)."""
 
@@ -38,51 +30,16 @@ class ReportError(Exception):
 
 
 @dataclass
-class Run:
-    run_id: str
-    experiment: str
-    cell_key: str
-    label: str
-    seed: int
-    status: str
-    config: dict
-    git_commit: str
-    versions: dict
-    device: str
-    env: dict
-    data_fingerprint: str
-    grid_file: str
-    notes: str
-    grid_index: int | None = None  # the cell's position among its grid file's points (abl.present.palette)
-    final: dict = field(default_factory=dict)  # metric name -> final value (abl.analysis.metrics)
-    curves: dict = field(default_factory=dict)  # metric name -> [(step, value)]
-
-    @property
-    def tokens_per_step(self) -> int:
-        return int(self.config["train"]["batch_size"]) * int(self.config["model"]["context"])
-
-    @property
-    def scored_targets(self) -> dict:
-        """Fingerprints of what its validation figures were scored on (abl.analysis.verdicts)."""
-        return self.env.get("scored_targets") or {}
-
-    @property
-    def data_key(self) -> tuple:
-        """What fixes the data order apart from the seed (see harness/analysis/stats/)."""
-        return (self.data_fingerprint, self.config["model"]["context"], self.config["train"]["batch_size"])
-
-
-@dataclass
 class Cell:
     key: str
     label: str
-    runs: list[Run]
+    runs: list[StoredRun]
     predicted: dict | None = None  # abl.model.costmodel.predict's figures; cost_source "measured" without a cost function
     predict_error: str = ""
     cost_missing: list[str] = field(default_factory=list)  # components without a cost function ("norm 'x'")
 
     @property
-    def completed(self) -> list[Run]:
+    def completed(self) -> list[StoredRun]:
         return [r for r in self.runs if r.status == COMPLETED]
 
     @property
@@ -90,73 +47,29 @@ class Cell:
         return self.runs[0].config
 
 
-def _json(text: Any, default: Any) -> Any:
-    if text is None:
-        return default
-    if isinstance(text, (dict, list)):
-        return text
-    try:
-        return json.loads(text)
-    except (TypeError, json.JSONDecodeError):
-        return default
-
-
 def load_runs(db_path: str | Path, *, run_ids: list[str] | None = None, experiment: str | None = None,
               curve_names: tuple[str, ...] = ("val_loss", "train_loss", "elapsed_s"),
-              final_names: tuple[str, ...] = FINAL_NAMES) -> list[Run]:
-    """Runs (with their final metrics and curves) by run id or experiment name, read-only."""
-    from ...store import database as store
+              metrics: tuple[str, ...] | None = None) -> list[StoredRun]:
+    """Runs by run id or experiment name through the one reader (abl.store.reader.read_runs): each with the
+    final value of every stored metric (or of ``metrics``) and the curves of ``curve_names``."""
+    from ...store import reader
 
-    if not Path(db_path).exists():
-        raise ReportError(f"no database at {db_path} (abl run writes it; --db picks another)")
-    con = store.connect(db_path, read_only=True)
+    if run_ids is None and experiment is None:
+        return []
     try:
-        tables = {r[0] for r in con.execute("SHOW TABLES").fetchall()}
-        if "runs" not in tables:
-            raise ReportError(f"{db_path} has no runs table: not an abl database, or nothing ran yet")
-        cols = ("run_id, experiment, cell_key, label, seed, status, config, git_commit, versions, device, "
-                "env, data_fingerprint, grid_file, notes, grid_index")
-        if run_ids is not None:
-            rows = con.execute(f"SELECT {cols} FROM runs WHERE list_contains(?, run_id) "
-                               "ORDER BY started NULLS LAST, run_id", [run_ids]).fetchall()
-        else:
-            rows = con.execute(f"SELECT {cols} FROM runs WHERE experiment = ? "
-                               "ORDER BY started NULLS LAST, run_id", [experiment]).fetchall()
-        runs = [Run(r[0], r[1], r[2] or r[0], r[3] or "", r[4], r[5], _json(r[6], {}), r[7] or "unknown",
-                    _json(r[8], {}), r[9] or "unknown", _json(r[10], {}), r[11] or "unknown", r[12] or "",
-                    r[13] or "", r[14]) for r in rows]
-        ids = [r.run_id for r in runs]
-        by_id = {r.run_id: r for r in runs}
-        if ids:
-            for rid, name, value in con.execute(
-                    store.final_values_sql("list_contains(?, run_id) AND list_contains(?, name)"),
-                    [ids, list(final_names)]).fetchall():
-                by_id[rid].final[name] = value
-            for rid, name, step, value in con.execute(
-                    "SELECT run_id, name, step, value FROM metrics WHERE list_contains(?, run_id) "
-                    "AND list_contains(?, name) ORDER BY run_id, name, step",
-                    [ids, list(curve_names)]).fetchall():
-                by_id[rid].curves.setdefault(name, []).append((step, value))
-        return runs
-    finally:
-        con.close()
+        return reader.read_runs(db_path, run_ids=run_ids, experiment=experiment if run_ids is None else None,
+                                metrics=metrics, curves=curve_names)
+    except reader.NotAStore as exc:
+        raise ReportError(str(exc)) from None
 
 
 def experiments(db_path: str | Path) -> list[str]:
-    from ...store import database as store
+    from ...store import reader
 
-    if not Path(db_path).exists():
-        return []
-    con = store.connect(db_path, read_only=True)
-    try:
-        if "runs" not in {r[0] for r in con.execute("SHOW TABLES").fetchall()}:
-            return []
-        return [r[0] for r in con.execute("SELECT DISTINCT experiment FROM runs ORDER BY 1").fetchall()]
-    finally:
-        con.close()
+    return reader.experiments(db_path)
 
 
-def group_cells(runs: list[Run], order: list[str] | None = None) -> list[Cell]:
+def group_cells(runs: list[StoredRun], order: list[str] | None = None) -> list[Cell]:
     """Runs grouped by cell, in ``order`` (cell keys, e.g. the grid's) then first-seen order."""
     cells: dict[str, Cell] = {}
     for r in runs:

@@ -29,6 +29,7 @@ from ...analysis import sections, stats
 from ...analysis.formats import fmt_decode_cache, fmt_speed
 from ...analysis.health import DID_NOT_LEARN_MARGIN
 from ...model.costmodel import MEMORY_BAND
+from ...store.reader import StoredRun
 from ...store.rundir import COMPLETED
 from ..figures import fig_to_png, pyplot
 from .conditions import (
@@ -67,7 +68,6 @@ from .runs import (
     EXTRAPOLATION,
     Cell,
     ReportError,
-    Run,
     cell_statistics,
     comparison_metric,
     group_cells,
@@ -96,7 +96,7 @@ class Context:
     """What every section reads: the runs, their cells, the statistics, and the document it writes to."""
 
     doc: Doc
-    runs: list[Run]
+    runs: list[StoredRun]
     cells: list[Cell]
     base: Cell
     metric: str
@@ -108,7 +108,7 @@ class Context:
     db_path: str
 
 
-def build_report(runs: list[Run], *, source: str, db_path: str, registry, order: list[str] | None = None,
+def build_report(runs: list[StoredRun], *, source: str, db_path: str, registry, order: list[str] | None = None,
                  baseline: str | None = None, grid_raw: dict | None = None,
                  missing_runs: int = 0) -> Report:
     if not runs:
