@@ -140,7 +140,8 @@ class RotaryPosition(PositionEncoding):
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
-    """Per-head ALiBi slopes (Press et al. 2022 sec. 3 and their reference code).
+    """Per-head ALiBi slopes (Press, Smith & Lewis 2021, "Train Short, Test Long", arXiv:2108.12409,
+    sec. 3, and their reference code): the one definition; the attention kernel takes them as input.
 
     For n a power of two: the geometric sequence starting at 2^(-8/n) with
     ratio 2^(-8/n) (n = 8: 1/2, 1/4, ..., 1/256; for n = 16 this is

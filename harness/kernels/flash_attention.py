@@ -23,8 +23,9 @@ Features, all inside the kernels:
   r + Tk - Tq, so a query block appended to a KV cache is masked correctly;
 - sliding window (Mistral 7B, Jiang et al. 2023, arXiv:2310.06825, sec. 2): a query at position i sees keys j with
   i - j < window (and j - i < window when not causal);
-- ALiBi (Press et al. 2022, arXiv:2108.12409, sec. 3): bias -m_h |i - j| added to the scaled
-  scores, m_h = ``alibi_slopes[h]`` (``alibi_slopes(n)`` gives the paper's);
+- ALiBi (Press, Smith & Lewis 2021, arXiv:2108.12409, sec. 3): bias -m_h |i - j| added to the
+  scaled scores, m_h = ``alibi_slopes[h]`` (the ALiBi position, abl.plugins.positions, holds the
+  paper's slopes);
 - GQA / MQA: query head h reads key/value head h // (Hq / Hkv) in place; the
   dK/dV kernel sums the group's query heads itself, so K/V are never repeated;
 - head dims up to 256 (``FLASH_ATTENTION_MAX_HEAD_DIM``; 12-128 tested), non-power-of-two dims and sequence
@@ -711,22 +712,6 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     if return_lse:
         return o, lse2 * math.log(2.0)
     return o
-
-
-def alibi_slopes(n_heads: int) -> torch.Tensor:
-    """The ALiBi paper's head slopes (Press et al. 2022, sec. 3): a geometric sequence
-    starting at 2^(-8/n); for n not a power of two, the first 2^floor(log2 n) of that
-    sequence plus every other slope of the sequence for 2 * that many heads."""
-    def power_of_2(n):
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
-
-    if n_heads & (n_heads - 1) == 0:
-        slopes = power_of_2(n_heads)
-    else:
-        closest = 2 ** math.floor(math.log2(n_heads))
-        slopes = power_of_2(closest) + power_of_2(2 * closest)[0::2][: n_heads - closest]
-    return torch.tensor(slopes, dtype=torch.float32)
 
 
 # ---------------------------------------------------------------- reference

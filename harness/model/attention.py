@@ -12,10 +12,14 @@ arXiv:2408.00118, sec. 2).
 A new mixer projects q, k, v, lets the position rotate q/k, appends k/v to the
 decode cache and calls ``softmax_attention``; positions are absolute, so the
 same call serves training (q_start = k_start = 0) and cached decoding (the new
-tokens' queries over every cached key). ``softmax_attention`` picks the path:
-the FlashAttention Triton kernel under ``train.kernels = "triton"`` where it
-computes the same thing, else torch's ``scaled_dot_product_attention`` with
-the mask and the bias, else (soft-capped logits) a plain torch computation.
+tokens' queries over every cached key). ``softmax_attention`` is the one place
+that picks the path: the FlashAttention Triton kernel
+(``abl.kernels.flash_attention.flash_attention_triton``) under ``train.kernels =
+"triton"`` where it computes the same thing, else torch's
+``scaled_dot_product_attention`` with the mask and the bias, else (soft-capped
+logits) a plain torch computation. The kernel module's own ``flash_attention`` op
+(Triton function or its materialised-scores reference, like every kernel op) serves
+the kernel benches and checks; no model path goes through it.
 """
 
 from __future__ import annotations
@@ -110,9 +114,9 @@ def _flash(q, k, v, position, q_start, k_start, window, softcap, scale):
             return None
     # imported on first use: importing the kernel module imports triton, which must not happen
     # before a worker has decided whether triton interprets (see abl.kernels.enable_interpreter)
-    from ..kernels.flash_attention import flash_attention
+    from ..kernels.flash_attention import flash_attention_triton
 
-    return flash_attention(q, k, v, causal=True, window=window or None, alibi_slopes=slopes, scale=scale)
+    return flash_attention_triton(q, k, v, causal=True, window=window or None, alibi_slopes=slopes, scale=scale)
 
 
 def _capped_attention(q, k, v, bias, q_start, k_start, window, softcap, scale):
