@@ -22,9 +22,9 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from abl import DataError, Param, TextCorpus, from_documents, from_text_file, from_token_bin, hookimpl
+from abl import Arg, DataError, TextCorpus, from_documents, from_text_file, from_token_bin, hookimpl
 
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
@@ -43,7 +43,11 @@ def _stdlib_sources(root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def python_stdlib(max_bytes: int = 8_000_000, val_fraction: float = 0.1):
+VAL_FRACTION = Arg("share of the data held out for validation", min=0.001, max=0.9)
+
+
+def python_stdlib(max_bytes: Annotated[int, Arg("stop adding files past this many bytes", min=10_000)] = 8_000_000,
+                  val_fraction: Annotated[float, VAL_FRACTION] = 0.1):
     """Python standard-library source; whole files split train/val by name hash."""
     root = Path(sysconfig.get_paths()["stdlib"])
     docs, total = [], 0
@@ -65,7 +69,8 @@ def python_stdlib(max_bytes: int = 8_000_000, val_fraction: float = 0.1):
                           f"{len(docs)} files, {total} bytes")
 
 
-def text_file(path: str = "", val_fraction: float = 0.1):
+def text_file(path: Annotated[str, Arg("path of a UTF-8 (or any byte) text file")] = "",
+              val_fraction: Annotated[float, VAL_FRACTION] = 0.1):
     """Any local text file as one document; the last val_fraction of it is validation."""
     if not path:
         raise DataError("dataset text_file needs a path: [dataset.text_file] path = \"corpus.txt\"")
@@ -156,8 +161,15 @@ def _hf_texts(ds: Any, column: str, path: str, split: str, max_rows: int) -> lis
     return docs
 
 
-def hf_dataset(path: str = "", column: str = "text", split: str = "train", val_split: str = "",
-               val_fraction: float = 0.1, max_rows: int = 0) -> TextCorpus:
+def hf_dataset(path: Annotated[str, Arg("a save_to_disk folder, or a parquet / jsonl / json / arrow / csv file "
+                                        "or folder of them")] = "",
+               column: Annotated[str, Arg("the column holding the text")] = "text",
+               split: Annotated[str, Arg("the split to train on (a DatasetDict or data files)")] = "train",
+               val_split: Annotated[str, Arg("the split to validate on; empty = hold out val_fraction of the "
+                                             "rows")] = "",
+               val_fraction: Annotated[float, VAL_FRACTION] = 0.1,
+               max_rows: Annotated[int, Arg("use only the first N rows of each split (0 = all)", min=0)] = 0,
+               ) -> TextCorpus:
     """A local Hugging Face dataset's text column: save_to_disk folder, or parquet/jsonl/json/arrow/csv files.
 
     Validation is ``val_split`` when given, else a ``val_fraction`` of the rows
@@ -181,7 +193,10 @@ def hf_dataset(path: str = "", column: str = "text", split: str = "train", val_s
     return corpus
 
 
-def token_bin(path: str = "", val_path: str = "", vocab_size: int = 0, val_fraction: float = 0.1):
+def token_bin(path: Annotated[str, Arg("flat uint16 token file (train, or all if val_path is empty)")] = "",
+              val_path: Annotated[str, Arg("optional separate validation token file")] = "",
+              vocab_size: Annotated[int, Arg("0 = max token id + 1", min=0)] = 0,
+              val_fraction: Annotated[float, VAL_FRACTION] = 0.1):
     """Pre-tokenised uint16 .bin (nanoGPT format); val from val_path or the tail of path."""
     if not path:
         raise DataError("dataset token_bin needs a path: [dataset.token_bin] path = \"train.bin\"")
@@ -190,26 +205,8 @@ def token_bin(path: str = "", val_path: str = "", vocab_size: int = 0, val_fract
 
 @hookimpl
 def register_components(register):
-    frac = Param(0.1, doc="share of the data held out for validation", min=0.001, max=0.9)
-    register("dataset", "pystdlib", python_stdlib, params={
-        "max_bytes": Param(8_000_000, doc="stop adding files past this many bytes", min=10_000),
-        "val_fraction": frac,
-    })
-    register("dataset", "text_file", text_file, params={
-        "path": Param("", doc="path of a UTF-8 (or any byte) text file"),
-        "val_fraction": frac,
-    })
-    register("dataset", "hf", hf_dataset, params={
-        "path": Param("", doc="a save_to_disk folder, or a parquet / jsonl / json / arrow / csv file or folder of them"),
-        "column": Param("text", doc="the column holding the text"),
-        "split": Param("train", doc="the split to train on (a DatasetDict or data files)"),
-        "val_split": Param("", doc="the split to validate on; empty = hold out val_fraction of the rows"),
-        "val_fraction": frac,
-        "max_rows": Param(0, doc="use only the first N rows of each split (0 = all)", min=0),
-    })
-    register("dataset", "token_bin", token_bin, params={
-        "path": Param("", doc="flat uint16 token file (train, or all if val_path is empty)"),
-        "val_path": Param("", doc="optional separate validation token file"),
-        "vocab_size": Param(0, doc="0 = max token id + 1", min=0),
-        "val_fraction": frac,
-    })
+    # each factory's signature declares its parameters (type, default, doc, bounds)
+    register("dataset", "pystdlib", python_stdlib)
+    register("dataset", "text_file", text_file)
+    register("dataset", "hf", hf_dataset)
+    register("dataset", "token_bin", token_bin)

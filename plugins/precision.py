@@ -16,12 +16,12 @@ as an emulation and records ``emulated = True``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 import torch.nn as nn
 
-from abl import Param, Precision, hookimpl
+from abl import Arg, Precision, hookimpl
 
 
 class FP32(Precision):
@@ -91,8 +91,11 @@ class FP16(Precision):
     name = "fp16"
     compute_dtype = torch.float16
 
-    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2000):
+    def __init__(self, init_scale: Annotated[float, Arg("initial loss scale S", min=1e-30)] = 2.0 ** 16,
+                 growth_factor: Annotated[float, Arg("S *= this after growth_interval good steps", min=1.0)] = 2.0,
+                 backoff_factor: Annotated[float, Arg("S *= this after a step with inf/nan gradients",
+                                                      min=1e-6, max=1.0)] = 0.5,
+                 growth_interval: Annotated[int, Arg("good steps in a row before S grows", min=1)] = 2000):
         self.scale = float(init_scale)
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
@@ -413,8 +416,15 @@ class FP8(Precision):
     name = "fp8"
     emulated = True  # until setup() has verified a real fp8 GEMM
 
-    def __init__(self, scaling: str = "per_tensor", lm_head: bool = False, mode: str = "auto",
-                 compute: str = "bf16"):
+    def __init__(self,
+                 scaling: Annotated[Literal["per_tensor", "per_channel"],
+                                    Arg("one scale per tensor, or per channel (W rows, x rows)")] = "per_tensor",
+                 lm_head: Annotated[bool, Arg("also run the LM head in fp8")] = False,
+                 mode: Annotated[Literal["auto", "emulate"],
+                                 Arg("auto: real fp8 GEMMs on H100-class GPUs, emulated elsewhere; "
+                                     "emulate: always emulate")] = "auto",
+                 compute: Annotated[Literal["bf16", "fp32"],
+                                    Arg("dtype of everything that is not an fp8 GEMM")] = "bf16"):
         self.per_channel = scaling == "per_channel"
         self.scaling, self.lm_head, self.mode, self.compute = scaling, lm_head, mode, compute
         self.n_layers = 0
@@ -488,22 +498,9 @@ def _probe_real(device, per_channel) -> tuple[bool, str]:  # pragma: no cover - 
 
 @hookimpl
 def register_components(register):
+    # each factory's signature declares its parameters (type, default, doc, bounds)
     register("precision", "fp32", FP32)
     register("precision", "tf32", TF32)
     register("precision", "bf16", BF16)
-    register("precision", "fp16", FP16, params={
-        "init_scale": Param(2.0 ** 16, doc="initial loss scale S", min=1e-30),
-        "growth_factor": Param(2.0, doc="S *= this after growth_interval good steps", min=1.0),
-        "backoff_factor": Param(0.5, doc="S *= this after a step with inf/nan gradients",
-                                min=1e-6, max=1.0),
-        "growth_interval": Param(2000, doc="good steps in a row before S grows", min=1),
-    })
-    register("precision", "fp8", FP8, params={
-        "scaling": Param("per_tensor", doc="one scale per tensor, or per channel (W rows, x rows)",
-                         choices=("per_tensor", "per_channel")),
-        "lm_head": Param(False, doc="also run the LM head in fp8"),
-        "mode": Param("auto", doc="auto: real fp8 GEMMs on H100-class GPUs, emulated elsewhere; "
-                      "emulate: always emulate", choices=("auto", "emulate")),
-        "compute": Param("bf16", doc="dtype of everything that is not an fp8 GEMM",
-                         choices=("bf16", "fp32")),
-    })
+    register("precision", "fp16", FP16)
+    register("precision", "fp8", FP8)

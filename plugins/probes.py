@@ -29,12 +29,13 @@ which ones are special in its docstring.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
-from abl import IGNORE_INDEX, Examples, Param, Task, hookimpl
+from abl import IGNORE_INDEX, Arg, Examples, Task, hookimpl
 
 
 def _distinct(rng: np.random.Generator, n: int, k: int, size: int) -> np.ndarray:
@@ -101,6 +102,9 @@ def _ints(values: Any) -> list[int]:
 # ---------------------------------------------------------------- MQAR
 
 
+VOCAB = "vocabulary of the task (token ids below it); as a probe, cut to the model's when larger"
+
+
 class MQAR(Task):
     """Multi-query associative recall (Zoology, Arora et al. 2023, sec. 3; ``multiquery_ar.py``).
 
@@ -132,8 +136,16 @@ class MQAR(Task):
     likely queried there.
     """
 
-    def __init__(self, vocab_size: int = 8192, num_kv_pairs: int = 8, power_a: float = 0.01,
-                 random_non_queries: bool = True, eval_kv_pairs: Any = ()):
+    def __init__(self,
+                 vocab_size: Annotated[int, Arg(VOCAB + "; keys from the lower half, values from the upper",
+                                                min=4)] = 8192,
+                 num_kv_pairs: Annotated[int, Arg("key-value pairs per training example", min=1)] = 8,
+                 power_a: Annotated[float, Arg("alpha of the power law placing the queries (1.0 = uniform)",
+                                               min=1e-6)] = 0.01,
+                 random_non_queries: Annotated[bool, Arg("fill the non-query positions with random tokens, "
+                                                         "not 0")] = True,
+                 eval_kv_pairs: Annotated[Sequence[int], Arg("pair counts evaluated, one accuracy_pairs_<N> each "
+                                                    "(empty: the training count)")] = ()):
         super().__init__(vocab_size, num_kv_pairs=int(num_kv_pairs), power_a=float(power_a),
                          random_non_queries=bool(random_non_queries), eval_kv_pairs=list(eval_kv_pairs))
 
@@ -223,7 +235,10 @@ class Induction(Task):
     find the earlier trigger beats chance.
     """
 
-    def __init__(self, vocab_size: int = 16, induction_len: int = 1, num_triggers: int = 1):
+    def __init__(self, vocab_size: Annotated[int, Arg(VOCAB + "; the last id is the trigger", min=3)] = 16,
+                 induction_len: Annotated[int, Arg("tokens to copy after the final trigger", min=1)] = 1,
+                 num_triggers: Annotated[int, Arg("triggers in half of the examples (the other half: one)",
+                                                  min=1)] = 1):
         super().__init__(vocab_size, induction_len=int(induction_len), num_triggers=int(num_triggers))
 
     def problems(self, seq_len: int) -> list[str]:
@@ -284,7 +299,8 @@ class _Copying(Task):
 
     variable = False  # True: the data tokens sit at random positions (selective copying)
 
-    def __init__(self, vocab_size: int = 16, n_tokens: int = 16):
+    def __init__(self, vocab_size: Annotated[int, Arg(VOCAB + "; 0 is noise, the last id the marker", min=3)] = 16,
+                 n_tokens: Annotated[int, Arg("data tokens to copy", min=1)] = 16):
         super().__init__(vocab_size, n_tokens=int(n_tokens))
 
     def problems(self, seq_len: int) -> list[str]:
@@ -383,7 +399,15 @@ class SeparatorReset(Task):
 
     FILLER, SEPARATOR, NONE = 0, 1, 2
 
-    def __init__(self, vocab_size: int = 64, num_kv_pairs: int = 4, shared: int = 2, max_gap: int = 8):
+    def __init__(self,
+                 vocab_size: Annotated[int, Arg(VOCAB + "; 0 filler, 1 separator, 2 NONE, then keys and values",
+                                                min=5)] = 64,
+                 num_kv_pairs: Annotated[int, Arg("key-value pairs in each of the two segments", min=1)] = 4,
+                 shared: Annotated[int, Arg("keys in both segments (the second pairs them with new values); the "
+                                            "first segment's other keys are answered NONE after the separator",
+                                            min=0)] = 2,
+                 max_gap: Annotated[int, Arg("most filler tokens between the second segment's pairs and its "
+                                             "queries", min=0)] = 8):
         super().__init__(vocab_size, num_kv_pairs=int(num_kv_pairs), shared=int(shared), max_gap=int(max_gap))
 
     def _ranges(self) -> tuple[int, int]:
@@ -453,33 +477,14 @@ class SeparatorReset(Task):
 
 @hookimpl
 def register_components(register):
-    vocab = "vocabulary of the task (token ids below it); as a probe, cut to the model's when larger"
-    register("dataset", "mqar", MQAR, params={
-        "vocab_size": Param(8192, doc=vocab + "; keys from the lower half, values from the upper", min=4),
-        "num_kv_pairs": Param(8, doc="key-value pairs per training example", min=1),
-        "power_a": Param(0.01, doc="alpha of the power law placing the queries (1.0 = uniform)", min=1e-6),
-        "random_non_queries": Param(True, doc="fill the non-query positions with random tokens, not 0"),
-        "eval_kv_pairs": Param([], doc="pair counts evaluated, one accuracy_pairs_<N> each "
-                                       "(empty: the training count)"),
-    }, doc="Multi-query associative recall (Zoology, Arora et al. 2023).", check=MQAR.config_check)
-    register("dataset", "induction", Induction, params={
-        "vocab_size": Param(16, doc=vocab + "; the last id is the trigger", min=3),
-        "induction_len": Param(1, doc="tokens to copy after the final trigger", min=1),
-        "num_triggers": Param(1, doc="triggers in half of the examples (the other half: one)", min=1),
-    }, doc="Induction heads (H3; Mamba sec. 4.1.2).", check=Induction.config_check)
-    copy_params = {
-        "vocab_size": Param(16, doc=vocab + "; 0 is noise, the last id the marker", min=3),
-        "n_tokens": Param(16, doc="data tokens to copy", min=1),
-    }
-    register("dataset", "selective_copy", SelectiveCopy, params=copy_params,
-             doc="Selective copying (Mamba sec. 3.1).", check=SelectiveCopy.config_check)
-    register("dataset", "separator_reset", SeparatorReset, params={
-        "vocab_size": Param(64, doc=vocab + "; 0 filler, 1 separator, 2 NONE, then keys and values", min=5),
-        "num_kv_pairs": Param(4, doc="key-value pairs in each of the two segments", min=1),
-        "shared": Param(2, doc="keys in both segments (the second pairs them with new values); the first "
-                               "segment's other keys are answered NONE after the separator", min=0),
-        "max_gap": Param(8, doc="most filler tokens between the second segment's pairs and its queries", min=0),
-    }, doc="Separator reset: two recall sequences joined by a separator (Mamba sec. 3.5.2).",
-        check=SeparatorReset.config_check)
-    register("dataset", "copy", Copy, params=copy_params,
-             doc="Copying a random prefix (Arjovsky et al. 2016).", check=Copy.config_check)
+    # each task's signature declares its parameters (type, default, doc, bounds)
+    register("dataset", "mqar", MQAR, doc="Multi-query associative recall (Zoology, Arora et al. 2023).",
+             check=MQAR.config_check)
+    register("dataset", "induction", Induction, doc="Induction heads (H3; Mamba sec. 4.1.2).",
+             check=Induction.config_check)
+    register("dataset", "selective_copy", SelectiveCopy, doc="Selective copying (Mamba sec. 3.1).",
+             check=SelectiveCopy.config_check)
+    register("dataset", "separator_reset", SeparatorReset,
+             doc="Separator reset: two recall sequences joined by a separator (Mamba sec. 3.5.2).",
+             check=SeparatorReset.config_check)
+    register("dataset", "copy", Copy, doc="Copying a random prefix (Arjovsky et al. 2016).", check=Copy.config_check)

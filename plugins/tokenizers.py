@@ -21,11 +21,11 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
-from abl import DataError, Param, Tokenizer, hookimpl
+from abl import Arg, DataError, Tokenizer, hookimpl
 
 
 def utf8_text(doc: bytes) -> str:
@@ -111,7 +111,11 @@ class ByteLevelBPE(HFTokenizer):
     without unknown tokens). Pre-tokenised with GPT-2's regex (``ByteLevel``), no special tokens,
     no normaliser, so decoding returns the text exactly."""
 
-    def __init__(self, vocab_size: int = 4096, min_frequency: int = 2):
+    def __init__(self,
+                 vocab_size: Annotated[int, Arg("vocabulary size (256 bytes + merges); the model's vocabulary "
+                                                "follows it", min=256, max=2**31 - 1)] = 4096,
+                 min_frequency: Annotated[int, Arg("a pair merges only if it occurs at least this often",
+                                                   min=1)] = 2):
         super().__init__()
         self.vocab_size = vocab_size
         self.min_frequency = min_frequency
@@ -167,7 +171,8 @@ class PretrainedTokenizer(HFTokenizer):
     covers come from its character offsets.
     """
 
-    def __init__(self, path: str = ""):
+    def __init__(self, path: Annotated[str, Arg("a tokenizer.json, or a Hugging Face tokenizer folder "
+                                                "holding one")] = ""):
         super().__init__()
         if not path:
             raise DataError('tokenizer pretrained needs a path: [tokenizer.pretrained] path = "tokenizer.json"')
@@ -195,12 +200,9 @@ class PretrainedTokenizer(HFTokenizer):
 
 @hookimpl
 def register_components(register):
+    # each factory's signature declares its parameters (type, default, doc, bounds)
     register("tokenizer", "byte", ByteTokenizer)
-    register("tokenizer", "bpe", ByteLevelBPE, params={
-        "vocab_size": Param(4096, doc="vocabulary size (256 bytes + merges); the model's vocabulary follows it",
-                            min=256, max=2**31 - 1),
-        "min_frequency": Param(2, doc="a pair merges only if it occurs at least this often", min=1),
-    }, doc="Byte-level BPE (Hugging Face tokenizers) trained on the training split, once per store.")
-    register("tokenizer", "pretrained", PretrainedTokenizer, params={
-        "path": Param("", doc="a tokenizer.json, or a Hugging Face tokenizer folder holding one"),
-    }, doc="A local tokenizer.json (Hugging Face tokenizers format).")
+    register("tokenizer", "bpe", ByteLevelBPE,
+             doc="Byte-level BPE (Hugging Face tokenizers) trained on the training split, once per store.")
+    register("tokenizer", "pretrained", PretrainedTokenizer,
+             doc="A local tokenizer.json (Hugging Face tokenizers format).")

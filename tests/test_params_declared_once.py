@@ -9,6 +9,7 @@ axis, component and parameter.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import pytest
@@ -19,7 +20,7 @@ from abl.contracts.registry import Arg, Param, Registry, RegistryError, params_o
 class Norm:
     def __init__(self, dim, eps: Annotated[float, Arg("added to the variance", min=0.0)] = 1e-5,
                  gain: bool = True, where: Literal["inside", "outside"] = "inside",
-                 sizes: Annotated[list, Arg("a list")] = (), _private: int = 3):
+                 sizes: Annotated[Sequence[int], Arg("a list")] = (), _private: int = 3):
         self.dim, self.eps = dim, eps
 
 

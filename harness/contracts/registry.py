@@ -237,6 +237,7 @@ def _annotation(ann: Any) -> tuple[type | None, Arg, tuple | None]:
     """(the Param type, the Arg, Literal choices) that an annotation says."""
     import types
     import typing
+    from collections import abc
 
     arg = Arg()
     if typing.get_origin(ann) is typing.Annotated:
@@ -259,7 +260,7 @@ def _annotation(ann: Any) -> tuple[type | None, Arg, tuple | None]:
         return None, arg, None
     if ann in _TYPES:
         return ann, arg, None
-    if origin in (list, tuple) or ann is tuple:
+    if origin in (list, tuple, abc.Sequence) or ann in (tuple, abc.Sequence):  # a TOML array
         return list, arg, None
     return None, arg, None
 
