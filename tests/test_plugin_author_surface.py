@@ -14,7 +14,7 @@ from abl.contracts.config import ModelConfig
 from abl.contracts.registry import Registry, RegistryError
 from abl.grid.gridfile import expand
 from abl.model.decoder import DecoderLM, ForwardContext
-from abl.model.matching import solved_paths
+from abl.contracts.config import solved_paths
 from conftest import ROOT, run_abl
 
 # ---------------------------------------------------------------- the width knob

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from abl.analysis import stats
-from abl.analysis.metrics import TOKENS_PER_S
+from abl.analysis.units import TOKENS_PER_S
 from abl.analysis.verdicts import value_text
 from abl.dashboard import common
 from abl.dashboard import queries as q

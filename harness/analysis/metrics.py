@@ -24,7 +24,6 @@ import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from .units import FLOP_PER_S, TOKENS_PER_S  # noqa: F401 - re-exported: the catalogue's units
 
 # kinds of figure
 LOSS, SPEED, MEMORY, COST, ACCURACY, HEALTH, OTHER = "loss", "speed", "memory", "cost", "accuracy", "health", "other"

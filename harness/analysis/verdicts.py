@@ -25,6 +25,7 @@ from ..contracts.status import COMPLETED
 from . import comparable, metrics, stats
 from .formats import fmt, fmt_bytes, fmt_fraction, fmt_speed
 from .tables import flatten
+from .units import TOKENS_PER_S
 
 # config paths never used to decide whether two cells differ in one axis only: the learning
 # rate a sweep chose per variant (abl.run.lr_sweep) and the sweep itself
@@ -316,7 +317,7 @@ def value_text(metric: str, x: float | None) -> str:
     unit = metrics.metric(metric).unit
     if unit == "bytes":
         return fmt_bytes(x)
-    if unit == metrics.TOKENS_PER_S:
+    if unit == TOKENS_PER_S:
         return fmt_speed(x, unit=False)
     if unit == "fraction" and metrics.is_speed(metric):
         return fmt_fraction(x)

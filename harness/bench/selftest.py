@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from ..analysis.metrics import TOKENS_PER_S
+from ..analysis.units import TOKENS_PER_S
 
 SECTIONS = ("environment", "kernels", "determinism", "auto", "peaks", "bench", "training")
 PROVIDER_MODULES = {"liger-kernel": "liger_kernel", "flash-attn": "flash_attn", "fla": "fla",

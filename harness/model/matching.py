@@ -21,7 +21,7 @@ import copy
 import dataclasses
 from typing import Any
 
-from ..contracts.config import solved_paths, width_param  # noqa: F401  (solved_paths: the rule lives in contracts)
+from ..contracts.config import width_param
 from ..contracts.registry import Registry
 
 TOLERANCE = 0.01
