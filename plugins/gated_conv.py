@@ -22,12 +22,13 @@ them for each new token, O(L log L) per step; the outputs are those of the full 
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 from torch import nn
 
-from abl import Cost, KVCache, Param, hookimpl, linear_flops, linear_params, own_init, residual_out
-from abl.plugins.s4 import INITS, DiagSSM, diag_ssm_params, fft_conv, fp32, wide
+from abl import Arg, Cost, KVCache, hookimpl, linear_flops, linear_params, own_init, residual_out
+from abl.plugins.s4 import DiagSSM, Init, diag_ssm_params, fft_conv, fp32, wide
 
 # ---------------------------------------------------------------- H3
 
@@ -42,8 +43,16 @@ class H3(nn.Module):
     form Q * SSM_diag(K' * V).
     """
 
-    def __init__(self, cfg, position=None, d_state: int = 64, shift_state: int = 64, head_dim: int = 1,
-                 init: str = "legs", dt_min: float = 0.001, dt_max: float = 0.1, bias: bool = True):
+    def __init__(self, cfg, position=None,
+                 d_state: Annotated[int, Arg("state size N of the diagonal SSM (even)", min=2)] = 64,
+                 shift_state: Annotated[int, Arg("state size m of the shift SSM: its filter length", min=1)] = 64,
+                 head_dim: Annotated[int, Arg("width p of each head: the diagonal SSM runs over d_model * p "
+                                              "channels", min=1)] = 1,
+                 init: Annotated[Init, Arg("the diagonal SSM's S4D init (abl.plugins.s4)")] = "legs",
+                 dt_min: Annotated[float, Arg("dt of the diagonal SSM is log-uniform in [dt_min, dt_max]",
+                                              min=1e-6)] = 0.001,
+                 dt_max: Annotated[float, Arg("see dt_min", min=1e-6)] = 0.1,
+                 bias: Annotated[bool, Arg("biases on the Q, K, V and output projections")] = True):
         super().__init__()
         d = cfg.d_model
         self.d, self.head_dim, self.m = d, head_dim, shift_state
@@ -172,9 +181,20 @@ class Hyena(nn.Module):
     reference's filter bias. The long filters h^n are implicit (``HyenaFilter``).
     """
 
-    def __init__(self, cfg, position=None, order: int = 2, filter_width: int = 64, emb_dim: int = 3,
-                 inner_mlps: int = 2, short_filter: int = 3, freq: float = 1.0, fast_decay: float = 0.3,
-                 slow_decay: float = 1.5, target: float = 1e-2):
+    def __init__(self, cfg, position=None,
+                 order: Annotated[int, Arg("N: the number of long convolutions and gates", min=1)] = 2,
+                 filter_width: Annotated[int, Arg("width of the implicit filter's FFN", min=1)] = 64,
+                 emb_dim: Annotated[int, Arg("positional features of the filter (t and (emb_dim - 1) / 2 bands); "
+                                             "odd", min=1)] = 3,
+                 inner_mlps: Annotated[int, Arg("hidden layers of the filter's FFN after the first", min=0)] = 2,
+                 short_filter: Annotated[int, Arg("width of the causal depthwise conv on the projections",
+                                                  min=1)] = 3,
+                 freq: Annotated[float, Arg("initial frequency of the filter's Sin activation")] = 1.0,
+                 fast_decay: Annotated[float, Arg("the window's fastest decay reaches target at this fraction of "
+                                                  "the context", min=1e-6)] = 0.3,
+                 slow_decay: Annotated[float, Arg("the slowest decay reaches target at this fraction of the "
+                                                  "context", min=1e-6)] = 1.5,
+                 target: Annotated[float, Arg("window value at the decay length", min=1e-9, max=1.0)] = 1e-2):
         super().__init__()
         d = cfg.d_model
         self.d, self.order, self.short = d, order, short_filter
@@ -245,27 +265,10 @@ def _hyena_cost(cfg, order=2, filter_width=64, emb_dim=3, inner_mlps=2, short_fi
 
 @hookimpl
 def register_components(register):
-    dt = {"dt_min": Param(0.001, doc="dt of the diagonal SSM is log-uniform in [dt_min, dt_max]", min=1e-6),
-          "dt_max": Param(0.1, doc="see dt_min", min=1e-6)}
-    register("mixer", "h3", H3, params={
-        "d_state": Param(64, doc="state size N of the diagonal SSM (even)", min=2),
-        "shift_state": Param(64, doc="state size m of the shift SSM: its filter length", min=1),
-        "head_dim": Param(1, doc="width p of each head: the diagonal SSM runs over d_model * p channels", min=1),
-        "init": Param("legs", doc="the diagonal SSM's S4D init (abl.plugins.s4)", choices=INITS),
-        **dt,
-        "bias": Param(True, doc="biases on the Q, K, V and output projections"),
-    }, doc="H3: shift SSM and diagonal SSM gated by K, V and Q (Fu, Dao et al. 2023).",
-        cost=_h3_cost, check=_h3_check)
-    register("mixer", "hyena", Hyena, params={
-        "order": Param(2, doc="N: the number of long convolutions and gates", min=1),
-        "filter_width": Param(64, doc="width of the implicit filter's FFN", min=1),
-        "emb_dim": Param(3, doc="positional features of the filter (t and (emb_dim - 1) / 2 bands); odd", min=1),
-        "inner_mlps": Param(2, doc="hidden layers of the filter's FFN after the first", min=0),
-        "short_filter": Param(3, doc="width of the causal depthwise conv on the projections", min=1),
-        "freq": Param(1.0, doc="initial frequency of the filter's Sin activation"),
-        "fast_decay": Param(0.3, doc="the window's fastest decay reaches target at this fraction of the context",
-                            min=1e-6),
-        "slow_decay": Param(1.5, doc="the slowest decay reaches target at this fraction of the context", min=1e-6),
-        "target": Param(1e-2, doc="window value at the decay length", min=1e-9, max=1.0),
-    }, doc="Hyena: implicit long convolutions with data-controlled gating (Poli et al. 2023).",
-        cost=_hyena_cost)
+    # each mixer's signature declares its parameters (type, default, doc, bounds)
+    register("mixer", "h3", H3,
+             doc="H3: shift SSM and diagonal SSM gated by K, V and Q (Fu, Dao et al. 2023).",
+             cost=_h3_cost, check=_h3_check)
+    register("mixer", "hyena", Hyena,
+             doc="Hyena: implicit long convolutions with data-controlled gating (Poli et al. 2023).",
+             cost=_hyena_cost)

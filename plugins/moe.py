@@ -13,11 +13,12 @@ of ``abl.plugins.ffn`` (``expert`` names it).
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import torch
 import torch.nn as nn
 
-from abl import Param, hookimpl
+from abl import Arg, hookimpl
 from abl.plugins.ffn import ACT_KEEPS, DENSE_RATIO, GATED_RATIO, VARIANTS, ffn_cost, hidden_size, make_ffn
 
 
@@ -76,11 +77,30 @@ class MixtureOfExperts(nn.Module):
     assignments / log E: 1 is perfectly balanced, 0 all on one expert).
     """
 
-    def __init__(self, cfg, routing: str = "token_choice", n_experts: int = 8, top_k: int = 2,
-                 n_shared_experts: int = 0, expert: str = "swiglu", expert_ratio: float = 0.0,
-                 bias: bool = False, multiple_of: int = 8, capacity_factor: float = 0.0,
-                 router_noise: float = 0.0, router_bias: bool = False, aux_loss_coef: float = 0.01,
-                 router_z_loss_coef: float = 0.001):
+    def __init__(self, cfg,
+                 routing: Annotated[Literal["token_choice", "expert_choice"],
+                                    Arg("token_choice (softmax, top-k, renormalise) or expert_choice (each "
+                                        "expert takes its top tokens)")] = "token_choice",
+                 n_experts: Annotated[int, Arg("routed experts E", min=1)] = 8,
+                 top_k: Annotated[int, Arg("experts per token (token choice); expert choice takes top_k * N / E "
+                                           "tokens per expert", min=1)] = 2,
+                 n_shared_experts: Annotated[int, Arg("always-on experts added for every token", min=0)] = 0,
+                 expert: Annotated[str, Arg("the FFN variant of every expert", choices=tuple(VARIANTS))] = "swiglu",
+                 expert_ratio: Annotated[float, Arg("expert hidden size / d_model; 0 = the expert FFN's default "
+                                                    "ratio / (top_k + n_shared_experts): active params match one "
+                                                    "dense FFN", min=0.0)] = 0.0,
+                 bias: Annotated[bool, Arg("biases in the experts")] = False,
+                 multiple_of: Annotated[int, Arg("round the expert hidden size up to a multiple of this",
+                                                 min=1)] = 8,
+                 capacity_factor: Annotated[float, Arg("capacity = floor(c * top_k * tokens / E) per expert, the "
+                                                       "rest dropped; 0 = dropless (expert choice: 0 means 1)",
+                                                       min=0.0)] = 0.0,
+                 router_noise: Annotated[float, Arg("noisy gating weight alpha in [0, 1] (training only)",
+                                                    min=0.0, max=1.0)] = 0.0,
+                 router_bias: Annotated[bool, Arg("bias on the router")] = False,
+                 aux_loss_coef: Annotated[float, Arg("weight of the load-balancing loss E * sum f_e m_e",
+                                                     min=0.0)] = 0.01,
+                 router_z_loss_coef: Annotated[float, Arg("weight of the router z-loss", min=0.0)] = 0.001):
         super().__init__()
         if top_k > n_experts:
             raise ValueError(f"top_k={top_k} > n_experts={n_experts}")
@@ -212,26 +232,7 @@ def _cost(cfg, routing="token_choice", n_experts=8, top_k=2, n_shared_experts=0,
 
 @hookimpl
 def register_components(register):
-    register("ffn", "moe", MixtureOfExperts, params={
-        "routing": Param("token_choice", doc="token_choice (softmax, top-k, renormalise) or "
-                         "expert_choice (each expert takes its top tokens)",
-                         choices=("token_choice", "expert_choice")),
-        "n_experts": Param(8, doc="routed experts E", min=1),
-        "top_k": Param(2, doc="experts per token (token choice); expert choice takes top_k * N / E "
-                       "tokens per expert", min=1),
-        "n_shared_experts": Param(0, doc="always-on experts added for every token", min=0),
-        "expert": Param("swiglu", doc="the FFN variant of every expert", choices=tuple(VARIANTS)),
-        "expert_ratio": Param(0.0, doc="expert hidden size / d_model; 0 = the expert FFN's default "
-                              "ratio / (top_k + n_shared_experts): active params match one dense FFN",
-                              min=0.0),
-        "bias": Param(False, doc="biases in the experts"),
-        "multiple_of": Param(8, doc="round the expert hidden size up to a multiple of this", min=1),
-        "capacity_factor": Param(0.0, doc="capacity = floor(c * top_k * tokens / E) per expert, "
-                                 "the rest dropped; 0 = dropless (expert choice: 0 means 1)", min=0.0),
-        "router_noise": Param(0.0, doc="noisy gating weight alpha in [0, 1] (training only)",
-                              min=0.0, max=1.0),
-        "router_bias": Param(False, doc="bias on the router"),
-        "aux_loss_coef": Param(0.01, doc="weight of the load-balancing loss E * sum f_e m_e", min=0.0),
-        "router_z_loss_coef": Param(0.001, doc="weight of the router z-loss", min=0.0),
-    }, doc="Mixture-of-Experts FFN: a router and E experts (plus shared ones), token or expert choice.",
-        cost=_cost, check=_check, width="expert_ratio")
+    # the layer's signature declares its parameters (type, default, doc, bounds)
+    register("ffn", "moe", MixtureOfExperts,
+             doc="Mixture-of-Experts FFN: a router and E experts (plus shared ones), token or expert choice.",
+             cost=_cost, check=_check, width="expert_ratio")

@@ -37,14 +37,16 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Annotated, Literal, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from abl import Cost, KVCache, Param, hookimpl, linear_flops, linear_params, residual_out
+from abl import Arg, Cost, KVCache, hookimpl, linear_flops, linear_params, residual_out
 
-INITS = ("lin", "inv", "legs")
+Init = Literal["lin", "inv", "legs"]
+INITS: tuple[str, ...] = get_args(Init)
 
 
 @lru_cache(maxsize=16)
@@ -202,8 +204,13 @@ class S4D(nn.Module):
     implicit), and must be even.
     """
 
-    def __init__(self, cfg, position=None, d_state: int = 64, init: str = "lin", dt_min: float = 0.001,
-                 dt_max: float = 0.1):
+    def __init__(self, cfg, position=None,
+                 d_state: Annotated[int, Arg("state size N per channel (N/2 complex modes are stored); even",
+                                             min=2)] = 64,
+                 init: Annotated[Init, Arg("A and B at init: S4D-Lin, S4D-Inv or S4D-LegS (S4D sec. 4)")] = "lin",
+                 dt_min: Annotated[float, Arg("dt is initialised log-uniform in [dt_min, dt_max] per channel",
+                                              min=1e-6)] = 0.001,
+                 dt_max: Annotated[float, Arg("see dt_min", min=1e-6)] = 0.1):
         super().__init__()
         h = cfg.d_model
         self.ssm = DiagSSM(h, d_state, init, dt_min, dt_max)
@@ -251,10 +258,7 @@ def _s4_cost(cfg, d_state=64, **_):
 
 @hookimpl
 def register_components(register):
-    register("mixer", "s4", S4D, params={
-        "d_state": Param(64, doc="state size N per channel (N/2 complex modes are stored); even", min=2),
-        "init": Param("lin", doc="A and B at init: S4D-Lin, S4D-Inv or S4D-LegS (S4D sec. 4)", choices=INITS),
-        "dt_min": Param(0.001, doc="dt is initialised log-uniform in [dt_min, dt_max] per channel", min=1e-6),
-        "dt_max": Param(0.1, doc="see dt_min", min=1e-6),
-    }, doc="S4D: diagonal linear time-invariant SSM, FFT convolution / recurrent decode (Gu et al. 2022).",
-        cost=_s4_cost, check=_s4_check, reference=s4d_recurrence)
+    # the layer's signature declares its parameters (type, default, doc, bounds)
+    register("mixer", "s4", S4D,
+             doc="S4D: diagonal linear time-invariant SSM, FFT convolution / recurrent decode (Gu et al. 2022).",
+             cost=_s4_cost, check=_s4_check, reference=s4d_recurrence)

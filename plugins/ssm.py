@@ -18,12 +18,13 @@ fp32 with autocast off, whatever the training precision.
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from abl import Param, hookimpl, own_init, residual_out
+from abl import Arg, hookimpl, own_init, residual_out
 from abl.kernels.rmsnorm import rmsnorm
 from abl.kernels.ssd_scan import ssd_chunked_flops, ssd_scan, ssd_sequential, ssd_step
 
@@ -181,6 +182,16 @@ def selective_scan_sequential(u, dt, A, Bm, Cm, initial_state=None):
     return torch.stack(ys, dim=1), h
 
 
+# the parameters Mamba and Mamba-2 share: their type, doc and bounds (each block's signature gives the default)
+DState = Annotated[int, Arg("SSM state size N per channel (Mamba) or per head dim (Mamba-2)", min=1)]
+DConv = Annotated[int, Arg("width of the causal depthwise conv", min=1)]
+Expand = Annotated[int, Arg("inner width / d_model", min=1)]
+DtMin = Annotated[float, Arg("dt is initialised log-uniform in [dt_min, dt_max]", min=1e-6)]
+DtMax = Annotated[float, Arg("see dt_min", min=1e-6)]
+Bias = Annotated[bool, Arg("biases on in_proj and out_proj")]
+ConvBias = Annotated[bool, Arg("bias on the conv")]
+
+
 class Mamba(nn.Module):
     """The Mamba-1 block (Gu & Dao 2023, arXiv:2312.00752, sec. 3.4, fig. 3).
 
@@ -189,9 +200,9 @@ class Mamba(nn.Module):
     B = W_B x, C = W_C x and A = -exp(A_log) (S4D-real init, A_n = -(n+1)).
     """
 
-    def __init__(self, cfg, position=None, d_state: int = 16, d_conv: int = 4, expand: int = 2,
-                 dt_rank: int = 0, dt_min: float = 0.001, dt_max: float = 0.1, bias: bool = False,
-                 conv_bias: bool = True):
+    def __init__(self, cfg, position=None, d_state: DState = 16, d_conv: DConv = 4, expand: Expand = 2,
+                 dt_rank: Annotated[int, Arg("rank of the dt projection; 0 = ceil(d_model / 16)", min=0)] = 0,
+                 dt_min: DtMin = 0.001, dt_max: DtMax = 0.1, bias: Bias = False, conv_bias: ConvBias = True):
         super().__init__()
         d = cfg.d_model
         e = expand * d
@@ -259,9 +270,13 @@ class Mamba2(nn.Module):
     ``train.kernels`` = triton).
     """
 
-    def __init__(self, cfg, position=None, d_state: int = 64, d_conv: int = 4, expand: int = 2,
-                 head_dim: int = 32, n_groups: int = 1, chunk_size: int = 64, dt_min: float = 0.001,
-                 dt_max: float = 0.1, bias: bool = False, conv_bias: bool = True, norm_eps: float = 1e-5):
+    def __init__(self, cfg, position=None, d_state: DState = 64, d_conv: DConv = 4, expand: Expand = 2,
+                 head_dim: Annotated[int, Arg("SSD head dimension P; heads = expand * d_model / head_dim",
+                                              min=1)] = 32,
+                 n_groups: Annotated[int, Arg("groups of heads sharing B and C", min=1)] = 1,
+                 chunk_size: Annotated[int, Arg("chunk length L of the SSD algorithm", min=1)] = 64,
+                 dt_min: DtMin = 0.001, dt_max: DtMax = 0.1, bias: Bias = False, conv_bias: ConvBias = True,
+                 norm_eps: Annotated[float, Arg("epsilon of the gated RMSNorm", min=0.0)] = 1e-5):
         super().__init__()
         d = cfg.d_model
         e = expand * d
@@ -367,31 +382,12 @@ def _mamba2_check(cfg, params):
     return errs
 
 
-def _common(d_state):
-    return {
-        "d_state": Param(d_state, doc="SSM state size N per channel (Mamba) or per head dim (Mamba-2)",
-                         min=1),
-        "d_conv": Param(4, doc="width of the causal depthwise conv", min=1),
-        "expand": Param(2, doc="inner width / d_model", min=1),
-        "dt_min": Param(0.001, doc="dt is initialised log-uniform in [dt_min, dt_max]", min=1e-6),
-        "dt_max": Param(0.1, doc="see dt_min", min=1e-6),
-        "bias": Param(False, doc="biases on in_proj and out_proj"),
-        "conv_bias": Param(True, doc="bias on the conv"),
-    }
-
-
 @hookimpl
 def register_components(register):
-    register("mixer", "mamba", Mamba, params={
-        **_common(16),
-        "dt_rank": Param(0, doc="rank of the dt projection; 0 = ceil(d_model / 16)", min=0),
-    }, doc="Mamba-1 block: selective scan with input-dependent dt, B, C (Gu & Dao 2023).",
-        cost=_mamba_cost, reference=selective_scan_sequential)
-    register("mixer", "mamba2", Mamba2, params={
-        **_common(64),
-        "head_dim": Param(32, doc="SSD head dimension P; heads = expand * d_model / head_dim", min=1),
-        "n_groups": Param(1, doc="groups of heads sharing B and C", min=1),
-        "chunk_size": Param(64, doc="chunk length L of the SSD algorithm", min=1),
-        "norm_eps": Param(1e-5, doc="epsilon of the gated RMSNorm", min=0.0),
-    }, doc="Mamba-2 block: multi-head SSD, scalar A, gated RMSNorm (Dao & Gu 2024).",
-        cost=_mamba2_cost, check=_mamba2_check, reference=ssd_sequential)
+    # each block's signature declares its parameters (type, default, doc, bounds)
+    register("mixer", "mamba", Mamba,
+             doc="Mamba-1 block: selective scan with input-dependent dt, B, C (Gu & Dao 2023).",
+             cost=_mamba_cost, reference=selective_scan_sequential)
+    register("mixer", "mamba2", Mamba2,
+             doc="Mamba-2 block: multi-head SSD, scalar A, gated RMSNorm (Dao & Gu 2024).",
+             cost=_mamba2_cost, check=_mamba2_check, reference=ssd_sequential)
