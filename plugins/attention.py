@@ -20,13 +20,14 @@ linear attention keeps its recurrent state with ``state`` / ``set_state``;
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from abl import (Cost, KVCache, Param, PositionEncoding, hookimpl, linear_flops, linear_params, residual_out,
-                 softmax_attention)
+from abl import (Arg, Cost, KVCache, PositionEncoding, hookimpl, linear_flops, linear_params, params_of,
+                 residual_out, softmax_attention)
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
     """At least fp32 (norms of bf16 / fp16 activations are computed in fp32)."""
@@ -55,8 +56,13 @@ class MultiHeadAttention(nn.Module):
     arXiv:1911.02150, sec. 2.4).
     """
 
-    def __init__(self, cfg, position, n_kv_heads: int = 0, bias: bool = False, qk_norm: bool = False,
-                 softcap: float = 0.0, window: int = 0):
+    def __init__(self, cfg, position,
+                 n_kv_heads: Annotated[int, Arg("key/value heads; 0 = n_heads (MHA), 1 = MQA", min=0)] = 0,
+                 bias: Annotated[bool, Arg("biases on the q/k/v/out projections")] = False,
+                 qk_norm: Annotated[bool, Arg("RMS-normalise each head's q and k (Dehghani et al. 2023)")] = False,
+                 softcap: Annotated[float, Arg("attention-logit soft cap c: s -> c tanh(s/c) (Gemma 2); 0 = off",
+                                               min=0.0)] = 0.0,
+                 window: int = 0):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.n_kv_heads = n_kv_heads or cfg.n_heads
@@ -92,7 +98,10 @@ def multi_query_attention(cfg, position, **params):
     return MultiHeadAttention(cfg, position, n_kv_heads=1, **params)
 
 
-def grouped_query_attention(cfg, position, n_kv_heads: int = 2, **params):
+def grouped_query_attention(cfg, position,
+                            n_kv_heads: Annotated[int, Arg("key/value groups; query head h reads group "
+                                                           "h // (n_heads/n_kv_heads)", min=1)] = 2,
+                            **params):
     """Grouped-query attention: n_kv_heads K/V groups (Ainslie et al. 2023).
 
     Ainslie et al. 2023, "GQA", arXiv:2305.13245, sec. 2.2.
@@ -100,7 +109,10 @@ def grouped_query_attention(cfg, position, n_kv_heads: int = 2, **params):
     return MultiHeadAttention(cfg, position, n_kv_heads=n_kv_heads, **params)
 
 
-def sliding_window_attention(cfg, position, window: int = 64, **params):
+def sliding_window_attention(cfg, position,
+                             window: Annotated[int, Arg("keys each query reads, itself included (Mistral's W)",
+                                                        min=1)] = 64,
+                             **params):
     """Sliding-window attention over the last `window` keys (Mistral 7B, Jiang et al. 2023).
 
     Jiang et al. 2023, "Mistral 7B", arXiv:2310.06825, sec. 2.
@@ -131,7 +143,10 @@ class LinearAttention(nn.Module):
     the unrotated ones, so it stays positive (RoFormer, Su et al. 2021 sec. 3.3).
     """
 
-    def __init__(self, cfg, position, chunk_size: int = 64, bias: bool = False, eps: float = 1e-6):
+    def __init__(self, cfg, position,
+                 chunk_size: Annotated[int, Arg("tokens per chunk of the causal training form", min=1)] = 64,
+                 bias: Annotated[bool, Arg("biases on the q/k/v/out projections")] = False,
+                 eps: Annotated[float, Arg("added to the normaliser phi(q).z", min=0.0)] = 1e-6):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.head_dim
@@ -215,8 +230,12 @@ class MultiHeadLatentAttention(nn.Module):
     compression (as V2-Lite).
     """
 
-    def __init__(self, cfg, position, kv_rank: int = 0, q_rank: int = 0, rope_dim: int = 0,
-                 latent_norm: bool = True):
+    def __init__(self, cfg, position,
+                 kv_rank: Annotated[int, Arg("dims of the compressed KV latent c_kv; 0 = 4 * head_dim", min=0)] = 0,
+                 q_rank: Annotated[int, Arg("dims of the compressed query latent; 0 = no query compression",
+                                            min=0)] = 0,
+                 rope_dim: Annotated[int, Arg("dims of the decoupled RoPE q/k; 0 = head_dim / 2", min=0)] = 0,
+                 latent_norm: Annotated[bool, Arg("RMSNorm on the latents (DeepSeek's released code)")] = True):
         super().__init__()
         d, h, dh = cfg.d_model, cfg.n_heads, cfg.head_dim
         self.n_heads, self.nope_dim, self.v_dim = h, dh, dh
@@ -412,35 +431,18 @@ def mla_cost(cfg, kv_rank=0, q_rank=0, rope_dim=0, latent_norm=True, position=No
 
 @hookimpl
 def register_components(register):
-    softmax_extras = {
-        "bias": Param(False, doc="biases on the q/k/v/out projections"),
-        "qk_norm": Param(False, doc="RMS-normalise each head's q and k (Dehghani et al. 2023)"),
-        "softcap": Param(0.0, doc="attention-logit soft cap c: s -> c tanh(s/c) (Gemma 2); 0 = off",
-                         min=0.0),
-    }
-    register("mixer", "mha", MultiHeadAttention, params={
-        "n_kv_heads": Param(0, doc="key/value heads; 0 = n_heads (MHA), 1 = MQA", min=0),
-        **softmax_extras,
-    }, check=_kv_check, cost=mha_cost)
+    # the factories' signatures declare the parameters (type, default, doc, bounds); the wrappers that pass
+    # **params on to MultiHeadAttention take its declarations (its ``window`` is sliding_window's own)
+    softmax_extras = params_of(MultiHeadAttention, "bias", "qk_norm", "softcap")
+    register("mixer", "mha", MultiHeadAttention, params=params_of(MultiHeadAttention, "n_kv_heads", *softmax_extras),
+             check=_kv_check, cost=mha_cost)
     register("mixer", "mqa", multi_query_attention, params=softmax_extras, cost=mqa_cost)
-    register("mixer", "gqa", grouped_query_attention, params={
-        "n_kv_heads": Param(2, doc="key/value groups; query head h reads group h // (n_heads/n_kv_heads)",
-                            min=1),
-        **softmax_extras,
-    }, check=_gqa_check, cost=gqa_cost)
-    register("mixer", "sliding_window", sliding_window_attention, params={
-        "window": Param(64, doc="keys each query reads, itself included (Mistral's W)", min=1),
-        "n_kv_heads": Param(0, doc="key/value heads; 0 = n_heads", min=0),
-        **softmax_extras,
-    }, check=_kv_check, cost=sliding_window_cost)
-    register("mixer", "linear", LinearAttention, params={
-        "chunk_size": Param(64, doc="tokens per chunk of the causal training form", min=1),
-        "bias": Param(False, doc="biases on the q/k/v/out projections"),
-        "eps": Param(1e-6, doc="added to the normaliser phi(q).z", min=0.0),
-    }, check=_linear_check, cost=linear_cost)
-    register("mixer", "mla", MultiHeadLatentAttention, params={
-        "kv_rank": Param(0, doc="dims of the compressed KV latent c_kv; 0 = 4 * head_dim", min=0),
-        "q_rank": Param(0, doc="dims of the compressed query latent; 0 = no query compression", min=0),
-        "rope_dim": Param(0, doc="dims of the decoupled RoPE q/k; 0 = head_dim / 2", min=0),
-        "latent_norm": Param(True, doc="RMSNorm on the latents (DeepSeek's released code)"),
-    }, check=_mla_check, cost=mla_cost)
+    register("mixer", "gqa", grouped_query_attention,
+             params={**params_of(grouped_query_attention, "n_kv_heads"), **softmax_extras},
+             check=_gqa_check, cost=gqa_cost)
+    register("mixer", "sliding_window", sliding_window_attention,
+             params={**params_of(sliding_window_attention, "window"),
+                     **params_of(MultiHeadAttention, "n_kv_heads", *softmax_extras)},
+             check=_kv_check, cost=sliding_window_cost)
+    register("mixer", "linear", LinearAttention, check=_linear_check, cost=linear_cost)
+    register("mixer", "mla", MultiHeadLatentAttention, check=_mla_check, cost=mla_cost)
