@@ -15,15 +15,22 @@ Hidden sizes are rounded up to a multiple of ``multiple_of``.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from abl import Param, hookimpl, residual_out
+from abl import Arg, hookimpl, params_of, residual_out
 from abl.kernels import swiglu as glu_ops
 
 DENSE_RATIO = 4.0
 GATED_RATIO = DENSE_RATIO * 2 / 3  # 8/3: three matrices instead of two
+
+# the parameters of both FFN kinds (each class's signature gives the default)
+Ratio = Annotated[float, Arg("hidden size / d_model", min=1e-3)]
+Bias = Annotated[bool, Arg("biases on the projections")]
+MultipleOf = Annotated[int, Arg("round the hidden size up to a multiple of this", min=1)]
 
 
 def hidden_size(d_model: int, ratio: float, multiple_of: int) -> int:
@@ -62,8 +69,8 @@ VARIANTS: dict[str, tuple] = {
 class DenseFFN(nn.Module):
     """y = W2 act(W1 x + b1) + b2 (Vaswani et al. 2017, eq. 2)."""
 
-    def __init__(self, cfg, activation, ratio: float = DENSE_RATIO, bias: bool = False,
-                 multiple_of: int = 8, hidden: int | None = None):
+    def __init__(self, cfg, activation, ratio: Ratio = DENSE_RATIO, bias: Bias = False,
+                 multiple_of: MultipleOf = 8, hidden: int | None = None):
         super().__init__()
         h = hidden or hidden_size(cfg.d_model, ratio, multiple_of)
         self.act = activation
@@ -82,8 +89,8 @@ class GatedFFN(nn.Module):
     act(gate) * up ("swiglu" or "geglu"; fused under ``train.kernels`` = triton).
     """
 
-    def __init__(self, cfg, activation, ratio: float = GATED_RATIO, bias: bool = False,
-                 multiple_of: int = 8, hidden: int | None = None, kernel: str | None = None):
+    def __init__(self, cfg, activation, ratio: Ratio = GATED_RATIO, bias: Bias = False,
+                 multiple_of: MultipleOf = 8, hidden: int | None = None, kernel: str | None = None):
         super().__init__()
         h = hidden or hidden_size(cfg.d_model, ratio, multiple_of)
         self.act, self.kernel = activation, kernel
@@ -128,12 +135,10 @@ def ffn_cost(d_model: int, hidden: int, gated: bool, bias: bool, act_keeps: int 
     return Cost(params=params, flops_per_token=flops, activation_elements_per_token=saved)
 
 
-def _params(ratio):
-    return {
-        "ratio": Param(ratio, doc="hidden size / d_model", min=1e-3),
-        "bias": Param(False, doc="biases on the projections"),
-        "multiple_of": Param(8, doc="round the hidden size up to a multiple of this", min=1),
-    }
+def _params(gated: bool):
+    """A variant's grid parameters: its FFN class's own declarations (``hidden`` and ``kernel`` are set
+    by the code that builds it)."""
+    return params_of(GatedFFN if gated else DenseFFN, "ratio", "bias", "multiple_of")
 
 
 def _factory(name):
@@ -175,5 +180,5 @@ _DOCS = {
 @hookimpl
 def register_components(register):
     for name, (_, gated) in VARIANTS.items():
-        register("ffn", name, _factory(name), params=_params(GATED_RATIO if gated else DENSE_RATIO),
+        register("ffn", name, _factory(name), params=_params(gated),
                  doc=_DOCS[name], cost=_cost(name), width="ratio")
