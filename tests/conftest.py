@@ -35,3 +35,110 @@ def run_abl(args, cwd=None, env=None, timeout=600):
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "abl.cli", *args], cwd=cwd or ROOT,
                           capture_output=True, text=True, env=full_env, timeout=timeout)
+
+
+# ---------------------------------------------------------------- shared fixtures: a tiny grid, a sink, a cell
+
+# The smallest grid that trains on CPU in about a second per cell: one layer, two cells (the norm axis),
+# no decode or extrapolation evaluation, a small slice of the Python standard library as corpus.
+TINY_GRID: dict = {
+    "experiment": {"name": "tiny", "seeds": [0]},
+    "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context": 16},
+    "train": {"steps": 2, "batch_size": 2, "eval_every": 2, "eval_batches": 1, "threads": 1},
+    "eval": {"decode": False, "extrapolation": False},
+    "dataset": {"pystdlib": {"max_bytes": 300000}},
+    "grid": {"model.norm": ["rmsnorm", "layernorm"]},
+}
+
+
+def tiny_grid_raw(**sections) -> dict:
+    """``TINY_GRID`` with sections replaced: ``section={...}`` replaces that section's keys one by one
+    (a key set to None is left out), ``section=None`` leaves the whole section out."""
+    import copy
+
+    raw = copy.deepcopy(TINY_GRID)
+    for name, keys in sections.items():
+        if keys is None:
+            raw.pop(name, None)
+            continue
+        merged = {**raw.get(name, {}), **keys}
+        raw[name] = {k: v for k, v in merged.items() if v is not None}
+    return raw
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"no TOML for {v!r}")
+
+
+def _toml_key(k: str) -> str:
+    return k if k.replace("_", "").replace("-", "").isalnum() else _toml_value(k)
+
+
+def toml_text(raw: dict) -> str:
+    """A grid's dict as TOML text (tables of scalars, lists and inline tables; one level of sub-tables)."""
+    lines: list[str] = []
+    for name, section in raw.items():
+        subs = {k: v for k, v in section.items() if isinstance(v, dict) and name != "grid"}
+        lines.append(f"[{name}]")
+        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in section.items() if k not in subs]
+        for sub, keys in subs.items():
+            lines.append(f"[{name}.{_toml_key(sub)}]")
+            lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in keys.items()]
+    return "\n".join(lines) + "\n"
+
+
+def tiny_grid_text(**sections) -> str:
+    """The tiny grid as TOML text, sections replaced as ``tiny_grid_raw`` does."""
+    return toml_text(tiny_grid_raw(**sections))
+
+
+@pytest.fixture
+def tiny_grid(tmp_path):
+    """Write the tiny grid (sections replaced as ``tiny_grid_raw`` does) to a file; returns its path."""
+    def write(name: str = "g.toml", **sections) -> Path:
+        path = tmp_path / name
+        path.write_text(tiny_grid_text(**sections))
+        return path
+
+    return write
+
+
+class ListSink:
+    """A metric sink that keeps every logged row: what the training loop writes, for a test to read."""
+
+    def __init__(self):
+        self.rows: list = []
+
+    def log(self, step, metrics):
+        self.rows.append((step, dict(metrics)))
+
+    def series(self, name):
+        """(step, value) of every row that logged ``name``."""
+        return [(s, m[name]) for s, m in self.rows if name in m]
+
+
+@pytest.fixture
+def metric_sink():
+    return ListSink()
+
+
+@pytest.fixture
+def tiny_cell(registry):
+    """A cell of the tiny grid built from a dict, no TOML (sections replaced as ``tiny_grid_raw`` does;
+    ``index`` picks the cell)."""
+    from abl.grid.gridfile import expand
+
+    def make(index: int = 0, **sections):
+        return expand(tiny_grid_raw(**sections), registry, source="tiny.toml").cells[index]
+
+    return make

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_abl
-from test_train import ListSink
+from conftest import ListSink
 
 from abl.contracts.config import ConfigError
 from abl.contracts.precision import Precision
