@@ -48,7 +48,19 @@ Tasks (synthetic probes)
     ``Examples``, ``IGNORE_INDEX`` (the target of a position that does not count).
 Post-training evaluations
     ``register_evaluation`` (add a named step run after training; a grid can
-    switch it off under ``[eval]``).
+    switch it off under ``[eval]``); the hook ``register_evaluations`` does it from a
+    plugin. ``TrainedRun`` (what an evaluation is handed); the measurements abl's own
+    evaluations make, for a plugin's to reuse: ``decode_metrics``,
+    ``extrapolation_metrics`` (at ``EXTRAPOLATION_SCALES``), ``probe_metrics``.
+Executors (hook ``register_executors``)
+    ``Executor`` (base class: ``launch``, ``poll``, ``stop``, and the declared
+    capabilities ``local``, ``slots``, ``use_gpus``, ``free_gpus``), ``ExecutorOptions``
+    (what its factory gets), ``Job`` (one cell to run), ``LocalExecutor``,
+    ``worker_command`` (the command that trains a job's cell), ``run_worker_process``
+    (run it to the end, on a cluster's node).
+Metrics (hook ``register_metrics``)
+    ``Metric``, ``Family`` (a metric and a pattern entry of the catalogue);
+    ``BUILT_IN_METRICS``, ``BUILT_IN_FAMILIES`` (abl's own, which abl.plugins.metrics registers).
 """
 
 from __future__ import annotations
@@ -94,6 +106,21 @@ _PUBLIC: dict[str, str] = {
     "from_token_bin": "abl.data.corpus",
     "byte_tokens": "abl.data.corpus",
     "register_evaluation": "abl.run.evaluations",
+    "TrainedRun": "abl.run.evaluations",
+    "decode_metrics": "abl.model.decode",
+    "extrapolation_metrics": "abl.model.decode",
+    "EXTRAPOLATION_SCALES": "abl.model.decode",
+    "probe_metrics": "abl.run.taskdata",
+    "Executor": "abl.run.executors",
+    "ExecutorOptions": "abl.run.executors",
+    "Job": "abl.run.executors",
+    "LocalExecutor": "abl.run.executors",
+    "worker_command": "abl.run.executors",
+    "run_worker_process": "abl.run.executors",
+    "Metric": "abl.analysis.metrics",
+    "Family": "abl.analysis.metrics",
+    "BUILT_IN_METRICS": "abl.analysis.metrics",
+    "BUILT_IN_FAMILIES": "abl.analysis.metrics",
     "Task": "abl.data.tasks",
     "Examples": "abl.data.tasks",
     "IGNORE_INDEX": "abl.data.tasks",
@@ -136,4 +163,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and editors
     from .kernels import use_triton
     from .model.attention import softmax_attention, visible
     from .model.decoder import ForwardContext, KVCache, PositionEncoding, own_init, residual_out
-    from .run.evaluations import register_evaluation
+    from .analysis.metrics import BUILT_IN_FAMILIES, BUILT_IN_METRICS, Family, Metric
+    from .model.decode import EXTRAPOLATION_SCALES, decode_metrics, extrapolation_metrics
+    from .run.evaluations import TrainedRun, register_evaluation
+    from .run.executors import Executor, ExecutorOptions, Job, LocalExecutor, run_worker_process, worker_command
+    from .run.taskdata import probe_metrics

@@ -12,16 +12,18 @@ from abl.run.evaluations import EVALUATIONS, TrainedRun, register_evaluation, ru
 
 
 def test_every_built_in_evaluation_has_a_switch_and_every_switch_an_evaluation():
-    assert list(EVALUATIONS) == ["decode", "extrapolation", "probes"]
-    assert [f.name for f in dataclasses.fields(EvalConfig)] == list(EVALUATIONS)
+    built_in = evaluations.registered()  # registered by abl.plugins.evaluations (hook register_evaluations)
+    assert list(built_in) == ["decode", "extrapolation", "probes"]
+    assert {e.plugin for e in built_in.values()} == {"evaluations"}
+    assert [f.name for f in dataclasses.fields(EvalConfig)] == list(built_in)
     for f in dataclasses.fields(EvalConfig):
         assert f.metadata["doc"]
     defaults = {f.name: f.default_factory() if f.name == "probes" else f.default  # type: ignore[misc]
                 for f in dataclasses.fields(EvalConfig)}
     # decode is cheap and on; extrapolation's longer windows are on where a grid asks; probes: a list, off while empty
     assert defaults == {"decode": True, "extrapolation": False, "probes": []}
-    assert EVALUATIONS["extrapolation"].metrics == ("val_loss_x1", "val_loss_x2", "val_loss_x4")
-    assert "decode_agreement" in EVALUATIONS["decode"].metrics
+    assert built_in["extrapolation"].metrics == ("val_loss_x1", "val_loss_x2", "val_loss_x4")
+    assert "decode_agreement" in built_in["decode"].metrics
 
 
 def test_switched_on_follows_the_switches_in_registration_order():

@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from abl.run.executors import Executor
+
 GRID = """
 [experiment]
 name = "sweep"
@@ -29,7 +31,7 @@ LOSS = {("gelu", 1e-3): 2.3, ("gelu", 3e-3): 2.0, ("gelu", 1e-2): 2.6,
         ("swiglu", 1e-3): 2.4, ("swiglu", 3e-3): 2.1, ("swiglu", 1e-2): 1.9}
 
 
-class FakeExecutor:
+class FakeExecutor(Executor):
     """Writes what a worker would, with the loss from LOSS (plus a small seed effect); no training."""
 
     name = "fake"

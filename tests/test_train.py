@@ -85,8 +85,9 @@ TINY = {
 
 @pytest.mark.parametrize("off", ["decode", "extrapolation"])
 def test_a_switched_off_evaluation_records_none_of_its_metrics(registry, off):
-    from abl.run.evaluations import EVALUATIONS
+    from abl.run.evaluations import registered
 
+    EVALUATIONS = registered()
     (on,) = {"decode", "extrapolation"} - {off}
     cell = expand({**TINY, "eval": {off: False, on: True}}, registry).cells[0]
     sink = ListSink()
@@ -101,8 +102,9 @@ def test_a_switched_off_evaluation_records_none_of_its_metrics(registry, off):
 
 
 def test_with_every_evaluation_off_training_still_records_its_own_metrics(registry):
-    from abl.run.evaluations import EVALUATIONS
+    from abl.run.evaluations import registered
 
+    EVALUATIONS = registered()
     cell = expand({**TINY, "eval": {"decode": False, "extrapolation": False, "probes": []}}, registry).cells[0]
     sink = ListSink()
     train(cell, registry, sink)

@@ -15,13 +15,13 @@ import pandas as pd
 import streamlit as st
 
 from abl.analysis import formats, stats
+from abl.analysis.metrics import shown_by_default
 from abl.analysis.verdicts import axis_effects, effect_section, health_text
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 
 NONE = "(none)"
-PREFERRED = ("val_loss", "train_loss", "tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token",
-             "decode_tokens_per_s", "wall_s", "n_params")
+PREFERRED = shown_by_default()  # the metric catalogue's (abl.analysis.metrics), a plugin's metrics too
 MODES = {"baseline": "each cell against a baseline", "pairs": "chosen pairs", "by": "every pair along one setting"}
 
 sel: q.Selection = st.session_state["selection"]

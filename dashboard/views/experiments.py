@@ -3,14 +3,14 @@
 import streamlit as st
 
 from abl.analysis import stats
+from abl.analysis.metrics import shown_by_default
 from abl.analysis.units import TOKENS_PER_S
 from abl.analysis.verdicts import value_text
 from abl.dashboard import common
 from abl.dashboard import queries as q
 from abl.store.rundir import COMPLETED, NOT_COMPLETED, RUNNING
 
-SUMMARY = ("val_loss", "train_loss", "tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token",
-           "decode_tokens_per_s", "n_params", "wall_s")
+SUMMARY = shown_by_default()  # the metric catalogue's (abl.analysis.metrics), a plugin's metrics too
 
 sel: q.Selection = st.session_state["selection"]
 ctx = common.ctx()

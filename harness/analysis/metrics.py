@@ -12,6 +12,10 @@ so a metric cannot be the peak in one place and the last value in another.
 ``tests/test_metric_catalogue.py`` fails when a module spells a catalogue
 label or picks a metric's aggregate by hand.
 
+abl's own entries (``CATALOGUE``, ``FAMILIES``) are registered by the built-in plugin abl.plugins.metrics
+through the hook ``register_metrics``, like a third-party plugin's metrics; ``metric`` and
+``shown_by_default`` read every declared one.
+
 Families of metrics share a pattern entry (``val_loss_x<k>``,
 ``<task>_accuracy``, ``probe_<task>_accuracy``, ``..._per_s``); a name that
 no entry matches gets ``UNKNOWN``'s defaults with its own name as label.
@@ -49,6 +53,8 @@ class Metric:
     better: str = LOWER
     across_tokenizers: bool = True
     description: str = ""  # one sentence for a tooltip
+    shown: bool = False  # shown by default (``shown_by_default``): the dashboard's first columns and choices
+    plugin: str = ""  # the plugin that declared it (hook register_metrics)
 
     @property
     def lower_is_better(self) -> bool:
@@ -71,8 +77,8 @@ class Metric:
 
 
 def _m(name: str, label: str, unit: str, kind: str, final: str, better: str, across: bool = True,
-       description: str = "") -> Metric:
-    return Metric(name, label, unit, kind, final, better, across, description)
+       description: str = "", shown: bool = False) -> Metric:
+    return Metric(name, label, unit, kind, final, better, across, description, shown)
 
 
 # a figure per token (or in nats per token) is not comparable across tokenizers: a token of one is
@@ -82,38 +88,38 @@ _PER_TOKEN = False
 CATALOGUE: dict[str, Metric] = {m.name: m for m in (
     # loss
     _m("val_loss", "val loss", "nats/token", LOSS, LAST, LOWER, _PER_TOKEN,
-       "mean cross-entropy on the fixed validation batches at the last step"),
-    _m("train_loss", "train loss", "nats/token", LOSS, LAST, LOWER, _PER_TOKEN, "training cross-entropy"),
+       "mean cross-entropy on the fixed validation batches at the last step", shown=True),
+    _m("train_loss", "train loss", "nats/token", LOSS, LAST, LOWER, _PER_TOKEN, "training cross-entropy", shown=True),
     _m("val_bpb", "val bits/byte", "bits/byte", LOSS, LAST, LOWER, True,
        "validation loss in bits per byte of the text its tokens cover"),
     # speed
     _m("tokens_per_s", "tokens/s (median step)", "tokens/s", SPEED, MEDIAN, HIGHER, _PER_TOKEN,
-       "tokens per second of the median training step"),
+       "tokens per second of the median training step", shown=True),
     _m("train_tokens_per_s", "tokens/s (loop)", "tokens/s", SPEED, LAST, HIGHER, _PER_TOKEN,
-       "the true rate: every token over the training loop's wall time"),
+       "the true rate: every token over the training loop's wall time", shown=True),
     _m("decode_tokens_per_s", "tokens/s (decode)", "tokens/s", SPEED, MEDIAN, HIGHER, _PER_TOKEN,
-       "tokens per second of cached decoding"),
+       "tokens per second of cached decoding", shown=True),
     _m("prefill_tokens_per_s", "tokens/s (prefill)", "tokens/s", SPEED, MEDIAN, HIGHER, _PER_TOKEN,
        "tokens per second of the prefill"),
     _m("mfu", "MFU", "fraction", SPEED, LAST, HIGHER, True,
-       "model FLOPs utilisation: useful FLOPs per second over the device peak"),
+       "model FLOPs utilisation: useful FLOPs per second over the device peak", shown=True),
     _m("hfu", "HFU", "fraction", SPEED, LAST, HIGHER, True,
        "hardware FLOPs utilisation: executed FLOPs per second over the device peak"),
     # memory
     _m("peak_mem_bytes", "peak memory", "bytes", MEMORY, MAX, LOWER, True,
-       "the device's peak: CUDA allocation, or CPU peak RSS"),
+       "the device's peak: CUDA allocation, or CPU peak RSS", shown=True),
     _m("peak_tensor_bytes", "peak tensor memory", "bytes", MEMORY, MAX, LOWER, True,
        "the largest total of live tensor storages during one training step"),
     _m("baseline_rss_bytes", "baseline RSS", "bytes", MEMORY, MAX, LOWER, True,
        "the process's resident memory before training"),
     _m("kv_bytes_per_token", "KV cache/token", "bytes", MEMORY, LAST, LOWER, _PER_TOKEN,
-       "decode cache bytes per token"),
+       "decode cache bytes per token", shown=True),
     _m("decode_cache_bytes_per_sequence", "KV cache/sequence", "bytes", MEMORY, LAST, LOWER, True,
        "decode cache bytes per sequence"),
     # cost
-    _m("n_params", "parameters", "", COST, MAX, NEITHER),
+    _m("n_params", "parameters", "", COST, MAX, NEITHER, shown=True),
     _m("n_params_non_embedding", "parameters (non-embedding)", "", COST, MAX, NEITHER),
-    _m("wall_s", "wall time (s)", "s", COST, MAX, LOWER),
+    _m("wall_s", "wall time (s)", "s", COST, MAX, LOWER, shown=True),
     _m("elapsed_s", "elapsed (s)", "s", COST, MAX, LOWER),
     _m("compile_s", "compile time (s)", "s", COST, MAX, LOWER, True, "torch.compile time before the first step"),
     _m("eval_s", "evaluation time (s)", "s", COST, LAST, LOWER, True,
@@ -195,12 +201,123 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+# abl's own declarations, as abl.plugins.metrics registers them (hook register_metrics)
+BUILT_IN_METRICS: tuple[Metric, ...] = tuple(CATALOGUE.values())
+BUILT_IN_FAMILIES: tuple[Family, ...] = FAMILIES
+
+# ---------------------------------------------------------------- the registered catalogue (hook register_metrics)
+
+_BETTER = (LOWER, HIGHER, NEITHER)
+
+
+def _declared(name: str, plugin: str, fields: dict) -> Metric:
+    """A plugin's ``register(name, unit=..., ...)`` as a ``Metric``; a ValueError says what is wrong."""
+    allowed = {"label", "unit", "kind", "final", "better", "across_tokenizers", "description", "shown"}
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(unknown)}; a metric declares {', '.join(sorted(allowed))}")
+    m = Metric(name, str(fields.get("label") or name.replace("_", " ")), str(fields.get("unit", "")),
+               fields.get("kind", OTHER), fields.get("final", LAST), fields.get("better", LOWER),
+               bool(fields.get("across_tokenizers", True)), str(fields.get("description", "")),
+               bool(fields.get("shown", False)), plugin)
+    for what, value, choices in (("kind", m.kind, KINDS), ("final", m.final, AGGREGATES), ("better", m.better, _BETTER)):
+        if value not in choices:
+            raise ValueError(f"{what} {value!r} is not one of {', '.join(choices)}")
+    return m
+
+
+@lru_cache(maxsize=1)
+def _registered() -> tuple[dict[str, Metric], tuple[Family, ...], str]:
+    """Every metric and family the plugins declare (hook ``register_metrics``; abl's own, ``CATALOGUE`` and
+    ``FAMILIES``, by abl.plugins.metrics), read once per process without the torch-importing built-ins.
+    Where a plugin cannot load or declares a metric wrongly: the built-ins alone, and why (``problem``)."""
+    from ..contracts.plugin_manager import PluginLoadError, call_register_hook
+    from ..contracts.registry import RegistryError
+
+    entries: dict[str, Metric] = {}
+    families: list[Family] = []
+
+    def make_register(plugin: str, package: str, version: str):
+        def register(entry, **fields) -> None:
+            if isinstance(entry, Family):
+                families.append(entry)
+                return
+            if isinstance(entry, Metric):
+                m = entry if entry.plugin else replace(entry, plugin=plugin)
+            elif isinstance(entry, str) and entry:
+                try:
+                    m = _declared(entry, plugin, fields)
+                except ValueError as exc:
+                    raise PluginLoadError(f"plugin {plugin!r} ({package}) declares metric {entry!r}: {exc}") from None
+            else:
+                raise PluginLoadError(f"plugin {plugin!r} ({package}) declares a metric without a name")
+            if m.name in entries:
+                raise PluginLoadError(f"metric {m.name!r} is declared twice: by plugin {entries[m.name].plugin!r} "
+                                      f"and by plugin {plugin!r} ({package})")
+            entries[m.name] = m
+        return register
+
+    try:
+        call_register_hook("register_metrics", "metrics", make_register, light=True)
+    except (PluginLoadError, RegistryError) as exc:
+        return dict(CATALOGUE), FAMILIES, str(exc)
+    if not entries:  # abl's own plugin did not load (an abl.plugins package without it): the built-ins
+        return dict(CATALOGUE), FAMILIES, ""
+    return entries, tuple(families), ""
+
+
+def entries() -> dict[str, Metric]:
+    """Every declared metric by name: abl's own and the plugins', in load order."""
+    return _registered()[0]
+
+
+def families() -> tuple[Family, ...]:
+    """Every declared family (pattern entry), first match wins: abl's own, then the plugins'."""
+    return _registered()[1]
+
+
+def problem() -> str:
+    """Why the plugins' metrics could not be read ("" when they were): a reader shows the built-ins alone,
+    ``abl plugins`` says why."""
+    return _registered()[2]
+
+
+def is_own(name: str) -> bool:
+    """Whether abl declares ``name`` (or a family of abl's covers it), not a third-party plugin."""
+    from ..contracts.plugin_manager import SELF_DIST, provenance
+
+    m = metric(name)
+    return not m.plugin or provenance(m.plugin)[0] == SELF_DIST
+
+
+def header(name: str) -> str:
+    """A table's column header for ``name``, whose cells carry no unit: abl's own labels name their unit where
+    one is needed (``wall time (s)``); a plugin's metric gets its unit in parentheses, as they do
+    (``parameter RMS (rms)``; square brackets would be markup to rich's tables)."""
+    m = metric(name)
+    return m.label if is_own(name) or not m.unit else f"{m.label} ({m.unit})"
+
+
+def refresh() -> None:
+    """Read the declarations again (after a plugin was registered in-process)."""
+    _registered.cache_clear()
+    metric.cache_clear()
+
+
+def shown_by_default(own: bool = True) -> tuple[str, ...]:
+    """The metrics every display shows first when its user chose none, in catalogue order: those declared
+    ``shown`` (abl's: the losses, the speeds, peak memory, the KV cache, parameters and wall time).
+    ``own=False``: only those of plugins other than abl's own (the terminal summary adds them to its columns)."""
+    return tuple(n for n, m in entries().items() if m.shown and (own or not is_own(n)))
+
+
 @lru_cache(maxsize=4096)
 def metric(name: str) -> Metric:
     """The catalogue entry of ``name``: its own, its family's, or the defaults with its name as label."""
-    if name in CATALOGUE:
-        return CATALOGUE[name]
-    for fam in FAMILIES:
+    declared = entries()
+    if name in declared:
+        return declared[name]
+    for fam in families():
         m = fam.member(name)
         if m is not None:
             return replace(m, label=" ".join(m.label.split()))

@@ -302,8 +302,8 @@ def axis_seeds(cells: Sequence[stats.CellInput], effect: float, paths: Sequence[
 
 def display_name(metric: str) -> str:
     """A metric's column header, from the metric catalogue: ``train_tokens_per_s`` -> ``tokens/s (loop)``,
-    ``val_loss_x2`` -> ``val loss (2x context)``."""
-    return metrics.label(metric)
+    ``val_loss_x2`` -> ``val loss (2x context)``; a plugin's metric with its unit, ``parameter RMS (rms)``."""
+    return metrics.header(metric)
 
 
 _f = fmt

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from .choices import ExecutorChoice
 from .common import DEFAULT_DB, fail, user_errors
 
 
@@ -79,8 +80,9 @@ def cli():
               help="Also re-run cells that failed, diverged or ran out of memory.")
 @click.option("--max-cells", default=10_000, show_default=True, type=click.IntRange(1),
               help="Refuse grids with more runs than this.")
-@click.option("--executor", type=click.Choice(["local", "slurm", "ray"]), default="local", show_default=True,
-              help="Where cells run: this machine, Slurm jobs (submitit) or Ray tasks.")
+@click.option("--executor", type=ExecutorChoice(), default="local", show_default=True,
+              help="Where cells run: this machine, Slurm jobs (submitit), Ray tasks, or a plugin's executor "
+                   "(abl plugins lists them).")
 @click.option("--workers", default=None, type=click.IntRange(1, 256),
               help="local: cells at once (default: one per GPU, else 1).")
 @click.option("--slurm-partition", default=None, help="slurm: partition.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .common import fail, load_registry
+from .extensions import extension_lines, extension_rows
 
 
 def plugins(as_json, recipe=None):
@@ -32,6 +33,7 @@ def plugins(as_json, recipe=None):
         # a recipe is listed beside the components as axis "recipe" (no params: its settings instead)
         rows += [{"axis": "recipe", **r.summary(), "params": {}, "origin": _origin(r.package, r.version, r.plugin)}
                  for r in recipes]
+        rows += [] if recipe is not None else extension_rows(_origin)  # executors, evaluations, metrics
         click.echo(json.dumps(rows, indent=2))
         return
     width = max(40, shutil.get_terminal_size((100, 24)).columns - 1)
@@ -78,6 +80,7 @@ def plugins(as_json, recipe=None):
         elif r.gaps:
             lines += wrap(f"{len(r.gaps)} gap(s): what the family has and abl lacks, or where the recipe "
                           f"departs from it (--recipe {r.name})", 6)
+    lines += [] if recipe is not None else extension_lines(extension_rows(_origin), wrap)
     click.echo("\n".join(lines).lstrip("\n"))
 
 

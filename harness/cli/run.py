@@ -102,7 +102,7 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
     announced = note_new_store(db)
     fresh = [p for p in (db.parent, *db.parent.parents) if not p.exists()]  # folders the lock will create
     lock = take_store_lock(db, wait)  # held until this process exits, however it exits
-    if hasattr(engine, "prestart") and all(c.train.devices <= 1 for c in grid.cells):
+    if all(c.train.devices <= 1 for c in grid.cells):
         engine.prestart()  # the workers' zygote imports while the memory check and the token store run
     try:
         from ..run.admission import AdmissionError, check_run
@@ -137,22 +137,19 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         exit_now(130)
     finally:
         lock.release()
-        if hasattr(engine, "close"):
-            engine.close()  # a zygote started early for cells that never ran
+        engine.close()  # a zygote started early for cells that never ran
     if failures:
         click.echo(f"{failures} run(s) did not complete; see the table above", err=True)
         sys.exit(1)
 
 
 def _make_executor(kind, workers, runs_dir, partition, time_min, cluster, gpus, ray_address):
+    """The executor registered as ``kind`` (hook register_executors; the built-ins in abl.plugins.executors)."""
     from ..run import executors
 
-    if kind == "slurm":
-        return executors.SlurmExecutor(runs_dir / "_slurm", partition=partition, time_min=time_min,
-                                       gpus_per_cell=gpus, cluster=cluster)
-    if kind == "ray":
-        return executors.RayExecutor(address=ray_address, gpus_per_cell=gpus)
-    return executors.LocalExecutor(workers=workers)
+    return executors.make_executor(kind, executors.ExecutorOptions(
+        workers=workers, runs_dir=runs_dir, slurm_partition=partition, slurm_time=time_min, slurm_cluster=cluster,
+        gpus_per_cell=gpus, ray_address=ray_address))
 
 
 def _print_cells(grid, numbers: dict[str, int] | None = None) -> None:

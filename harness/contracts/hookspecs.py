@@ -69,6 +69,63 @@ def register_recipes(register):
 
 
 @hookspec
+def register_executors(register):
+    """Register executors: where ``abl run`` runs its cells (``abl run --executor NAME``).
+
+    Call ``register(name, factory, doc=...)`` once per executor:
+
+    - ``name``: unique among executors (the built-ins: local, slurm, ray); a second plugin
+      registering it is an error naming both; it is also ``--executor``'s choice;
+    - ``factory``: ``factory(options) -> abl.run.executors.Executor``; ``options`` is an
+      ``abl.run.executors.ExecutorOptions`` (``workers``, ``runs_dir``, the Slurm and Ray options);
+    - ``doc``: one line for ``abl plugins``.
+
+    An executor subclasses ``abl.run.executors.Executor`` (``launch``, ``poll``, ``stop``) and declares its
+    capabilities as attributes instead of being probed: ``local`` (its cells run on this machine, so the
+    memory admission, thread choice and compile-payback notes apply), ``slots`` (cells at once),
+    ``use_gpus`` and ``free_gpus``.
+    """
+
+
+@hookspec
+def register_metrics(register):
+    """Declare metrics for the metric catalogue (abl.analysis.metrics), the one source of every table's
+    label, unit, direction and final value.
+
+    Call ``register(name, label=..., unit=..., kind=..., final=..., better=..., across_tokenizers=...,
+    description=..., shown=...)`` once per metric (or ``register(entry)`` with an
+    ``abl.analysis.metrics.Metric`` or ``Family``):
+
+    - ``name``: the name a run logs (a metric row of metrics.jsonl); unique among metrics, a second
+      plugin declaring it is an error naming both;
+    - ``unit``: how its values are shown (``bytes``, ``s``, ``tokens/s``, ``fraction``, any text);
+    - ``kind``: loss, speed, memory, cost, accuracy, health or other;
+    - ``final``: which aggregate of a run's rows is its final value: last, median or max;
+    - ``better``: lower, higher or none;
+    - ``shown``: True to show it by default (``abl.analysis.metrics.shown_by_default``).
+
+    Declaring a metric does not log it: a run logs it (a post-training evaluation, ``register_evaluations``).
+    Readers of the store (``abl compare``, ``abl report``, the dashboard) load this hook without the
+    torch-importing built-ins, so a module that declares metrics should import little.
+    """
+
+
+@hookspec
+def register_evaluations(register):
+    """Register post-training evaluations: named steps run once on the trained model (abl.run.evaluations).
+
+    Call ``register(name, fn, metrics=(...), doc=...)`` once per evaluation:
+
+    - ``name``: unique among evaluations; also its switch ``eval.<name>`` where
+      ``abl.contracts.config.EvalConfig`` has that field (an evaluation without one runs in every cell);
+    - ``fn``: ``fn(run: abl.run.evaluations.TrainedRun) -> (metrics, notes)``: a dict of float metrics,
+      logged at the last step, and a list of notes for what it could not measure; an exception becomes
+      a note, never a failed run;
+    - ``metrics``: every name it may record (declare them with ``register_metrics`` for a unit).
+    """
+
+
+@hookspec
 def register_commands(cli):
     """Add click commands to the ``abl`` command group.
 

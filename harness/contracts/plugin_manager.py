@@ -3,8 +3,9 @@
 Every component source is an ordinary plugin module registered with the same
 ``pm.register``, in this order:
 
-1. the built-in variants, ``DEFAULT_PLUGINS`` (modules of ``abl.plugins``),
-   loaded by import: a new built-in file needs one line here, no reinstall;
+1. the built-in variants, executors, metrics and evaluations, ``DEFAULT_PLUGINS``
+   (modules of ``abl.plugins``), loaded by import: a new built-in file needs one
+   line here, no reinstall;
 2. entry points in group ``"abl"`` of every installed distribution (third-party
    packages), loaded the same way right after them;
 3. loose ``*.py`` files in the folders named by ``ABL_PLUGINS_DIR``
@@ -51,12 +52,20 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "abl.plugins.tokenizers",
     "abl.plugins.probes",
     "abl.plugins.recipes",
+    "abl.plugins.executors",
+    "abl.plugins.metrics",
+    "abl.plugins.evaluations",
 )
+# The built-ins a reader of stored runs needs (the metric catalogue) and that import no torch: a command that only
+# reads the store loads these, the entry points and the plugin folders (``load_plugins(light=True)``), not the rest.
+LIGHT_PLUGINS: tuple[str, ...] = ("abl.plugins.metrics",)
 
 pm = pluggy.PluginManager("abl")
 pm.add_hookspecs(hookspecs)
 
 _loaded = False
+_light_loaded = False
+_rank: dict[str, int] = {}  # plugin name -> its place in the load order (built-ins first, in DEFAULT_PLUGINS order)
 _provenance: dict[str, tuple[str, str]] = {}  # plugin name -> (package, version)
 _registry: Registry | None = None
 
@@ -79,13 +88,21 @@ def _self_version() -> str:
         return "?"
 
 
-def _load_default_plugins() -> None:
+def _register(obj, name: str) -> None:
+    """``pm.register`` that remembers the load order: a light load registers the plugin folders before the
+    heavy built-ins, but every hook still sees the built-ins first (``ordered_impls``)."""
+    pm.register(obj, name=name)
+    _rank.setdefault(name, len(DEFAULT_PLUGINS) + len(_rank))
+
+
+def _load_default_plugins(modules: tuple[str, ...] = DEFAULT_PLUGINS) -> None:
     version = _self_version()
-    for module_name in DEFAULT_PLUGINS:
+    for module_name in modules:
         name = module_name.rsplit(".", 1)[-1]
         if pm.get_plugin(name) is not None:
             continue
-        pm.register(importlib.import_module(module_name), name=name)
+        _rank[name] = DEFAULT_PLUGINS.index(module_name)
+        _register(importlib.import_module(module_name), name=name)
         _provenance[name] = (SELF_DIST, version)
 
 
@@ -114,7 +131,7 @@ def _load_entry_points() -> None:
             raise PluginLoadError(
                 f"plugin {ep.name!r} from package {package} {version} failed to import: {exc!r}"
             ) from exc
-        pm.register(obj, name=name)
+        _register(obj, name=name)
         _provenance[name] = (package, version)
 
 
@@ -136,24 +153,53 @@ def _load_plugin_dirs() -> None:
                 spec.loader.exec_module(module)
             except Exception as exc:
                 raise PluginLoadError(f"plugin file {path.name} failed to import: {exc!r}") from exc
-            pm.register(module, name=name)
+            _register(module, name=name)
             _provenance[name] = (f"file {path.name}", "-")
 
 
-def load_plugins() -> pluggy.PluginManager:
-    """Load every plugin once; later calls are no-ops."""
-    global _loaded
-    if _loaded:
+def load_plugins(light: bool = False) -> pluggy.PluginManager:
+    """Load every plugin once; later calls are no-ops.
+
+    ``light``: only the built-ins of ``LIGHT_PLUGINS`` (no torch), with every third-party plugin; a later full
+    load adds the other built-ins. A reader of stored runs (the metric catalogue) loads this way."""
+    global _loaded, _light_loaded
+    if _loaded or (light and _light_loaded):
         return pm
-    _loaded = True
-    if os.environ.get("ABL_TRACE_HOOKS"):
+    if not _light_loaded and os.environ.get("ABL_TRACE_HOOKS"):
         pm.trace.root.setwriter(lambda msg: sys.stderr.write(msg))
         pm.enable_tracing()
-    _load_default_plugins()
-    _load_entry_points()
-    _load_plugin_dirs()
+    _loaded = _loaded or not light
+    first = not _light_loaded
+    _light_loaded = True
+    _load_default_plugins(LIGHT_PLUGINS if light else DEFAULT_PLUGINS)
+    if first:
+        _load_entry_points()
+        _load_plugin_dirs()
     pm.check_pending()
     return pm
+
+
+def ordered_impls(hook) -> list:
+    """A hook's implementations in load order: the built-ins (in ``DEFAULT_PLUGINS`` order), then the
+    entry points and plugin folders, then plugins registered in-process, each in the order registered."""
+    impls = list(reversed(hook.get_hookimpls()))  # pluggy calls the last registered first
+    return sorted(impls, key=lambda impl: _rank.get(impl.plugin_name, 1 << 30))
+
+
+def call_register_hook(hook_name: str, what: str, make_register, light: bool = False) -> None:
+    """Call the registration hook ``hook_name`` of every plugin in load order, each with
+    ``register=make_register(plugin, package, version)``; a plugin's own exception becomes a
+    ``PluginLoadError`` that names it (``what``: "executors", "metrics", ... for the message)."""
+    load_plugins(light=light)
+    for impl in ordered_impls(getattr(pm.hook, hook_name)):
+        package, version = provenance(impl.plugin_name)
+        try:
+            impl.function(register=make_register(impl.plugin_name, package, version))
+        except (RegistryError, PluginLoadError):
+            raise
+        except Exception as exc:
+            raise PluginLoadError(f"plugin {impl.plugin_name!r} ({package} {version}) failed while "
+                                  f"registering {what}: {exc}") from exc
 
 
 def provenance(plugin_name: str) -> tuple[str, str]:
@@ -164,7 +210,7 @@ def build_registry() -> Registry:
     """Ask every plugin to register its components into a fresh registry."""
     load_plugins()
     reg = Registry()
-    for impl in reversed(pm.hook.register_components.get_hookimpls()):
+    for impl in ordered_impls(pm.hook.register_components):
         package, version = provenance(impl.plugin_name)
 
         def register(axis, name, factory, *args, _p=impl.plugin_name, _pk=package, _v=version, **kw):
@@ -179,7 +225,7 @@ def build_registry() -> Registry:
                 f"plugin {impl.plugin_name!r} ({package} {version}) failed while "
                 f"registering components: {exc!r}"
             ) from exc
-    for impl in reversed(pm.hook.register_recipes.get_hookimpls()):
+    for impl in ordered_impls(pm.hook.register_recipes):
         package, version = provenance(impl.plugin_name)
 
         def register_recipe(name, settings, *args, _p=impl.plugin_name, _pk=package, _v=version, **kw):

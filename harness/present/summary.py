@@ -38,6 +38,7 @@ from ..analysis import stats, verdicts
 from ..analysis.health import MAX_LOAD_PER_CORE, MIN_CPU_UTIL
 from ..analysis.metrics import is_speed  # speed figures show their spread; a contended run marks them
 from ..analysis.metrics import metric as catalogue_entry
+from ..analysis.metrics import shown_by_default
 from ..analysis.sections import is_contended
 from ..contracts.status import COMPLETED
 from ..grid.labels import run_labels
@@ -168,7 +169,8 @@ def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | No
         _, an, w = verdicts.analyse_runs(runs, metric=m, order=order, baseline=baseline, pairs=pairs, by=by,
                                          bootstrap=bootstrap, correction=correction)
         tables.append((m, an, w))
-    extra = [m for m in dict.fromkeys([*rest, *ALWAYS]) if any(m in r.final for r in runs)]
+    shown = [*ALWAYS, *shown_by_default(own=False)]  # and a plugin's metrics declared shown by default
+    extra = [m for m in dict.fromkeys([*rest, *shown]) if any(m in r.final for r in runs)]
     # the per-axis answer leads (all swept axes, or the one --by names; none for chosen pairs)
     effects = [] if pairs else verdicts.axis_effects(cells, paths, first, only=by)
     return View(title=title, metric=first, cells=cells, numbers={c.key: i for i, c in enumerate(cells, 1)},

@@ -281,12 +281,13 @@ def oom_kills() -> int | None:
 
 def check_run(cells: list[Cell], registry: Registry, runs_dir: Path, executor, retry_failed: bool) -> list[str]:
     """``admit`` for the cells ``abl run`` will start (their folders say they run again) on a
-    local executor. Cells sent to Slurm or Ray run on other machines, whose memory abl cannot see."""
+    local executor (one that declares ``local``). Cells sent to Slurm or Ray run on other machines, whose
+    memory abl cannot see."""
     from ..store import rundir
 
-    if getattr(executor, "name", "local") != "local":
+    if not executor.local:  # declared by the executor (abl.run.executors.Executor)
         return []
     todo = [c for c in cells
             if rundir.runs_again((rundir.read_status(runs_dir / c.run_id) or {}).get("status"), retry_failed)]
-    gpus = list(getattr(executor, "free_gpus", [])) if getattr(executor, "use_gpus", False) else []
-    return admit(todo, registry, slots=int(getattr(executor, "slots", 1)), gpus=gpus)
+    gpus = list(executor.free_gpus) if executor.use_gpus else []
+    return admit(todo, registry, slots=int(executor.slots), gpus=gpus)

@@ -1,7 +1,9 @@
 """Post-training evaluations: named steps run once on the trained model.
 
-Each evaluation is registered (``register_evaluation``) under a name that is
-also its switch in the grid's ``[eval]`` table (``abl.contracts.config.EvalConfig``):
+Each evaluation is registered by a plugin through the hook
+``register_evaluations`` (the built-ins below by abl.plugins.evaluations; the
+decorator ``register_evaluation`` registers one in-process, after them) under
+a name that is also its switch in the grid's ``[eval]`` table (``abl.contracts.config.EvalConfig``):
 ``eval.decode = false``, or ``--set eval.extrapolation=false``, leaves it out,
 and a switched-off evaluation records none of its metrics. The trainer runs
 the switched-on ones in registration order on rank 0, after the last step,
@@ -32,13 +34,7 @@ from ..contracts.config import Cell, EvalConfig
 from ..contracts.precision import Precision
 from ..contracts.registry import Registry
 from ..data.corpus import Batches, targets_fingerprint
-from ..model.decode import (
-    EXTRAPOLATION_SCALES,
-    decode_metrics,
-    extrapolation_ends,
-    extrapolation_metrics,
-    scored_targets,
-)
+from ..model.decode import extrapolation_ends, scored_targets
 from ..model.decoder import DecoderLM
 
 Result = tuple[dict[str, float], list[str]]
@@ -65,9 +61,45 @@ class Evaluation:
     fn: EvalFn
     metrics: tuple[str, ...]  # every name it may record
     doc: str = ""
+    plugin: str = "(registered in-process)"  # where it came from (abl plugins)
+    package: str = "-"
+    version: str = "-"
 
 
+# those registered in-process with ``register_evaluation``, run after the plugins' own
 EVALUATIONS: dict[str, Evaluation] = {}
+_from_plugins: dict[str, Evaluation] | None = None
+
+
+def _plugin_evaluations() -> dict[str, Evaluation]:
+    """Every evaluation the plugins register (hook ``register_evaluations``), in load order; read once."""
+    global _from_plugins
+    if _from_plugins is None:
+        from ..contracts.plugin_manager import PluginLoadError, call_register_hook
+
+        out: dict[str, Evaluation] = {}
+
+        def make_register(plugin: str, package: str, version: str):
+            def register(name: str, fn: EvalFn, metrics: tuple[str, ...] = (), doc: str = "") -> None:
+                if not isinstance(name, str) or not name or not callable(fn):
+                    raise PluginLoadError(f"plugin {plugin!r} registers an evaluation without a name and a function")
+                if name in out:
+                    raise PluginLoadError(f"post-training evaluation {name!r} is registered twice: by plugin "
+                                          f"{out[name].plugin!r} and by plugin {plugin!r}")
+                first = (doc or fn.__doc__ or "").strip().split("\n")[0]
+                out[name] = Evaluation(name, fn, tuple(metrics), first, plugin, package, version)
+            return register
+
+        call_register_hook("register_evaluations", "post-training evaluations", make_register)
+        _from_plugins = out
+    return _from_plugins
+
+
+def registered() -> dict[str, Evaluation]:
+    """Every post-training evaluation in the order they run: the plugins' (built-ins first), then those
+    registered in-process."""
+    plugins = _plugin_evaluations()
+    return {**plugins, **{k: v for k, v in EVALUATIONS.items() if k not in plugins}}
 
 
 def register_evaluation(name: str, metrics: tuple[str, ...]) -> Callable[[EvalFn], EvalFn]:
@@ -79,45 +111,13 @@ def register_evaluation(name: str, metrics: tuple[str, ...]) -> Callable[[EvalFn
     """
 
     def register(fn: EvalFn) -> EvalFn:
-        if name in EVALUATIONS:
+        if name in registered():
             raise ValueError(f"post-training evaluation {name!r} is registered twice")
         doc = (fn.__doc__ or "").strip().split("\n")[0]
         EVALUATIONS[name] = Evaluation(name, fn, tuple(metrics), doc)
         return fn
 
     return register
-
-
-@register_evaluation("decode", metrics=("prefill_tokens_per_s", "decode_tokens_per_s", "kv_bytes_per_token",
-                               "kv_bytes_per_token_measured", "kv_cache_bytes_measured", "decode_agreement"))
-def decode(run: TrainedRun) -> Result:
-    """Cached greedy decoding at the trained context: speed, cache bytes, agreement with recomputation."""
-    cell = run.cell
-    return decode_metrics(run.model, cell.model, cell.components, run.registry, run.batches.val, run.device,
-                          run.precision)
-
-
-@register_evaluation("extrapolation", metrics=tuple(f"val_loss_x{k}" for k in EXTRAPOLATION_SCALES))
-def extrapolation(run: TrainedRun) -> Result:
-    """Validation loss on the same targets with 1, 2 and 4 times the trained context before them."""
-    if getattr(run.batches, "task", None) is not None:  # a TaskBatches (abl.run.taskdata)
-        return {}, ["extrapolation metrics not recorded: the dataset is a task, whose val_loss is on its answer "
-                    "positions only (set eval.extrapolation = false)"]
-    # as many targets as the regular evaluation scores (its global batch, whatever the number of
-    # processes), in forwards no larger than a training step's
-    return extrapolation_metrics(run.model, run.batches.val, run.cell.model.context,
-                                 run.cell.train.eval_batches * run.batches.val_batch_size, run.batches.batch_size,
-                                 run.device, run.precision)
-
-
-@register_evaluation("probes", metrics=())  # the names depend on the probes: probe_<name>_accuracy, ...
-def probes(run: TrainedRun) -> Result:
-    """Accuracy (and loss on the answer positions) of the trained model on each task of eval.probes."""
-    from .taskdata import probe_metrics
-
-    # the global batch: a multi-process cell probes the examples of its single-process twin
-    return probe_metrics(run.model, run.cell, run.registry, run.batches.val_batch_size, run.cell.train.eval_batches,
-                         run.precision, run.device)
 
 
 def scored_targets_fingerprints(batches: Batches, cell: Cell, corpus: str = "") -> dict[str, str]:
@@ -140,7 +140,7 @@ def scored_targets_fingerprints(batches: Batches, cell: Cell, corpus: str = "") 
 def switched_on(switches: EvalConfig) -> list[Evaluation]:
     """The registered evaluations to run, in registration order: those whose ``eval.<name>``
     is true, and those without a switch."""
-    return [e for e in EVALUATIONS.values() if getattr(switches, e.name, True)]
+    return [e for e in registered().values() if getattr(switches, e.name, True)]
 
 
 @torch.no_grad()

@@ -8,11 +8,12 @@ the only database writer). Scale-out goes to existing engines:
 
 - ``local``: up to ``workers`` cells at once on this machine; on CUDA one cell
   per free GPU (``CUDA_VISIBLE_DEVICES``);
-- ``slurm``: one Slurm job per cell through submitit (a requeued job resumes
-  from the cell's checkpoint); submitit's local backend runs the same path
-  without a cluster;
-- ``ray``: one Ray task per cell (``num_gpus`` per cell) on an existing
-  cluster (``address``) or a local one.
+- ``slurm`` and ``ray`` (abl.plugins.executors): one Slurm job (submitit) or
+  one Ray task per cell.
+
+Every executor, the built-in ones too, is registered by a plugin through the
+hook ``register_executors`` (``registered``, ``make_executor`` below);
+``abl run --executor NAME`` chooses among them.
 
 Run folders must be on a file system the workers and the parent share.
 """
@@ -122,10 +123,28 @@ def node_threads(run_dir: Path, devices: int, env: dict[str, str]) -> tuple[int,
 
 
 class Executor:
-    """Base: subclasses implement launch / poll / stop for one job."""
+    """Base: subclasses implement launch / poll / stop for one job, and declare what they can do.
+
+    The runner and the memory admission read these declarations; they never probe an executor's type:
+
+    - ``local``: its cells run on this machine, so its memory is checked before they start
+      (abl.run.admission), their CPU threads are chosen here and a compiled cell's payback is foreseen
+      from this machine's stored step times (abl.run.compiled);
+    - ``slots``: how many cells run at once;
+    - ``use_gpus`` / ``free_gpus``: it places cells on this machine's GPUs, and which are free.
+    """
 
     name = "base"
+    local = False
     slots = 1
+    use_gpus = False
+    free_gpus: list[int] = []
+
+    def prestart(self) -> None:
+        """Start anything slow before the cells are ready (the local executor's zygote); optional."""
+
+    def close(self) -> None:
+        """No more cells: release what ``prestart`` or the cells started; optional."""
 
     def __init__(self) -> None:
         self.running: list[Job] = []
@@ -201,6 +220,7 @@ class LocalExecutor(Executor):
     """
 
     name = "local"
+    local = True
 
     def __init__(self, workers: int | None = None, gpus: list[int] | None = None):
         super().__init__()
@@ -355,92 +375,69 @@ def _visible_gpus() -> list[int]:
         return []
 
 
-class _SubmititCell:
-    """What a Slurm job executes; checkpointable so a preempted job requeues and resumes."""
-
-    def __init__(self, run_dir: str, devices: int):
-        self.run_dir, self.devices = run_dir, devices
-
-    def __call__(self) -> int:
-        return run_worker_process(self.run_dir, self.devices)
-
-    def checkpoint(self, *args, **kwargs):
-        # The worker checkpoints itself (train.checkpoint_every); requeueing
-        # the same call makes the new worker resume from that checkpoint.
-        import submitit
-
-        return submitit.helpers.DelayedSubmission(_SubmititCell(self.run_dir, self.devices))
+# ---------------------------------------------------------------- the registry (hook register_executors)
 
 
-class SlurmExecutor(Executor):
-    """One Slurm job per cell through submitit (``cluster="local"`` runs it without Slurm)."""
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """What ``abl run`` hands an executor's factory: its command-line options."""
 
-    name = "slurm"
-
-    def __init__(self, folder: Path, partition: str | None = None, time_min: int = 60,
-                 gpus_per_cell: int = 0, cpus_per_cell: int | None = None, max_jobs: int = 64,
-                 cluster: str | None = None):
-        super().__init__()
-        import submitit
-
-        self.slots = max_jobs
-        self.executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
-        params: dict[str, Any] = {"timeout_min": time_min}
-        if cluster != "local":
-            params["slurm_partition"] = partition
-            if gpus_per_cell:
-                params["gpus_per_node"] = gpus_per_cell
-            if cpus_per_cell:
-                params["cpus_per_task"] = cpus_per_cell
-        self.executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
-        if cluster == "local":
-            self.name = "slurm-local"
-
-    def launch(self, job: Job) -> None:
-        job.handle = self.executor.submit(_SubmititCell(str(job.run_dir), job.cell.train.devices))
-
-    def poll(self, job: Job) -> int | None:
-        if not job.handle.done():
-            return None
-        try:
-            return int(job.handle.result())
-        except Exception:  # noqa: BLE001 - the job itself failed (node loss, timeout...)
-            return 1
-
-    def stop(self, job: Job) -> None:
-        job.handle.cancel(check=False)
+    workers: int | None = None  # local: cells at once (None: one per GPU, else 1)
+    runs_dir: Path = Path("runs")  # the run folders (a cluster executor keeps its own files beside them)
+    slurm_partition: str | None = None
+    slurm_time: int = 60  # minutes per cell
+    slurm_cluster: str = "slurm"  # "local": submitit's path on this machine
+    gpus_per_cell: int = 0  # slurm/ray: GPUs reserved per cell
+    ray_address: str | None = None
 
 
-class RayExecutor(Executor):
-    """One Ray task per cell, ``gpus_per_cell`` GPUs each, on ``address`` or a local Ray."""
+ExecutorFactory = Callable[[ExecutorOptions], Executor]
 
-    name = "ray"
 
-    def __init__(self, address: str | None = None, gpus_per_cell: float = 0, cpus_per_cell: float = 1,
-                 max_tasks: int = 64):
-        super().__init__()
-        import ray
+@dataclass(frozen=True)
+class ExecutorEntry:
+    """A registered executor and the plugin it came from."""
 
-        self.ray = ray
-        if not ray.is_initialized():
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {k: v for k, v in os.environ.items()
-                                               if k.startswith("ABL_")}})
-        self.remote = ray.remote(num_gpus=gpus_per_cell, num_cpus=cpus_per_cell, max_retries=0)(
-            run_worker_process)
-        self.slots = max_tasks
+    name: str
+    factory: ExecutorFactory
+    doc: str = ""
+    plugin: str = ""
+    package: str = ""
+    version: str = ""
 
-    def launch(self, job: Job) -> None:
-        job.handle = self.remote.remote(str(job.run_dir), job.cell.train.devices)  # type: ignore[call-arg]
 
-    def poll(self, job: Job) -> int | None:
-        ready, _ = self.ray.wait([job.handle], timeout=0)
-        if not ready:
-            return None
-        try:
-            return int(self.ray.get(job.handle))
-        except Exception:  # noqa: BLE001 - the task itself failed
-            return 1
+def registered() -> dict[str, ExecutorEntry]:
+    """Every executor the plugins register (hook ``register_executors``), in load order: the built-ins
+    (plugins/executors.py: local, slurm, ray) first. A name registered twice is an error naming both."""
+    from ..contracts.plugin_manager import PluginLoadError, call_register_hook
 
-    def stop(self, job: Job) -> None:
-        self.ray.cancel(job.handle, force=True)
+    out: dict[str, ExecutorEntry] = {}
+
+    def make_register(plugin: str, package: str, version: str):
+        def register(name: str, factory: ExecutorFactory, doc: str = "") -> None:
+            if not isinstance(name, str) or not name or not callable(factory):
+                raise PluginLoadError(f"plugin {plugin!r} registers an executor without a name and a factory")
+            if name in out:
+                raise PluginLoadError(f"executor {name!r} is registered twice: by plugin {out[name].plugin!r} "
+                                      f"({out[name].package}) and by plugin {plugin!r} ({package})")
+            first = (doc or factory.__doc__ or "").strip().split("\n")[0]
+            out[name] = ExecutorEntry(name, factory, first, plugin, package, version)
+        return register
+
+    call_register_hook("register_executors", "executors", make_register)
+    return out
+
+
+def make_executor(name: str, options: ExecutorOptions) -> Executor:
+    """The executor registered as ``name``, built from ``options`` (a PluginLoadError names the registered ones,
+    or the plugin whose factory returned something that is not an ``Executor``)."""
+    from ..contracts.plugin_manager import PluginLoadError
+
+    entries = registered()
+    if name not in entries:
+        raise PluginLoadError(f"unknown executor {name!r}; registered: {', '.join(entries)}")
+    engine = entries[name].factory(options)
+    if not isinstance(engine, Executor):
+        raise PluginLoadError(f"executor {name!r} (plugin {entries[name].plugin!r}) built a "
+                              f"{type(engine).__name__}, not an abl.run.executors.Executor")
+    return engine

@@ -134,8 +134,8 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
 def compile_payback_notes(todo: list[Cell], registry: Registry, db_path: Path, executor) -> list[str]:
     """A note per compiled cell to run whose steps cannot repay its compile time, from the step
     times its shape's earlier cells stored (abl.run.compiled.planned_payback_notes; cells of this
-    machine only: a cluster node's speed is not known here)."""
-    if not isinstance(executor, LocalExecutor) or not any(c.train.compile for c in todo):
+    machine only, an executor that declares ``local``: a cluster node's speed is not known here)."""
+    if not executor.local or not any(c.train.compile for c in todo):
         return []
     from .compiled import planned_payback_notes
 
@@ -151,11 +151,11 @@ def start_estimate(jobs: list[Job], registry: Registry, db_path: Path, executor,
     from . import threads
     from .estimate import GridEstimate
 
-    if isinstance(executor, LocalExecutor) and not executor.use_gpus:
+    if executor.local and not executor.use_gpus:
         busy = threads.oversubscribed(threads.usable_cores(), executor.slots, threads.load_average())
         if busy:
             console.print(f"[yellow]warning[/]: {busy}", soft_wrap=True)
-    estimate = GridEstimate(jobs, registry, getattr(executor, "slots", 1), store.completed_rates(db_path))
+    estimate = GridEstimate(jobs, registry, executor.slots, store.completed_rates(db_path))
     console.print(estimate.start_line(), soft_wrap=True, markup=False)
     return estimate
 

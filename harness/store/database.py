@@ -465,10 +465,10 @@ def final_aggregate_sql(column: str = "name") -> str:
     final aggregate of that metric (its own entry, else the first family whose pattern matches)."""
     parts = []
     for agg in catalogue.AGGREGATES:
-        names = [n for n, m in catalogue.CATALOGUE.items() if m.final == agg]
+        names = [n for n, m in catalogue.entries().items() if m.final == agg]  # abl's and the plugins' metrics
         if names:
             parts.append(f"WHEN {column} IN ({_quoted(names)}) THEN '{agg}'")
-    for fam in catalogue.FAMILIES:
+    for fam in catalogue.families():
         pattern = fam.pattern.replace("'", "''")
         parts.append(f"WHEN regexp_full_match({column}, '{pattern}') THEN '{fam.final}'")
     return f"(CASE {' '.join(parts)} ELSE '{catalogue.LAST}' END)"

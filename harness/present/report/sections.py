@@ -64,6 +64,7 @@ from .plots import (
     plot_scaling,
     predicted_vs_measured_panels,
 )
+from .plugin_metrics import plugin_metrics_section
 from .runs import (
     EXTRAPOLATION,
     Cell,
@@ -133,6 +134,7 @@ def build_report(runs: list[StoredRun], *, source: str, db_path: str, registry, 
     fit, pts, fit_note = scaling_section(ctx)
     extrapolation_section(ctx)
     task_accuracy_section(ctx)
+    plugin_metrics_section(ctx)  # the metrics a plugin declares shown by default (hook register_metrics)
     run_notes_section(ctx)
     return Report(title, source, db_path, cells, base, ctx.stat_rows, ctx.cost_rows, fit, pts, fit_note, ctx.doc)
 
