@@ -496,13 +496,4 @@ BENCH_COLUMNS = ("bench_id", "created", "op", "provider", "shape", "dtype", "pas
 def store_rows(db_path, rows: list[dict[str, Any]]) -> None:
     from ..store import database as store
 
-    if not rows:
-        return
-    con = store.open_store(db_path)
-    try:
-        cols = ", ".join(f'"{c}"' for c in BENCH_COLUMNS)
-        marks = ", ".join("?" for _ in BENCH_COLUMNS)
-        con.executemany(f"INSERT INTO bench ({cols}) VALUES ({marks})",
-                        [[r.get(c) for c in BENCH_COLUMNS] for r in rows])
-    finally:
-        con.close()
+    store.append_rows(db_path, "bench", BENCH_COLUMNS, [[r.get(c) for c in BENCH_COLUMNS] for r in rows])

@@ -418,9 +418,4 @@ def store_report(db_path, report: Report) -> None:
     rows = [[report.selftest_id, report.created, c.section, c.name, c.status, finite(c.value), c.unit,
              finite(c.reference), c.detail, json.dumps(c.data, default=str), report.device, report.quick,
              versions, commit] for c in report.checks]
-    con = store.open_store(db_path)
-    try:
-        cols = ", ".join(f'"{c}"' for c in SELFTEST_COLUMNS)
-        con.executemany(f"INSERT INTO selftest ({cols}) VALUES ({', '.join('?' for _ in SELFTEST_COLUMNS)})", rows)
-    finally:
-        con.close()
+    store.append_rows(db_path, "selftest", SELFTEST_COLUMNS, rows)

@@ -1,4 +1,4 @@
-"""The Kernels page's queries over the ``bench`` table (``abl bench`` timings).
+"""The dashboard Kernels page's queries over the ``bench`` table (``abl bench`` timings).
 
 The few identifiers that cannot be parameters (the columns of the ``bench``
 table) are checked against the table's own column list and ``IDENT_RE``
@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from .connection import Store
+from .readonly import Store
 
 # bench columns are interpolated only after matching this and the table's column list
 IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

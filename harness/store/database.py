@@ -493,3 +493,18 @@ def final_values_sql(where: str = "TRUE", *, metrics: str = "metrics", agg: str 
     """
     return (f"SELECT run_id, name, {agg or final_value_sql()} AS value FROM {metrics} WHERE {where} "
             "GROUP BY run_id, name")
+
+
+def append_rows(db_path: str | Path, table: str, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> None:
+    """Append ``rows`` (values in ``columns`` order) to ``table`` of the store, migrating it first: the one
+    writer of the ``bench`` and ``selftest`` tables (abl bench, abl selftest). Table and columns are the
+    callers' own constants, never user input; the values are bound parameters."""
+    columns, values = list(columns), [list(r) for r in rows]
+    if not values:
+        return
+    con = open_store(db_path)
+    try:
+        cols = ", ".join(f'"{c}"' for c in columns)
+        con.executemany(f'INSERT INTO "{table}" ({cols}) VALUES ({", ".join("?" for _ in columns)})', values)
+    finally:
+        con.close()

@@ -1,4 +1,5 @@
-"""The dashboard's connection to the store: read-only, short-lived, never blocking the writer.
+"""Read-only connections to the store for a long-lived reader (the dashboard): short-lived, never
+blocking the writer.
 
 The ``abl run`` parent is the only writer of the store and opens it briefly
 for each ingest. DuckDB refuses a read-only connection while another process
@@ -29,8 +30,8 @@ from typing import Any, Iterator, Sequence
 import duckdb
 import pandas as pd
 
-from abl.store import rundir
-from abl.store.rundir import RUNNING
+from . import rundir
+from .rundir import RUNNING
 from abl.store.workspace import DEFAULT_DB, Workspace
 
 # A page render shares one read-only connection, but holds it at most this long
