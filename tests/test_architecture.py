@@ -262,12 +262,6 @@ def private_imports(modules: dict[str, Path]) -> list[tuple[str, str, str]]:
 # Private names still imported across modules, each to be made public where it is defined (issue 38,
 # item 8). Their modules have other owners at the time of writing; this list only shrinks.
 PRIVATE_IMPORTS_LEFT = {
-    ("abl.grid.gridfile", "abl.grid.validation", "_build_section"),
-    ("abl.grid.gridfile", "abl.grid.validation", "_check_structure"),
-    ("abl.grid.gridfile", "abl.grid.validation", "_parse_grid"),
-    ("abl.grid.recipes", "abl.grid.validation", "_derive_sizes"),
-    ("abl.grid.recipes", "abl.grid.validation", "_known_path"),
-    ("abl.grid.recipes", "abl.grid.validation", "_sections"),
     ("abl.present.report.sections", "abl.present.report.conditions", "_flatten_get"),
     ("abl.present.report.sections", "abl.present.report.document", "_bytes"),
     ("abl.present.report.sections", "abl.present.report.document", "_ci"),
@@ -275,7 +269,6 @@ PRIVATE_IMPORTS_LEFT = {
     ("abl.present.report.sections", "abl.present.report.document", "_pct"),
     ("abl.present.report.sections", "abl.present.report.document", "_signed"),
     ("abl.present.report.sections", "abl.present.report.plots", "_cost_axes"),
-    ("abl.run.preflight", "abl.grid.gridfile", "_matches"),
 }
 
 
@@ -336,7 +329,6 @@ def handed_on(modules: dict[str, Path]) -> list[tuple[str, str, str]]:
 HANDED_ON_LEFT = {
     "abl.store.rundir": {"COMPLETED", "DIVERGED", "EXIT_CODES", "FAILED", "KILLED", "NOT_COMPLETED", "OOM",
                          "RETRY_FAILED", "RUNNING", "STATUSES", "TERMINAL"},  # the status words of contracts.status
-    "abl.grid.gridfile": {"apply_override", "cell_from_config", "parse_overrides"},
     "abl.present.report": {"ReportError", "build_report", "comparison_metric", "experiments", "group_cells",
                            "load_runs", "write_report"},
     "abl.analysis.stats": {"CellInput", "HOLM", "MIN_SEEDS", "TOO_FEW", "Analysis", "fmt", "fmt_p"},

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from abl.cli import cli
 from abl.contracts.config import ConfigError
-from abl.grid.gridfile import expand, parse_toml_text
+from abl.grid.gridfile import expand
+from abl.grid.parsing import parse_toml_text
 
 GOOD = """[experiment]
 name = "bad"

@@ -1,7 +1,8 @@
 import pytest
 
 from abl.contracts.config import ConfigError
-from abl.grid.gridfile import expand, load_grid, parse_toml_text
+from abl.grid.gridfile import expand, load_grid
+from abl.grid.parsing import parse_toml_text
 
 BASE = """
 [experiment]
@@ -165,7 +166,7 @@ def test_match_resizes_cells_to_the_first_within_one_percent(registry, what):
 
 def test_eval_switches_are_a_typed_section_of_the_resolved_config(registry, tmp_path):
     from abl.contracts.config import EvalConfig
-    from abl.grid.gridfile import cell_from_config
+    from abl.contracts.config import cell_from_config
 
     base = grid_of(BASE, registry).cells[0]
     assert base.eval == EvalConfig(decode=True, extrapolation=False)  # extrapolation: off unless asked for

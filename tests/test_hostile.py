@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from abl.cli import cli
 from abl.contracts.config import ConfigError
-from abl.grid.gridfile import expand, parse_toml_text
+from abl.grid.gridfile import expand
+from abl.grid.parsing import parse_toml_text
 
 GOOD = """[experiment]
 name = "hostile"

@@ -74,7 +74,8 @@ def norms_store(tmp_path_factory):
     """(grid path, db path, grid): 13 cells x 2 seeds completed, plus a third seed of the first cell still
     running (no info.json yet, as a worker that has just started leaves it)."""
     from abl.contracts.plugin_manager import get_registry
-    from abl.grid.gridfile import cell_from_config, load_grid
+    from abl.contracts.config import cell_from_config
+    from abl.grid.gridfile import load_grid
     from abl.model.costmodel import predict
     from abl.store import database as store
 

@@ -31,7 +31,8 @@ batch_size = 4
 
 @pytest.fixture
 def jobs(registry, tmp_path):
-    from abl.grid.gridfile import expand, parse_toml_text
+    from abl.grid.gridfile import expand
+    from abl.grid.parsing import parse_toml_text
 
     cells = expand(parse_toml_text(GRID, "g"), registry).cells
     return [Job(cell=c, run_dir=tmp_path / c.run_id, index=i) for i, c in enumerate(cells)]

@@ -64,7 +64,8 @@ def test_cells_run_in_forked_or_spawned_workers_alike(tmp_path, zygote):
 
 def test_a_forked_worker_stopped_by_its_process_group_is_recorded_killed(tmp_path):
     from abl.contracts.plugin_manager import get_registry
-    from abl.grid.gridfile import expand, parse_toml_text
+    from abl.grid.gridfile import expand
+    from abl.grid.parsing import parse_toml_text
     from abl.run.zygote import Zygote
     from abl.store import rundir
 
@@ -87,7 +88,8 @@ def test_a_forked_worker_stopped_by_its_process_group_is_recorded_killed(tmp_pat
 
 def test_when_the_zygote_dies_its_workers_stop_too(tmp_path):
     from abl.contracts.plugin_manager import get_registry
-    from abl.grid.gridfile import expand, parse_toml_text
+    from abl.grid.gridfile import expand
+    from abl.grid.parsing import parse_toml_text
     from abl.run.zygote import Zygote
     from abl.store import rundir
 

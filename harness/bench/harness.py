@@ -54,7 +54,8 @@ def run_harness_bench(steps: int = 200, overrides: list[str] | None = None,
     from rich.console import Console
 
     from ..contracts.plugin_manager import get_registry
-    from ..grid.gridfile import apply_override, expand, parse_overrides
+    from ..grid.gridfile import expand
+    from ..grid.parsing import apply_override, parse_overrides
     from ..run.executors import LocalExecutor
     from ..run.runner import run_grid
     from ..store import reader

@@ -13,17 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from ..contracts.config import Cell, ConfigError, Grid
-from ..contracts.config import cell_from_config as cell_from_config  # abl.present.report imports it from here
 from ..contracts.registry import Registry, RegistryError
 from .labels import grid_label
 from .parsing import apply_override, parse_overrides, read_toml
-from .parsing import parse_toml_text as parse_toml_text  # re-exported: callers and tests import them from here
-from .parsing import parse_value as parse_value
 from .recipes import apply_recipe
 from .validation import (
-    _build_section,
-    _check_structure,
-    _parse_grid,
+    build_section,
+    check_structure,
+    parse_grid,
     check_lr_sweep,
     check_output_path,
     one_per_problem,
@@ -32,7 +29,7 @@ from .validation import (
 )
 
 
-def _matches(varied: dict[str, Any], exclude: dict[str, Any], raw: dict) -> bool:
+def matches_exclude(varied: dict[str, Any], exclude: dict[str, Any], raw: dict) -> bool:
     for path, value in exclude.items():
         if path in varied:
             if varied[path] != value:
@@ -168,11 +165,11 @@ def _expand(raw: dict, registry: Registry, path: Path, max_cells: int | None) ->
 
 
 def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int | None = None) -> Grid:
-    errs = _check_structure(raw, registry)
-    axes, excludes, gerrs = _parse_grid(raw, registry)
+    errs = check_structure(raw, registry)
+    axes, excludes, gerrs = parse_grid(raw, registry)
     errs += gerrs
     exp_raw = raw.get("experiment", {}) if isinstance(raw.get("experiment"), dict) else {}
-    exp, e = _build_section("experiment", exp_raw)
+    exp, e = build_section("experiment", exp_raw)
     errs += e
     if exp is not None and exp.db:
         errs += check_output_path("experiment.db", exp.db)
@@ -185,7 +182,7 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
     n_points = 0
     for index, combo in enumerate(itertools.product(*(axes[p] for p in paths))):
         varied = dict(zip(paths, combo))
-        if any(_matches(varied, ex, raw) for ex in excludes):
+        if any(matches_exclude(varied, ex, raw) for ex in excludes):
             continue
         n_points += 1
         cell_raw = copy.deepcopy({k: v for k, v in raw.items() if k != "grid"})

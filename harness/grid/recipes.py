@@ -14,7 +14,7 @@ from typing import Any
 
 from ..contracts.registry import Registry, RegistryError
 from .parsing import apply_override
-from .validation import _derive_sizes, _known_path, _sections
+from .validation import derive_sizes, known_path, typed_sections
 
 
 def given(raw: dict, path: str) -> bool:
@@ -41,17 +41,17 @@ def apply_recipe(raw: dict, registry: Registry) -> tuple[dict, list[str]]:
         recipe = registry.recipe(name)
     except RegistryError as exc:
         return raw, [f"model.recipe: {exc}"]
-    sections, errs = _sections(raw)
+    sections, errs = typed_sections(raw)
     if errs:  # the cell's own errors, reported when it is resolved
         return raw, []
     model = sections["model"]
-    _derive_sizes(raw, model, sections["train"])  # the size the recipe scales to; errors come later
+    derive_sizes(raw, model, sections["train"])  # the size the recipe scales to; errors come later
     out = copy.deepcopy(raw)
     errs = []
     for setting in recipe.settings:
         if given(raw, setting.path):
             continue
-        msg = _known_path(setting.path, registry)
+        msg = known_path(setting.path, registry)
         if msg:
             errs.append(f"recipe {name!r} ({recipe.plugin}): {msg}")
             continue

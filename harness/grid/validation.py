@@ -34,7 +34,7 @@ def _suggest(word: str, valid: list[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _known_path(path: str, registry: Registry) -> str | None:
+def known_path(path: str, registry: Registry) -> str | None:
     """None if ``path`` names a settable key, else an error message."""
     parts = path.split(".")
     head = parts[0]
@@ -63,7 +63,7 @@ def _known_path(path: str, registry: Registry) -> str | None:
     return f"unknown table {head!r}{_suggest(head, valid)} (valid tables: {', '.join(valid)})"
 
 
-def _check_structure(raw: dict, registry: Registry) -> list[str]:
+def check_structure(raw: dict, registry: Registry) -> list[str]:
     errs: list[str] = []
     for key, value in raw.items():
         if key == "grid":
@@ -73,7 +73,7 @@ def _check_structure(raw: dict, registry: Registry) -> list[str]:
                 errs.append(f"[{key}] must be a table")
                 continue
             for k in value:
-                msg = _known_path(f"{key}.{k}", registry)
+                msg = known_path(f"{key}.{k}", registry)
                 if msg:
                     errs.append(msg)
         elif key in AXES:
@@ -85,15 +85,15 @@ def _check_structure(raw: dict, registry: Registry) -> list[str]:
                     errs.append(f"{key}.{name}: expected a table of parameters, e.g. [{key}.{name}]")
                     continue
                 for p in params:
-                    msg = _known_path(f"{key}.{name}.{p}", registry)
+                    msg = known_path(f"{key}.{name}.{p}", registry)
                     if msg:
                         errs.append(msg)
         else:
-            errs.append(_known_path(key, registry) or f"unknown table {key!r}")
+            errs.append(known_path(key, registry) or f"unknown table {key!r}")
     return errs
 
 
-def _parse_grid(raw: dict, registry: Registry) -> tuple[dict[str, list], list[dict], list[str]]:
+def parse_grid(raw: dict, registry: Registry) -> tuple[dict[str, list], list[dict], list[str]]:
     grid = raw.get("grid", {})
     errs: list[str] = []
     if not isinstance(grid, dict):
@@ -107,7 +107,7 @@ def _parse_grid(raw: dict, registry: Registry) -> tuple[dict[str, list], list[di
                 continue
             for ex in values:
                 for p in ex:
-                    msg = _known_path(p, registry)
+                    msg = known_path(p, registry)
                     if msg:
                         errs.append(f"grid.exclude: {msg}")
             excludes = values
@@ -117,7 +117,7 @@ def _parse_grid(raw: dict, registry: Registry) -> tuple[dict[str, list], list[di
                 f"grid key {path!r} is a table; quote dotted paths: \"{path}.<key>\" = [...]"
             )
             continue
-        msg = _known_path(path, registry)
+        msg = known_path(path, registry)
         if msg:
             errs.append(f"grid: {msg}")
             continue
@@ -150,7 +150,7 @@ def name_errors(section: str, values: dict[str, Any]) -> list[str]:
     return []
 
 
-def _build_section(name: str, raw: dict) -> tuple[Any, list[str]]:
+def build_section(name: str, raw: dict) -> tuple[Any, list[str]]:
     cls = SECTIONS[name]
     params = section_params(cls)
     values: dict[str, Any] = {}
@@ -250,19 +250,19 @@ def head_dim_errors(model: ModelConfig, train: TrainConfig, given: dict) -> list
     return []
 
 
-def _sections(raw: dict) -> tuple[dict[str, Any], list[str]]:
+def typed_sections(raw: dict) -> tuple[dict[str, Any], list[str]]:
     """Each table of the cell ([experiment], [model], ...) as its typed config."""
     errs: list[str] = []
     sections: dict[str, Any] = {}
     for name in SECTIONS:
         sub = raw.get(name, {})
-        obj, e = _build_section(name, sub if isinstance(sub, dict) else {})
+        obj, e = build_section(name, sub if isinstance(sub, dict) else {})
         errs += e
         sections[name] = obj
     return sections, errs
 
 
-def _derive_sizes(raw: dict, model: ModelConfig, tc: TrainConfig) -> list[str]:
+def derive_sizes(raw: dict, model: ModelConfig, tc: TrainConfig) -> list[str]:
     """Apply ``model.scale`` and ``train.tokens``, and check the sizes and devices that depend on them."""
     errs: list[str] = []
     given_model: dict = raw["model"] if isinstance(raw.get("model"), dict) else {}
@@ -372,11 +372,11 @@ def _resolved_config(sections: dict[str, Any], seed: int, components: dict[str, 
 def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registry) -> tuple[Cell | None, list[str]]:
     """Turn one cell's raw dict into a validated Cell (or error messages): typed sections, derived
     sizes, components, probes, then the components' own cross-axis checks."""
-    sections, errs = _sections(raw)
+    sections, errs = typed_sections(raw)
     if errs:
         return None, errs
     model: ModelConfig = sections["model"]
-    errs += _derive_sizes(raw, model, sections["train"])
+    errs += derive_sizes(raw, model, sections["train"])
     components, e = _components(raw, sections, registry)
     errs += e
     probes, e = resolve_probes(raw, sections["eval"].probes, model, registry)
@@ -416,7 +416,7 @@ def check_lr_sweep(values: Any, seeds: list, grid_paths: list[str], tuning_seeds
 
 def value_errors(path: str, value: Any, registry: Registry) -> list[str]:
     """Why ``value`` cannot be set at the dotted ``path`` (empty when it can)."""
-    msg = _known_path(path, registry)
+    msg = known_path(path, registry)
     if msg:
         return [msg]
     head, *rest = path.split(".")

@@ -27,7 +27,7 @@ from typing import Any
 from .. import files
 from ..contracts.config import ConfigError, Grid, canonical_json
 from ..contracts.registry import AXES, Registry
-from ..grid.gridfile import _matches
+from ..grid.gridfile import matches_exclude
 
 # the store's INTEGER columns (runs.seed, metrics.step) are 32-bit
 INT32_MAX = 2**31 - 1
@@ -66,7 +66,7 @@ def ineffective_sweeps(grid: Grid) -> list[str]:
             continue
         wanted = {canonical_json(combo[paths.index(path)])
                   for combo in itertools.product(*(_grid_axes(grid.raw)[p] for p in paths))
-                  if not any(_matches(dict(zip(paths, combo)), ex, grid.raw) for ex in excludes)}
+                  if not any(matches_exclude(dict(zip(paths, combo)), ex, grid.raw) for ex in excludes)}
         if len(wanted) <= 1:
             continue  # the other values were excluded on purpose
         out.append(_collapse_message(grid, path, values))

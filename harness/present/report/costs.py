@@ -29,7 +29,7 @@ def attach_predictions(cells: list[Cell], registry) -> None:
     components in ``cost_missing``). Errors are kept, not raised."""
     from ...contracts.config import ConfigError
     from ...contracts.registry import RegistryError
-    from ...grid.gridfile import cell_from_config
+    from ...contracts.config import cell_from_config
     from ...model.costmodel import missing_costs, predict
 
     for c in cells:
