@@ -53,7 +53,8 @@ TINY_GRID: dict = {
 
 def tiny_grid_raw(**sections) -> dict:
     """``TINY_GRID`` with sections replaced: ``section={...}`` replaces that section's keys one by one
-    (a key set to None is left out), ``section=None`` leaves the whole section out."""
+    (a key set to None is left out), ``section=None`` leaves the whole section out; ``grid`` and
+    ``dataset`` are replaced whole (their keys are the axes and the corpus, not settings)."""
     import copy
 
     raw = copy.deepcopy(TINY_GRID)
@@ -61,7 +62,7 @@ def tiny_grid_raw(**sections) -> dict:
         if keys is None:
             raw.pop(name, None)
             continue
-        merged = {**raw.get(name, {}), **keys}
+        merged = dict(keys) if name in ("grid", "dataset") else {**raw.get(name, {}), **keys}
         raw[name] = {k: v for k, v in merged.items() if v is not None}
     return raw
 

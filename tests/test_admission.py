@@ -6,6 +6,7 @@ import types
 
 import pytest
 from click.testing import CliRunner
+from conftest import tiny_grid_text
 
 from abl.cli import cli
 from abl.grid.gridfile import expand
@@ -157,23 +158,8 @@ def test_the_cli_refuses_a_grid_that_cannot_fit_with_exit_2_and_an_untouched_sto
 
 def test_force_runs_a_grid_the_admission_would_refuse(tmp_path, monkeypatch):
     grid = tmp_path / "g.toml"
-    grid.write_text("""[experiment]
-name = "forced"
-[model]
-d_model = 32
-n_layers = 1
-n_heads = 4
-context = 16
-[train]
-steps = 1
-batch_size = 2
-eval_batches = 1
-[eval]
-decode = false
-extrapolation = false
-[dataset.pystdlib]
-max_bytes = 300000
-""")
+    grid.write_text(tiny_grid_text(experiment={"name": "forced", "seeds": None},
+                                   train={"steps": 1, "eval_every": None, "threads": None}, grid=None))
     db = tmp_path / "x.duckdb"
     monkeypatch.setattr(admission, "ram_free_bytes", lambda: 1024)  # "1 KiB free"
     refused = CliRunner().invoke(cli, ["run", str(grid), "--db", str(db)])

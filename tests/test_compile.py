@@ -6,17 +6,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import tiny_grid_raw, tiny_grid_text  # noqa: E402
+
 from abl.grid.gridfile import expand  # noqa: E402
 from abl.run.train import train  # noqa: E402
 
 
 def grid(compile_):
-    return {"experiment": {"name": "t", "seeds": [0]},
-            "model": {"d_model": 16, "n_layers": 1, "n_heads": 2, "context": 16},
-            "train": {"steps": 4, "batch_size": 2, "eval_every": 4, "eval_batches": 1, "threads": 1,
-                      "compile": compile_, "warmup_steps": 0},
-            "eval": {"decode": False, "extrapolation": False},
-            "dataset": {"pystdlib": {"max_bytes": 300_000}}}
+    """One cell of the tiny grid (tests/conftest.py), two heads of 8, compiled or not."""
+    return tiny_grid_raw(experiment={"name": "t"}, model={"d_model": 16, "n_heads": 2},
+                         train={"steps": 4, "eval_every": 4, "compile": compile_, "warmup_steps": 0}, grid=None)
 
 
 class Sink:
@@ -80,12 +79,8 @@ def test_one_abl_run_compares_eager_and_compiled_with_compile_time_apart(tmp_pat
     from conftest import run_abl
 
     g = tmp_path / "g.toml"
-    g.write_text('[experiment]\nname = "c"\nseeds = [0]\n'
-                 '[model]\nd_model = 16\nn_layers = 1\nn_heads = 2\ncontext = 16\n'
-                 '[train]\nsteps = 3\nbatch_size = 2\neval_every = 3\neval_batches = 1\n'
-                 '[eval]\ndecode = false\nextrapolation = false\n'
-                 '[dataset.pystdlib]\nmax_bytes = 300000\n'
-                 '[grid]\n"train.compile" = [false, true]\n')
+    g.write_text(tiny_grid_text(experiment={"name": "c"}, model={"d_model": 16, "n_heads": 2},
+                                train={"steps": 3, "eval_every": 3, "threads": None}, grid={"train.compile": [False, True]}))
     r = run_abl(["run", str(g), "--db", str(tmp_path / "x.duckdb")], env={"COLUMNS": "250"})
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("torch.compile time")]

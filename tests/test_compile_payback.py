@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from click.testing import CliRunner  # noqa: E402
+from conftest import tiny_grid_text  # noqa: E402
 
 from abl.grid.gridfile import expand, load_grid  # noqa: E402
 from abl.model.shapecache import StepTimes, payback_note  # noqa: E402
@@ -33,13 +34,9 @@ def grid(compile_, steps=4):
 
 def grid_file(tmp_path, steps):
     path = tmp_path / "g.toml"
-    path.write_text('[experiment]\nname = "pay"\nseeds = [0]\n'
-                    '[model]\nd_model = 16\nn_layers = 1\nn_heads = 2\ncontext = 16\n'
-                    f'[train]\nsteps = {steps}\nbatch_size = 2\neval_every = {steps}\neval_batches = 1\n'
-                    'threads = 1\nwarmup_steps = 0\n'
-                    '[eval]\ndecode = false\nextrapolation = false\n'
-                    '[dataset.pystdlib]\nmax_bytes = 300000\n'
-                    '[grid]\n"train.compile" = [false, true]\n')
+    path.write_text(tiny_grid_text(experiment={"name": "pay"}, model={"d_model": 16, "n_heads": 2},
+                                   train={"steps": steps, "eval_every": steps, "warmup_steps": 0},
+                                   grid={"train.compile": [False, True]}))
     return path
 
 

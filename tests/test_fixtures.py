@@ -18,6 +18,7 @@ def test_sections_are_replaced_key_by_key_and_dropped_with_none():
     assert raw["experiment"] == {"name": "x", "seeds": [0]}
     assert raw["train"]["steps"] == 5 and "threads" not in raw["train"] and "eval" not in raw
     assert TINY_GRID["train"]["steps"] == 2  # the shared dict is never changed
+    assert tiny_grid_raw(grid={"model.block": ["pre", "post"]})["grid"] == {"model.block": ["pre", "post"]}
 
 
 def test_the_tiny_grid_file_expands_to_two_cells(tiny_grid, registry):

@@ -10,7 +10,7 @@ import time
 import duckdb
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ROOT, tiny_grid_text
 
 from abl.store.lock import StoreBusy, StoreLock, lock_path, read_holder
 
@@ -112,28 +112,9 @@ def test_ingest_is_refused_while_the_store_is_written(tmp_path):
         proc.wait()
 
 
-GRID = """
-[experiment]
-name = "writers"
-seeds = [0]
-[model]
-d_model = 32
-n_layers = 2
-n_heads = 4
-context = 32
-[train]
-steps = 40
-batch_size = 4
-eval_every = 20
-eval_batches = 2
-[eval]
-decode = false
-extrapolation = false
-[dataset.pystdlib]
-max_bytes = 300000
-[grid]
-"model.norm" = ["rmsnorm", "none"]
-"""
+GRID = tiny_grid_text(experiment={"name": "writers"}, model={"n_layers": 2, "context": 32},
+                      train={"steps": 40, "batch_size": 4, "eval_every": 20, "eval_batches": 2, "threads": None},
+                      grid={"model.norm": ["rmsnorm", "none"]})
 
 
 @pytest.mark.slow
