@@ -75,7 +75,7 @@ _PUBLIC: dict[str, str] = {
     "hookimpl": "abl.contracts.hookspecs",
     "hookspec": "abl.contracts.hookspecs",
     "Param": "abl.contracts.registry",
-    "Arg": "abl.contracts.registry",
+    "Arg": "abl.contracts.params",
     "params_of": "abl.contracts.registry",
     "RegistryError": "abl.contracts.registry",
     "AXES": "abl.contracts.registry",
@@ -148,7 +148,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and editors
     from .contracts.hookspecs import hookimpl, hookspec
     from .contracts.precision import Precision
     from .contracts.recipes import Scaled, Setting, of_context, of_width, per_head
-    from .contracts.registry import AXES, Arg, Param, RegistryError, params_of
+    from .contracts.params import Arg
+    from .contracts.registry import AXES, Param, RegistryError, params_of
     from .data.corpus import (
         DataError,
         TextCorpus,

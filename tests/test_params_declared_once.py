@@ -14,7 +14,8 @@ from typing import Annotated, Literal
 
 import pytest
 
-from abl.contracts.registry import Arg, Param, Registry, RegistryError, params_of
+from abl.contracts.params import Arg
+from abl.contracts.registry import Param, Registry, RegistryError, params_of
 
 
 class Norm:
@@ -79,7 +80,7 @@ def test_params_of_names_a_missing_parameter():
 
 def test_every_builtin_declares_each_parameter_once_and_agrees_with_its_factory(registry):
     """Every built-in parameter's default is the factory's own (one declaration, or two that agree)."""
-    from abl.contracts.registry import SUPPLIED
+    from abl.contracts.params import SUPPLIED
 
     for comp in registry.all():
         sig = inspect.signature(comp.factory)
