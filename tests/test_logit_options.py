@@ -150,14 +150,14 @@ def test_embed_scale_multiplies_the_token_embeddings_by_sqrt_d_model(registry):
 def test_a_soft_capped_head_never_takes_the_fused_uncapped_loss(registry, monkeypatch):
     """Under the Triton backend a loss-only forward fuses the LM head into the loss
     (abl.kernels.cross_entropy.linear_cross_entropy), which never forms the logits and so cannot cap them:
-    a capped model must keep the logits. The decoder's backend query is mocked (the fused kernel stubbed),
+    a capped model must keep the logits. The LM head's backend query is mocked (the fused kernel stubbed),
     so this runs on the CPU; an uncapped model takes the stubbed path, the capped one does not."""
     import abl.kernels.cross_entropy as ce
-    import abl.model.decoder as decoder
+    import abl.model.head as head
     from abl.model.decoder import ForwardContext
 
     fused = []
-    monkeypatch.setattr(decoder, "use_triton", lambda *op: True)
+    monkeypatch.setattr(head, "use_triton", lambda *op: True)
     monkeypatch.setattr(ce, "linear_cross_entropy", lambda x, w, t: (fused.append(True), torch.tensor(0.0))[1])
     x = torch.randint(0, V, (2, 8))
     plain = _model(registry)

@@ -9,16 +9,8 @@ arXiv:1706.03762, with a final norm after the last block). The block
 component lays out its norm(s), mixer and FFN; the position component talks to
 mixers only through ``PositionEncoding``. Nothing here names a variant.
 
-Two options of the head, both config keys of the skeleton: ``model.logit_scale`` multiplies the
-logits by a factor of d_model (``inv_sqrt_d_model``: 1/sqrt(d_model), Mesh-TensorFlow's
-Transformer with tied embeddings, Shazeer et al. 2018, arXiv:1811.02084); ``model.z_loss`` adds
-the output z-loss c * mean(log^2 Z) over the scored positions, Z = sum_v exp(logit_v) (PaLM,
-Chowdhery et al. 2022, arXiv:2204.02311, sec. 5, c = 1e-4), to the training loss. A third,
-``model.logit_softcap`` = c > 0, soft-caps the (scaled) logits at c * tanh(logits / c) before the loss
-and wherever logits are read (Gemma 2, Gemma Team 2024, arXiv:2408.00118, sec. 2, "Logit soft-capping":
-c = 30.0 for the final layer). At the input, ``model.embed_scale = "sqrt_d_model"`` multiplies the
-token embeddings by sqrt(d_model) before the position encoding (Vaswani et al. 2017, arXiv:1706.03762,
-sec. 3.4; Gemma 2 does it with tied embeddings, so the LM head reads the unscaled table).
+The head's options (embedding scale, tying, logit scale, soft cap, z-loss: config keys of the
+skeleton) live in one object, ``abl.model.head.LMHead``.
 """
 
 from __future__ import annotations
@@ -31,10 +23,10 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 
-from ..contracts.config import ModelConfig, embed_factor, logit_factor
+from ..contracts.config import ModelConfig
 from ..contracts.registry import Registry
-from ..data.tasks import IGNORE_INDEX
-from ..kernels import TORCH, KernelBackend, use_triton
+from ..kernels import TORCH, KernelBackend
+from .head import LMHead
 
 
 class PositionEncoding(nn.Module):
@@ -251,6 +243,7 @@ class DecoderLM(nn.Module):
         ffn_f, ffn_p = part("ffn")
         blk_f, blk_p = part("block")
 
+        self.head = LMHead(cfg)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.position: PositionEncoding = pos_f(cfg, **pos_p)
         if not isinstance(self.position, PositionEncoding):
@@ -280,10 +273,9 @@ class DecoderLM(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         wants_final = bool(getattr(self.blocks[0], "final_norm", True))
         self.final_norm = make_norm(cfg.d_model) if wants_final else nn.Identity()
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = self.head.projection()
         self._init_weights()
-        if cfg.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
+        self.head.tie(self.embed, self.lm_head)
 
     def _init_weights(self) -> None:
         std = self.cfg.init_std
@@ -342,44 +334,13 @@ class DecoderLM(nn.Module):
     def _forward(self, idx: torch.Tensor, targets: torch.Tensor | None, ctx: ForwardContext | None):
         if ctx is None:
             ctx = ForwardContext(position=self.position)
-        x = self.embed(idx)
-        factor = embed_factor(self.cfg.embed_scale, self.cfg.d_model)
-        if factor != 1.0:
-            x = x * factor
+        x = self.head.embed(self.embed, idx)
         x = self.position.embed(x, ctx.start)
         for i, block in enumerate(self.blocks):
             ctx.layer = i
             x = block(x, ctx)
         x = self.final_norm(x)
-        scale = logit_factor(self.cfg.logit_scale, self.cfg.d_model)
-        fusable = type(self.lm_head) is nn.Linear and self.lm_head.bias is None  # not swapped (fp8)
-        # Only the Triton op fuses the LM head into the loss (the [B*T, V] logits never exist
-        # whole); the reference would form them anyway, so on torch the model keeps them. The
-        # z-loss needs the logits' normaliser and the soft cap changes them, so both keep them too.
-        if (use_triton("linear_cross_entropy") and targets is not None and not ctx.need_logits and fusable and not self.cfg.z_loss
-                and not self.cfg.logit_softcap):
-            # imported here, not at the top: the kernel modules import triton, which decides once
-            # at import whether it interprets, and a worker imports this module (through the
-            # trainer) before it has switched the interpreter on for a CPU triton cell
-            from ..kernels.cross_entropy import linear_cross_entropy
-
-            # (s x) W^T = s (x W^T): the scale goes on the head's input
-            logits, ce = None, linear_cross_entropy(x * scale if scale != 1.0 else x, self.lm_head.weight, targets)
-        else:
-            logits = self.lm_head(x)
-            if scale != 1.0:
-                logits = logits * scale
-            if self.cfg.logit_softcap:
-                cap = self.cfg.logit_softcap
-                logits = cap * torch.tanh(logits / cap)
-            ce = None
-            if targets is not None:
-                ce = self.loss(logits, targets)
-                if self.cfg.z_loss:
-                    log_z = torch.logsumexp(logits.float(), dim=-1)[targets != IGNORE_INDEX]
-                    mean_sq = (log_z ** 2).mean()
-                    ctx.add_aux_loss("z_loss", self.cfg.z_loss * mean_sq)
-                    ctx.add_metric("log_z_sq", mean_sq)
+        logits, ce = self.head(x, self.lm_head, targets, ctx)
         loss = None
         if ce is not None:
             ctx.metrics["ce_loss"] = ce.detach()
