@@ -8,31 +8,15 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, tiny_grid_text
 from rich.console import Console
 
 from abl.run.executors import Job
 from abl.run.progress import BarProgress, LineProgress, contention_note, fmt_duration, heartbeat_interval
 
-GRID = """
-[experiment]
-name = "progress"
-seeds = [0]
-[model]
-d_model = 32
-n_layers = 2
-n_heads = 4
-context = 32
-[train]
-steps = 40
-batch_size = 4
-eval_every = 20
-eval_batches = 1
-[dataset.pystdlib]
-max_bytes = 200000
-[grid]
-"model.norm" = ["rmsnorm", "layernorm"]
-"""
+GRID = tiny_grid_text(experiment={"name": "progress"}, model={"n_layers": 2, "context": 32},
+                      train={"steps": 40, "batch_size": 4, "eval_every": 20, "threads": None}, eval=None,
+                      dataset={"pystdlib": {"max_bytes": 200000}})
 
 TIMER = r"(\d+:\d\d:\d\d|-:--:--)"
 

@@ -6,6 +6,7 @@ import math
 import time
 
 import pytest
+from conftest import tiny_grid_text
 from rich.console import Console
 
 from abl.run import threads
@@ -13,20 +14,9 @@ from abl.run.estimate import GridEstimate
 from abl.run.executors import Job, LocalExecutor
 from abl.run.progress import LineProgress
 
-GRID = """[experiment]
-name = "eta"
-seeds = [0]
-[model]
-d_model = 32
-n_layers = 2
-n_heads = 4
-context = 32
-[train]
-steps = 100
-batch_size = 4
-[grid]
-"model.norm" = ["rmsnorm", "layernorm", "none"]
-"""
+GRID = tiny_grid_text(experiment={"name": "eta"}, model={"n_layers": 2, "context": 32},
+                      train={"steps": 100, "batch_size": 4, "eval_every": None, "eval_batches": None, "threads": None},
+                      eval=None, dataset=None, grid={"model.norm": ["rmsnorm", "layernorm", "none"]})
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, tiny_grid_text
 
 TINY = {"experiment": {"name": "tiny", "seeds": [0]},
         "model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "context": 32},
@@ -131,26 +131,8 @@ def test_the_safe_checkpoint_restores_every_rng_exactly(tmp_path):
 
 # ---------------------------------------------------------------- the import path
 
-RUN_GRID = """
-[experiment]
-name = "shadow"
-seeds = [0]
-[model]
-d_model = 32
-n_layers = 2
-n_heads = 4
-context = 32
-[train]
-steps = 2
-batch_size = 4
-eval_every = 2
-eval_batches = 1
-[eval]
-decode = false
-extrapolation = false
-[dataset.pystdlib]
-max_bytes = 300000
-"""
+RUN_GRID = tiny_grid_text(experiment={"name": "shadow"}, model={"n_layers": 2, "context": 32},
+                          train={"batch_size": 4, "threads": None}, grid=None)
 
 
 def abl_script() -> str:
