@@ -193,3 +193,50 @@ def test_a_third_party_executor_runs_a_grid_and_its_metric_reaches_compare_repor
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "param_rms" in done.stdout
+
+
+def test_a_reader_loads_the_metric_declarations_without_torch_and_a_later_full_load_keeps_the_built_ins_first(
+        tmp_path):
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    (folder / "aaa_norm.py").write_text(  # sorts first among the files; its norm still comes after abl's own
+        "from abl import hookimpl\n\nclass Ident:\n    def __init__(self, dim):\n        pass\n\n"
+        "@hookimpl\ndef register_components(register):\n    register('norm', 'aaa_ident', Ident)\n\n"
+        "@hookimpl\ndef register_metrics(register):\n    register('aaa_score', unit='points', better='higher')\n")
+    code = ("import sys\n"
+            "from abl.analysis import metrics\n"
+            "m = metrics.metric('aaa_score')\n"
+            "assert (m.unit, m.better, m.plugin) == ('points', 'higher', 'file:aaa_norm'), m\n"
+            "assert metrics.metric('val_loss').plugin == 'metrics'\n"
+            "assert 'torch' not in sys.modules, 'the light load imported torch'\n"
+            "from abl.contracts.plugin_manager import get_registry, ordered_impls, pm\n"
+            "assert get_registry().get('norm', 'aaa_ident')\n"
+            "order = [i.plugin_name for i in ordered_impls(pm.hook.register_components)]\n"
+            "assert order[0] == 'norms' and order[-1] == 'file:aaa_norm', order\n"
+            "from abl.run.executors import registered\n"
+            "assert list(registered()) == ['local', 'slurm', 'ray']\n")
+    env = dict(os.environ, ABL_PLUGINS_DIR=str(folder))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+def test_capabilities_are_declared_not_probed(tmp_path, monkeypatch):
+    from abl.contracts.plugin_manager import PluginLoadError
+    from abl.run import admission, executors
+
+    class Remote(executors.Executor):
+        name = "remote"  # local stays False: its cells run elsewhere, so this machine's memory is not checked
+
+    def admit(*a, **k):
+        raise AssertionError("a remote executor's cells were checked against this machine's memory")
+
+    monkeypatch.setattr(admission, "admit", admit)
+    assert admission.check_run([], None, tmp_path, Remote(), retry_failed=False) == []  # type: ignore[arg-type]
+    local = executors.LocalExecutor(workers=3, gpus=[])
+    assert (local.local, local.slots, local.use_gpus, local.free_gpus) == (True, 3, False, [])
+    monkeypatch.setattr(executors, "registered", lambda: {"odd": executors.ExecutorEntry("odd", lambda o: object(),
+                                                                                         plugin="file:odd")})
+    with pytest.raises(PluginLoadError, match="'odd' .*built a object, not an abl.run.executors.Executor"):
+        executors.make_executor("odd", executors.ExecutorOptions())
+    with pytest.raises(PluginLoadError, match="unknown executor 'nope'; registered: odd"):
+        executors.make_executor("nope", executors.ExecutorOptions())
