@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from abl.analysis import comparable, verdicts
+from abl.store.reader import StoredRun
 
 
 def config(tok, vocab=None, ffn="gelu"):
@@ -20,8 +21,9 @@ def runs(cells):
     out = []
     for key, cfg, loss, bpb in cells:
         for s in range(4):
-            out.append(verdicts.RunRecord(key, key, s, "completed", cfg, f"fp-{key}",
-                                          {"val_loss": loss + s / 100, "val_bpb": bpb + s / 97}))
+            out.append(StoredRun(run_id=f"{key}{s}", experiment="e", cell_key=key, label=key, seed=s,
+                                 status="completed", config=cfg, data_fingerprint=f"fp-{key}",
+                                 final={"val_loss": loss + s / 100, "val_bpb": bpb + s / 97}))
     return out
 
 

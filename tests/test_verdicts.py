@@ -377,8 +377,8 @@ def test_post_ln_at_a_high_lr_without_warmup_did_not_learn_and_is_not_ranked(tmp
 def test_the_summary_shows_the_grids_metrics_and_tests_each_loss():
     from rich.console import Console
 
-    from abl.analysis.verdicts import RunRecord
     from abl.present.summary import render
+    from abl.store.reader import StoredRun
 
     runs = []
     for pos, x2 in (("rope", 2.6), ("alibi", 2.1), ("learned", None)):
@@ -386,8 +386,9 @@ def test_the_summary_shows_the_grids_metrics_and_tests_each_loss():
             final = {"val_loss": 2.0 + 0.01 * seed + (0.05 if pos == "learned" else 0), "kv_bytes_per_token": 512.0}
             if x2 is not None:
                 final["val_loss_x2"] = x2 + 0.02 * math.sin(seed + len(pos))
-            runs.append(RunRecord(pos, f"position={pos}", seed, "completed", {"model": {"position": pos}},
-                                  "f", final))
+            runs.append(StoredRun(run_id=f"{pos}{seed}", experiment="e", cell_key=pos, label=f"position={pos}",
+                                  seed=seed, status="completed", config={"model": {"position": pos}},
+                                  data_fingerprint="f", final=final))
     console = Console(record=True, width=300)
     analyses = render(console, runs, metrics=["val_loss", "val_loss_x2", "kv_bytes_per_token"], title="position")
     text = console.export_text()

@@ -8,8 +8,8 @@ baseline, chosen pairs, or every pair of values of one grid axis) and call
 is a display choice: it is read from ``experiment.baseline`` or
 ``--baseline`` and never enters a run's config or hash.
 
-A run is anything with the attributes of ``RunRecord`` (``report.Run`` has
-them); the dashboard builds ``RunRecord`` from its own queries.
+A run is anything with the attributes of ``RunLike`` (and, optionally, its
+``scored_targets``): every reader passes abl.store.reader's ``StoredRun``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol, Sequence
 
 from ..contracts.config import solved_paths
@@ -33,6 +32,9 @@ TUNED_PATHS = ("train.lr", "train.lr_sweep")
 
 
 class RunLike(Protocol):
+    """A stored run as the verdicts read it (abl.store.reader.StoredRun); its ``scored_targets``, where it has
+    them, say what its validation figures were scored on (info.json, abl.run.evaluations)."""
+
     cell_key: str
     label: str
     seed: int
@@ -40,19 +42,6 @@ class RunLike(Protocol):
     config: dict
     data_fingerprint: str
     final: dict
-
-
-@dataclass
-class RunRecord:
-    cell_key: str
-    label: str
-    seed: int
-    status: str
-    config: dict
-    data_fingerprint: str
-    final: dict = field(default_factory=dict)  # metric -> final value
-    # what its validation figures were scored on (info.json "scored_targets", abl.run.evaluations); {}: unknown
-    scored_targets: dict = field(default_factory=dict)
 
 
 class VerdictError(Exception):
