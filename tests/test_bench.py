@@ -146,7 +146,7 @@ def test_fla_provider_maps_the_ssd_scan_onto_simple_gla():
     torch = pytest.importorskip("torch")
     import torch.nn.functional as F
 
-    from abl.bench.kernelbench import fla_ssd
+    from abl.bench.peers import fla_ssd
     from abl.kernels.ssd_scan import ssd_chunked
 
     torch.manual_seed(0)

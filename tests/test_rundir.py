@@ -10,7 +10,7 @@ import pytest
 from abl.run import runner
 from abl.store import database as store
 from abl.store import rundir
-from abl.store.rundir import STATUSES
+from abl.contracts.status import STATUSES
 
 # ---------------------------------------------------------------- the vocabulary
 
