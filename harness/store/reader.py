@@ -136,7 +136,8 @@ def read_runs(db_path: str | Path, *, experiment: str | None = None, run_ids: Se
             raise NotAStore(f"{db_path} has no runs table: not an abl database, or nothing ran yet")
         have = _columns(con, "runs")
         select = ", ".join(c if c in have else f"NULL AS {c}" for c in _COLUMNS)
-        where, params = "TRUE", []
+        where = "TRUE"
+        params: list[Any] = []
         if run_ids is not None:
             where, params = "list_contains(?, run_id)", [list(run_ids)]
         if experiment is not None:
