@@ -216,10 +216,8 @@ def test_format_json_csv_md_for_piping(tmp_path, monkeypatch):
 def test_abl_run_format_json_puts_only_the_summary_on_stdout(tmp_path, monkeypatch):
     """The summary at the end of abl run, as JSON (the cells are stored already, so nothing trains)."""
     from abl.cli import cli
-    from abl.present import termlayout
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(termlayout, "PRESENTATION", termlayout.Presentation())  # abl run sets it; put back after
     g, db = make_store(tmp_path, "norms")
     sets = [x for kv in [*SHORT, f"experiment.seeds={SEEDS}"] for x in ("--set", kv)]
     r = CliRunner().invoke(cli, ["run", "norms", "--db", str(db), *sets, "--format", "json"])
@@ -280,10 +278,8 @@ def test_a_grid_without_contention_records_has_no_mark(tmp_path):
 
 def test_the_task_accuracy_table_reads_at_80_columns(tmp_path):
     from abl.present.taskreport import print_summary
-    from abl.present.termlayout import PRESENTATION
 
     g, db = make_store(tmp_path, "norms")
-    assert PRESENTATION.layout == "auto"
     console = Console(record=True, width=80)
     print_summary(console, db, g)
     text = console.export_text()

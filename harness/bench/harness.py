@@ -70,7 +70,10 @@ def run_harness_bench(steps: int = 200, overrides: list[str] | None = None,
         raise ValueError(f"abl bench harness times one cell (and its seeds); the overrides give "
                          f"{len({c.cell_key for c in grid.cells})} cells")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        db, runs = Path(tmp) / "bench.duckdb", Path(tmp) / "runs"
+        from ..store.workspace import Workspace
+
+        ws = Workspace.at(Path(tmp) / "bench.duckdb")  # a scratch store and its folders
+        db, runs = ws.db, ws.runs
         t0 = time.perf_counter()
         engine = LocalExecutor()
         engine.prestart()  # as abl run does: the zygote imports while the token store is built

@@ -193,7 +193,10 @@ def run_training(device: torch.device, quick: bool,
     grid = expand(grid_raw(device, quick, cells), registry, source="abl selftest")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="abl-selftest-") as tmp:
-        db, runs = Path(tmp) / "selftest.duckdb", Path(tmp) / "runs"
+        from ..store.workspace import Workspace
+
+        ws = Workspace.at(Path(tmp) / "selftest.duckdb")  # a scratch store and its folders
+        db, runs = ws.db, ws.runs
         log(f"training: {len(grid.cells)} cells ({', '.join(c.label for c in grid.cells)})")
         # the runner's start/end lines go to stderr with the selftest's progress
         run_grid(grid, registry, db, runs, console=Console(stderr=True, width=120))

@@ -1,23 +1,53 @@
-"""``abl bench kernels`` and ``abl bench harness``: benchmarks of the kernels and of the harness (options: abl.cli)."""
+"""``abl bench kernels`` and ``abl bench harness``: benchmarks of the kernels and of the harness."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from .common import fail, user_errors
+from ..store.workspace import DEFAULT_DB, Workspace
+from .common import fail, plugins_dir_option, user_errors
 
 
+@click.group("bench")
+def command():
+    """Benchmarks of the harness itself (abl bench kernels)."""
+
+
+_BENCH_OPS = ("rmsnorm", "layernorm", "rope", "swiglu", "geglu", "cross_entropy", "linear_cross_entropy",
+              "flash_attention", "ssd_scan")
+
+
+@command.command("kernels")
+@click.option("--op", "ops", multiple=True, type=click.Choice(_BENCH_OPS),
+              help="Only these ops (repeatable; default: all).")
+@click.option("--provider", "providers", multiple=True,
+              type=click.Choice(["triton", "torch", "torch.compile", "liger", "flash-attn", "mamba-ssm"]),
+              help="Only these providers (repeatable; default: every one available here).")
+@click.option("--dtype", "dtypes", multiple=True, type=click.Choice(["fp32", "bf16", "fp16"]),
+              help="Input dtypes (repeatable; default bf16 on CUDA, fp32 on CPU).")
+@click.option("--pass", "passes", multiple=True, type=click.Choice(["fwd", "bwd", "fwd+bwd"]),
+              help="Passes to time (repeatable; default all three).")
+@click.option("--size", type=click.Choice(["auto", "small", "large"]), default="auto", show_default=True,
+              help="Shapes: small (CPU default) or large (CUDA default).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON instead of a table.")
+@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True, help="DuckDB file to write.")
+@click.option("--no-store", is_flag=True, help="Do not write the rows to the database.")
 def kernels(ops, providers, dtypes, passes, size, device, as_json, db_path, no_store):
-    """The body of ``abl bench kernels``: its options and help are declared in abl.cli."""
+    """Time every kernel op for every available provider: triton, torch, torch.compile, peers.
+
+    p20/p50/p80 in milliseconds, effective GB/s (memory-bound ops) or TFLOP/s
+    (attention, fused LM-head cross-entropy) and the fraction of the device's
+    peak; stored in the database's ``bench`` table.
+    """
     import json
 
     from ..bench.kernelbench import run_bench, store_rows
     from ..run.preflight import db_problems
     from ..run.train import resolve_device
 
-    problems = [] if no_store else db_problems(Path(db_path))  # a store that cannot take the rows: before timing
+    db = Workspace.at(db_path).db  # --db has a default: no rule to apply
+    problems = [] if no_store else db_problems(db)  # a store that cannot take the rows: before timing
     if problems:
         fail("\n".join(problems))
 
@@ -30,7 +60,7 @@ def kernels(ops, providers, dtypes, passes, size, device, as_json, db_path, no_s
                      log=lambda msg: click.echo(msg, err=True))
     if not no_store:
         try:
-            store_rows(Path(db_path), rows)
+            store_rows(db, rows)
         except user_errors() as exc:
             fail(str(exc))
     if as_json:
@@ -63,8 +93,22 @@ def kernels(ops, providers, dtypes, passes, size, device, as_json, db_path, no_s
         click.echo(f"stored {len(rows)} rows in {db_path} (table bench)")
 
 
+@command.command("harness")
+@click.option("--steps", default=200, show_default=True, type=click.IntRange(min=1),
+              help="Training steps of the cell.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override the default cell (as in abl run), e.g. --set train.compile=true.")
+@click.option("--cells", default=1, show_default=True, type=click.IntRange(min=1, max=64),
+              help="Run this many cells of the same shape (seeds) one after another and report a cell "
+                   "in the running grid (the first, with the run's one-off costs, apart).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@plugins_dir_option
 def harness(steps, overrides, cells, as_json):
-    """The body of ``abl bench harness``: its options and help are declared in abl.cli."""
+    """One cell as abl run runs it: its wall time split into training steps and the rest.
+
+    Runs in a scratch store (nothing is kept); ``overhead`` is the share of the
+    cell's wall time spent outside its training steps.
+    """
     import json
 
     from ..bench.harness import run_harness_bench

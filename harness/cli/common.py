@@ -1,4 +1,4 @@
-"""What every command of the ``abl`` command line shares: the default store, user errors, the store's lock.
+"""What every command of the ``abl`` command line shares: ``--plugins-dir``, user errors, the store's lock.
 
 A user error (bad input, a busy store) is a clear message and exit status 2,
 never a traceback. Imports stay lazy, so ``abl --help`` does not load torch.
@@ -13,7 +13,23 @@ from pathlib import Path
 
 import click
 
-DEFAULT_DB = "results/abl.duckdb"
+
+def _add_plugins_dirs(ctx, param, value):
+    """``--plugins-dir``, before or after the command: each folder joins ``ABL_PLUGINS_DIR``
+    (abl.contracts.plugin_manager loads every *.py file in it) before any plugin loads."""
+    if value:
+        existing = [p for p in os.environ.get("ABL_PLUGINS_DIR", "").split(os.pathsep) if p]
+        added = [str(Path(d).resolve()) for d in value]
+        os.environ["ABL_PLUGINS_DIR"] = os.pathsep.join(existing + [d for d in added if d not in existing])
+    return value
+
+
+def plugins_dir_option(f):
+    """The ``--plugins-dir`` option: on the group (``abl --plugins-dir D run ...``) and on every command
+    that loads plugins (``abl run ... --plugins-dir D``)."""
+    return click.option("--plugins-dir", type=click.Path(file_okay=False), multiple=True, expose_value=False,
+                        is_eager=True, callback=_add_plugins_dirs,
+                        help="Also load every *.py file in this folder as a plugin (repeatable).")(f)
 
 
 def fail(message: str) -> None:

@@ -1,4 +1,4 @@
-"""``abl cost``: the predicted cost of every cell of a grid, nothing trained (options: abl.cli)."""
+"""``abl cost``: the predicted cost of every cell of a grid, nothing trained."""
 
 from __future__ import annotations
 
@@ -6,11 +6,25 @@ import json
 
 import click
 
-from .common import fail, load_registry, user_errors
+from .common import fail, load_registry, plugins_dir_option, user_errors
 
 
-def cost(grid_file, recipes, overrides, as_json):
-    """The body of ``abl cost``: its options and help are declared in abl.cli."""
+@click.command("cost")
+@click.argument("grid_file", type=click.Path(dir_okay=False), required=False)
+@click.option("--recipe", "recipes", multiple=True, metavar="NAME",
+              help="Cost this architecture recipe at the grid's size (repeatable; 'all' = every recipe); "
+                   "without GRID_FILE, at the default size (--set model.d_model=... to change it).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override any config key, e.g. --set model.d_model=64 (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list (one object per cell) instead.")
+@plugins_dir_option
+def command(grid_file, recipes, overrides, as_json):
+    """Print the predicted cost of every cell of GRID_FILE (or of each --recipe); nothing is trained.
+
+    Parameters, FLOPs per token and per step, activation, parameter/optimizer
+    and KV-cache memory, from the cost functions the components declare
+    (harness/model/costmodel.py).
+    """
     from ..analysis.formats import fmt_bytes, fmt_si
     from ..model.costmodel import predict
 

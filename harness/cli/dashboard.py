@@ -1,4 +1,4 @@
-"""``abl dashboard``: serve the Streamlit app, or save a screenshot of every page (options: abl.cli)."""
+"""``abl dashboard``: serve the Streamlit app, or save a screenshot of every page."""
 
 from __future__ import annotations
 
@@ -8,11 +8,30 @@ from pathlib import Path
 
 import click
 
-from .common import fail
+from ..store.workspace import DEFAULT_DB, Workspace
+from .common import fail, plugins_dir_option
 
 
-def dashboard(db_path, runs_dir, port, host, snapshot_dir, widths):
-    """The body of ``abl dashboard``: its options and help are declared in abl.cli."""
+@click.command("dashboard")
+@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True, help="DuckDB file to read.")
+@click.option("--runs-dir", default=None,
+              help="Run folders, read for the live metrics of running cells (default: runs/ beside the database).")
+@click.option("--port", default=8501, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; the default serves this machine only.")
+@click.option("--snapshot", "snapshot_dir", default=None, type=click.Path(file_okay=False),
+              help="Instead of serving: save a full-page PNG of every page into this folder and exit "
+                   "(headless Chromium; a plain `chromium --screenshot` captures the page before it has drawn).")
+@click.option("--width", "widths", multiple=True, type=click.IntRange(320, 4000),
+              help="Window width in pixels for --snapshot (repeatable; default 1400).")
+@plugins_dir_option
+def command(db_path, runs_dir, port, host, snapshot_dir, widths):
+    """Serve the Streamlit comparison dashboard (needs the 'dashboard' extra).
+
+    It only reads the store, with short read-only connections, so it can stay
+    open while abl run writes to the same database. With --snapshot it saves a
+    screenshot of every page instead.
+    """
     import importlib.util
     import subprocess
 
@@ -24,10 +43,10 @@ def dashboard(db_path, runs_dir, port, host, snapshot_dir, widths):
         verify_store(db_path)  # a damaged store: one clear message, no server started
     except StoreError as exc:
         fail(str(exc))
-    db = Path(db_path).resolve()
+    ws = Workspace.at(Path(db_path).resolve(), Path(runs_dir).resolve() if runs_dir else None)
+    db = ws.db
     if snapshot_dir is not None:
-        _dashboard_snapshot(db, Path(runs_dir).resolve() if runs_dir else db.parent / "runs", Path(snapshot_dir),
-                            list(widths) or [1400])
+        _dashboard_snapshot(db, ws.runs, Path(snapshot_dir), list(widths) or [1400])
         return
     if widths:
         fail("--width applies to --snapshot only")
@@ -38,8 +57,7 @@ def dashboard(db_path, runs_dir, port, host, snapshot_dir, widths):
     app = Path(abl.dashboard.__file__).resolve().parent / "app.py"
     from ..pyexec import child_env, python
 
-    env = child_env(dict(os.environ, ABL_DB=str(db),
-                         ABL_RUNS_DIR=str(Path(runs_dir).resolve() if runs_dir else db.parent / "runs")))
+    env = child_env(dict(os.environ, ABL_DB=str(db), ABL_RUNS_DIR=str(ws.runs)))
     click.echo(f"abl dashboard: http://{host}:{port}  (store {db})", err=True)
     argv = [*python("-m", "streamlit"), "run", str(app), "--server.address", host,
             "--server.port", str(port), "--server.headless", "true",

@@ -1,4 +1,4 @@
-"""``abl ingest``: copy run folders into the database (options: abl.cli)."""
+"""``abl ingest``: copy run folders into the database."""
 
 from __future__ import annotations
 
@@ -7,17 +7,30 @@ from pathlib import Path
 
 import click
 
-from .common import fail, note_new_store, storage_fault, take_store_lock, user_errors
+from ..store.workspace import DEFAULT_DB, Workspace
+from .common import fail, note_new_store, plugins_dir_option, storage_fault, take_store_lock, user_errors
 
 
-def ingest(run_dirs, db_path, runs_dir, wait):
-    """The body of ``abl ingest``: its options and help are declared in abl.cli."""
+@click.command("ingest")
+@click.argument("run_dirs", nargs=-1, type=click.Path(exists=True, file_okay=False))
+@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True)
+@click.option("--runs-dir", default=None, help="Ingest every run folder in here (default: runs/ beside the database).")
+@click.option("--wait", is_flag=True, help="If another abl run or ingest writes this database, queue behind it.")
+@plugins_dir_option
+def command(run_dirs, db_path, runs_dir, wait):
+    """Copy run folders into the database (rebuilds it from the folders if needed).
+
+    A run whose worker completed but whose folder is not whole (a cut or
+    garbled metrics.jsonl, a missing last step) is stored as incomplete, with
+    what is missing; ingesting it again after a repair restores it.
+    """
     from ..run import preflight
     from ..store import database as store
     from ..store import rundir
 
-    db = Path(db_path)
-    problems = preflight.db_problems(db) + (preflight.runs_dir_problems(Path(runs_dir)) if runs_dir else [])
+    ws = Workspace.at(db_path, runs_dir)  # --db has a default: no rule to apply
+    db = ws.db
+    problems = preflight.db_problems(db) + (preflight.runs_dir_problems(ws.runs) if runs_dir else [])
     if problems:
         fail("\n".join(problems))
     note_new_store(db)
@@ -26,8 +39,7 @@ def ingest(run_dirs, db_path, runs_dir, wait):
         # listed only now that the lock is held: with --wait, the folders the holder wrote meanwhile count
         dirs = [Path(d) for d in run_dirs]
         if not dirs:
-            base = Path(runs_dir) if runs_dir else db.parent / "runs"
-            dirs = sorted(p for p in base.glob("*") if _has_config(p))
+            dirs = sorted(p for p in ws.runs.glob("*") if _has_config(p))
         skipped: list[tuple[Path, str]] = []  # folders that cannot be ingested: named, the rest go on
         result = store.ingest_dirs(db, dirs, skipped)
     except user_errors() as exc:

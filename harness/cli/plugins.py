@@ -1,15 +1,29 @@
-"""``abl plugins``: every registered component by axis, with where it came from (options: abl.cli)."""
+"""``abl plugins``: every registered component by axis, with where it came from."""
 
 from __future__ import annotations
 
 import click
 
-from .common import fail, load_registry
+from .common import fail, load_registry, plugins_dir_option
 from .extensions import extension_lines, extension_rows
 
 
-def plugins(as_json, recipe=None):
-    """The body of ``abl plugins``: its options and help are declared in abl.cli."""
+@click.command("plugins")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of the listing.")
+@click.option("--recipe", "recipe", default=None, metavar="NAME",
+              help="Show one architecture recipe whole: every setting with its source, and its gaps.")
+@plugins_dir_option
+def command(as_json, recipe=None):
+    """List every registered component by axis, and the architecture recipes: where each came from,
+    what it is, its parameters.
+
+    Each component gets a line with its name and origin (built-in, the
+    installed package of an entry point, or the file a --plugins-dir folder
+    held), the first sentence of its docstring, and one line per parameter
+    with its type and default; long lines wrap, nothing is cut. Each recipe
+    (model.recipe) gets its origin and a one-line source; --recipe NAME shows
+    its every setting with the source that gives it.
+    """
     import json
     import shutil
     import textwrap

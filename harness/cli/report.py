@@ -1,4 +1,4 @@
-"""``abl report``: a self-contained report of a grid or an experiment (options: abl.cli)."""
+"""``abl report``: a self-contained report of a grid or an experiment."""
 
 from __future__ import annotations
 
@@ -7,11 +7,34 @@ from pathlib import Path
 
 import click
 
-from .common import DEFAULT_DB, fail, load_registry, user_errors
+from ..store.workspace import DEFAULT_DB, Workspace
+from .common import fail, load_registry, plugins_dir_option, user_errors
 
 
-def report(source, db_path, out_dir, fmt, baseline, overrides):
-    """The body of ``abl report``: its options and help are declared in abl.cli."""
+@click.command("report")
+@click.argument("source", metavar="GRID_FILE_OR_EXPERIMENT")
+@click.option("--db", "db_path", default=None,
+              help=f"DuckDB file to read (default: experiment.db of the grid, else {DEFAULT_DB}).")
+@click.option("--out", "out_dir", default=None,
+              help="Folder to write the report into (default: reports/<experiment>/ beside the database).")
+@click.option("--format", "fmt", type=click.Choice(["md", "html"]), default="md", show_default=True,
+              help="md: report.md with PNG plots beside it; html: one self-contained report.html.")
+@click.option("--baseline", default=None,
+              help="Baseline cell by label, cell key prefix or 1-based index (default: the grid's first cell).")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Overrides used when the grid was run (so the same cells are found).")
+@plugins_dir_option
+def command(source, db_path, out_dir, fmt, baseline, overrides):
+    """Write a self-contained report of a finished (or partly finished) grid.
+
+    GRID_FILE_OR_EXPERIMENT is a grid file (its cells are looked up in the
+    store) or an experiment name. The report holds the conditions, the grid,
+    the comparison table with 95% CIs and verdicts against the baseline, loss
+    curves, quality vs cost, predicted vs measured costs and, with at least 4
+    model sizes spanning at least 4x in parameters, a scaling-law fit. A
+    section that would mean nothing for these cells is left out, with one
+    sentence saying why.
+    """
     from ..present.report import ReportError, build_report, experiments, load_runs, write_report
     from ..store.database import verify_store
 
@@ -25,8 +48,9 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
             from ..run.lr_sweep import compared_grid
 
             grid = load_grid(source, registry, list(overrides))
-            db = Path(db_path or getattr(grid.cells[0].experiment, "db", "") or DEFAULT_DB)
-            out = _folder(out_dir, db, grid.cells[0].experiment.name)  # refused before anything is read
+            ws = Workspace.resolve(db_path, grid)
+            db = ws.db
+            out = _folder(out_dir, ws, grid.cells[0].experiment.name)  # refused before anything is read
             verify_store(db)  # a damaged store: one clear message before anything is read
             name, raw = grid.cells[0].experiment.name, grid.raw
             grid = compared_grid(grid, registry, db)  # an lr sweep's phase 2 as the store's tuning chose it
@@ -43,8 +67,9 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
         else:
             if source.endswith(".toml") or os.sep in source:
                 fail(f"{source}: no such grid file")
-            db = Path(db_path or DEFAULT_DB)
-            out = _folder(out_dir, db, source)
+            ws = Workspace.resolve(db_path)
+            db = ws.db
+            out = _folder(out_dir, ws, source)
             verify_store(db)
             runs = load_runs(db, experiment=source)
             if not runs:
@@ -64,11 +89,11 @@ def report(source, db_path, out_dir, fmt, baseline, overrides):
     click.echo(f"wrote {path}")
 
 
-def _folder(out_dir: str | None, db: Path, name: str) -> Path:
+def _folder(out_dir: str | None, ws: Workspace, name: str) -> Path:
     """Where the report goes: ``--out`` as typed, else ``reports/<name>/`` beside the store, the name
     confined to that folder (abl.files.confined: no '..', no absolute name, no over-long name)."""
     from .. import files
 
     if out_dir:
         return files.confined(Path.cwd(), out_dir, "--out", user_path=True)
-    return files.confined(db.parent / "reports", name, "the experiment name")
+    return files.confined(ws.reports, name, "the experiment name")

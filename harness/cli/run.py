@@ -1,18 +1,28 @@
-"""``abl run``: expand a grid, check it, and train the cells not yet completed (options: abl.cli)."""
+"""``abl run``: expand a grid, check it, and train the cells not yet completed.
+
+The use case in steps: load and check the grid (``_grids``), resolve the
+workspace (abl.store.workspace), then either list what would run
+(``_dry_run``) or check the store's folders, make the executor and run the
+grid under the store's lock (``_run_locked``: the memory check, then
+abl.run.runner.run_grid or abl.run.lr_sweep.run_sweep, which print the
+summary as ``--wide`` / ``--format`` say).
+"""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from dataclasses import dataclass
 
 import click
 
+from ..store.workspace import DEFAULT_DB, Workspace
+from .choices import ExecutorChoice
 from .common import (
-    DEFAULT_DB,
     exit_now,
     fail,
     load_registry,
     note_new_store,
+    plugins_dir_option,
     remove_if_untouched,
     storage_fault,
     take_store_lock,
@@ -20,17 +30,87 @@ from .common import (
 )
 
 
-def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
-        slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
-        only, cell_numbers, wide, fmt):
-    """The body of ``abl run``: its options and help are declared in abl.cli."""
-    from ..grid.gridfile import load_grid
-    from ..grid.selection import cell_numbers as numbers_of
-    from ..grid.selection import select
-    from ..present import termlayout
+@click.command("run")
+@click.argument("grid_file", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override any config key, e.g. --set model.d_model=64 (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Print the cells and exit without training.")
+@click.option("--db", "db_path", default=None,
+              help=f"DuckDB file to write (default: experiment.db of the grid, else {DEFAULT_DB}).")
+@click.option("--runs-dir", default=None, help="Run folders (default: runs/ beside the database).")
+@click.option("--retry", type=click.Choice(["failed"]), default=None,
+              help="Also re-run cells that failed, diverged or ran out of memory.")
+@click.option("--max-cells", default=10_000, show_default=True, type=click.IntRange(1),
+              help="Refuse grids with more runs than this.")
+@click.option("--executor", type=ExecutorChoice(), default="local", show_default=True,
+              help="Where cells run: this machine, Slurm jobs (submitit), Ray tasks, or a plugin's executor "
+                   "(abl plugins lists them).")
+@click.option("--workers", default=None, type=click.IntRange(1, 256),
+              help="local: cells at once (default: one per GPU, else 1).")
+@click.option("--slurm-partition", default=None, help="slurm: partition.")
+@click.option("--slurm-time", default=60, show_default=True, type=click.IntRange(1), help="slurm: minutes per cell.")
+@click.option("--slurm-cluster", type=click.Choice(["slurm", "local"]), default="slurm", show_default=True,
+              help="slurm: 'local' runs the submitit path on this machine without Slurm.")
+@click.option("--gpus-per-cell", default=0, show_default=True, type=click.IntRange(0),
+              help="slurm/ray: GPUs reserved per cell.")
+@click.option("--ray-address", default=None, help="ray: address of an existing cluster (default: start a local one).")
+@click.option("--detect", type=click.FloatRange(min=0, min_open=True), default=None, metavar="EFFECT",
+              help="Also print how many seeds per cell the grid needs to detect this difference of the "
+                   "first summary metric at the observed variance (with --dry-run: from the runs stored so far).")
+@click.option("--wait", is_flag=True, help="If another abl run or ingest writes this database, queue behind it "
+              "instead of stopping.")
+@click.option("--force", is_flag=True, help="Run even if the cells' predicted memory does not fit the free memory.")
+@click.option("--only", "only", multiple=True, metavar="AXIS=V1,V2",
+              help="Run only the cells with these values of a grid axis, e.g. --only 'model.norm=rmsnorm,layernorm' "
+                   "(repeatable, one per axis); run ids stay those of the full grid.")
+@click.option("--cells", "cell_numbers", default=None, metavar="N,M-K",
+              help="Run only these cells, by their number in --dry-run's listing, e.g. --cells 1,3 or 2-4.")
+@click.option("--wide", is_flag=True, help="Print the summary as full-width tables (default: tables when they "
+              "fit the terminal, else one block per cell).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "md"]), default="table",
+              show_default=True, help="The summary at the end as JSON, CSV or Markdown on stdout (progress goes "
+              "to stderr), for piping.")
+@plugins_dir_option
+def command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
+            slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
+            only, cell_numbers, wide, fmt):
+    """Expand GRID_FILE into cells, validate them all, then train those not yet completed.
+
+    Running the same command again resumes the grid: completed cells are
+    skipped, killed or interrupted ones restart (from their checkpoint when
+    train.checkpoint_every is set), failed and diverged ones re-run only with
+    --retry failed.
+    """
+    registry = load_registry()
+    full, grid = _grids(grid_file, overrides, max_cells, only, cell_numbers, registry)
+    ws = Workspace.resolve(db_path, grid, runs_dir)
+    engine = _Engine(executor, workers, slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address)
+    if dry_run:
+        _dry_run(full, grid, registry, ws, engine, detect)
+        return
+    from ..present.termlayout import Presentation
     from ..run import preflight
 
-    registry = load_registry()
+    for w in preflight.run_warnings(full):  # the seed warnings of an lr sweep are printed by the sweep itself
+        click.echo(f"warning: {w}", err=True)
+    problems = preflight.db_problems(ws.db) + preflight.runs_dir_problems(ws.runs)
+    if problems:
+        fail("\n".join(problems))
+    failures = _run_locked(grid, registry, ws, engine.make(ws), retry_failed=retry == "failed", force=force,
+                           wait=wait, detect=detect, presentation=Presentation(layout="wide" if wide else "auto",
+                                                                               fmt=fmt))
+    if failures:
+        click.echo(f"{failures} run(s) did not complete; see the table above", err=True)
+        sys.exit(1)
+
+
+def _grids(grid_file, overrides, max_cells, only, cell_numbers, registry):
+    """(the whole grid, the cells ``--only`` / ``--cells`` select), checked; or exit 2 with why not.
+    The grid file's notes go to stderr."""
+    from ..grid.gridfile import load_grid
+    from ..grid.selection import select
+    from ..run import preflight
+
     try:
         full = load_grid(grid_file, registry, list(overrides), max_cells=max_cells)
         preflight.check(full, registry)  # the whole grid's checks (a sweep that collapses, ...), then the cells
@@ -39,91 +119,102 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         fail(str(exc))
     for note in full.notes:
         click.echo(f"note: {note}", err=True)
-    termlayout.PRESENTATION = termlayout.Presentation(layout="wide" if wide else "auto", fmt=fmt)
-    if not dry_run:  # the seed warnings of an lr sweep are printed by the sweep itself
-        for w in preflight.run_warnings(full):
-            click.echo(f"warning: {w}", err=True)
-    if dry_run:
-        for w in preflight.warnings(full):  # the run itself prints them too (abl.run.lr_sweep)
-            click.echo(f"warning: {w}")
-        from ..grid.design import design_lines
+    return full, grid
 
-        for line in design_lines(full):  # what the seeds can decide, before any run
-            click.echo(line)
-        if grid.cells[0].train.lr_sweep:  # abl.run.lr_sweep: phase 2's cells depend on phase 1's results
-            from ..grid.design import compared_seeds
-            from ..run.lr_sweep import tuning_grid, tuning_seeds
 
-            tuned = tuning_seeds(grid)
-            on = f"seed {tuned[0]}" if len(tuned) == 1 else f"seeds {tuned} (the lowest mean val_loss wins)"
-            click.echo(f"lr sweep: phase 1 (below) trains every cell at each lr of train.lr_sweep on {on}; phase 2 "
-                       f"then trains each variant at its own best lr on seeds {compared_seeds(grid)}")
-            _print_cells(tuning_grid(grid, registry))
+@dataclass(frozen=True)
+class _Engine:
+    """Where the cells run (``--executor`` and its options)."""
+
+    kind: str
+    workers: int | None
+    slurm_partition: str | None
+    slurm_time: int
+    slurm_cluster: str
+    gpus_per_cell: int
+    ray_address: str | None
+
+    def make(self, ws: Workspace):
+        """The executor, or exit 2 (a missing extra package, bad settings)."""
+        from ..run import executors
+
+        try:  # the executor registered as --executor (hook register_executors; the built-ins: abl.plugins.executors)
+            return executors.make_executor(self.kind, executors.ExecutorOptions(
+                workers=self.workers, runs_dir=ws.runs, slurm_partition=self.slurm_partition,
+                slurm_time=self.slurm_time, slurm_cluster=self.slurm_cluster, gpus_per_cell=self.gpus_per_cell,
+                ray_address=self.ray_address))
+        except ImportError as exc:
+            fail(f"--executor {self.kind} needs an extra package ({exc.name}): pip install 'abl[distributed]'")
+        except user_errors() as exc:
+            fail(str(exc))
+
+
+def _dry_run(full, grid, registry, ws: Workspace, engine: _Engine, detect: float | None) -> None:
+    """``--dry-run``: the warnings, what the seeds can decide, the cells (of an lr sweep, phase 1's), the
+    compile payback notes and, with ``--detect``, the seeds needed from the runs stored so far."""
+    from ..grid.design import design_lines
+    from ..grid.selection import cell_numbers as numbers_of
+    from ..run import preflight
+
+    for w in preflight.warnings(full):  # the run itself prints them too (abl.run.lr_sweep)
+        click.echo(f"warning: {w}")
+    for line in design_lines(full):  # what the seeds can decide, before any run
+        click.echo(line)
+    if grid.cells[0].train.lr_sweep:  # abl.run.lr_sweep: phase 2's cells depend on phase 1's results
+        from ..grid.design import compared_seeds
+        from ..run.lr_sweep import tuning_grid, tuning_seeds
+
+        tuned = tuning_seeds(grid)
+        on = f"seed {tuned[0]}" if len(tuned) == 1 else f"seeds {tuned} (the lowest mean val_loss wins)"
+        click.echo(f"lr sweep: phase 1 (below) trains every cell at each lr of train.lr_sweep on {on}; phase 2 "
+                   f"then trains each variant at its own best lr on seeds {compared_seeds(grid)}")
+        _print_cells(tuning_grid(grid, registry))
+    else:
+        _print_cells(grid, numbers_of(full))
+    if engine.kind == "local" and any(c.train.compile for c in grid.cells):
+        from ..run.compiled import planned_payback_notes
+
+        for note in planned_payback_notes(grid.cells, registry, ws.shapes, slots=engine.workers or 1):
+            click.echo(f"note: {note}")
+    if detect is not None:
+        from ..present.summary import print_detect
+        from ..run.lr_sweep import compared_grid
+
+        detected = compared_grid(grid, registry, ws.db)  # an lr sweep's phase 2, as the store's tuning chose it
+        if detected.cells:
+            print_detect(detected, ws.db, detect)
         else:
-            _print_cells(grid, numbers_of(full))
-        if executor == "local" and any(c.train.compile for c in grid.cells):
-            from ..run.compiled import planned_payback_notes
-            from ..store.rundir import SHAPES_DIR
+            click.echo("--detect: no phase-2 run of this lr sweep is stored yet, so there is no variance to "
+                       "size the seeds from")
 
-            db = Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB)
-            for note in planned_payback_notes(grid.cells, registry, db.parent / SHAPES_DIR, slots=workers or 1):
-                click.echo(f"note: {note}")
-        if detect is not None:
-            from ..present.summary import print_detect
-            from ..run.lr_sweep import compared_grid
 
-            db = Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB)
-            detected = compared_grid(grid, registry, db)  # an lr sweep's phase 2, as the store's tuning chose it
-            if detected.cells:
-                print_detect(detected, db, detect)
-            else:
-                click.echo("--detect: no phase-2 run of this lr sweep is stored yet, so there is no variance to "
-                           "size the seeds from")
-        return
-    from ..run.runner import run_grid
-
-    db = Path(db_path or grid.cells[0].experiment.db or DEFAULT_DB)
-    runs = Path(runs_dir) if runs_dir else db.parent / "runs"
-    problems = preflight.db_problems(db) + preflight.runs_dir_problems(runs)
-    if problems:
-        fail("\n".join(problems))
+def _run_locked(grid, registry, ws: Workspace, engine, *, retry_failed: bool, force: bool, wait: bool,
+                detect: float | None, presentation) -> int:
+    """Take the store's lock, check that the grid fits in memory, run it (an lr sweep in its two phases)
+    and return the runs that did not complete. Bad input leaves no trace (exit 2); a full disk exits 1;
+    Ctrl-C stops the cells, stores them and exits 130."""
     console = None
-    if fmt != "table":  # the summary alone on stdout: the progress and the other tables go to stderr
+    if presentation.fmt != "table":  # the summary alone on stdout: the progress and the other tables go to stderr
         from rich.console import Console
 
         console = Console(stderr=True)
-    try:
-        engine = _make_executor(executor, workers, runs, slurm_partition, slurm_time, slurm_cluster,
-                                gpus_per_cell, ray_address)
-    except ImportError as exc:
-        fail(f"--executor {executor} needs an extra package ({exc.name}): pip install 'abl[distributed]'")
-    except user_errors() as exc:
-        fail(str(exc))
-    announced = note_new_store(db)
-    fresh = [p for p in (db.parent, *db.parent.parents) if not p.exists()]  # folders the lock will create
-    lock = take_store_lock(db, wait)  # held until this process exits, however it exits
+    announced = note_new_store(ws.db)
+    fresh = [p for p in (ws.db.parent, *ws.db.parent.parents) if not p.exists()]  # folders the lock will create
+    lock = take_store_lock(ws.db, wait)  # held until this process exits, however it exits
     if all(c.train.devices <= 1 for c in grid.cells):
         engine.prestart()  # the workers' zygote imports while the memory check and the token store run
     try:
-        from ..run.admission import AdmissionError, check_run
+        _admit(grid, registry, ws, engine, retry_failed=retry_failed, force=force)
+        from ..run.lr_sweep import run_sweep
+        from ..run.runner import run_grid
 
-        too_big = check_run(grid.cells, registry, runs, engine, retry_failed=retry == "failed")
-        if too_big and not force:
-            raise AdmissionError("the grid does not fit in memory:\n" + "\n".join(too_big))
-        if too_big:
-            click.echo("warning (--force): " + "\n".join(too_big), err=True)
-        if grid.cells[0].train.lr_sweep:
-            from ..run.lr_sweep import run_sweep
-
-            failures = run_sweep(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed",
-                                 detect=detect, console=console)
-        else:
-            failures = run_grid(grid, registry, db, runs, executor=engine, retry_failed=retry == "failed",
-                                detect=detect, console=console)
+        run = run_sweep if grid.cells[0].train.lr_sweep else run_grid  # an lr sweep: its two phases
+        return run(grid, registry, ws.db, ws.runs, executor=engine, retry_failed=retry_failed, detect=detect,
+                   console=console, presentation=presentation)
     except user_errors() as exc:
         lock.release()
-        remove_if_untouched(db, lock.path, fresh)  # bad input leaves no trace: not even the lock's folder
-        fail(str(exc) + (f"\nno store was created at {db}" if announced and not db.exists() else ""))
+        remove_if_untouched(ws.db, lock.path, fresh)  # bad input leaves no trace: not even the lock's folder
+        fail(str(exc) + (f"\nno store was created at {ws.db}" if announced and not ws.db.exists() else ""))
     except OSError as exc:  # a full disk mid-run: finished cells are stored, the rest resume
         lock.release()
         storage_fault(exc, "free some space and run the same command to resume")
@@ -137,19 +228,20 @@ def run(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, exec
         exit_now(130)
     finally:
         lock.release()
-        engine.close()  # a zygote started early for cells that never ran
-    if failures:
-        click.echo(f"{failures} run(s) did not complete; see the table above", err=True)
-        sys.exit(1)
+        if hasattr(engine, "close"):
+            engine.close()  # a zygote started early for cells that never ran
+    return 0  # not reached: every handler above exits
 
 
-def _make_executor(kind, workers, runs_dir, partition, time_min, cluster, gpus, ray_address):
-    """The executor registered as ``kind`` (hook register_executors; the built-ins in abl.plugins.executors)."""
-    from ..run import executors
+def _admit(grid, registry, ws: Workspace, engine, *, retry_failed: bool, force: bool) -> None:
+    """The memory check (abl.run.admission): a grid that does not fit stops here, unless ``--force``."""
+    from ..run.admission import AdmissionError, check_run
 
-    return executors.make_executor(kind, executors.ExecutorOptions(
-        workers=workers, runs_dir=runs_dir, slurm_partition=partition, slurm_time=time_min, slurm_cluster=cluster,
-        gpus_per_cell=gpus, ray_address=ray_address))
+    too_big = check_run(grid.cells, registry, ws.runs, engine, retry_failed=retry_failed)
+    if too_big and not force:
+        raise AdmissionError("the grid does not fit in memory:\n" + "\n".join(too_big))
+    if too_big:
+        click.echo("warning (--force): " + "\n".join(too_big), err=True)
 
 
 def _print_cells(grid, numbers: dict[str, int] | None = None) -> None:

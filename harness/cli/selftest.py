@@ -1,21 +1,38 @@
-"""``abl selftest``: validate this machine in one command (options: abl.cli; the checks: abl.bench.selftest)."""
+"""``abl selftest``: validate this machine in one command (the checks: abl.bench.selftest)."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from pathlib import Path
 
 import click
 
+from ..store.workspace import DEFAULT_DB, Workspace
 from .common import fail, user_errors
 
 STATUS_STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "info": ""}
 
 
-def selftest(quick, as_json, db_path, device):
-    """The body of ``abl selftest``: its options and help are declared in abl.cli."""
+@click.command("selftest")
+@click.option("--quick", is_flag=True, help="Small sizes, one shape per op and dtype, short cells (what CI runs; "
+              "on a CPU the kernels run in the Triton interpreter).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout (progress goes to stderr).")
+@click.option("--db", "db_path", default=DEFAULT_DB, show_default=True,
+              help="DuckDB file to write the report's rows to (table selftest); its JSON file goes beside it, "
+                   "in selftest/.")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+def command(quick, as_json, db_path, device):
+    """Validate this machine in one command: environment, kernels, peaks, kernel bench, training.
+
+    Reports the device and versions, which precisions are real here and which
+    optional kernel providers import; checks every kernel op forward and
+    backward against its reference; measures matmul and copy peaks beside the
+    recorded ones; times the kernels against those peaks; trains short cells
+    per precision, kernel backend and compile mode and checks that their
+    losses agree. Writes a table, a JSON file and rows in the store; exits 1
+    when a check fails.
+    """
     import torch
 
     from ..kernels import enable_interpreter
@@ -24,7 +41,8 @@ def selftest(quick, as_json, db_path, device):
         fail(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
     from ..run.preflight import db_problems
 
-    problems = db_problems(Path(db_path))  # a store that cannot take the rows (damaged, a folder): before any check
+    ws = Workspace.at(db_path)  # --db has a default: no rule to apply
+    problems = db_problems(ws.db)  # a store that cannot take the rows (damaged, a folder): before any check
     if problems:
         fail("\n".join(problems))
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
@@ -39,14 +57,12 @@ def selftest(quick, as_json, db_path, device):
     except (RuntimeError, ValueError) as exc:
         fail(str(exc))
     t0 = time.perf_counter()
-    from ..store.rundir import SHAPES_DIR
-
     report = run_selftest(dev, quick, log=lambda msg: click.echo(f"[{time.perf_counter() - t0:6.1f} s] {msg}", err=True),
-                          cache_dir=Path(db_path).parent / SHAPES_DIR)
+                          cache_dir=ws.shapes)
     out = report.as_json()
-    json_path = Path(db_path).parent / "selftest" / f"{report.created:%Y%m%d-%H%M%S}-{report.selftest_id}.json"
+    json_path = ws.selftest / f"{report.created:%Y%m%d-%H%M%S}-{report.selftest_id}.json"
     try:
-        store_report(Path(db_path), report)
+        store_report(ws.db, report)
         json_path.parent.mkdir(parents=True, exist_ok=True)
         files.write_json(json_path, out)
     except user_errors() as exc:

@@ -373,7 +373,7 @@ def show(console, view: View, presentation: Presentation | None = None) -> None:
     """Print ``view``: as JSON / CSV / Markdown on stdout, else as tables or the stacked layout."""
     from rich.text import Text
 
-    p = presentation or termlayout.PRESENTATION
+    p = presentation or Presentation()
     if p.fmt == "json":
         click.echo(json.dumps(as_json(view), indent=1, default=str))
         return
@@ -405,7 +405,7 @@ def render(console, runs, *, metrics: Sequence[str], title: str, order: Sequence
            by: str | None = None, bootstrap: bool = False, correction: str = stats.HOLM,
            presentation: Presentation | None = None) -> list[stats.Analysis]:
     """Print the cell table (ranked by the first metric) and one verdict table per loss metric."""
-    p = presentation or termlayout.PRESENTATION
+    p = presentation or Presentation()
     view = build(runs, metrics=metrics, title=title, order=order, paths=paths, baseline=baseline, pairs=pairs,
                  by=by, bootstrap=bootstrap, correction=correction, every_metric=p.fmt == "json")
     show(console, view, p)
@@ -431,7 +431,7 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None,
                 metrics = ["val_bpb", "val_loss"]
                 console.print("val_bpb: validation loss in bits per byte of text (the cells' data or "
                               "tokenizers differ, so a token is not the same unit: bits per byte rank them)")
-        p = presentation or termlayout.PRESENTATION
+        p = presentation or Presentation()
         view = build(runs, metrics=metrics, title=exp.name, order=order, paths=paths,
                      baseline=getattr(exp, "baseline", "") or None, every_metric=p.fmt == "json")
         show(console, view, p)

@@ -113,9 +113,10 @@ def metrics_present(configs: list[dict], finals: dict) -> list[str]:
 # ---------------------------------------------------------------- abl run
 
 
-def print_summary(console: Any, db_path: Path, grid: Any) -> None:
+def print_summary(console: Any, db_path: Path, grid: Any, layout: str = "auto") -> None:
     """After the val_loss table: one accuracy table per accuracy metric the grid recorded (one block per
-    cell, its figures beneath its label, when the table does not fit the terminal)."""
+    cell, its figures beneath its label, when the table does not fit the terminal; ``layout``: as
+    abl.present.termlayout.Presentation's)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -123,7 +124,7 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
     from ..grid.labels import cell_labels
     from ..store.database import statuses
     from ..store.rundir import COMPLETED
-    from .termlayout import PRESENTATION, fits, pack, print_wide, wrap
+    from .termlayout import fits, pack, print_wide, wrap
 
     try:
         run_ids = [c.run_id for c in grid.cells]
@@ -166,7 +167,7 @@ def print_summary(console: Any, db_path: Path, grid: Any) -> None:
                    r["health"], *[stats.fmt(r["slices"].get(s), 3) for s in slice_names]]
             texts.append(row)
             table.add_row(*row)
-        if PRESENTATION.layout == "wide" or (PRESENTATION.layout == "auto" and fits(console, table)):
+        if layout == "wide" or (layout == "auto" and fits(console, table)):
             print_wide(console, table)
             continue
         for line in wrap(title, console.width, ""):

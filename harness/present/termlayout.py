@@ -16,9 +16,6 @@ class Presentation:
     layout: str = "auto"
     fmt: str = "table"
 
-
-# set by ``abl run --wide / --format`` before the grid runs (the summary is printed at its end)
-PRESENTATION = Presentation()
 def fits(console, renderable) -> bool:
     from rich.measure import Measurement
 

@@ -254,7 +254,7 @@ def edge_warnings(best: dict[str, float], sweep: list[float], labels: dict | Non
 
 
 def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tuple[float | None, str]]],
-                       best: dict[str, float], per_seed: PerSeed | None = None) -> None:
+                       best: dict[str, float], per_seed: PerSeed | None = None, layout: str = "auto") -> None:
     """Phase 1's final val_loss per variant and learning rate (the mean over the tuning seeds, each seed's
     after it in brackets when there are several), ``*`` on the one each variant gets; the variants labelled
     by abl.grid.labels; one block per variant when the table does not fit the terminal."""
@@ -262,7 +262,7 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
     from rich.text import Text
 
     from ..grid.labels import cell_labels, grid_label
-    from ..present.termlayout import PRESENTATION, fits, pack, print_wide, wrap
+    from ..present.termlayout import fits, pack, print_wide, wrap
 
     configs: dict[Hashable, dict] = {}
     for c in tuning.cells:  # one config per variant, all at the same learning rate
@@ -292,7 +292,7 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
             cells.append(text + (" *" if best.get(v) == lr else ""))
         rows.append((str(labels.get(v, fallback[v])), cells))
         table.add_row(Text(rows[-1][0]), *(Text(c) for c in cells))
-    if PRESENTATION.layout == "wide" or (PRESENTATION.layout == "auto" and fits(console, table)):
+    if layout == "wide" or (layout == "auto" and fits(console, table)):
         print_wide(console, table)
         return
     for line in wrap(title, console.width, ""):
@@ -306,9 +306,12 @@ def print_tuning_table(console, tuning: Grid, results: dict[str, dict[float, tup
 
 
 def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None, retry_failed: bool = False,
-              console=None, detect: float | None = None) -> int:
+              console=None, detect: float | None = None, presentation=None) -> int:
     """Both phases; returns the runs that did not complete plus the variants left without a usable learning
-    rate (so ``abl run`` exits 1 for either). Prints which LR each variant got."""
+    rate (so ``abl run`` exits 1 for either). Prints which LR each variant got. ``presentation``
+    (abl.present.termlayout.Presentation): how phase 2's summary is printed; phase 1's summary and the
+    tuning table are tables on the console in its layout (only phase 2's summary is piped)."""
+    from ..present.termlayout import Presentation
     from .runner import run_grid
 
     if console is None:
@@ -320,19 +323,13 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
         console.print(f"[yellow]warning: {w}[/]", highlight=False)
     console.print(f"[bold]lr sweep[/]: phase 1 tunes every cell at lr in {grid.cells[0].train.lr_sweep} on "
                   f"{_seeds_text(tuning_seeds(grid))} (experiment {tuning.cells[0].experiment.name})")
-    from ..present import termlayout
-
-    machine = termlayout.PRESENTATION  # phase 1's summary is a table on the console: only phase 2's is piped
-    termlayout.PRESENTATION = termlayout.Presentation(layout=machine.layout)
-    try:
-        failures = run_grid(tuning, registry, db_path, runs_dir, executor=executor, retry_failed=retry_failed,
-                            console=console)
-    finally:
-        termlayout.PRESENTATION = machine
+    presentation = presentation or Presentation()
+    failures = run_grid(tuning, registry, db_path, runs_dir, executor=executor, retry_failed=retry_failed,
+                        console=console, presentation=Presentation(layout=presentation.layout))
     per_seed = tuning_runs(db_path, tuning)
     results = summarise(per_seed)
     best, missing = best_lrs(results)
-    print_tuning_table(console, tuning, results, best, per_seed)
+    print_tuning_table(console, tuning, results, best, per_seed, layout=presentation.layout)
     stuck = unlearned(results, best)
     learned = {v: lr for v, lr in best.items() if v not in stuck}
     for w in edge_warnings(learned, [float(v) for v in grid.cells[0].train.lr_sweep]):
@@ -354,4 +351,5 @@ def run_sweep(grid: Grid, registry, db_path: Path, runs_dir: Path, executor=None
     console.print(f"[bold]lr sweep[/]: phase 2 trains each variant at its own best lr on seeds "
                   f"{compared_seeds(grid)}")
     return failures + len(missing) + run_grid(final, registry, db_path, runs_dir, executor=executor,
-                                              retry_failed=retry_failed, console=console, detect=detect)
+                                              retry_failed=retry_failed, console=console, detect=detect,
+                                              presentation=presentation)

@@ -28,6 +28,7 @@ from ..store import database as store
 from ..store import rundir
 from ..store.provenance import git_commit, versions
 from ..store.rundir import COMPLETED, FAILED, KILLED, OOM, RETRY_FAILED, RUNNING, TERMINAL
+from ..store.workspace import Workspace
 from .admission import oom_kills
 from .executors import Job, LocalExecutor
 from .progress import contention_note, make_display
@@ -100,7 +101,8 @@ def plan(cells: list[Cell], known: dict[str, str], retry_failed: bool = False
 
 
 def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, executor=None,
-             retry_failed: bool = False, console: Console | None = None, detect: float | None = None) -> int:
+             retry_failed: bool = False, console: Console | None = None, detect: float | None = None,
+             presentation: termlayout.Presentation | None = None) -> int:
     """Run every cell not yet completed (failed ones only with ``retry_failed``).
 
     In steps: check and tokenise every cell's data, then migrate the store
@@ -108,7 +110,7 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     and sort the cells (``reconcile``, ``plan``) and say so (``plan_sentence``);
     a job per cell to run (``make_jobs``); run them, storing and showing each
     cell as it starts and ends (``CellEvents``, ``execute``); then the summary
-    tables (``print_summaries``).
+    tables (``print_summaries``), as ``presentation`` says (default: tables on the console).
 
     Returns the number of runs that did not complete in this invocation.
     """
@@ -116,22 +118,23 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
         console = termlayout.output_console()
     executor = executor or LocalExecutor()
     cells = grid.cells
-    token_entries = prepare_data_and_store(cells, registry, db_path, console)
+    ws = Workspace.at(db_path, runs_dir)  # the store's folders, derived once (abl.store.workspace)
+    token_entries = prepare_data_and_store(cells, registry, ws, console)
     known = reconcile(cells, runs_dir, db_path)
     completed, failed, busy, todo = plan(cells, known, retry_failed)
     console.print(plan_sentence(grid, runs_dir, known, completed, failed, busy, todo, retry_failed), soft_wrap=True)
-    for note in compile_payback_notes(todo, registry, db_path, executor):
+    for note in compile_payback_notes(todo, registry, ws, executor):
         console.print(f"note: {note}", soft_wrap=True, markup=False)
-    jobs, metas = make_jobs(grid, todo, registry, db_path, runs_dir, executor, console)
+    jobs, metas = make_jobs(grid, todo, registry, ws, executor, console)
     estimate = start_estimate(jobs, registry, db_path, executor, console)
     display = make_display(console, len(jobs), estimate)
     events = CellEvents(db_path, runs_dir, metas, token_entries, display)
     execute(executor, jobs, events, display, console)
-    print_summaries(console, db_path, runs_dir, grid, detect)
+    print_summaries(console, db_path, runs_dir, grid, detect, presentation or termlayout.Presentation())
     return events.failures
 
 
-def compile_payback_notes(todo: list[Cell], registry: Registry, db_path: Path, executor) -> list[str]:
+def compile_payback_notes(todo: list[Cell], registry: Registry, ws: Workspace, executor) -> list[str]:
     """A note per compiled cell to run whose steps cannot repay its compile time, from the step
     times its shape's earlier cells stored (abl.run.compiled.planned_payback_notes; cells of this
     machine only, an executor that declares ``local``: a cluster node's speed is not known here)."""
@@ -139,7 +142,7 @@ def compile_payback_notes(todo: list[Cell], registry: Registry, db_path: Path, e
         return []
     from .compiled import planned_payback_notes
 
-    return planned_payback_notes(todo, registry, db_path.parent / rundir.SHAPES_DIR, use_gpus=executor.use_gpus,
+    return planned_payback_notes(todo, registry, ws.shapes, use_gpus=executor.use_gpus,
                                  slots=executor.slots)
 
 
@@ -160,14 +163,14 @@ def start_estimate(jobs: list[Job], registry: Registry, db_path: Path, executor,
     return estimate
 
 
-def prepare_data_and_store(cells: list[Cell], registry: Registry, db_path: Path, console: Console) -> dict[str, Any]:
+def prepare_data_and_store(cells: list[Cell], registry: Registry, ws: Workspace, console: Console) -> dict[str, Any]:
     """Check the data of every cell and tokenise it once into the store's token folder, then open the
     store (migrating it), before anything trains: bad data or a schema problem stops the run here.
     Returns the token store entry of each cell that maps tokens (abl.data.tokenstore)."""
-    token_entries = tokenstore.prepare_store(cells, registry, db_path.parent / tokenstore.TOKENS_DIR,
+    token_entries = tokenstore.prepare_store(cells, registry, ws.tokens,
                                              log=lambda line: console.print(line, soft_wrap=True, markup=False))
-    with store.storage_errors(db_path):
-        con = store.open_store(db_path)  # migrate early so a schema problem stops us before training
+    with store.storage_errors(ws.db):
+        con = store.open_store(ws.db)  # migrate early so a schema problem stops us before training
         con.close()
     return token_entries
 
@@ -192,11 +195,13 @@ def plan_sentence(grid: Grid, runs_dir: Path, known: dict[str, str], completed: 
     return msg + "."
 
 
-def make_jobs(grid: Grid, todo: list[Cell], registry: Registry, db_path: Path, runs_dir: Path, executor,
+def make_jobs(grid: Grid, todo: list[Cell], registry: Registry, ws: Workspace, executor,
               console: Console) -> tuple[list[Job], dict[str, dict[str, Any]]]:
     """A job per cell to run, and the meta.json of its attempt: the commit, the attempts so far and
-    whether the code changed between them (with a warning when it did), versions, the shape cache."""
+    whether the code changed between them (with a warning when it did), versions, what the grid knew,
+    and where the store is (so its worker finds the workspace's shape cache: abl.store.workspace)."""
     commit = git_commit()
+    runs_dir = ws.runs
     jobs = []
     metas: dict[str, dict[str, Any]] = {}
     for i, cell in enumerate(todo):
@@ -207,8 +212,9 @@ def make_jobs(grid: Grid, todo: list[Cell], registry: Registry, db_path: Path, r
                 "code_changed": bool(old.get("code_changed")) or first != commit,
                 "executor": executor.name, "versions": versions(cell, registry), "grid_file": grid.path,
                 "grid": cell.grid_record(grid.path),
-                # FLOP counts and tracked memory of model shapes measured before (abl.model.shapecache)
-                "shape_cache": str((db_path.parent / rundir.SHAPES_DIR).resolve())}
+                # the worker's way to the store's folders: FLOP counts and tracked memory of model shapes
+                # measured before (abl.model.shapecache) are in its shapes folder
+                **ws.record(runs_dir / cell.run_id)}
         if meta["code_changed"]:
             meta["notes"] = f"code changed between attempts: first {first}, now {commit}"
             console.print(f"[yellow]warning[/]: {cell.label} seed={cell.seed}: {meta['notes']}")
@@ -312,14 +318,15 @@ def execute(executor, jobs: list[Job], events: CellEvents, display: Any, console
             signal.signal(signal.SIGINT, previous_int)
 
 
-def print_summaries(console: Console, db_path: Path, runs_dir: Path, grid: Grid, detect: float | None) -> None:
+def print_summaries(console: Console, db_path: Path, runs_dir: Path, grid: Grid, detect: float | None,
+                    presentation: termlayout.Presentation) -> None:
     """The verdict tables (abl.analysis.verdicts, the same as report and dashboard), a task grid's
     accuracies, and where everything is stored."""
     from ..present.summary import print_run_summary
     from ..present.taskreport import print_summary as print_task_accuracy
 
-    print_run_summary(console, db_path, grid, detect)
-    print_task_accuracy(console, db_path, grid)
+    print_run_summary(console, db_path, grid, detect, presentation)
+    print_task_accuracy(console, db_path, grid, presentation.layout)
     console.print(f"database: {db_path}   run folders: {runs_dir}")
 
 

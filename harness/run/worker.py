@@ -248,9 +248,12 @@ def run(run_dir: Path) -> int:
 
 
 def _shape_cache(run_dir: Path) -> Path | None:
-    """The store's shape cache the parent named in meta.json (None: measure everything)."""
-    where = rundir.read_json(run_dir / rundir.META, {}).get("shape_cache")
-    return Path(where) if isinstance(where, str) and where else None
+    """The shapes folder of the workspace this run folder belongs to (abl.store.workspace: meta.json
+    says where the store is); None, when the folder does not say: measure everything."""
+    from ..store.workspace import Workspace
+
+    ws = Workspace.of_run_dir(run_dir)
+    return ws.shapes if ws is not None else None
 
 
 def _is_oom(exc: BaseException) -> bool:
