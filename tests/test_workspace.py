@@ -84,3 +84,16 @@ def test_only_the_workspace_derives_a_stores_folders(pattern, what):
             if re.search(pattern, line.split("#")[0]):
                 offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not offenders, f"{what} outside abl.store.workspace:\n" + "\n".join(offenders)
+
+
+def test_the_token_folder_is_the_token_stores_and_the_workspace_stays_light():
+    import subprocess
+    import sys
+
+    from abl.data import tokenstore
+    from abl.store import workspace
+
+    assert workspace.TOKENS_DIR == tokenstore.TOKENS_DIR
+    code = "import sys, abl.store.workspace; print('numpy' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..data.tokenstore import TOKENS_DIR
 from . import rundir
 
 DEFAULT_DB = "results/abl.duckdb"
 RUNS_DIR = "runs"
+TOKENS_DIR = "tokens"  # abl.data.tokenstore.TOKENS_DIR, not imported: ``abl --help`` stays light (numpy unloaded)
 REPORTS_DIR = "reports"
 SELFTEST_DIR = "selftest"
 SHAPES_DIR = rundir.SHAPES_DIR
