@@ -41,7 +41,8 @@ def write_runs(grid, runs_dir, overrides=(), contended=lambda cell: False):
         d.mkdir(parents=True)
         (d / "config.json").write_text(json.dumps(cell.config))
         (d / "meta.json").write_text(json.dumps({"cell_key": cell.cell_key, "label": cell.label,
-                                                 "git_commit": "abc123", "grid_file": str(grid)}))
+                                                 "git_commit": "abc123", "grid_file": str(grid),
+                                                 "grid": cell.grid_record(str(grid))}))
         (d / "info.json").write_text(json.dumps({"device": "cpu (test)", "data_fingerprint": "f" * 64,
                                                  "unigram_floor": 3.26}))
         (d / "status.json").write_text(json.dumps({"status": "completed", "started": now + i,
