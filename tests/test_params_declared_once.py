@@ -93,3 +93,41 @@ def test_every_builtin_declares_each_parameter_once_and_agrees_with_its_factory(
                 default = named[key].default
                 default = list(default) if isinstance(default, tuple) else default
                 assert default == param.default and type(default) is type(param.default), (comp.name, key)
+
+
+PLUGIN = '''
+from typing import Annotated
+
+import torch.nn as nn
+
+from abl import Arg, Param, hookimpl
+
+
+class Scaled(nn.Module):
+    def __init__(self, dim, scale: Annotated[float, Arg("output scale", min=0.0)] = 1.0):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x):
+        return x * self.scale
+
+
+@hookimpl
+def register_components(register):
+    register("norm", "scaled_ok", Scaled)
+    register("norm", "scaled_bad", Scaled, params={"scale": Param(2.0)})
+'''
+
+
+def test_abl_plugins_reports_a_disagreeing_plugin_in_one_line_without_a_traceback(tmp_path):
+    from conftest import run_abl
+
+    (tmp_path / "scaled_plugin.py").write_text(PLUGIN)
+    r = run_abl(["--plugins-dir", str(tmp_path), "plugins"], cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr + r.stdout
+    assert ("plugin 'file:scaled_plugin' registers norm 'scaled_bad': parameter 'scale': declared default 2.0, "
+            "but the signature of Scaled says 1.0") in r.stderr
+    (tmp_path / "scaled_plugin.py").write_text(PLUGIN.replace(', params={"scale": Param(2.0)}', ""))
+    r = run_abl(["--plugins-dir", str(tmp_path), "plugins"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "scale: float = 1.0 - output scale" in r.stdout
