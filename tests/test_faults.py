@@ -10,28 +10,13 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import ROOT, run_abl
+from conftest import ROOT, run_abl, tiny_grid_text
 
-GRID = """
-[experiment]
-name = "faults"
-seeds = [0]
-[model]
-d_model = 32
-n_layers = 2
-n_heads = 4
-context = 32
-[train]
-steps = {steps}
-batch_size = 4
-eval_every = 50
-eval_batches = 2
-checkpoint_every = {ckpt}
-[dataset.pystdlib]
-max_bytes = 300000
-[grid]
-"model.norm" = ["rmsnorm", "none"]
-"""
+def grid_text(steps: int, ckpt: int) -> str:
+    """The tiny grid (tests/conftest.py), two layers, rmsnorm or none, ``steps`` steps, a checkpoint every ``ckpt``."""
+    return tiny_grid_text(experiment={"name": "faults"}, model={"n_layers": 2, "context": 32},
+                          train={"steps": steps, "batch_size": 4, "eval_every": 50, "eval_batches": 2, "threads": None,
+                                 "checkpoint_every": ckpt}, eval=None, grid={"model.norm": ["rmsnorm", "none"]})
 
 
 def rows(db, sql, params=()):
@@ -105,7 +90,7 @@ def cell_dirs(tmp_path, grid):
 @pytest.mark.slow
 def test_sigkill_of_abl_run_mid_cell_then_resume(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(steps=300, ckpt=40))
+    grid.write_text(grid_text(300, 40))
     db = tmp_path / "x.duckdb"
     first, second = cell_dirs(tmp_path, grid)
     proc = start_abl(["run", str(grid), "--db", str(db)])
@@ -160,7 +145,7 @@ def _alive(run_dir):
 @pytest.mark.slow
 def test_sigterm_stops_cleanly_and_marks_the_cell_killed(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(steps=2000, ckpt=0))
+    grid.write_text(grid_text(2000, 0))
     db = tmp_path / "x.duckdb"
     first, _ = cell_dirs(tmp_path, grid)
     proc = start_abl(["run", str(grid), "--db", str(db)])
@@ -178,7 +163,7 @@ def test_sigterm_stops_cleanly_and_marks_the_cell_killed(tmp_path):
 @pytest.mark.slow
 def test_a_diverging_cell_stops_while_the_others_complete_and_retry(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(steps=30, ckpt=0).replace('"model.norm" = ["rmsnorm", "none"]',
+    grid.write_text(grid_text(30, 0).replace('"model.norm" = ["rmsnorm", "none"]',
                                                           '"train.lr" = [3e-3, 1e7]')
                     .replace("[train]", "[train]\ngrad_clip = 0.0\nwarmup_steps = 0"))
     db = tmp_path / "x.duckdb"
@@ -205,7 +190,7 @@ def test_a_diverging_cell_stops_while_the_others_complete_and_retry(tmp_path):
 @pytest.mark.slow
 def test_a_code_change_between_attempts_is_recorded_and_flagged(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(steps=5, ckpt=0).replace('["rmsnorm", "none"]', '["rmsnorm"]'))
+    grid.write_text(grid_text(5, 0).replace('["rmsnorm", "none"]', '["rmsnorm"]'))
     db = tmp_path / "x.duckdb"
     from abl.contracts.plugin_manager import get_registry
     from abl.grid.gridfile import load_grid
@@ -227,7 +212,7 @@ def test_a_code_change_between_attempts_is_recorded_and_flagged(tmp_path):
 @pytest.mark.slow
 def test_ddp_cell_on_two_cpu_processes(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(steps=6, ckpt=0).replace('["rmsnorm", "none"]', '["rmsnorm"]')
+    grid.write_text(grid_text(6, 0).replace('["rmsnorm", "none"]', '["rmsnorm"]')
                     .replace("[train]", "[train]\ndevices = 2"))
     db = tmp_path / "x.duckdb"
     r = run_abl(["run", str(grid), "--db", str(db)])
@@ -244,7 +229,7 @@ def test_ddp_cell_on_two_cpu_processes(tmp_path):
 def test_remote_executors_run_a_two_cell_grid_into_the_store(tmp_path, executor):
     pytest.importorskip("submitit" if "slurm" in executor else "ray")
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(steps=6, ckpt=0))
+    grid.write_text(grid_text(6, 0))
     db = tmp_path / "x.duckdb"
     r = run_abl(["run", str(grid), "--db", str(db), *executor], timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -409,7 +394,7 @@ def test_a_start_up_failure_is_retried_once(tmp_path, registry, always):
 def test_kill_9_of_abl_run_during_worker_start_up_leaves_a_cell_that_runs_again(tmp_path):
     grid = tmp_path / "g.toml"
     # 300 steps: the cell must still be running when the kill lands (at 5 it could complete first)
-    grid.write_text(GRID.format(steps=300, ckpt=0).replace('["rmsnorm", "none"]', '["rmsnorm"]'))
+    grid.write_text(grid_text(300, 0).replace('["rmsnorm", "none"]', '["rmsnorm"]'))
     db = tmp_path / "x.duckdb"
     (cell,) = cell_dirs(tmp_path, grid)
     proc = start_abl(["run", str(grid), "--db", str(db)])
@@ -427,7 +412,7 @@ def test_kill_9_of_abl_run_during_worker_start_up_leaves_a_cell_that_runs_again(
 @pytest.mark.slow
 def test_two_ctrl_c_leave_the_store_in_line_with_the_folders_and_unstarted_cells_keep_their_attempts(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(steps=2000, ckpt=0))
+    grid.write_text(grid_text(2000, 0))
     db = tmp_path / "x.duckdb"
     first, second = cell_dirs(tmp_path, grid)
     proc = start_abl(["run", str(grid), "--db", str(db)])
@@ -446,7 +431,7 @@ def test_two_ctrl_c_leave_the_store_in_line_with_the_folders_and_unstarted_cells
     # the same cells, shorter (the run ids change with steps, so count attempts on a grid interrupted
     # the same way); 300 steps, not 3: a 3-step cell could complete before the Ctrl-C reached it
     short = tmp_path / "short.toml"
-    short.write_text(GRID.format(steps=300, ckpt=0))
+    short.write_text(grid_text(300, 0))
     a, b = cell_dirs(tmp_path, short)
     proc = start_abl(["run", str(short), "--db", str(db)])
     wait_for(lambda: status_of(a) == "running", what="cell 1 starting")
@@ -465,7 +450,7 @@ def test_two_ctrl_c_leave_the_store_in_line_with_the_folders_and_unstarted_cells
 @pytest.mark.slow
 def test_ingest_stores_a_cut_or_garbled_run_as_incomplete_and_a_repair_restores_it(tmp_path):
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(steps=20, ckpt=0).replace('["rmsnorm", "none"]', '["rmsnorm"]'))
+    grid.write_text(grid_text(20, 0).replace('["rmsnorm", "none"]', '["rmsnorm"]'))
     db = tmp_path / "x.duckdb"
     r = run_abl(["run", str(grid), "--db", str(db)])
     assert r.returncode == 0, r.stderr

@@ -6,30 +6,12 @@ import signal
 import time
 
 import pytest
-from conftest import run_abl
+from conftest import run_abl, tiny_grid_text
 
-GRID = """
-[experiment]
-name = "zygote"
-seeds = [0]
-[model]
-d_model = 16
-n_layers = 1
-n_heads = 2
-context = 16
-[train]
-steps = {steps}
-batch_size = 2
-eval_every = 50
-eval_batches = 1
-[eval]
-decode = false
-extrapolation = false
-[dataset.pystdlib]
-max_bytes = 300000
-[grid]
-"model.norm" = ["rmsnorm", "layernorm"]
-"""
+def grid_text(steps: int) -> str:
+    """The tiny grid (tests/conftest.py), two heads of 8, ``steps`` steps."""
+    return tiny_grid_text(experiment={"name": "zygote"}, model={"d_model": 16, "n_heads": 2},
+                          train={"steps": steps, "eval_every": 50, "threads": None})
 
 
 def statuses(runs):
@@ -43,7 +25,7 @@ def infos(runs):
 @pytest.mark.parametrize("zygote", ["1", "0"])
 def test_cells_run_in_forked_or_spawned_workers_alike(tmp_path, zygote):
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(steps=3))
+    grid.write_text(grid_text(3))
     runs = tmp_path / "runs"
     r = run_abl(["run", str(grid), "--db", str(tmp_path / "x.duckdb"), "--runs-dir", str(runs),
                  "--workers", "2"], env={"ABL_ZYGOTE": zygote})
@@ -69,7 +51,7 @@ def test_a_forked_worker_stopped_by_its_process_group_is_recorded_killed(tmp_pat
     from abl.run.zygote import Zygote
     from abl.store import rundir
 
-    cell = expand(parse_toml_text(GRID.format(steps=100000), "g"), get_registry()).cells[0]
+    cell = expand(parse_toml_text(grid_text(100000), "g"), get_registry()).cells[0]
     run_dir = rundir.prepare(tmp_path / cell.run_id, cell.config, {})
     zygote = Zygote(dict(os.environ, TRITON_INTERPRET="1"))
     try:
@@ -93,7 +75,7 @@ def test_when_the_zygote_dies_its_workers_stop_too(tmp_path):
     from abl.run.zygote import Zygote
     from abl.store import rundir
 
-    cell = expand(parse_toml_text(GRID.format(steps=100000), "g"), get_registry()).cells[0]
+    cell = expand(parse_toml_text(grid_text(100000), "g"), get_registry()).cells[0]
     run_dir = rundir.prepare(tmp_path / cell.run_id, cell.config, {})
     zygote = Zygote(dict(os.environ, TRITON_INTERPRET="1"))
     child = zygote.spawn(run_dir, dict(os.environ))
@@ -182,7 +164,7 @@ def test_abl_run_starts_the_zygote_before_its_memory_check(tmp_path, monkeypatch
     monkeypatch.setattr(LocalExecutor, "prestart", prestart)
     monkeypatch.setattr(admission, "check_run", check_run)
     grid = tmp_path / "g.toml"
-    grid.write_text(GRID.format(steps=3))
+    grid.write_text(grid_text(3))
     r = CliRunner().invoke(cli, ["run", str(grid), "--db", str(tmp_path / "x.duckdb")])
     assert r.exit_code == 2 and "too big (a test)" in r.output, r.output
     assert seen == {"prestart": True, "zygote at the memory check": True}
