@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import tiny_grid_raw, tiny_grid_text  # noqa: E402
+from conftest import ListSink, tiny_grid_raw, tiny_grid_text  # noqa: E402
 
 from abl.grid.gridfile import expand  # noqa: E402
 from abl.run.train import train  # noqa: E402
@@ -18,49 +18,38 @@ def grid(compile_):
                          train={"steps": 4, "eval_every": 4, "compile": compile_, "warmup_steps": 0}, grid=None)
 
 
-class Sink:
-    def __init__(self):
-        self.rows = []
-
-    def log(self, step, metrics):
-        self.rows.append((step, dict(metrics)))
-
-    def values(self, name):
-        return [(s, m[name]) for s, m in self.rows if name in m]
-
-
 def test_compiled_cell_trains_like_the_eager_one_and_records_compile_time_apart(registry):
     from torch._dynamo.utils import counters
 
-    eager, compiled = Sink(), Sink()
+    eager, compiled = ListSink(), ListSink()
     train(expand(grid(False), registry).cells[0], registry, eager)
     counters.clear()
     summary = train(expand(grid(True), registry).cells[0], registry, compiled)
     assert not counters["graph_break"], dict(counters["graph_break"])  # one graph, no fallbacks
-    assert not eager.values("compile_s")
-    [(step, compile_s)] = compiled.values("compile_s")
+    assert not eager.series("compile_s")
+    [(step, compile_s)] = compiled.series("compile_s")
     assert step == 0 and compile_s > 0
     # the same losses (same init, data order and RNG: the compile warm-up left them untouched)
-    a = [v for _, v in eager.values("train_loss")]
-    b = [v for _, v in compiled.values("train_loss")]
+    a = [v for _, v in eager.series("train_loss")]
+    b = [v for _, v in compiled.series("train_loss")]
     assert len(a) == len(b) == 4
     assert all(math.isclose(x, y, rel_tol=1e-4) for x, y in zip(a, b)), (a, b)
     # step 2 is timed too (no memory tracker under compile), and no step time holds the compile
-    tps = [v for _, v in compiled.values("tokens_per_s")]
+    tps = [v for _, v in compiled.series("tokens_per_s")]
     assert len(tps) == 4
     step_s = [2 * 16 / v for v in tps]
     assert max(step_s) < compile_s
-    [(_, rate)] = compiled.values("train_tokens_per_s")
+    [(_, rate)] = compiled.series("train_tokens_per_s")
     assert rate > 2 * 16 * 4 / compile_s  # the loop's rate does not include compile time
     assert "mfu" in summary or any("mfu" in n for n in summary["notes"])
 
 
 def test_the_cells_true_rate_is_recorded_once_beside_the_step_rates(registry):
-    sink = Sink()
+    sink = ListSink()
     train(expand(grid(False), registry).cells[0], registry, sink)
-    [(step, rate)] = sink.values("train_tokens_per_s")
+    [(step, rate)] = sink.series("train_tokens_per_s")
     assert step == 4 and rate > 0
-    steps = [v for _, v in sink.values("tokens_per_s")]
+    steps = [v for _, v in sink.series("tokens_per_s")]
     # the true rate covers every step and the evaluation: never above the fastest step's rate
     assert rate <= max(steps)
 
