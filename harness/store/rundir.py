@@ -41,7 +41,7 @@ INFO = "info.json"
 METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint.pt"
 LOG = "worker.log"
-SHAPES_DIR = "shapes"  # beside the database, like the token store: abl.model.shapecache (meta.json names it)
+SHAPES_DIR = "shapes"  # beside the database, like the token store: abl.model.shapecache (abl.store.workspace)
 
 def pid_alive(pid: Any) -> bool:
     """Does a process with this PID exist on this machine (one of another user's counts)?"""
