@@ -43,9 +43,9 @@ def _write(d, cell, started: float) -> None:
     shift = 0.1 if cell.config["model"]["norm"] == "rmsnorm" else 0.0
     rows = [{"step": 0, "n_params": 1000}]
     rows += [{"step": s, "train_loss": 5.0 - s / 10 + shift, "elapsed_s": s / 10} for s in range(1, 5)]
-    rows[2]["val_loss"] = 4.5 + shift + cell.seed / 100
+    rows[2].update(val_loss=4.5 + shift + cell.seed / 100, probe_x_accuracy=0.25)
     rows[4].update(val_loss=4.0 + shift + cell.seed / 100, wall_s=0.4, tokens_per_s=1000.0, peak_mem_bytes=1e6,
-                   **{PLUGIN_METRIC: 0.75})
+                   probe_x_accuracy=0.5, **{PLUGIN_METRIC: 0.75})
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -126,8 +126,11 @@ def test_the_task_report_reads_through_the_reader(stored, calls):
     from abl.present import taskreport
 
     _, db, grid = stored
-    finals, curves = taskreport.load(db, [c.run_id for c in grid.cells])
-    assert calls and (finals, curves) == ({}, {})  # no accuracy metric stored
+    ids = [c.run_id for c in grid.cells]
+    finals, curves = taskreport.load(db, ids)
+    assert calls and set(calls[0]["run_ids"]) == set(ids)
+    assert finals == {rid: {"probe_x_accuracy": 0.5} for rid in ids}
+    assert curves == {rid: {"probe_x_accuracy": [(2, 0.25), (4, 0.5)]} for rid in ids}
 
 
 def test_the_lr_sweep_reads_through_the_reader(stored, calls):
