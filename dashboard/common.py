@@ -184,8 +184,8 @@ def runs_table(sel: q.Selection) -> pd.DataFrame:
     df = load(q.runs, sel, tuple(axes["path"]))
     if len(df):  # labels from the settings that differ between the cells shown (abl.grid.labels)
         stored = dict(zip(df["cell_key"].astype(str), df["label"]))
-        # no explicit order: the stored grid labels name the grid's axes, in the grid's order
-        names = abl_labels.cell_labels(load(q.cell_configs, sel), (), stored)
+        # the grid's axes first, in the grid's order, as the runs recorded them
+        names = abl_labels.cell_labels(load(q.cell_configs, sel), load(q.grid_paths, sel), stored)
         df["label"] = [names.get(str(k), lbl) for k, lbl in zip(df["cell_key"], df["label"])]
     multi = df["experiment"].nunique() > 1
     df["cell"] = [f"{e} · {lbl}" if multi else lbl for e, lbl in zip(df["experiment"], df["label"])]

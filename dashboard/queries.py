@@ -43,6 +43,7 @@ from abl.store.queries import (  # noqa: F401
     experiments,
     final_sql,
     finals,
+    grid_paths,
     grid_rows,
     is_curve,
     metric_catalogue,

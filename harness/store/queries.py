@@ -146,6 +146,24 @@ def grid_rows(store: Store, sel: Selection) -> list:
     return list(df.itertuples(index=False))
 
 
+def grid_paths(store: Store, sel: Selection) -> list[str]:
+    """The grid paths the selected runs recorded (abl.grid.labels.recorded_paths: each once, in the order
+    their grids listed them, by experiment then start); none in an older store that does not record them."""
+    if "grid_paths" not in store.columns("runs"):
+        return []
+    where, params = sel.where()
+    df = store.query(f"SELECT r.grid_paths FROM runs r WHERE {where} AND r.grid_paths IS NOT NULL "
+                     "ORDER BY r.experiment, r.started NULLS LAST, r.run_id", params)
+    out: dict[str, None] = {}
+    for text in df["grid_paths"]:
+        try:
+            paths = json.loads(text) if isinstance(text, str) else []
+        except ValueError:
+            continue
+        out.update((p, None) for p in paths if isinstance(p, str))
+    return list(out)
+
+
 def selected_run_ids(store: Store, sel: Selection) -> list[str]:
     """The run ids of the selected runs, in the order they started."""
     where, params = sel.where()
