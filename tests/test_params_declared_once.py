@@ -131,3 +131,18 @@ def test_abl_plugins_reports_a_disagreeing_plugin_in_one_line_without_a_tracebac
     r = run_abl(["--plugins-dir", str(tmp_path), "plugins"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "scale: float = 1.0 - output scale" in r.stdout
+
+
+def test_a_builtin_cost_function_that_restates_a_default_agrees_with_the_declaration(registry):
+    """Cost functions are called with every resolved parameter, so a default they write is never used;
+    where one is written anyway it must be the component's (a guard, not a second declaration)."""
+    pairs = 0
+    for comp in registry.all():
+        if comp.cost is None:
+            continue
+        for p in inspect.signature(comp.cost).parameters.values():
+            if p.name in comp.params and p.default is not inspect.Parameter.empty:
+                pairs += 1
+                want = comp.params[p.name].default
+                assert type(p.default) is type(want) and p.default == want, (comp.axis, comp.name, p.name)
+    assert pairs > 0  # the guard sees the restated defaults it is about
