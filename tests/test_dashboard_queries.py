@@ -130,7 +130,7 @@ def test_a_session_shares_one_connection_and_closes_it(small_store, monkeypatch)
         opened.append(con)
         return con
 
-    monkeypatch.setattr(duckdb, "connect", counting)  # the module abl.dashboard.connection opens with
+    monkeypatch.setattr(duckdb, "connect", counting)  # the module abl.store.readonly opens with
     for _ in range(3):
         q.status_values(small_store)
     assert len(opened) == 3
