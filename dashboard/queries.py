@@ -87,8 +87,8 @@ def verdict_runs(store: Store, sel: Selection, metric: str) -> list[reader.Store
         return []
     try:
         return reader.read_runs(store.db, run_ids=ids, metrics=[metric, *HEALTH_METRICS])
-    except StoreError as exc:
-        raise StoreUnavailable(str(exc)) from None
+    except StoreError as exc:  # the writer held the lock past the reader's retries, or no readable store
+        raise (StoreBusy if "lock" in str(exc).lower() else StoreUnavailable)(str(exc)) from None
 
 
 def verdicts(store: Store, sel: Selection, metric: str = "val_loss", *, baseline: str | None = None,
