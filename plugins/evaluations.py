@@ -1,5 +1,5 @@
 """Built-in post-training evaluations, registered through the hook ``register_evaluations`` like any
-plugin's (abl.run.evaluations runs them in this order after the last step; each is switched by
+plugin's (abl.train.evaluations runs them in this order after the last step; each is switched by
 ``eval.<name>``):
 
 - ``decode``: prefill_tokens_per_s, decode_tokens_per_s, kv_bytes_per_token,
@@ -20,7 +20,7 @@ from abl import (
     probe_metrics,
 )
 
-Result = tuple[dict[str, float], list[str]]  # (metrics, notes), as abl.run.evaluations runs them
+Result = tuple[dict[str, float], list[str]]  # (metrics, notes), as abl.train.evaluations runs them
 
 
 def decode(run: TrainedRun) -> Result:
@@ -32,7 +32,7 @@ def decode(run: TrainedRun) -> Result:
 
 def extrapolation(run: TrainedRun) -> Result:
     """Validation loss on the same targets with 1, 2 and 4 times the trained context before them."""
-    if getattr(run.batches, "task", None) is not None:  # a TaskBatches (abl.run.taskdata)
+    if getattr(run.batches, "task", None) is not None:  # a TaskBatches (abl.train.taskdata)
         return {}, ["extrapolation metrics not recorded: the dataset is a task, whose val_loss is on its answer "
                     "positions only (set eval.extrapolation = false)"]
     # as many targets as the regular evaluation scores (its global batch, whatever the number of

@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 from conftest import ListSink, tiny_grid_raw, tiny_grid_text  # noqa: E402
 
 from abl.grid.gridfile import expand  # noqa: E402
-from abl.run.train import train  # noqa: E402
+from abl.train.loop import train  # noqa: E402
 
 
 def grid(compile_):

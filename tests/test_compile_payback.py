@@ -16,8 +16,8 @@ from conftest import tiny_grid_text  # noqa: E402
 from abl.grid.gridfile import expand, load_grid  # noqa: E402
 from abl.model.shapecache import StepTimes, payback_note  # noqa: E402
 from abl.store.provenance import cpu_name as cpu_device  # noqa: E402
-from abl.run.compiled import timings_for  # noqa: E402
-from abl.run.train import train  # noqa: E402
+from abl.run.payback import timings_for  # noqa: E402
+from abl.train.loop import train  # noqa: E402
 
 # eager 30 ms a step, compiled 20 ms, 30 s to compile: 3000 steps repay it
 EAGER, COMPILED, COMPILE_S = 0.030, 0.020, 30.0
@@ -83,7 +83,7 @@ def test_a_gpu_cell_yet_to_start_takes_the_one_gpu_name_with_both_figures(regist
     before it runs): the note comes from the one GPU name that has both figures, and from none when two do."""
     import torch as torch_
 
-    from abl.run.compiled import planned_payback_notes, timings_for
+    from abl.run.payback import planned_payback_notes, timings_for
 
     monkeypatch.setattr(torch_.cuda, "is_available", lambda: True)
     cells = load_grid(str(grid_file(tmp_path, steps=50)), registry, ["train.threads=0"]).cells
@@ -129,7 +129,7 @@ def test_dry_run_notes_a_compiled_cell_whose_steps_cannot_repay_its_compile(regi
 
 
 def test_figures_of_another_thread_count_or_a_damaged_entry_give_no_note(registry, tmp_path):
-    from abl.run.compiled import planned_payback_notes
+    from abl.run.payback import planned_payback_notes
 
     cells = load_grid(str(grid_file(tmp_path, steps=50)), registry, []).cells
     compiled_cell = next(c for c in cells if c.train.compile)

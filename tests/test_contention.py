@@ -9,7 +9,7 @@ import pytest
 from abl.analysis.health import contended, derived_rows
 from abl.analysis.sections import CONTENDED, is_contended
 from abl.grid.gridfile import expand
-from abl.run.train import train
+from abl.train.loop import train
 from abl.store import database as store
 from abl.store import rundir
 

@@ -192,7 +192,7 @@ def test_predicted_flops_per_step_within_5_percent_of_the_flop_counter(reg, axis
 def _measured_step_peak(reg, cell):
     """peak_tensor_bytes of one training step after a first one (the optimizer state exists), as train() does."""
     from abl.model.memory import StepMemory
-    from abl.run.optim import make_optimizer
+    from abl.train.optim import make_optimizer
 
     torch.manual_seed(0)
     model = DecoderLM(cell.model, cell.components, reg)
@@ -361,7 +361,7 @@ def test_a_component_without_a_cost_function_is_measured_when_asked(reg):
 
 
 def test_a_run_without_a_cost_prediction_takes_its_counted_flops_for_mfu(reg):
-    from abl.run.measure import measure_costs, mfu
+    from abl.train.measure import measure_costs, mfu
 
     cell = make_cell(reg, select={"mixer": "test_stub_nocost"})
     precision = reg.get("precision", "fp32").factory()

@@ -65,14 +65,14 @@ def test_no_cpu_peak_for_a_format_without_cpu_matmuls():
 
 
 def test_mfu_above_one_is_not_stored(monkeypatch):
-    from abl.run.measure import mfu
+    from abl.train.measure import mfu
 
     assert mfu({"useful_flops_per_step": 1e9, "device_peak_flops": 1e10}, [0.5, 0.2, 0.3]) == pytest.approx(1 / 3)
 
 
 def test_a_trained_cells_mfu_is_between_0_and_1(registry, cache):
     from abl.grid.gridfile import expand
-    from abl.run.train import train
+    from abl.train.loop import train
 
     grid = {"experiment": {"name": "t", "seeds": [0]},
             "model": {"d_model": 32, "n_layers": 1, "n_heads": 2, "context": 32},
@@ -96,7 +96,7 @@ def test_a_trained_cells_mfu_is_between_0_and_1(registry, cache):
 def test_an_mfu_above_one_is_a_note_not_a_figure(registry, cache, monkeypatch):
     from abl.analysis import health
     from abl.grid.gridfile import expand
-    from abl.run.train import train
+    from abl.train.loop import train
 
     # a peak that does not hold (e.g. measured while the machine was busy)
     monkeypatch.setattr(cpupeak, "measure_matmul_flops", lambda fmt, *a, **k: cpupeak.Measurement(1.0, 1.0, 1.0, 7))
@@ -189,7 +189,7 @@ def test_a_contended_measurement_is_never_cached_and_gives_no_peak(cache, monkey
 def test_a_contended_run_stores_no_mfu(registry, cache, monkeypatch):
     from abl.analysis import health
     from abl.grid.gridfile import expand
-    from abl.run.train import train
+    from abl.train.loop import train
 
     monkeypatch.setattr(cpupeak, "measure_matmul_flops", lambda fmt, *a, **k: cpupeak.Measurement(1e15, 1e15, 1e15, 5))
     monkeypatch.setattr(health, "contended", lambda load, share, on_cpu: True)
@@ -210,7 +210,7 @@ def test_a_contended_run_stores_no_mfu(registry, cache, monkeypatch):
 
 def test_a_run_on_a_cpu_too_busy_to_measure_its_peak_says_why_it_has_no_mfu(registry, cache, monkeypatch):
     from abl.grid.gridfile import expand
-    from abl.run.train import train
+    from abl.train.loop import train
 
     busy = cpupeak.Measurement(1e9, 1e9, 1e9, cpupeak.MAX_BURSTS, share=0.3, contended=True)
     monkeypatch.setattr(cpupeak, "measure_matmul_flops", lambda fmt, *a, **k: busy)

@@ -20,7 +20,7 @@ from abl.model.decode import (
     recompute_generate,
 )
 from abl.model.decoder import DecoderLM, ForwardContext
-from abl.run.evaluations import TrainedRun, run_evaluations
+from abl.train.evaluations import TrainedRun, run_evaluations
 
 CPU = torch.device("cpu")
 FP32 = Precision()
@@ -270,7 +270,7 @@ def test_post_training_evaluations_record_the_scales_the_position_reaches(regist
 
 
 def test_training_run_records_decode_and_extrapolation(registry):
-    from abl.run.train import train
+    from abl.train.loop import train
 
     grid = {
         "experiment": {"name": "t", "seeds": [0]},

@@ -1,4 +1,4 @@
-"""The post-training evaluation registry (abl.run.evaluations) and its [eval] switches."""
+"""The post-training evaluation registry (abl.train.evaluations) and its [eval] switches."""
 
 import dataclasses
 from types import SimpleNamespace
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from abl.contracts.config import EvalConfig
-from abl.run import evaluations
-from abl.run.evaluations import EVALUATIONS, TrainedRun, register_evaluation, run_evaluations, switched_on
+from abl.train import evaluations
+from abl.train.evaluations import EVALUATIONS, TrainedRun, register_evaluation, run_evaluations, switched_on
 
 
 def test_every_built_in_evaluation_has_a_switch_and_every_switch_an_evaluation():

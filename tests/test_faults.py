@@ -252,7 +252,7 @@ def test_worker_truncates_metrics_to_the_checkpoint(tmp_path):
 
 def test_checkpoint_round_trip_continues_identically(registry, tmp_path):
     from abl.grid.gridfile import expand
-    from abl.run.train import train
+    from abl.train.loop import train
 
     raw = {"experiment": {"name": "t", "seeds": [3]},
            "model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "context": 32},

@@ -29,7 +29,7 @@ def test_the_tiny_grid_file_expands_to_two_cells(tiny_grid, registry):
 
 
 def test_a_tiny_cell_trains_into_the_metric_sink(tiny_cell, metric_sink, registry):
-    from abl.run.train import train
+    from abl.train.loop import train
 
     cell = tiny_cell(1)
     assert cell.components["norm"]["name"] == "layernorm" and cell.train.steps == 2

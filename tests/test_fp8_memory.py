@@ -21,7 +21,7 @@ from abl.contracts.registry import Registry
 from abl.model import costmodel
 from abl.model.decoder import DecoderLM, ForwardContext
 from abl.model.memory import StepMemory
-from abl.run.optim import make_optimizer
+from abl.train.optim import make_optimizer
 
 CPU = torch.device("cpu")
 # the selftest's GPU training cell (abl.bench.selftest_training), byte tokenizer: vocabulary 256
@@ -59,7 +59,7 @@ def _cell(registry, precision_params=None, batch_size=16):
 
 
 def _step_peak(registry, cell):
-    """peak_tensor_bytes of the second training step (the optimizer's state exists), as abl.run.train tracks it."""
+    """peak_tensor_bytes of the second training step (the optimizer's state exists), as abl.train.loop tracks it."""
     torch.manual_seed(0)
     model = DecoderLM(cell.model, cell.components, registry)
     spec = cell.components["precision"]

@@ -200,7 +200,7 @@ def test_local_executor_gives_a_multi_gpu_cell_that_many_devices(tmp_path, monke
 
 def test_mfu_on_a_gpu_divides_by_the_policy_formats_datasheet_peak(fake_gpu, monkeypatch):
     from abl.plugins import precision as prec
-    from abl.run.measure import mfu, mfu_peak
+    from abl.train.measure import mfu, mfu_peak
 
     bf16 = prec.BF16()
     bf16.setup(nn.Linear(2, 2), CUDA)

@@ -231,7 +231,7 @@ class _Sink:
                                               ("tf32", {})])
 def test_precisions_train_and_record_what_ran(registry, precision, params):
     from abl.grid.gridfile import expand
-    from abl.run.train import train
+    from abl.train.loop import train
 
     grid = copy.deepcopy(GRID)
     grid["train"]["precision"] = precision

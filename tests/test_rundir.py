@@ -38,7 +38,7 @@ def test_killed_did_not_complete_but_is_not_a_failure_to_retry():
     assert [s for s, c in rundir.EXIT_CODES.items() if c == 0] == ["completed"]
 
 
-# a whole one-step run, as abl.run.train writes it
+# a whole one-step run, as abl.train.loop writes it
 WHOLE = [{"step": 0, "n_params": 10}, {"step": 1, "train_loss": 3.1, "val_loss": 3.0},
          {"step": 1, "wall_s": 1.0, "peak_mem_bytes": 1e6}]
 

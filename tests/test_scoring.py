@@ -1,5 +1,5 @@
 """Every cell of a comparison is scored on the same validation targets: whatever its number of
-processes (abl.run.train.evaluate), and never a longer-context loss on a task (abl.grid.validation)."""
+processes (abl.train.loop.evaluate), and never a longer-context loss on a task (abl.grid.validation)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from abl.contracts.config import ConfigError
 from abl.data.corpus import Batches, TokenData
 from abl.grid.gridfile import expand
 from abl.plugins.probes import MQAR
-from abl.run.taskdata import TaskBatches
+from abl.train.taskdata import TaskBatches
 
 TASK_GRID = {
     "experiment": {"name": "probe_t", "seeds": [0]},
@@ -81,7 +81,7 @@ def test_evaluate_on_one_process_is_the_mean_of_its_batch_means(registry):
     """The batch means are sums over scored targets / their count: on text, the mean cross-entropy."""
     from abl.contracts.precision import Precision
     from abl.model.decoder import DecoderLM, ForwardContext
-    from abl.run.train import evaluate
+    from abl.train.loop import evaluate
 
     cell = expand({"experiment": {"name": "e", "seeds": [0]},
                    "model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "context": 16, "vocab_size": 48},

@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch")
 
 from abl.grid.gridfile import expand  # noqa: E402
 from abl.model.shapecache import ShapeCache  # noqa: E402
-from abl.run.train import train  # noqa: E402
+from abl.train.loop import train  # noqa: E402
 
 
 def grid(**train_kw):

@@ -3,7 +3,7 @@
 Before: each cell scored val_bpb over its own token stream's validation windows, so a byte cell
 and a BPE cell scored different text (1.9% and 5.1-6.7% of the split, in different places) and a
 fixed model rated the two samples up to 0.09 bits/byte apart. Now every cell scores the same
-fixed byte spans of the validation text, each tokenised whole (abl.data.spans, abl.run.spanscore).
+fixed byte spans of the validation text, each tokenised whole (abl.data.spans, abl.train.spanscore).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from abl.data import tokenstore
 from abl.data.corpus import DOCUMENT_SEPARATOR, Batches, DataError
 from abl.data.spans import choose_byte_spans
 from abl.grid.gridfile import expand
-from abl.run.spanscore import IGNORE, score_spans, span_windows
+from abl.train.spanscore import IGNORE, score_spans, span_windows
 
 BYTE = {"name": "byte", "params": {}}
 DATASET = {"name": "pystdlib", "params": {"max_bytes": 300_000}}
@@ -151,7 +151,7 @@ def test_a_fixed_scorer_gives_identical_bits_per_byte_under_every_tokenizer(data
 def test_training_scores_val_bpb_on_the_same_spans_whatever_the_tokenizer(tmp_path, registry):
     from test_tokenstore import ListSink, grid
 
-    from abl.run.train import train
+    from abl.train.loop import train
 
     infos, sinks = {}, {}
     for tok in ("byte", "bpe"):
@@ -179,8 +179,8 @@ def test_val_bpb_is_the_models_nats_over_the_spans_bytes(tmp_path, registry, tok
     import torch
     from test_tokenstore import grid
 
-    from abl.run import spanscore
-    from abl.run.train import prepare
+    from abl.train import spanscore
+    from abl.train.loop import prepare
 
     cell = expand(grid(tmp_path, tok, tokenizer={"bpe": {"vocab_size": 300}}), registry).cells[0]
     run = prepare(cell, registry)
@@ -241,7 +241,7 @@ def test_a_lossy_tokenizer_is_refused_before_training(tmp_path, registry, lossy_
 def test_a_lossy_tokenizer_the_grid_accepts_trains_and_its_run_carries_a_note(tmp_path, registry, lossy_json):
     from test_tokenstore import ListSink
 
-    from abl.run.train import train
+    from abl.train.loop import train
 
     cells = expand(lossy_grid(tmp_path, lossy_json, accept_lossy_tokenizer=True), registry).cells
     assert cells[0].config["data"]["accept_lossy_tokenizer"] is True

@@ -73,7 +73,7 @@ def test_the_issues_figures_are_the_rule_fitted_on_the_256_validation_examples()
     fitted and scored on recall.toml's 256 fixed validation examples (4 batches of 64, those val_loss is
     scored on); the exact baseline (0.562, 0.386) differs from them by that in-sample fit and the
     sampling noise of 256 examples."""
-    from abl.run.taskdata import TaskBatches
+    from abl.train.taskdata import TaskBatches
 
     for pairs, quoted, exact in ((2, 0.553, 0.562), (4, 0.419, 0.386)):
         task = MQAR(vocab_size=32, num_kv_pairs=pairs, power_a=0.01)
@@ -132,7 +132,7 @@ class PositionRuleModel(torch.nn.Module):
 
 def test_accuracy_metrics_record_the_baseline_and_the_position_rule_sits_at_it():
     from abl.contracts.precision import Precision
-    from abl.run.taskdata import TaskBatches, accuracy_metrics
+    from abl.train.taskdata import TaskBatches, accuracy_metrics
 
     task = MQAR(vocab_size=32, num_kv_pairs=2, eval_kv_pairs=[2, 4])
     _, rule = position_rule_on(task.generate(20_000, 16, np.random.default_rng(5)), 2)

@@ -17,8 +17,8 @@ from abl.contracts.precision import Precision
 from abl.data.tasks import IGNORE_INDEX
 from abl.grid.gridfile import expand
 from abl.plugins.probes import MQAR
-from abl.run.taskdata import TaskBatches, accuracy_metrics, make_batches
-from abl.run.train import train
+from abl.train.taskdata import TaskBatches, accuracy_metrics, make_batches
+from abl.train.loop import train
 
 TASK_GRID = {
     "experiment": {"name": "probe_t", "seeds": [0]},

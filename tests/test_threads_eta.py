@@ -155,7 +155,7 @@ def _fake_worker(monkeypatch):
     ("4", None, 0, "4"),      # a Slurm job with 4 CPUs on a 32-core node: 4, not 32
     (None, None, 0, "32"),    # no scheduler limit: the node's cores (idle)
     (None, "2", 0, "2"),      # Ray (or the user) set OMP_NUM_THREADS: it stands
-    ("4", None, 3, None),     # train.threads = 3: the worker sets it itself (abl.run.train)
+    ("4", None, 3, None),     # train.threads = 3: the worker sets it itself (abl.train.loop)
     ("4", None, -1, None),    # train.threads = -1: torch's default
 ])
 def test_a_remote_cell_chooses_its_threads_on_the_node_that_runs_it(

@@ -3,8 +3,9 @@ import math
 import pytest
 
 from abl.grid.gridfile import expand
-from abl.run.optim import lr_at
-from abl.run.train import Diverged, train
+from abl.train.optim import lr_at
+from abl.train.loop import train
+from abl.train.state import Diverged
 
 GRID = {
     "experiment": {"name": "t", "seeds": [0]},
@@ -85,7 +86,7 @@ TINY = {
 
 @pytest.mark.parametrize("off", ["decode", "extrapolation"])
 def test_a_switched_off_evaluation_records_none_of_its_metrics(registry, off):
-    from abl.run.evaluations import registered
+    from abl.train.evaluations import registered
 
     EVALUATIONS = registered()
     (on,) = {"decode", "extrapolation"} - {off}
@@ -102,7 +103,7 @@ def test_a_switched_off_evaluation_records_none_of_its_metrics(registry, off):
 
 
 def test_with_every_evaluation_off_training_still_records_its_own_metrics(registry):
-    from abl.run.evaluations import registered
+    from abl.train.evaluations import registered
 
     EVALUATIONS = registered()
     cell = expand({**TINY, "eval": {"decode": False, "extrapolation": False, "probes": []}}, registry).cells[0]
@@ -116,7 +117,7 @@ def test_with_every_evaluation_off_training_still_records_its_own_metrics(regist
 
 
 def test_the_trainer_builds_the_model_on_the_resolved_kernel_backend(registry, monkeypatch):
-    import abl.run.train as trainer
+    import abl.train.loop as trainer
     from abl.kernels import TORCH
 
     built = []
@@ -157,7 +158,7 @@ def test_no_device_value_is_read_between_the_forward_and_the_backward(registry, 
     backward makes the host wait for the forward before it can queue the backward."""
     import torch
 
-    import abl.run.train as trainer
+    import abl.train.loop as trainer
     from abl.model.decoder import DecoderLM
 
     events: list[str] = []
@@ -202,8 +203,8 @@ def test_fused_adamw_on_cuda_with_the_same_groups_and_steps():
     default implementation does (to rounding); on the CPU the optimizer is left as it is."""
     import torch
 
-    from abl.run.optim import make_optimizer
-    from abl.run.train import fused_where_supported, optimizer_info
+    from abl.train.optim import make_optimizer
+    from abl.train.loop import fused_where_supported, optimizer_info
 
     class Cfg:
         lr, beta1, beta2, adam_eps, weight_decay = 1e-2, 0.9, 0.95, 1e-8, 0.1
@@ -236,7 +237,7 @@ def test_fused_adamw_on_cuda_with_the_same_groups_and_steps():
 def test_fused_adamw_only_where_every_parameter_dtype_has_the_kernel():
     import torch
 
-    from abl.run.train import fused_where_supported
+    from abl.train.loop import fused_where_supported
 
     p = torch.nn.Parameter(torch.zeros(4, dtype=torch.complex64))
     opt = torch.optim.AdamW([p])

@@ -45,7 +45,7 @@ def crafted(path: Path, marker: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["torch.save", "pickle"])
 def test_a_crafted_checkpoint_is_refused_not_executed(tmp_path, how):
-    from abl.run.checkpoint import CheckpointRefused, checkpoint_step, read_checkpoint
+    from abl.train.checkpoint import CheckpointRefused, checkpoint_step, read_checkpoint
 
     marker, ckpt = tmp_path / "marker", tmp_path / "checkpoint.pt"
     crafted(ckpt, marker, how)
@@ -62,7 +62,7 @@ def test_a_checkpoint_of_the_old_format_is_refused(tmp_path):
     import numpy as np
     import torch
 
-    from abl.run.checkpoint import CheckpointRefused, checkpoint_step, read_checkpoint
+    from abl.train.checkpoint import CheckpointRefused, checkpoint_step, read_checkpoint
 
     ckpt = tmp_path / "checkpoint.pt"
     torch.save({"step": 3, "model": {}, "numpy_rng": np.random.get_state(), "python_rng": random.getstate()}, ckpt)
@@ -72,7 +72,7 @@ def test_a_checkpoint_of_the_old_format_is_refused(tmp_path):
 
 
 def test_a_fifo_checkpoint_is_refused_without_blocking(tmp_path):
-    from abl.run.checkpoint import checkpoint_step
+    from abl.train.checkpoint import checkpoint_step
 
     ckpt = tmp_path / "checkpoint.pt"
     os.mkfifo(ckpt)
@@ -109,7 +109,7 @@ def test_the_safe_checkpoint_restores_every_rng_exactly(tmp_path):
     import torch
 
     from abl.contracts.precision import Precision
-    from abl.run.checkpoint import load_checkpoint, save_checkpoint
+    from abl.train.checkpoint import load_checkpoint, save_checkpoint
 
     class Batches:
         gen = torch.Generator().manual_seed(5)

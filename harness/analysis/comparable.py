@@ -3,7 +3,7 @@
 A figure in nats per token (``val_loss``) does not compare between cells whose tokens differ:
 a token of one tokenizer is not a token of another, and the same tokenizer trained on other
 data is another tokenizer. Bits per byte (``val_bpb``) do compare, scored on the same bytes
-under every tokenizer (abl.run.spanscore). The verdict tables (abl.analysis.verdicts) drop
+under every tokenizer (abl.train.spanscore). The verdict tables (abl.analysis.verdicts) drop
 the comparisons this refuses and say so, naming the metric to compare instead.
 """
 

@@ -179,7 +179,7 @@ class Family:
 
 # first match wins: the specific families before the general ones
 FAMILIES: tuple[Family, ...] = (
-    # the long-context evaluation (abl.run.evaluations): the loss at k times the training context
+    # the long-context evaluation (abl.train.evaluations): the loss at k times the training context
     Family(r"(?P<base>val_loss|val_bpb)_x(?P<k>\d+)", "{base} ({k}x context)"),
     # abl.data.tasks: probes after training, and a task trained on
     Family(r"probe_(?P<task>.+)_no_recall_baseline(?:_(?P<part>.+))?", "probe {task} no-recall baseline {part}",

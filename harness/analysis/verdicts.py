@@ -33,7 +33,7 @@ TUNED_PATHS = ("train.lr", "train.lr_sweep")
 
 class RunLike(Protocol):
     """A stored run as the verdicts read it (abl.store.reader.StoredRun); its ``scored_targets``, where it has
-    them, say what its validation figures were scored on (info.json, abl.run.evaluations)."""
+    them, say what its validation figures were scored on (info.json, abl.train.evaluations)."""
 
     cell_key: str
     label: str
@@ -203,7 +203,7 @@ NOT_COMPARABLE = f"{stats.NOT_COMPARABLE}: scored on different validation target
 def flag_different_targets(runs: Sequence[RunLike], metric: str, analysis: stats.Analysis) -> None:
     """A difference between cells scored on different validation targets is partly a difference in the text:
     such a comparison's verdict says so, with the reason. What a run was scored on is its ``scored_targets``
-    fingerprint of the figure (abl.run.evaluations); runs that do not say are not judged."""
+    fingerprint of the figure (abl.train.evaluations); runs that do not say are not judged."""
     key = ("extrapolation" if re.fullmatch(r"val_(loss|bpb)_x\d+", metric) else "val_bpb" if metric == "val_bpb"
            else "val_loss" if metric == "val_loss" or re.fullmatch(r"(?!probe_).+_accuracy(_.+)?", metric) else None)
     scored: dict[Hashable, set] = {}

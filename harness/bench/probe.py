@@ -88,7 +88,7 @@ def load_cell(kernels: str, tiny: bool):
 
 def step_times(run, steps: int, report: Report, reserve: float) -> list[float]:
     """Wall seconds of up to ``steps`` training steps (stopping ``reserve`` s before the budget's end)."""
-    from ..run.train import train_step
+    from ..train.loop import train_step
     from ..store.rundir import NullSink
 
     import inspect
@@ -113,8 +113,8 @@ def step_times(run, steps: int, report: Report, reserve: float) -> list[float]:
 
 def prepared(report: Report, kernels: str, tiny: bool):
     """The cell prepared as a worker prepares it, compiled when it is, with what it took."""
-    from ..run.compiled import compile_warmup
-    from ..run.train import prepare
+    from ..train.compiled import compile_warmup
+    from ..train.loop import prepare
 
     cell, registry = load_cell(kernels, tiny)
     t0 = time.perf_counter()

@@ -44,7 +44,7 @@ def kernels(ops, providers, dtypes, passes, size, device, as_json, db_path, no_s
 
     from ..bench.kernelbench import run_bench, store_rows
     from ..run.preflight import db_problems
-    from ..run.train import resolve_device
+    from ..train.loop import resolve_device
 
     db = Workspace.at(db_path).db  # --db has a default: no rule to apply
     problems = [] if no_store else db_problems(db)  # a store that cannot take the rows: before timing

@@ -11,7 +11,8 @@ def extension_rows(origin: Callable[[str, str, str], str]) -> list[dict]:
     ``plugin``, ``origin`` and, for a metric, its unit, kind, final aggregate, better direction and ``shown``."""
     from ..analysis import metrics
     from ..contracts.plugin_manager import provenance
-    from ..run import evaluations, executors
+    from ..run import executors
+    from ..train import evaluations
     from .common import fail, user_errors
 
     try:

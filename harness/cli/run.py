@@ -172,7 +172,7 @@ def _dry_run(full, grid, registry, ws: Workspace, engine: _Engine, detect: float
     else:
         _print_cells(grid, numbers_of(full))
     if engine.kind == "local" and any(c.train.compile for c in grid.cells):
-        from ..run.compiled import planned_payback_notes
+        from ..run.payback import planned_payback_notes
 
         for note in planned_payback_notes(grid.cells, registry, ws.shapes, slots=engine.workers or 1):
             click.echo(f"note: {note}")

@@ -50,7 +50,7 @@ def command(quick, as_json, db_path, device):
         enable_interpreter()
     from .. import files
     from ..bench.selftest import SECTIONS, run_selftest, store_report
-    from ..run.train import resolve_device
+    from ..train.loop import resolve_device
 
     try:
         dev = resolve_device(device)

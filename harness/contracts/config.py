@@ -6,7 +6,7 @@ A grid file has the tables
 - ``[model]``, ``[train]``, ``[data]``, ``[eval]``: the flat fields of the
   dataclasses below. The component on each axis is chosen by name
   (``model.norm``, ``model.mixer``, ``train.precision``, ``data.dataset`` ...);
-  ``[eval]`` switches the post-training evaluations (abl.run.evaluations) on or off;
+  ``[eval]`` switches the post-training evaluations (abl.train.evaluations) on or off;
 - one table per axis holding parameters per component name, e.g.
   ``[norm.rmsnorm] eps = 1e-6`` or ``[mixer.mha] n_kv_heads = 2``; they apply
   only when that component is selected;
@@ -221,7 +221,7 @@ class DataConfig:
 
 @dataclass
 class EvalConfig:
-    """One switch per post-training evaluation (abl.run.evaluations); off records none of its metrics."""
+    """One switch per post-training evaluation (abl.train.evaluations); off records none of its metrics."""
 
     decode: bool = _f(True, "after training: cached greedy decoding speed (prefill/decode tokens per second), "
                       "KV-cache bytes per token and decode agreement")

@@ -112,13 +112,13 @@ def register_metrics(register):
 
 @hookspec
 def register_evaluations(register):
-    """Register post-training evaluations: named steps run once on the trained model (abl.run.evaluations).
+    """Register post-training evaluations: named steps run once on the trained model (abl.train.evaluations).
 
     Call ``register(name, fn, metrics=(...), doc=...)`` once per evaluation:
 
     - ``name``: unique among evaluations; also its switch ``eval.<name>`` where
       ``abl.contracts.config.EvalConfig`` has that field (an evaluation without one runs in every cell);
-    - ``fn``: ``fn(run: abl.run.evaluations.TrainedRun) -> (metrics, notes)``: a dict of float metrics,
+    - ``fn``: ``fn(run: abl.train.evaluations.TrainedRun) -> (metrics, notes)``: a dict of float metrics,
       logged at the last step, and a list of notes for what it could not measure; an exception becomes
       a note, never a failed run;
     - ``metrics``: every name it may record (declare them with ``register_metrics`` for a unit).

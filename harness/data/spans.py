@@ -5,7 +5,7 @@ of each tokenizer's own token stream does not: the same number of windows covers
 amount of text, in different places, under each tokenizer. So the spans are chosen from the
 validation text alone (its length), never from a tokenizer's tokens, and each span is tokenised
 on its own (after the document separator, as a document starts): every tokenizer then scores
-exactly these bytes (abl.run.spanscore scores them).
+exactly these bytes (abl.train.spanscore scores them).
 
 The same pass checks that the tokenizer gives each span back (decode(encode(text)) == text); one
 that does not is refused (``lossy_errors``) unless the grid sets ``data.accept_lossy_tokenizer``.

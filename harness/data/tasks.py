@@ -1,12 +1,12 @@
-"""Tasks: datasets whose examples mark the positions that count (their batches and metrics: abl.run.taskdata).
+"""Tasks: datasets whose examples mark the positions that count (their batches and metrics: abl.train.taskdata).
 
 A dataset plugin may return a ``Task`` instead of a ``TokenData``: a generator
 of fixed-length examples (``Examples``: inputs, and a target at each position
 that counts, ``IGNORE_INDEX`` elsewhere). The trainer then draws its batches
-from the task (``abl.run.taskdata.TaskBatches``, a drop-in for ``abl.data.corpus.Batches``), the loss
+from the task (``abl.train.taskdata.TaskBatches``, a drop-in for ``abl.data.corpus.Batches``), the loss
 is taken on the marked positions only (the cross-entropy skips
 ``IGNORE_INDEX``, on the torch and the Triton paths alike), and every
-evaluation also records the task's accuracy metrics (``abl.run.taskdata.task_metrics``):
+evaluation also records the task's accuracy metrics (``abl.train.taskdata.task_metrics``):
 
 - ``<name>_accuracy``: exact-match accuracy of the greedy prediction over
   every marked position of every evaluation slice;
@@ -22,7 +22,7 @@ evaluation also records the task's accuracy metrics (``abl.run.taskdata.task_met
 
 ``<name>`` is the dataset's registered name. A grid may also evaluate a model
 trained on anything else on tasks after training: ``eval.probes = ["mqar"]``
-(the ``probes`` evaluation, abl.run.evaluations) records the same metrics prefixed
+(the ``probes`` evaluation, abl.train.evaluations) records the same metrics prefixed
 ``probe_`` (``probe_mqar_accuracy``, ...) plus ``probe_<name>_loss``, with the
 probe's vocabulary cut to the model's when it is larger.
 
@@ -34,7 +34,7 @@ examples only on the task's parameters and the context (the same for every
 cell). Nothing here names a task; the tasks are plugins (plugins/probes.py).
 
 This module does not import torch (the config layer uses it); the batches and
-the accuracy metrics are in abl.run.taskdata.
+the accuracy metrics are in abl.train.taskdata.
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def predict_model(model, components: dict[str, Any], registry: Registry, *, batc
     transient = max([p.cost.transient_elements_per_token * activation_bytes * tokens for p in parts] + [0.0])
     # the precision policy's matmul working memory (fp8: quantized operand copies). Its worst is in a
     # layer's backward, while the saved activations are live (not with the loss's transient). By then
-    # the previous step's gradients are gone (abl.run.train zero-grads, set_to_none, after the forward)
+    # the previous step's gradients are gone (abl.train.loop zero-grads, set_to_none, after the forward)
     # and the new ones appear as the backward proceeds: every layer repeats the same linears, so the
     # largest one's first backward is the last layer's, before the other n - 1 layers have gradients.
     gemm = precision_gemm_transient_bytes(model, components, registry, tokens)

@@ -1,5 +1,5 @@
 """Cached greedy decoding and length extrapolation: the measurements behind the
-``decode`` and ``extrapolation`` post-training evaluations (abl.run.evaluations).
+``decode`` and ``extrapolation`` post-training evaluations (abl.train.evaluations).
 
 Nothing here names a variant. Decoding uses the ``ForwardContext`` cache
 contract (harness/model/decoder.py, ``KVCache``): the whole prompt at

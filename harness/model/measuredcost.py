@@ -106,7 +106,7 @@ def _measure_step(model, components: dict[str, Any], registry: Registry, batch_s
     params = [p for p in core.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4)
 
-    def step() -> None:  # as abl.run.train's step: forward, then the old gradients go, backward, update
+    def step() -> None:  # as abl.train.loop's step: forward, then the old gradients go, backward, update
         with precision.autocast(cpu):
             _, loss, _ = core(x, y, ctx())
         optimizer.zero_grad(set_to_none=True)

@@ -129,7 +129,7 @@ class Executor:
 
     - ``local``: its cells run on this machine, so its memory is checked before they start
       (abl.run.admission), their CPU threads are chosen here and a compiled cell's payback is foreseen
-      from this machine's stored step times (abl.run.compiled);
+      from this machine's stored step times (abl.train.compiled);
     - ``slots``: how many cells run at once;
     - ``use_gpus`` / ``free_gpus``: it places cells on this machine's GPUs, and which are free.
     """

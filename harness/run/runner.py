@@ -136,11 +136,11 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
 
 def compile_payback_notes(todo: list[Cell], registry: Registry, ws: Workspace, executor) -> list[str]:
     """A note per compiled cell to run whose steps cannot repay its compile time, from the step
-    times its shape's earlier cells stored (abl.run.compiled.planned_payback_notes; cells of this
+    times its shape's earlier cells stored (abl.run.payback.planned_payback_notes; cells of this
     machine only, an executor that declares ``local``: a cluster node's speed is not known here)."""
     if not executor.local or not any(c.train.compile for c in todo):
         return []
-    from .compiled import planned_payback_notes
+    from .payback import planned_payback_notes
 
     return planned_payback_notes(todo, registry, ws.shapes, use_gpus=executor.use_gpus,
                                  slots=executor.slots)

@@ -140,7 +140,7 @@ def prepare_kernels(run_dir: Path) -> None:
     if tc.get("kernels") != "triton":
         return
     from ..kernels import resolve
-    from .train import resolve_device
+    from ..train.loop import resolve_device
 
     try:  # resolving triton on a CPU switches the interpreter on
         resolve("triton", resolve_device(str(tc.get("device", "auto"))))
@@ -152,7 +152,7 @@ def run_rank(run_dir: Path) -> int:
     """A non-zero rank of a torchrun cell: train, write nothing; rank 0 owns the folder."""
     from ..contracts.plugin_manager import get_registry
     from ..contracts.config import cell_from_config
-    from .train import train
+    from ..train.loop import train
 
     registry = get_registry()
     cell = cell_from_config(json.loads((run_dir / rundir.CONFIG).read_text()), registry)
@@ -192,8 +192,9 @@ def run(run_dir: Path) -> int:
         from ..contracts.plugin_manager import get_registry
         from ..contracts.registry import RegistryError
         from ..contracts.config import cell_from_config
-        from .checkpoint import checkpoint_step
-        from .train import Diverged, train
+        from ..train.checkpoint import checkpoint_step
+        from ..train.loop import train
+        from ..train.state import Diverged
 
         diverged = Diverged
         user_errors = (ConfigError, RegistryError)

@@ -98,8 +98,8 @@ def _child(run_dir: Path, env: dict[str, str], replies: int, requests: int) -> N
 
 # what a worker imports on its way to step 1 besides the trainer: the cost model, the FLOP
 # counter and the memory tracker (they pull in sympy through torch), the optimizer's dynamo checks
-PRELOAD = ("abl.contracts.config", "abl.store.database", "abl.run.train", "abl.run.worker", "abl.model.costmodel", "abl.model.flops", "abl.model.memory",
-           "abl.store.cpupeak", "abl.analysis.health", "abl.model.shapecache", "abl.data.tokenstore", "abl.run.evaluations", "abl.model.decode",
+PRELOAD = ("abl.contracts.config", "abl.store.database", "abl.train.loop", "abl.run.worker", "abl.model.costmodel", "abl.model.flops", "abl.model.memory",
+           "abl.store.cpupeak", "abl.analysis.health", "abl.model.shapecache", "abl.data.tokenstore", "abl.train.evaluations", "abl.model.decode",
            "torch.optim", "torch.utils.flop_counter", "torch._dynamo",
            "torch.distributed._tools.mem_tracker")
 

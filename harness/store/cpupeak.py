@@ -16,7 +16,7 @@ did short wall-clock bursts measured once on a shared machine: two fp32 peaks
   ``MAX_BURSTS``;
 - a measurement that never settles, or whose threads got less than
   ``MIN_SHARE`` of the wall time, is **contended**: it is returned flagged,
-  never cached, and gives no peak (so no ``mfu``; abl.run.train also stores no
+  never cached, and gives no peak (so no ``mfu``; abl.train.loop also stores no
   ``mfu`` for a run whose own loop was contended).
 
 The figures:

@@ -103,7 +103,7 @@ def device_name(device: torch.device) -> str:
 
 def cpu_name(threads: int) -> str:
     """A CPU's device string at ``threads`` threads (``device_name``; also what a cell that has not
-    started yet will record, abl.run.compiled.expected_device)."""
+    started yet will record, abl.run.payback.expected_device)."""
     return f"cpu ({platform.processor() or platform.machine()}, {threads} threads)"
 
 

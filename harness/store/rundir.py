@@ -170,7 +170,7 @@ def scan_metrics(path: Path) -> MetricsScan:
     return scan
 
 
-# what a run that completed has always written (harness/run/train.py): the parameter count at
+# what a run that completed has always written (harness/train/loop.py): the parameter count at
 # step 0, one train_loss per step, and at the last step its val_loss and the summary row
 FIRST_ROW = ("n_params",)
 LAST_ROW = ("val_loss", "wall_s", "peak_mem_bytes")

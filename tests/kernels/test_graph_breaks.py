@@ -6,7 +6,7 @@ around it. Here each op, and a whole small model on the Triton backend, is compi
 with the ``aot_eager`` backend (the graph is traced through AOTAutograd, forward and
 backward, and run eagerly: the kernels run in the Triton interpreter on CPU) and must
 give no graph break and the eager values. The backend queries are constants to
-dynamo, as ``abl.run.compiled.Compiled`` makes them: a compiled cell's backend is
+dynamo, as ``abl.train.compiled.Compiled`` makes them: a compiled cell's backend is
 fixed for its whole run.
 """
 

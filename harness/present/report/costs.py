@@ -78,7 +78,7 @@ def measured(cell: Cell, name: str) -> float | None:
 
 def model_flops_utilization(cell: Cell) -> float | None:
     """MFU as the trainer recorded it: useful (model) FLOPs per step over the median
-    step time of the same timed steps, over the device peak (abl.run.train.mfu).
+    step time of the same timed steps, over the device peak (abl.train.loop.mfu).
 
     Useful FLOPs are the variant-aware prediction of model FLOPs, recomputation
     excluded (MFU as Chowdhery et al. 2022 define it, PaLM, arXiv:2204.02311,

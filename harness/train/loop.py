@@ -4,14 +4,14 @@
 data, precision, model, optimizer), ``begin`` it (resume from a checkpoint,
 or measure and record its costs at step 0), ``train_loop`` (one
 ``train_step`` per step, with memory tracking, evaluation and checkpoints),
-then the post-training evaluations (abl.run.evaluations, each switchable under
+then the post-training evaluations (abl.train.evaluations, each switchable under
 ``[eval]``) and the summary (peak memory, ``mfu``).
 
-The loop lives here; its parts have rooms of their own: the optimizer and
-the schedule (abl.run.optim), checkpoints (abl.run.checkpoint), what the run
-measures about itself: costs, memory, the machine's share, MFU
-(abl.run.measure), several processes (abl.run.ddp) and ``train.compile``
-(abl.run.compiled).
+The loop lives here; its parts have rooms of their own: what a run holds
+(abl.train.state), the optimizer and the schedule (abl.train.optim),
+checkpoints (abl.train.checkpoint), what the run measures about itself:
+costs, memory, the machine's share, MFU (abl.train.measure), several
+processes (abl.train.ddp) and ``train.compile`` (abl.train.compiled).
 
 Metrics go to a ``MetricSink`` (in the worker: an append-only JSONL file that
 is flushed as each line is written); the trainer never touches the database.
@@ -27,7 +27,7 @@ Recorded names:
 - with train.compile: compile_s (before the first step, apart from every
   step time);
 - every evaluation: val_loss, and val_bpb (bits per byte) on the validation text's fixed
-  byte spans, the same bytes under every tokenizer (abl.run.spanscore; pre-tokenised data
+  byte spans, the same bytes under every tokenizer (abl.train.spanscore; pre-tokenised data
   that says which bytes its tokens cover: over its windows' bytes) (on a task dataset, the loss on its marked positions, plus the
   task's accuracy metrics: abl.data.tasks);
 - once: n_params, n_params_non_embedding and the measured/predicted costs
@@ -45,9 +45,8 @@ from __future__ import annotations
 import math
 import time
 from importlib import import_module
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 
@@ -58,27 +57,20 @@ from ..contracts.precision import Precision
 from ..contracts.registry import Registry
 from ..data.corpus import Batches, TokenData
 from ..data.tasks import IGNORE_INDEX, Task
-from ..kernels import KernelBackend, resolve as resolve_kernels
+from ..kernels import resolve as resolve_kernels
 from ..model.decoder import DecoderLM, ForwardContext
 from ..model.memory import step_memory
 from ..model.shapecache import ShapeCache, StepTimes, shape_key, timing_key
 from ..store.provenance import device_name
+from . import spanscore
 from .checkpoint import load_checkpoint, save_checkpoint
 from .compiled import Compiled, compile_warmup, record_step_times
 from .ddp import Distributed
 from .evaluations import TrainedRun, run_evaluations, scored_targets_fingerprints
 from .measure import LoopShare, cpu_peak_rss_bytes, measure_costs, memory_metrics, mfu, mfu_costs, peak_mem_bytes
 from .optim import lr_at, make_optimizer, set_lr
-from . import spanscore
+from .state import Diverged, MetricSink, TrainingRun
 from .taskdata import make_batches, task_metrics
-
-
-class Diverged(Exception):
-    """The loss became non-finite or exceeded ``train.diverge_loss``."""
-
-
-class MetricSink(Protocol):
-    def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
 
 def resolve_device(name: str) -> torch.device:
@@ -137,43 +129,6 @@ def _to_float(v: Any) -> float:
 
 
 # ---------------------------------------------------------------- one run, in parts
-
-
-@dataclass
-class TrainingRun:
-    """Everything one training run holds, built by ``prepare``."""
-
-    cell: Cell
-    registry: Registry
-    dist: Distributed
-    device: torch.device
-    kernels: KernelBackend
-    data: TokenData | Task
-    precision: Precision
-    core: DecoderLM  # the model itself
-    model: torch.nn.Module  # what a training step calls: ``core``, or ``core`` wrapped for DDP
-    optimizer: torch.optim.Optimizer
-    batches: Batches
-    baseline_rss_bytes: int
-    shapes: ShapeCache = field(default_factory=lambda: ShapeCache(None, ""))
-    # train.compile's payback: the shape's eager and compiled step times (abl.run.compiled.record_step_times)
-    timings: StepTimes = field(default_factory=lambda: StepTimes(None, ""))
-    compile_s: float | None = None  # this run's compile warm-up, when it compiled
-    notes: list[str] = field(default_factory=list)
-    share: dict[str, float] = field(default_factory=dict)  # LoopShare.metrics of the loop
-    params: list[torch.nn.Parameter] = field(init=False)  # what the optimizer steps and grad clipping sees
-
-    def __post_init__(self) -> None:
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.batches.next_train()
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-
-    def synchronize(self) -> None:
-        """Wait for the device, so a step's wall time is the step's."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
 
 
 def fused_where_supported(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.optim.Optimizer:

@@ -15,7 +15,7 @@ class Distributed:
     One process per GPU with NCCL on CUDA, gloo on CPU. ``train.batch_size`` is
     the global batch: each rank draws ``batch_size / world`` sequences from its
     own seeded stream. Validation scores the same windows as one process would
-    (abl.run.train.evaluate: each rank scores a share and the sums are
+    (abl.train.loop.evaluate: each rank scores a share and the sums are
     all-reduced); only rank 0 runs the post-training evaluations, logs and
     checkpoints. With one process every method is a no-op.
     """

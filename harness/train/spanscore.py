@@ -10,7 +10,7 @@ document separator), so every token of the span is a target once and every byte 
     val_bpb = sum of the targets' nats / (ln 2 x bytes of the spans)
 
 ``val_loss`` stays the mean cross-entropy per token over the token stream's validation windows
-(abl.run.train.evaluate); it does not compare across tokenizers, val_bpb does.
+(abl.train.loop.evaluate); it does not compare across tokenizers, val_bpb does.
 """
 
 from __future__ import annotations

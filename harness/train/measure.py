@@ -13,7 +13,6 @@ import os
 import resource
 import sys
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,9 +22,7 @@ from ..contracts.registry import Registry
 from ..data.corpus import Batches
 from ..model.decoder import DecoderLM, ForwardContext
 from ..model.memory import StepMemory
-
-if TYPE_CHECKING:
-    from .train import TrainingRun
+from .state import TrainingRun
 
 
 def cpu_peak_rss_bytes() -> int:
