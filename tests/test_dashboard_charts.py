@@ -81,7 +81,7 @@ def toggle(at: AppTest, label: str):
 def expected_labels() -> set[str]:
     configs = {f"{n}/{b}": norms_store.config(n, b, 0) for n, b in norms_store.cells()}
     stored = {f"{n}/{b}": f"norm={n}, block={b}" for n, b in norms_store.cells()}
-    out = set(abl_labels.cell_labels(configs, (), stored).values())
+    out = set(abl_labels.cell_labels(configs, norms_store.GRID_PATHS, stored).values())
     assert len(out) == 13 and "norm=none, block=pre" in out
     return out
 

@@ -16,6 +16,7 @@ import duckdb
 NORMS = ["layernorm", "rmsnorm", "scalenorm", "none"]
 BLOCKS = ["pre", "post", "sandwich", "post_branch"]
 EXCLUDED = {("none", "post"), ("none", "sandwich"), ("none", "post_branch")}
+GRID_PATHS = ["model.norm", "model.block"]  # what each run records of its grid (abl.contracts.config.Cell)
 SEEDS = (0, 1)
 STEPS = 200
 EXPERIMENT = "norms"
@@ -55,7 +56,8 @@ def build(folder: Path, seeds=SEEDS) -> Path:
             started = t0 + timedelta(minutes=3 * (2 * i + seed))
             runs.append((run_id, EXPERIMENT, key, f"norm={norm}, block={block}", seed, "completed",
                          json.dumps(config(norm, block, seed, seeds)), started, started + timedelta(seconds=150),
-                         "abc1234", "cpu", "ablations/norms.toml"))
+                         "abc1234", "cpu", "ablations/norms.toml", json.dumps(GRID_PATHS),
+                         NORMS.index(norm) * len(BLOCKS) + BLOCKS.index(block)))
             floor = 2.0 + 0.07 * i + 0.02 * seed
             contended = (norm, block, seed) in CONTENDED
             speed = (9000.0 + 150 * i + 90 * seed) * (0.55 if contended else 1.0)
@@ -74,7 +76,8 @@ def build(folder: Path, seeds=SEEDS) -> Path:
                                 ("contended", 1.0 if contended else 0.0)):
                 rows.append((run_id, STEPS, name, value))
     con.executemany("INSERT INTO runs (run_id, experiment, cell_key, label, seed, status, config, started, "
-                    "finished, git_commit, device, grid_file) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
+                    "finished, git_commit, device, grid_file, grid_paths, grid_index) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
     con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)", rows)
     con.close()
     return db
