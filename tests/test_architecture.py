@@ -259,19 +259,6 @@ def private_imports(modules: dict[str, Path]) -> list[tuple[str, str, str]]:
     return sorted(found)
 
 
-# Private names still imported across modules, each to be made public where it is defined (issue 38,
-# item 8). Their modules have other owners at the time of writing; this list only shrinks.
-PRIVATE_IMPORTS_LEFT = {
-    ("abl.present.report.sections", "abl.present.report.conditions", "_flatten_get"),
-    ("abl.present.report.sections", "abl.present.report.document", "_bytes"),
-    ("abl.present.report.sections", "abl.present.report.document", "_ci"),
-    ("abl.present.report.sections", "abl.present.report.document", "_num"),
-    ("abl.present.report.sections", "abl.present.report.document", "_pct"),
-    ("abl.present.report.sections", "abl.present.report.document", "_signed"),
-    ("abl.present.report.sections", "abl.present.report.plots", "_cost_axes"),
-}
-
-
 def test_the_private_import_scan_finds_planted_ones(tmp_path):
     (tmp_path / "pkg").mkdir()
     a, b = tmp_path / "pkg" / "a.py", tmp_path / "pkg" / "b.py"
@@ -284,12 +271,9 @@ def test_the_private_import_scan_finds_planted_ones(tmp_path):
 
 def test_no_module_imports_another_modules_private_names():
     """A name another module needs is public where it is defined; ``from .x import _y`` hides a seam."""
-    found = set(private_imports(_modules()))
-    new = sorted(found - PRIVATE_IMPORTS_LEFT)
-    assert not new, "private names imported across modules (make them public where defined):\n" + \
-        "\n".join(f"{m} imports {n} from {s}" for m, s, n in new)
-    gone = sorted(PRIVATE_IMPORTS_LEFT - found)
-    assert not gone, f"no longer imported privately, strike them from PRIVATE_IMPORTS_LEFT: {gone}"
+    found = private_imports(_modules())
+    assert not found, "private names imported across modules (make them public where defined):\n" + \
+        "\n".join(f"{m} imports {n} from {s}" for m, s, n in found)
 
 
 def _own_names(path: Path) -> set[str]:

@@ -23,7 +23,7 @@ from ..contracts.config import solved_paths
 from ..contracts.status import COMPLETED
 from . import comparable, metrics, stats
 from .formats import fmt, fmt_bytes, fmt_fraction, fmt_speed
-from .tables import flatten
+from .tables import settings_of
 from .units import TOKENS_PER_S
 
 # config paths never used to decide whether two cells differ in one axis only: the learning
@@ -49,12 +49,9 @@ class VerdictError(Exception):
 
 
 def settings(config: dict) -> dict[str, Any]:
-    """The flattened settings of a cell (model, train, data, and its components' parameters)."""
-    flat = flatten({k: config.get(k) for k in ("model", "train", "data")})
-    for axis, spec in (config.get("components") or {}).items():
-        if isinstance(spec, dict) and spec.get("params"):
-            for k, v in spec["params"].items():
-                flat[f"{axis}.{spec['name']}.{k}"] = v
+    """The flattened settings of a cell (model, train, data, and its components' parameters:
+    abl.analysis.tables.settings_of), as JSON text, less what the budget or the lr sweep solved."""
+    flat = settings_of(config, ("model", "train", "data"))
     for p in solved_paths(config):  # solved for the budget, not chosen: they belong to the level
         flat.pop(p, None)
     if config.get("lr_tuned"):  # each variant's own best learning rate (abl.run.lr_sweep)

@@ -10,10 +10,13 @@ import json
 import platform
 from typing import Any
 
-from ...analysis.tables import flatten
-from ...store.rundir import COMPLETED
+from ...analysis.tables import settings_of
 from ...store.reader import StoredRun
+from ...store.rundir import COMPLETED
 from .runs import Cell
+
+# the sections a grid description compares (its evaluations are listed apart)
+SECTIONS = ("model", "train", "data")
 
 # ---------------------------------------------------------------- conditions
 
@@ -76,18 +79,9 @@ def report_environment() -> dict[str, str]:
 # ---------------------------------------------------------------- grid description
 
 
-def _settings(config: dict) -> dict[str, Any]:
-    flat = flatten({k: config.get(k) for k in ("model", "train", "data")})
-    for axis, spec in (config.get("components") or {}).items():
-        if isinstance(spec, dict) and spec.get("params"):
-            for k, v in spec["params"].items():
-                flat[f"{axis}.{spec['name']}.{k}"] = v
-    return flat
-
-
 def varied_and_fixed(cells: list[Cell]) -> tuple[list[str], dict[str, Any]]:
     """Config paths that differ between cells, and the settings all cells share."""
-    flats = [_settings(c.config) for c in cells]
+    flats = [settings_of(c.config, SECTIONS) for c in cells]
     # parameters of a component only some cells select are implied by the selector column
     keys = [k for k in flats[0] if all(k in f for f in flats)]
     varied = [k for k in keys if len({json.dumps(f[k], default=str) for f in flats}) > 1]
@@ -95,6 +89,6 @@ def varied_and_fixed(cells: list[Cell]) -> tuple[list[str], dict[str, Any]]:
     return varied, fixed
 
 
-def _flatten_get(config: dict, key: str) -> Any:
-    return _settings(config).get(key)
-
+def setting_value(config: dict, key: str) -> Any:
+    """One setting of a cell's config (``model.d_model``, ``norm.rmsnorm.eps``), as ``varied_and_fixed`` names it."""
+    return settings_of(config, SECTIONS).get(key)

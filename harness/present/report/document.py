@@ -105,7 +105,7 @@ STYLE = ("body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto
          "details{margin:.5em 0}summary{cursor:pointer}")
 
 
-def _num(x: Any) -> str:
+def cell_num(x: Any) -> str:
     if x is None:
         return "-"
     if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -115,18 +115,18 @@ def _num(x: Any) -> str:
     return f"{x:.4g}"
 
 
-def _bytes(n: float | None) -> str:
+def cell_bytes(n: float | None) -> str:
     return fmt_bytes(n, decimals=2)
 
 
-def _pct(x: float | None) -> str:
+def cell_pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def _ci(lo: float | None, hi: float | None) -> str:
+def cell_ci(lo: float | None, hi: float | None) -> str:
     return "-" if lo is None or hi is None else f"[{stats.fmt(lo)}, {stats.fmt(hi)}]"
 
 
-def _signed(x: float | None) -> str:
+def cell_signed(x: float | None) -> str:
     return "-" if x is None else f"{x:+.4f}"
 

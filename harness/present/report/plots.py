@@ -148,7 +148,7 @@ def plot_loss_curves(cells: list[Cell], footer: str) -> bytes:
     return fig_to_png(loss_curves_figure(cells, footer))
 
 
-def _cost_axes(cells: list[Cell]) -> tuple[list[tuple[str, dict[str, float | None]]], list[str]]:
+def cost_axes(cells: list[Cell]) -> tuple[list[tuple[str, dict[str, float | None]]], list[str]]:
     """The cost axes of quality vs cost that differ between the cells, and the names of those that do not."""
     def flops(c: Cell) -> float | None:
         steps = c.config["train"]["steps"]
@@ -172,7 +172,7 @@ def quality_vs_cost_figure(cells: list[Cell], stat_rows: list[dict], footer: str
     """The compared metric (``stat_rows``' ``metric``: val_loss, or val_bpb across tokenizers, never the
     two on one axis) against each cost that differs between the cells (training FLOPs, wall time, parameters); None when none does. Mean over seeds with 95% CI bars when every cell has enough
     seeds (abl.analysis.sections.bands_by_default), else each seed faint beside the mean."""
-    keep, _ = _cost_axes(cells)
+    keep, _ = cost_axes(cells)
     if not keep:
         return None
     metric = stat_rows[0].get("metric", "val_loss") if stat_rows else "val_loss"

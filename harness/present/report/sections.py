@@ -33,11 +33,11 @@ from ...store.reader import StoredRun
 from ...store.rundir import COMPLETED
 from ..figures import fig_to_png, pyplot
 from .conditions import (
-    _flatten_get,
     condition_groups,
     conditions_line,
     measured_runs,
     report_environment,
+    setting_value,
     varied_and_fixed,
 )
 from .costs import (
@@ -53,10 +53,10 @@ from .costs import (
     model_flops_utilization,
     scaling_points,
 )
-from .document import Doc, _bytes, _ci, _num, _pct, _signed
+from .document import Doc, cell_bytes, cell_ci, cell_num, cell_pct, cell_signed
 from .plots import (
     PLOTTED_CHECKS,
-    _cost_axes,
+    cost_axes,
     loss_curve_panels,
     plot_loss_curves,
     plot_predicted_vs_measured,
@@ -186,7 +186,7 @@ def grid_section(ctx: Context) -> None:
     if grid_raw and isinstance(grid_raw.get("grid"), dict):
         doc.pre("\n".join(f"{k} = {json.dumps(v)}" for k, v in grid_raw["grid"].items()))
     doc.table(["#", "cell"] + varied + ["seeds (completed/runs)", "status"],
-              [[i, c.label] + [_flatten_get(c.config, k) for k in varied]
+              [[i, c.label] + [setting_value(c.config, k) for k in varied]
                + [f"{len(c.completed)}/{len(c.runs)}", ",".join(sorted({r.status for r in c.runs}))]
                for i, c in enumerate(cells, 1)],
               f"cells in grid order; baseline: #{cells.index(base) + 1} {base.label}")
@@ -235,9 +235,9 @@ def comparison_section(ctx: Context) -> None:
                   if s["did_not_learn"] else "") or (f"spikes {s['loss_spikes']}" if s["loss_spikes"] else "ok")
         table_rows.append([i, s["label"], f"{s['n']}/{s['runs']}", s.get("rank_text") or "-",
                            stats.fmt(s["mean"]), stats.fmt(s["std"]),
-                           _ci(s["ci_low"], s["ci_high"]),
-                           "-" if s["is_baseline"] else _signed(s["delta"]),
-                           _ci(s["delta_ci_low"], s["delta_ci_high"]), stats.fmt_p(s["p_value"]),
+                           cell_ci(s["ci_low"], s["ci_high"]),
+                           "-" if s["is_baseline"] else cell_signed(s["delta"]),
+                           cell_ci(s["delta_ci_low"], s["delta_ci_high"]), stats.fmt_p(s["p_value"]),
                            stats.fmt_p(s["p_adjusted"]), s["test"], stats.fmt(s["mdd"]), s["verdict"], health])
     doc.table(["#", "cell", "n", "rank", "mean", "std", "95% CI", "Δ vs baseline",
                f"Δ {stat_rows[0].get('interval_header', '95% CI')}", "p", "p (Holm)",
@@ -279,14 +279,14 @@ def quality_vs_cost_section(ctx: Context) -> None:
     doc, cells, stat_rows, cond = ctx.doc, ctx.cells, ctx.stat_rows, ctx.cond
     doc.h(2, "Quality vs cost")
     bands = sections.bands_by_default([len(c.completed) for c in cells])
-    cost_axes, same = _cost_axes(cells)
+    axes, same = cost_axes(cells)
     png = plot_quality_vs_cost(cells, stat_rows, cond)
     if png:
         doc.image("quality_vs_cost.png", png,
                   "final val_loss " + ("(mean over seeds, 95% CI bars)" if bands else
                                        f"(mean over seeds bold, each seed faint; fewer than "
                                        f"{sections.MIN_SEEDS_FOR_BANDS} seeds per cell, so no CI bars)")
-                  + " against " + ", ".join(n.split(" (")[0] for n, _ in cost_axes) + f". {cond}")
+                  + " against " + ", ".join(n.split(" (")[0] for n, _ in axes) + f". {cond}")
     if same:
         doc.p(("No quality-vs-cost plot: " if not png else "Not plotted against final val_loss: ")
               + " and ".join(same) + f", the same for every cell (within {sections.REL_TOL:.0%}).")
@@ -305,12 +305,12 @@ def predicted_vs_measured_section(ctx: Context) -> None:
         pr = c.predicted or {}
         hot = any(sections.is_contended(r.final) for r in c.completed)
         mark = f" {CONTENDED_MARK}" if hot else ""
-        prow.append([c.label, _num(pr.get("n_params")), _num(pr.get("n_params_non_embedding")),
-                     _num(pr.get("flops_per_step")), _num(pr.get("useful_flops_per_step")),
-                     _bytes(pr.get("static_bytes")), _bytes(pr.get("activation_bytes_per_step")),
+        prow.append([c.label, cell_num(pr.get("n_params")), cell_num(pr.get("n_params_non_embedding")),
+                     cell_num(pr.get("flops_per_step")), cell_num(pr.get("useful_flops_per_step")),
+                     cell_bytes(pr.get("static_bytes")), cell_bytes(pr.get("activation_bytes_per_step")),
                      fmt_decode_cache(pr.get("kv_cache_bytes_per_token"), pr.get("state_bytes_per_sequence")),
                      fmt_speed(measured(c, "tokens_per_s"), unit=False) + mark,  # one precision: whole tokens/s
-                     _pct(model_flops_utilization(c)) + mark] + ([cost_source(c)] if note else []))
+                     cell_pct(model_flops_utilization(c)) + mark] + ([cost_source(c)] if note else []))
     doc.table(["cell", "params", "non-emb. params", "train FLOPs/step", "useful FLOPs/step",
                "params+grads+AdamW", "activations/step", "decode cache", "tokens/s (measured)",
                "MFU (measured)", *src], prow,
@@ -338,8 +338,8 @@ def predicted_vs_measured_section(ctx: Context) -> None:
               "device's own peak (CUDA allocation, or CPU peak RSS, which adds the runtime's fixed overhead) "
               f"is in the runs table as peak_mem_bytes. {cond}")
     def check_row(r: dict) -> list:
-        return [r["label"], r["figure"], _num(r["predicted"]), *([r["source"]] if note else []),
-                _num(r["measured"]), "-" if r["ratio"] is None else f"{r['ratio']:.4f}", r["agreement"]]
+        return [r["label"], r["figure"], cell_num(r["predicted"]), *([r["source"]] if note else []),
+                cell_num(r["measured"]), "-" if r["ratio"] is None else f"{r['ratio']:.4f}", r["agreement"]]
 
     cost_table = (["cell", "figure", "predicted", *src, "measured", "measured / predicted", "agreement"],
                   [check_row(r) for r in rows])
@@ -384,7 +384,7 @@ def scaling_section(ctx: Context) -> tuple[Any, list, str]:
             fit_note = str(exc)
         if fit is not None:
             doc.table(["E", "A", "α", "B", "β", "form", "points", "sizes", "token budgets", "rmse(log L)"],
-                      [[_num(fit.E), _num(fit.A), _num(fit.alpha), _num(fit.B), _num(fit.beta), fit.form,
+                      [[cell_num(fit.E), cell_num(fit.A), cell_num(fit.alpha), cell_num(fit.B), cell_num(fit.beta), fit.form,
                         fit.n_points, fit.n_sizes, fit.n_token_budgets, f"{fit.rmse_log:.3g}"]],
                       "Chinchilla form fitted by Huber loss (δ=1e-3) on log L with L-BFGS from a grid of starts "
                       f"(Hoffmann et al. 2022, App. D); N = non-embedding parameters, D = training tokens; every "
@@ -412,7 +412,7 @@ def extrapolation_section(ctx: Context) -> None:
                 for vs in [[r.final[m] for r in c.completed if r.final.get(m) is not None]]}
         x1 = mean["val_loss_x1"]
         rows.append([c.label, len(c.completed), *[stats.fmt(mean[m]) for m in EXTRAPOLATION],
-                     *[_signed(mean[m] - x1) if mean[m] is not None and x1 is not None else "-"
+                     *[cell_signed(mean[m] - x1) if mean[m] is not None and x1 is not None else "-"
                        for m in EXTRAPOLATION[1:]]])
     ctx.doc.table(["cell", "seeds", *[catalogue.label(m) for m in EXTRAPOLATION],
                    *[f"{m.rsplit('_x', 1)[1]}x - 1x" for m in EXTRAPOLATION[1:]]], rows,
