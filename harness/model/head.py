@@ -23,7 +23,7 @@ projection), so the head takes them as arguments.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -32,8 +32,15 @@ from ..contracts.config import ModelConfig, embed_factor, logit_factor
 from ..data.tasks import IGNORE_INDEX
 from ..kernels import use_triton
 
-if TYPE_CHECKING:
-    from .decoder import ForwardContext
+class LossContext(Protocol):
+    """What the head needs of the forward pass's context (abl.model.decoder.ForwardContext): whether the
+    caller wants the logits, and where an auxiliary loss and a diagnostic go."""
+
+    need_logits: bool
+
+    def add_aux_loss(self, name: str, value: torch.Tensor) -> None: ...
+
+    def add_metric(self, name: str, value) -> None: ...
 
 
 class LMHead:
@@ -58,7 +65,7 @@ class LMHead:
         factor = embed_factor(self.cfg.embed_scale, self.cfg.d_model)
         return x * factor if factor != 1.0 else x
 
-    def fuses(self, projection: nn.Module, targets: torch.Tensor | None, ctx: ForwardContext) -> bool:
+    def fuses(self, projection: nn.Module, targets: torch.Tensor | None, ctx: LossContext) -> bool:
         """Whether the projection and the loss run as one op, so the [B*T, V] logits never exist whole.
 
         Only the Triton op fuses (the reference would form the logits anyway, so on torch the model
@@ -70,7 +77,7 @@ class LMHead:
                 and not self.cfg.z_loss and not self.cfg.logit_softcap)
 
     def __call__(self, x: torch.Tensor, projection: nn.Module, targets: torch.Tensor | None,
-                 ctx: ForwardContext) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                 ctx: LossContext) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(logits [B, T, V] or None when fused, cross-entropy or None without targets) of the final
         hidden states ``x``; the z-loss goes to ``ctx`` as an auxiliary loss."""
         scale = logit_factor(self.cfg.logit_scale, self.cfg.d_model)
