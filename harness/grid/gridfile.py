@@ -43,6 +43,42 @@ def matches_exclude(varied: dict[str, Any], exclude: dict[str, Any], raw: dict) 
     return True
 
 
+def count_points(axes: dict[str, list], excludes: list[dict], raw: dict,
+                 stop_above: int | None = None) -> tuple[int, bool]:
+    """(how many grid points the ``[grid]`` axes give once ``exclude`` has removed its matches, whether that
+    count is exact), found without resolving or copying anything: the axes that no exclude names only
+    multiply the count, so only the combinations of the named ones are walked. With ``stop_above`` the walk
+    stops once the count passes it, and the count returned (not exact) is only known to be larger."""
+    named = [p for p in axes if any(p in ex for ex in excludes)]
+    free = 1
+    for p, values in axes.items():
+        if p not in named:
+            free *= len(values)
+    if not named:  # no exclude, or one on fixed settings only: it removes every point or none
+        return (0 if any(matches_exclude({}, ex, raw) for ex in excludes) else free), True
+    count = 0
+    for combo in itertools.product(*(axes[p] for p in named)):
+        varied = dict(zip(named, combo))
+        if not any(matches_exclude(varied, ex, raw) for ex in excludes):
+            count += free
+            if stop_above is not None and count > stop_above:
+                return count, False
+    return count, True
+
+
+def check_max_runs(axes: dict[str, list], excludes: list[dict], raw: dict, seeds: list[int], max_cells: int,
+                   source: str) -> None:
+    """``--max-cells``, before any cell is resolved: the runs are the grid points times the seeds (points
+    that resolve to the same run count once each). Raises ConfigError."""
+    # the count is exact up to 100,000 points (a fraction of a second); a larger one stops there
+    points, exact = count_points(axes, excludes, raw, stop_above=max(max_cells // len(seeds), 100_000))
+    runs = points * len(seeds)
+    if runs > max_cells:
+        seeds_text = f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}"
+        many = f"{'' if exact else 'at least '}{runs:,} runs ({points:,} grid points x {seeds_text})"
+        raise ConfigError(f"{source}: the grid has {many}, more than --max-cells={max_cells}")
+
+
 def packaged_grids() -> dict[str, Path]:
     """The grid files shipped inside the ``abl`` distribution, by name (``norms``, ...)."""
     from importlib.resources import files
@@ -176,6 +212,8 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
     if errs:
         raise ConfigError([f"{source}: {m}" for m in errs])
     assert exp is not None
+    if max_cells is not None:  # refused before any cell is resolved
+        check_max_runs(axes, excludes, raw, exp.seeds, max_cells, source)
     cells: list[Cell] = []
     seen: set[str] = set()
     paths = list(axes)
