@@ -79,6 +79,24 @@ def check_max_runs(axes: dict[str, list], excludes: list[dict], raw: dict, seeds
         raise ConfigError(f"{source}: the grid has {many}, more than --max-cells={max_cells}")
 
 
+def with_values(base: dict, varied: dict[str, Any]) -> dict:
+    """``base`` (the grid file's tables) with one point's ``[grid]`` values set: the tables on each
+    value's path are copied, the others shared with ``base`` (nothing downstream writes into them; a
+    value itself is copied, as a cell may hold it), so a point costs no deep copy of the whole file."""
+    out = dict(base)
+    for path, value in varied.items():
+        parts = path.split(".")
+        node = out
+        for part in parts[:-1]:
+            inner = node.get(part)
+            if inner is not None and not isinstance(inner, dict):
+                raise ConfigError(f"--set {path}: {part!r} is not a table")
+            node[part] = dict(inner) if inner is not None else {}
+            node = node[part]
+        node[parts[-1]] = copy.deepcopy(value) if isinstance(value, (list, dict)) else value
+    return out
+
+
 def packaged_grids() -> dict[str, Path]:
     """The grid files shipped inside the ``abl`` distribution, by name (``norms``, ...)."""
     from importlib.resources import files
@@ -214,6 +232,8 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
     assert exp is not None
     if max_cells is not None:  # refused before any cell is resolved
         check_max_runs(axes, excludes, raw, exp.seeds, max_cells, source)
+    base = copy.deepcopy({k: v for k, v in raw.items() if k != "grid"})
+    memo: dict = {}  # what the cells share, resolved once (abl.grid.validation.resolve_cell)
     cells: list[Cell] = []
     seen: set[str] = set()
     paths = list(axes)
@@ -223,15 +243,13 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
         if any(matches_exclude(varied, ex, raw) for ex in excludes):
             continue
         n_points += 1
-        cell_raw = copy.deepcopy({k: v for k, v in raw.items() if k != "grid"})
-        for p, v in varied.items():
-            apply_override(cell_raw, p, v)
+        cell_raw = with_values(base, varied)
         cell_raw, e = apply_recipe(cell_raw, registry)
         if e:
             errs += [f"{source}: cell [{grid_label(varied)}]: {m}" for m in e]
             continue
         for seed in exp.seeds:
-            cell, e = resolve_cell(cell_raw, seed, varied, registry)
+            cell, e = resolve_cell(cell_raw, seed, varied, registry, memo)
             if e:
                 errs += [f"{source}: cell [{grid_label(varied)}]: {m}" for m in e]
                 break

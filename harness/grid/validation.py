@@ -3,6 +3,7 @@ cell's raw tables resolved into a validated Cell (or every problem found)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import re
@@ -150,7 +151,28 @@ def name_errors(section: str, values: dict[str, Any]) -> list[str]:
     return []
 
 
+# build_section's answers by (section, repr of its raw table): a grid's cells share most tables, so a
+# 100,000-run grid checks each distinct table once (the dry run of such a grid stays fast)
+_SECTION_MEMO: dict[tuple[str, str], tuple[dict[str, Any] | None, list[str]]] = {}
+_MEMO_SIZE = 4096
+
+
 def build_section(name: str, raw: dict) -> tuple[Any, list[str]]:
+    """The typed config of the table ``[name]`` (a new object each call), or its problems."""
+    key = (name, repr(raw))
+    found = _SECTION_MEMO.get(key)
+    if found is None:
+        if len(_SECTION_MEMO) >= _MEMO_SIZE:
+            _SECTION_MEMO.clear()
+        found = _SECTION_MEMO[key] = _checked_section(name, raw)
+    values, errs = found
+    if values is None:
+        return None, list(errs)
+    return SECTIONS[name](**{k: copy.deepcopy(v) if isinstance(v, (list, dict)) else v
+                             for k, v in values.items()}), []
+
+
+def _checked_section(name: str, raw: dict) -> tuple[dict[str, Any] | None, list[str]]:
     cls = SECTIONS[name]
     params = section_params(cls)
     values: dict[str, Any] = {}
@@ -179,7 +201,7 @@ def build_section(name: str, raw: dict) -> tuple[Any, list[str]]:
     errs += name_errors(name, values)
     if errs:
         return None, errs
-    return cls(**values), []
+    return copy.deepcopy(values), []
 
 
 def seed_errors(seeds: list[int]) -> list[str]:
@@ -215,10 +237,26 @@ def _selector(axis: str, sections: dict[str, Any]) -> str:
     return getattr(sections[sec], key)
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` of a flat section config (its fields hold plain values, lists and tables),
+    without asdict's recursion over every value: the resolution of each cell of a large grid calls it."""
+    names = _FIELDS.get(type(obj))
+    if names is None:
+        names = _FIELDS[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+    out = {}
+    for name in names:
+        v = getattr(obj, name)
+        out[name] = copy.deepcopy(v) if isinstance(v, (list, dict)) else v
+    return out
+
+
 def _train_config(tc: TrainConfig) -> dict[str, Any]:
     """``[train]`` as stored and hashed; an empty ``lr_sweep`` is left out, and ``lr_tuning_seeds`` at its
     default (1) or without a sweep, so run ids from before they existed stay the same."""
-    out = dataclasses.asdict(tc)
+    out = _as_dict(tc)
     if not out["lr_sweep"]:
         del out["lr_sweep"]
     if out["lr_tuning_seeds"] == 1 or "lr_sweep" not in out:
@@ -229,7 +267,7 @@ def _train_config(tc: TrainConfig) -> dict[str, Any]:
 def _data_config(dc) -> dict[str, Any]:
     """``[data]`` as stored and hashed; ``accept_lossy_tokenizer`` left out at its default (false), so
     run ids from before it existed stay the same."""
-    out = dataclasses.asdict(dc)
+    out = _as_dict(dc)
     if not out["accept_lossy_tokenizer"]:
         del out["accept_lossy_tokenizer"]
     return out
@@ -298,12 +336,26 @@ def _component(raw: dict, axis: str, name: str, registry: Registry, where: str) 
     return {"name": name, "params": params}, errs
 
 
-def _components(raw: dict, sections: dict[str, Any], registry: Registry) -> tuple[dict[str, Any], list[str]]:
+def _memo_component(raw: dict, axis: str, name: str, registry: Registry, where: str,
+                    memo: dict | None) -> tuple[dict | None, list[str]]:
+    """``_component``, answered once per distinct (axis, name, parameters given) of one expansion."""
+    if memo is None:
+        return _component(raw, axis, name, registry, where)
+    given = raw.get(axis, {}).get(name, {}) if isinstance(raw.get(axis), dict) else {}
+    key = ("component", axis, name, where, repr(given))
+    if key not in memo:
+        memo[key] = _component(raw, axis, name, registry, where)
+    spec, errs = memo[key]
+    return copy.deepcopy(spec), list(errs)
+
+
+def _components(raw: dict, sections: dict[str, Any], registry: Registry,
+                memo: dict | None = None) -> tuple[dict[str, Any], list[str]]:
     """The component of every axis, and the per-layer mixers of ``model.layer_pattern``."""
     errs: list[str] = []
     components: dict[str, Any] = {}
     for axis in AXES:
-        spec, e = _component(raw, axis, _selector(axis, sections), registry, AXES[axis][0])
+        spec, e = _memo_component(raw, axis, _selector(axis, sections), registry, AXES[axis][0], memo)
         errs += e
         if spec is not None:
             components[axis] = spec
@@ -315,7 +367,7 @@ def _components(raw: dict, sections: dict[str, Any], registry: Registry) -> tupl
                         f"{model.n_layers} must be a multiple of it")
         specs: dict[str, dict[str, Any]] = {}
         for name in dict.fromkeys(pattern):
-            spec, e = _component(raw, "mixer", name, registry, "model.layer_pattern")
+            spec, e = _memo_component(raw, "mixer", name, registry, "model.layer_pattern", memo)
             errs += e
             if spec is not None:
                 specs[name] = spec
@@ -360,7 +412,7 @@ def _resolved_config(sections: dict[str, Any], seed: int, components: dict[str, 
         "model": stored_model(sections["model"]),
         "train": _train_config(sections["train"]),
         "data": _data_config(sections["data"]),
-        "eval": {k: v for k, v in dataclasses.asdict(sections["eval"]).items()
+        "eval": {k: v for k, v in _as_dict(sections["eval"]).items()
                  if k != "probes" or v},  # no probes: the run ids stay as before eval.probes existed
         "components": stored_components(components),
     }
@@ -369,15 +421,17 @@ def _resolved_config(sections: dict[str, Any], seed: int, components: dict[str, 
     return config
 
 
-def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registry) -> tuple[Cell | None, list[str]]:
+def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registry,
+                 memo: dict | None = None) -> tuple[Cell | None, list[str]]:
     """Turn one cell's raw dict into a validated Cell (or error messages): typed sections, derived
-    sizes, components, probes, then the components' own cross-axis checks."""
+    sizes, components, probes, then the components' own cross-axis checks. ``memo``, one dict for the
+    cells of one expansion, keeps the components' resolved parameters, which most cells share."""
     sections, errs = typed_sections(raw)
     if errs:
         return None, errs
     model: ModelConfig = sections["model"]
     errs += derive_sizes(raw, model, sections["train"])
-    components, e = _components(raw, sections, registry)
+    components, e = _components(raw, sections, registry, memo)
     errs += e
     probes, e = resolve_probes(raw, sections["eval"].probes, model, registry)
     errs += e
