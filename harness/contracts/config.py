@@ -317,8 +317,8 @@ MODEL_KEYS_LEFT_OUT_AT_DEFAULT = ("recipe", "logit_scale", "z_loss", "logit_soft
 def stored_model(model: ModelConfig) -> dict[str, Any]:
     """``[model]`` as stored and hashed; the keys of ``MODEL_KEYS_LEFT_OUT_AT_DEFAULT`` left out at their
     defaults, so the run ids of cells from before they existed stay the same."""
-    out = dataclasses.asdict(model)
-    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    out = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}  # asdict, without its recursion:
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}  # every field is a plain scalar
     for key in MODEL_KEYS_LEFT_OUT_AT_DEFAULT:
         if out[key] == defaults[key]:
             del out[key]

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..contracts.config import Cell, ConfigError, Grid
 from ..contracts.registry import Registry, RegistryError
-from .labels import grid_label
+from .labels import SEP, grid_label, show
 from .parsing import apply_override, parse_overrides, read_toml
 from .recipes import apply_recipe
 from .validation import (
@@ -238,10 +238,13 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
     seen: set[str] = set()
     paths = list(axes)
     n_points = 0
-    for index, combo in enumerate(itertools.product(*(axes[p] for p in paths))):
-        varied = dict(zip(paths, combo))
+    # each value's part of the labels, shown once (abl.grid.labels.grid_label joins the same parts)
+    parts = [[f"{p.split('.')[-1]}={show(v)}" for v in axes[p]] for p in paths]
+    for index, picks in enumerate(itertools.product(*(range(len(axes[p])) for p in paths))):
+        varied = {p: axes[p][i] for p, i in zip(paths, picks)}
         if any(matches_exclude(varied, ex, raw) for ex in excludes):
             continue
+        label = SEP.join(parts[n][i] for n, i in enumerate(picks)) or "base"
         n_points += 1
         cell_raw = with_values(base, varied)
         cell_raw, e = apply_recipe(cell_raw, registry)
@@ -249,7 +252,7 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
             errs += [f"{source}: cell [{grid_label(varied)}]: {m}" for m in e]
             continue
         for seed in exp.seeds:
-            cell, e = resolve_cell(cell_raw, seed, varied, registry, memo)
+            cell, e = resolve_cell(cell_raw, seed, varied, registry, memo, label)
             if e:
                 errs += [f"{source}: cell [{grid_label(varied)}]: {m}" for m in e]
                 break

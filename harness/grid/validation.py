@@ -346,7 +346,10 @@ def _memo_component(raw: dict, axis: str, name: str, registry: Registry, where: 
     if key not in memo:
         memo[key] = _component(raw, axis, name, registry, where)
     spec, errs = memo[key]
-    return copy.deepcopy(spec), list(errs)
+    if spec is not None:  # a new spec each cell: its parameters' lists and tables copied
+        spec = {"name": spec["name"], "params": {k: copy.deepcopy(v) if isinstance(v, (list, dict)) else v
+                                                 for k, v in spec["params"].items()}}
+    return spec, list(errs)
 
 
 def _components(raw: dict, sections: dict[str, Any], registry: Registry,
@@ -422,7 +425,7 @@ def _resolved_config(sections: dict[str, Any], seed: int, components: dict[str, 
 
 
 def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registry,
-                 memo: dict | None = None) -> tuple[Cell | None, list[str]]:
+                 memo: dict | None = None, label: str | None = None) -> tuple[Cell | None, list[str]]:
     """Turn one cell's raw dict into a validated Cell (or error messages): typed sections, derived
     sizes, components, probes, then the components' own cross-axis checks. ``memo``, one dict for the
     cells of one expansion, keeps the components' resolved parameters, which most cells share."""
@@ -444,7 +447,7 @@ def resolve_cell(raw: dict, seed: int, varied: dict[str, Any], registry: Registr
     config = _resolved_config(sections, seed, components, probes)
     cell = Cell(config=config, run_id=run_id_of(config), experiment=sections["experiment"], model=model,
                 train=sections["train"], data=sections["data"], seed=seed, components=components, varied=varied,
-                eval=sections["eval"], label=grid_label(varied))
+                eval=sections["eval"], label=grid_label(varied) if label is None else label)
     return cell, []
 
 
