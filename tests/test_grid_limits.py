@@ -105,3 +105,37 @@ def test_cli_refuses_a_100k_grid_as_fast_as_a_2_run_one(tmp_path):
     for key in (("big", False), ("big", True)):
         assert took[key] - took["small", False] < 5, took
     assert not (tmp_path / "results").exists() and not list(tmp_path.glob("*.duckdb"))
+
+
+def _child_cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@pytest.mark.slow
+def test_dry_run_of_a_100k_grid_within_60_s(tmp_path):
+    """The dry run of 100,000 runs resolves them all (their run ids) and lists the first and last; its CPU
+    time is bounded, not its wall time, which a loaded machine stretches."""
+    (tmp_path / "big.toml").write_text(big_grid_text())
+    cpu0 = _child_cpu_s()
+    r = run_abl(["run", "big.toml", "--dry-run", "--max-cells", "100000"], cwd=tmp_path, timeout=600)
+    took = _child_cpu_s() - cpu0
+    assert r.returncode == 0, r.stderr
+    assert "100000 runs (100000 cells" in r.stdout and "99,980 more runs" in r.stdout
+    assert "│ 100000 │" in r.stdout and "│      1 │" in r.stdout
+    assert "design: not worked out for a grid of 100,000 runs" in r.stdout
+    assert took < 60, f"the dry run took {took:.0f} s of CPU"
+    assert not list(tmp_path.glob("*.duckdb")) and not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.bench
+def test_bench_expand_100k_runs(benchmark, registry):
+    """pytest-benchmark: the expansion a dry run of 100,000 runs makes (run it by path with
+    --benchmark-enable -m bench)."""
+    raw = parse_toml_text(big_grid_text(), "big.toml")
+    grid = benchmark.pedantic(lambda: expand(raw, registry, source="big.toml", max_cells=100_000),
+                              rounds=1, iterations=1)
+    assert len(grid.cells) == 100_000 and grid.cells[-1].grid_index == 99_999

@@ -158,8 +158,12 @@ def _dry_run(full, grid, registry, ws: Workspace, engine: _Engine, detect: float
 
     for w in preflight.warnings(full):  # the run itself prints them too (abl.run.lr_sweep)
         click.echo(f"warning: {w}")
-    for line in design_lines(full):  # what the seeds can decide, before any run
-        click.echo(line)
+    if len(full.cells) > LISTED_IN_FULL:  # the model fit of a huge design would take minutes
+        click.echo(f"design: not worked out for a grid of {len(full.cells):,} runs (it is for grids of at most "
+                   f"{LISTED_IN_FULL:,})")
+    else:
+        for line in design_lines(full):  # what the seeds can decide, before any run
+            click.echo(line)
     if grid.cells[0].train.lr_sweep:  # abl.run.lr_sweep: phase 2's cells depend on phase 1's results
         from ..grid.design import compared_seeds
         from ..run.lr_sweep import tuning_grid, tuning_seeds
@@ -170,7 +174,7 @@ def _dry_run(full, grid, registry, ws: Workspace, engine: _Engine, detect: float
                    f"then trains each variant at its own best lr on seeds {compared_seeds(grid)}")
         _print_cells(tuning_grid(grid, registry))
     else:
-        _print_cells(grid, numbers_of(full))
+        _print_cells(grid, numbers_of(full), whole=len(grid.cells) == len(full.cells))
     if engine.kind == "local" and any(c.train.compile for c in grid.cells):
         from ..run.payback import planned_payback_notes
 
@@ -244,23 +248,37 @@ def _admit(grid, registry, ws: Workspace, engine, *, retry_failed: bool, force: 
         click.echo("warning (--force): " + "\n".join(too_big), err=True)
 
 
-def _print_cells(grid, numbers: dict[str, int] | None = None) -> None:
-    """The runs of ``grid``; ``#`` is the cell's number in the full grid (``--cells`` takes it)."""
+LISTED_IN_FULL = 10_000  # a dry run of a larger grid lists its first and last runs (SHOWN_AT_EACH_END each)
+SHOWN_AT_EACH_END = 10
+
+
+def _print_cells(grid, numbers: dict[str, int] | None = None, whole: bool = False) -> None:
+    """The runs of ``grid``; ``#`` is the cell's number in the full grid (``--cells`` takes it). A grid of
+    more than LISTED_IN_FULL runs: its first and last runs, and how many are between."""
     from rich.console import Console
     from rich.table import Table
 
     from ..grid.labels import show
     from ..grid.selection import cell_numbers
 
+    n_cells = len(numbers) if numbers and whole else None  # ``whole``: numbers holds exactly grid's cells
     numbers = numbers or cell_numbers(grid)
-    table = Table(title=f"{grid.path}: {len(grid.cells)} runs ({len({c.cell_key for c in grid.cells})} cells; "
+    n_cells = n_cells or len({c.cell_key for c in grid.cells})
+    table = Table(title=f"{grid.path}: {len(grid.cells)} runs ({n_cells} cells; "
                         "# is the cell's number for --cells)", title_justify="left")
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("run_id", no_wrap=True, min_width=max(len(c.run_id) for c in grid.cells))
     for p in grid.grid_paths:
         table.add_column(p, overflow="fold")  # a narrow terminal folds the values, never cuts them
     table.add_column("seed", justify="right", no_wrap=True)
-    for c in grid.cells:
+    shown = grid.cells
+    if len(shown) > LISTED_IN_FULL:
+        shown = [*shown[:SHOWN_AT_EACH_END], None, *shown[-SHOWN_AT_EACH_END:]]
+    for c in shown:
+        if c is None:
+            table.add_row("...", f"{len(grid.cells) - 2 * SHOWN_AT_EACH_END:,} more runs", *["" for _ in grid.grid_paths],
+                          "")
+            continue
         table.add_row(str(numbers.get(c.cell_key, "-")), c.run_id, *[show(c.varied[p]) for p in grid.grid_paths],
                       str(c.seed))
     Console().print(table)
