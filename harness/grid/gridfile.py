@@ -12,8 +12,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from ..contracts.config import Cell, ConfigError, Grid
-from ..contracts.registry import Registry, RegistryError
+from ..contracts.config import SECTIONS, Cell, ConfigError, Grid, canonical_json, section_params
+from ..contracts.registry import AXES, Registry, RegistryError
 from .labels import SEP, grid_label, show
 from .parsing import apply_override, parse_overrides, read_toml
 from .recipes import apply_recipe
@@ -21,11 +21,10 @@ from .validation import (
     build_section,
     check_structure,
     parse_grid,
-    check_lr_sweep,
     check_output_path,
     one_per_problem,
+    known_path,
     resolve_cell,
-    swept_override_errors,
 )
 
 
@@ -279,3 +278,62 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
     if max_cells is not None and len(cells) > max_cells:
         raise ConfigError(f"{source}: the grid has {len(cells)} runs, more than --max-cells={max_cells}")
     return Grid(path=source, raw=raw, cells=cells, grid_paths=paths)
+
+
+def check_lr_sweep(values: Any, seeds: list, grid_paths: list[str], tuning_seeds: int = 1) -> list[str]:
+    """Problems with ``train.lr_sweep`` in a grid (abl.run.lr_sweep runs it)."""
+    errs = []
+    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                               and 0 < v < float("inf") for v in values):
+        errs.append(f"train.lr_sweep must be a list of positive learning rates, got {values!r}")
+    elif len(set(values)) != len(values):
+        errs.append(f"train.lr_sweep has duplicates: {values!r}")
+    if len(seeds) < tuning_seeds + 1:
+        first = "the first tunes" if tuning_seeds == 1 else f"train.lr_tuning_seeds = {tuning_seeds}: the first " \
+                                                             f"{tuning_seeds} tune"
+        errs.append(f"train.lr_sweep needs at least {tuning_seeds + 1} seeds ({first}, the others compare); "
+                    f"experiment.seeds = {seeds!r}")
+    if "train.lr" in grid_paths:
+        errs.append("train.lr is both a grid axis and swept by train.lr_sweep; use one of them")
+    if "train.lr_tuning_seeds" in grid_paths:
+        errs.append("train.lr_tuning_seeds cannot be a grid axis: it sets how the whole sweep tunes")
+    return errs
+
+
+def value_errors(path: str, value: Any, registry: Registry) -> list[str]:
+    """Why ``value`` cannot be set at the dotted ``path`` (empty when it can)."""
+    msg = known_path(path, registry)
+    if msg:
+        return [msg]
+    head, *rest = path.split(".")
+    if head in SECTIONS:
+        if path == "experiment.seeds":
+            ok = isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool)
+                                                           for v in value)
+            return [] if ok else [f"experiment.seeds must be a non-empty list of integers, got {value!r}"]
+        errs = [f"{head}.{m}" for m in section_params(SECTIONS[head])[rest[0]].check(rest[0], value)]
+        axis = next((a for a, (sel, _) in AXES.items() if sel == path), None)
+        if axis is not None and not errs:
+            try:
+                registry.get(axis, value)
+            except RegistryError as exc:
+                errs.append(f"{path}: {exc}")
+        return errs
+    comp = registry.get(head, rest[0])
+    return [f"{path}: {m}" for m in comp.params[rest[1]].check(rest[1], value)]
+
+
+def swept_override_errors(raw: dict, overrides: list[tuple[str, Any]], registry: Registry) -> list[str]:
+    """A ``--set`` on a key the grid sweeps would be overwritten by every cell: refuse it,
+    say how to override the sweep, and check the value anyway."""
+    grid = raw.get("grid")
+    swept: dict[str, Any] = grid if isinstance(grid, dict) else {}
+    errs: list[str] = []
+    for key, value in overrides:
+        if key == "grid" or key.startswith("grid.") or key not in swept:
+            continue
+        example = canonical_json([value]).replace(",", ", ")
+        errs.append(f"--set {key}={value!r}: the grid sweeps {key} over {swept[key]!r}, so this would be "
+                    f"ignored; to replace the sweep, --set 'grid.{key}={example}'")
+        errs += value_errors(key, value, registry)
+    return errs
