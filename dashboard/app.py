@@ -11,7 +11,7 @@ cells) apply to every page. The pages are listed in pages.py; ``abl dashboard
 import streamlit as st
 
 from abl.dashboard import common, pages
-from abl.dashboard.queries import StoreBusy, StoreUnavailable
+from abl.store.readonly import StoreBusy, StoreUnavailable
 
 st.set_page_config(page_title="abl dashboard", page_icon=":material/science:", layout="wide")
 

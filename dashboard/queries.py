@@ -21,7 +21,8 @@ from typing import Sequence
 from abl.analysis.health import HEALTH_METRICS
 from abl.analysis.metrics import Metric, is_speed  # noqa: F401 - the pages read the catalogue through here
 from abl.analysis.metrics import metric as metric_info  # noqa: F401
-from abl.analysis.stats import HOLM, Analysis, CellInput
+from abl.analysis.stats.corrections import HOLM
+from abl.analysis.stats.engine import Analysis, CellInput
 from abl.analysis.verdicts import analyse_runs
 from abl.store import reader
 from abl.store.benchqueries import (  # noqa: F401 - the pages use them as queries.*
@@ -57,7 +58,6 @@ from abl.store.queries import (  # noqa: F401
     status_values,
 )
 from abl.store.readonly import (  # noqa: F401
-    DEFAULT_DB,
     MAX_HOLD_S,
     Live,
     Store,

@@ -307,21 +307,6 @@ def handed_on(modules: dict[str, Path]) -> list[tuple[str, str, str]]:
     return sorted(found)
 
 
-# Modules that still hand on names they import (re-export shims), with the names, each to go: its
-# importers take the name from where it is defined (issue 38, item 8). They have other owners at the
-# time of writing; a name or module not listed here fails, and the lists may only shrink.
-HANDED_ON_LEFT = {
-    "abl.store.rundir": {"COMPLETED", "DIVERGED", "EXIT_CODES", "FAILED", "KILLED", "NOT_COMPLETED", "OOM",
-                         "RETRY_FAILED", "RUNNING", "STATUSES", "TERMINAL"},  # the status words of contracts.status
-    "abl.present.report": {"ReportError", "build_report", "comparison_metric", "experiments", "group_cells",
-                           "load_runs", "write_report"},
-    "abl.analysis.stats": {"CellInput", "HOLM", "MIN_SEEDS", "TOO_FEW", "Analysis"},
-    "abl.analysis.stats.formats": {"fmt", "fmt_p"},
-    "abl.dashboard.queries": {"StoreBusy", "StoreUnavailable"},
-    "abl.store.readonly": {"DEFAULT_DB"},
-}
-
-
 def test_the_handed_on_scan_finds_a_planted_shim(tmp_path):
     (tmp_path / "pkg").mkdir()
     a, b, c = (tmp_path / "pkg" / f"{n}.py" for n in "abc")
@@ -333,9 +318,6 @@ def test_the_handed_on_scan_finds_a_planted_shim(tmp_path):
 
 def test_every_name_is_imported_from_where_it_is_defined():
     """One import path per name: ``from abl.x import y`` finds y defined in abl.x, not handed on from abl.z."""
-    new = [(m, s, n) for m, s, n in handed_on(_modules()) if n not in HANDED_ON_LEFT.get(s, ())]
-    assert not new, "names imported through a module that only hands them on (import them where defined):\n" + \
-        "\n".join(f"{m} imports {n} from {s}" for m, s, n in new)
-    still = {(s, n) for _, s, n in handed_on(_modules())}
-    gone = sorted((s, n) for s, names in HANDED_ON_LEFT.items() for n in names if (s, n) not in still)
-    assert not gone, f"no longer handed on, strike them from HANDED_ON_LEFT: {gone}"
+    found = handed_on(_modules())
+    assert not found, "names imported through a module that only hands them on (import them where defined):\n" + \
+        "\n".join(f"{m} imports {n} from {s}" for m, s, n in found)

@@ -259,7 +259,8 @@ def test_the_dashboard_leads_with_the_same_per_axis_lines(tmp_path, monkeypatch)
 
 
 def test_the_report_has_the_per_axis_section(tmp_path, monkeypatch):
-    from abl.present.report import build_report, load_runs
+    from abl.present.report.runs import load_runs
+    from abl.present.report.sections import build_report
 
     monkeypatch.chdir(tmp_path)
     grid, db, g = _store(tmp_path, GRID, _norms_value)

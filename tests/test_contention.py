@@ -8,6 +8,7 @@ import pytest
 
 from abl.analysis.health import contended, derived_rows
 from abl.analysis.sections import CONTENDED, is_contended
+from abl.contracts.status import COMPLETED, RUNNING
 from abl.grid.gridfile import expand
 from abl.train.loop import train
 from abl.store import database as store
@@ -64,11 +65,11 @@ class FolderSink:
 def trained_folder(tmp_path, registry):
     cell = expand(GRID, registry).cells[0]
     run_dir = rundir.prepare(tmp_path / "runs" / cell.run_id, cell.config, {"label": cell.label})
-    rundir.write_status(run_dir, {"status": rundir.RUNNING, "started": 0.0})
+    rundir.write_status(run_dir, {"status": RUNNING, "started": 0.0})
     sink = FolderSink(run_dir)
     summary = train(cell, registry, sink, on_info=lambda info: rundir.write_json(run_dir / rundir.INFO, info))
     sink.sink.close()
-    rundir.write_status(run_dir, {"status": rundir.COMPLETED, "started": 0.0, "finished": 1.0})
+    rundir.write_status(run_dir, {"status": COMPLETED, "started": 0.0, "finished": 1.0})
     return run_dir, summary
 
 
@@ -76,7 +77,7 @@ def stored_final(tmp_path, run_dir):
     db = tmp_path / "x.duckdb"
     con = store.open_store(db)
     try:
-        assert store.ingest_run(con, run_dir) == rundir.COMPLETED
+        assert store.ingest_run(con, run_dir) == COMPLETED
         return {n: v for n, v in con.execute(
             f"SELECT name, value FROM ({store.final_values_sql()}) WHERE run_id = ?", [run_dir.name]).fetchall()}
     finally:

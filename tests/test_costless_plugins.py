@@ -184,7 +184,8 @@ def costless_store(costless, tmp_path_factory):
 def test_the_report_compares_a_costless_cell_with_its_measured_per_shape_figures(costless, costless_store, tmp_path):
     from test_report import parse_table
 
-    from abl.present.report import build_report, load_runs, write_report
+    from abl.present.report.runs import load_runs
+    from abl.present.report.sections import build_report, write_report
 
     reg, _ = costless
     db, cells = costless_store

@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
 from abl.dashboard import charts as dash_charts  # noqa: E402
 from abl.dashboard import queries  # noqa: E402
 from abl.store import database as abl_store  # noqa: E402
+from abl.store.readonly import StoreBusy, StoreUnavailable  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the fixture store trains a grid through the CLI
 
@@ -79,9 +80,9 @@ def fixture_store(tmp_path_factory) -> Fixture:
                     if live:
                         seen["live_rows"] = max(seen["live_rows"], len(live.frame))
                     seen["reads"] += 1
-            except queries.StoreBusy:
+            except StoreBusy:
                 seen["busy"] += 1
-            except queries.StoreUnavailable as exc:  # before the first migration commits
+            except StoreUnavailable as exc:  # before the first migration commits
                 seen["unavailable"] += 1
                 if "not an abl store" not in str(exc):
                     errors.append(repr(exc))

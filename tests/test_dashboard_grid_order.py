@@ -135,7 +135,7 @@ def _grid_label(shown: str, labels: dict) -> str:
 def test_a_report_by_experiment_name_orders_cells_as_the_dashboard_does(store, tmp_path):
     """``abl report NAME`` (no grid file given) used to order cells by first run while the dashboard used the
     grid's order, so one cell could take two colours. Both now use the grid position the runs recorded."""
-    from abl.present.report import load_runs
+    from abl.present.report.runs import load_runs
     from abl.present.report.runs import group_cells
 
     st, grid_order, run_order = store
@@ -159,7 +159,7 @@ def test_a_finished_grid_shows_the_same_labels_and_colours_after_its_grid_file_i
     """Issue 38: the labels (the grid's axes named first, from the paths each run recorded) and the colours
     (from the position each run recorded) of a finished grid do not depend on its grid file still being there:
     the report's cells and the dashboard's order, before and after the file is deleted."""
-    from abl.present.report import load_runs
+    from abl.present.report.runs import load_runs
     from abl.present.report.runs import group_cells, label_cells
 
     st, grid_order, _ = store

@@ -20,6 +20,7 @@ from abl.analysis import stats  # noqa: E402
 from abl.analysis.tables import config_diff  # noqa: E402
 from abl.dashboard import queries as q  # noqa: E402
 from abl.store import database as abl_store  # noqa: E402
+from abl.store.readonly import StoreBusy, StoreUnavailable  # noqa: E402
 
 APP = ROOT / "dashboard" / "app.py"
 
@@ -162,18 +163,18 @@ def test_a_reader_waits_for_the_writer_then_reads_or_says_busy(small_store):
         proc.wait(timeout=30)
     proc = _hold_write_lock(small_store.db, 1.0)
     try:
-        with pytest.raises(q.StoreBusy, match="busy"):
+        with pytest.raises(StoreBusy, match="busy"):
             small_store.query("SELECT 1", retry_s=0.3)
     finally:
         proc.wait(timeout=30)
 
 
 def test_missing_and_foreign_databases_are_reported(tmp_path):
-    with pytest.raises(q.StoreUnavailable, match="No database at"):
+    with pytest.raises(StoreUnavailable, match="No database at"):
         q.experiments(q.Store(str(tmp_path / "none.duckdb"), str(tmp_path)))
     db = tmp_path / "other.duckdb"
     duckdb.connect(str(db)).close()
-    with pytest.raises(q.StoreUnavailable, match="not an abl store"):
+    with pytest.raises(StoreUnavailable, match="not an abl store"):
         q.experiments(q.Store(str(db), str(tmp_path)))
     assert q.bench_columns(q.Store(str(db), str(tmp_path))) is None
 

@@ -320,9 +320,9 @@ def test_a_signal_during_worker_start_up_is_recorded_killed(tmp_path, registry, 
     assert proc.wait(timeout=120) == 5  # EXIT_CODES["killed"]
     st = json.loads((d / "status.json").read_text())
     assert st["status"] == "killed" and "SIGTERM" in st["error"], st
-    from abl.store import rundir
+    from abl.contracts.status import runs_again
 
-    assert rundir.runs_again(st["status"])  # a plain re-run restarts it
+    assert runs_again(st["status"])  # a plain re-run restarts it
 
 
 SWALLOWING_PLUGIN = """

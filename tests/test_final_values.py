@@ -42,7 +42,7 @@ def test_the_fragment_takes_the_value_at_the_highest_step(db):
 
 def test_cli_summary_and_report_use_the_final_value(db):
     from abl.present import summary
-    from abl.present.report import load_runs
+    from abl.present.report.runs import load_runs
 
     view = summary.build(summary.load(db, run_ids=["a0", "a1", "b0"]), metrics=["val_loss"], title="e")
     rows = {r.key: r for r in view.analysis.cells}

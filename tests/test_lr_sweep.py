@@ -213,7 +213,7 @@ def test_too_few_comparison_seeds_warn_and_dry_run_says_so(tmp_path, monkeypatch
     (abl.analysis.stats.MIN_SEEDS), so every comparison would end "too few seeds to decide"."""
     from click.testing import CliRunner
 
-    from abl.analysis.stats import MIN_SEEDS
+    from abl.analysis.stats.power import MIN_SEEDS
     from abl.cli import cli
     from abl.contracts.plugin_manager import get_registry
     from abl.grid.gridfile import load_grid

@@ -54,7 +54,7 @@ def db(tmp_path):
 
 def test_peak_memory_is_the_peak_in_the_summary_the_report_the_dashboard_and_the_store(db, tmp_path):
     from abl.present import summary
-    from abl.present.report import load_runs
+    from abl.present.report.runs import load_runs
 
     assert catalogue.final_aggregate("peak_mem_bytes") == catalogue.MAX
     report_final = {r.run_id: r.final["peak_mem_bytes"] for r in load_runs(db, experiment="e", curve_names=())}
@@ -100,7 +100,7 @@ def test_is_speed_is_defined_once_and_every_caller_agrees():
 
 
 def _tokenizer_cells():
-    from abl.present.report import Cell
+    from abl.present.report.runs import Cell
     from abl.store.reader import StoredRun as Run
 
     cells = []
@@ -117,7 +117,8 @@ def _tokenizer_cells():
 
 
 def test_the_tokenizer_figure_plots_one_metric_on_an_axis_named_by_it():
-    from abl.present.report import cell_statistics, comparison_metric, quality_vs_cost_figure
+    from abl.present.report.plots import quality_vs_cost_figure
+    from abl.present.report.runs import cell_statistics, comparison_metric
 
     cells = _tokenizer_cells()
     metric = comparison_metric(cells)

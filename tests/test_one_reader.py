@@ -115,7 +115,7 @@ def test_abl_compare_and_abl_report_read_through_the_reader(stored, calls, tmp_p
 
 
 def test_every_stored_metric_reaches_the_report_runs(stored, calls):
-    from abl.present.report import load_runs
+    from abl.present.report.runs import load_runs
 
     _, db, _ = stored
     runs = load_runs(db, experiment="onereader", curve_names=())

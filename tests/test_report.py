@@ -177,7 +177,8 @@ def ladder_store(tmp_path):
 def test_report_numbers_match_a_direct_computation_from_the_store(ladder_store, tmp_path):
     from abl.contracts.plugin_manager import get_registry
     from abl.grid.gridfile import load_grid
-    from abl.present.report import build_report, load_runs, write_report
+    from abl.present.report.runs import load_runs
+    from abl.present.report.sections import build_report, write_report
 
     grid, db = ladder_store
     reg = get_registry()
@@ -203,7 +204,7 @@ def test_report_numbers_match_a_direct_computation_from_the_store(ladder_store, 
     assert fit["n_sizes"] == 4 and "L(N)" in fit["form"]
     assert fit["alpha"] == pytest.approx(0.4, abs=0.15)
     # the API the run summary uses gives the same statistics
-    from abl.present.report import statistics_for_runs
+    from abl.present.report.runs import statistics_for_runs
 
     again = statistics_for_runs(db, [c.run_id for c in g.cells], order=list(dict.fromkeys(c.cell_key for c in g.cells)))
     assert [(r["label"], r["verdict"], r["p_value"]) for r in again] == \

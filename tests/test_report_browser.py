@@ -38,7 +38,8 @@ def test_html_report_renders_at_desktop_and_laptop_width(norms_store, tmp_path):
     from PIL import Image
 
     from abl.contracts.plugin_manager import get_registry
-    from abl.present.report import build_report, load_runs, write_report
+    from abl.present.report.runs import load_runs
+    from abl.present.report.sections import build_report, write_report
 
     grid, db, g = norms_store
     rep = build_report(load_runs(db, experiment="normslike"), source="normslike", db_path=str(db),

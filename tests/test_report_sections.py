@@ -111,7 +111,8 @@ def norms_store(tmp_path_factory):
 
 def _report(norms_store, tmp_path, fmt="md"):
     from abl.contracts.plugin_manager import get_registry
-    from abl.present.report import build_report, load_runs, write_report
+    from abl.present.report.runs import load_runs
+    from abl.present.report.sections import build_report, write_report
 
     grid, db, g = norms_store
     runs = load_runs(db, experiment="normslike")
@@ -122,7 +123,8 @@ def _report(norms_store, tmp_path, fmt="md"):
 
 def test_the_store_is_one_model_of_slightly_different_sizes_at_equal_flops(norms_store):
     from abl.contracts.plugin_manager import get_registry
-    from abl.present.report import attach_predictions, group_cells, load_runs
+    from abl.present.report.costs import attach_predictions
+    from abl.present.report.runs import group_cells, load_runs
 
     grid, db, g = norms_store
     runs = load_runs(db, experiment="normslike")
@@ -145,20 +147,20 @@ def test_one_model_size_has_no_scaling_fit_and_says_why(norms_store, tmp_path):
 
 def test_equal_flops_give_no_flops_axis(norms_store, tmp_path):
     from abl.contracts.plugin_manager import get_registry
-    from abl.present import report
+    from abl.present.report import plots
 
     rep, md = _report(norms_store, tmp_path)
-    fig = report.loss_curves_figure(rep.cells, "")
+    fig = plots.loss_curves_figure(rep.cells, "")
     labels = [ax.get_xlabel() + " " + ax.get_title() for ax in fig.axes]
     assert not any("FLOPs" in t for t in labels), labels
     assert any("wall time" in t for t in labels)  # the wall times differ: that axis stays
-    fig = report.quality_vs_cost_figure(rep.cells, rep.stat_rows, "")
+    fig = plots.quality_vs_cost_figure(rep.cells, rep.stat_rows, "")
     xlabels = [ax.get_xlabel() for ax in fig.axes]
     assert xlabels == ["wall time (s, measured)"], xlabels  # FLOPs and parameters are the same for every cell
     assert "No loss curve at equal FLOPs: every cell costs the same FLOPs per token" in md
     assert "Not plotted against final val_loss: training FLOPs and parameters, the same for every cell" in md
     # the predicted-vs-measured plot keeps only the figure that differs between cells (memory)
-    fig = report.predicted_vs_measured_figure(rep.cost_rows, "")
+    fig = plots.predicted_vs_measured_figure(rep.cost_rows, "")
     assert [ax.get_title() for ax in fig.axes] == ["training memory (peak tensor bytes)"]
     # in MiB, each tick the number itself: not raw bytes under a 1e7 offset
     ax = fig.axes[0]
@@ -192,7 +194,8 @@ def test_predicted_vs_measured_is_a_summary_with_the_outliers(norms_store, tmp_p
 
 
 def test_a_running_run_gives_no_different_conditions_warning(norms_store, tmp_path):
-    from abl.present.report import conditions_line, load_runs
+    from abl.present.report.conditions import conditions_line
+    from abl.present.report.runs import load_runs
 
     rep, md = _report(norms_store, tmp_path)
     assert "different conditions" not in md
@@ -203,7 +206,8 @@ def test_a_running_run_gives_no_different_conditions_warning(norms_store, tmp_pa
 
 def test_a_failed_run_with_another_device_is_ignored_but_two_completed_devices_warn(norms_store, tmp_path):
     from abl.contracts.plugin_manager import get_registry
-    from abl.present.report import build_report, load_runs
+    from abl.present.report.runs import load_runs
+    from abl.present.report.sections import build_report
 
     runs = load_runs(norms_store[1], experiment="normslike")
     runs[0].status, runs[0].device = "failed", "other"
@@ -247,12 +251,12 @@ def _assert_readable(fig):
 
 
 def test_thirteen_cells_are_told_apart_named_by_their_settings_with_the_legend_outside(norms_store, tmp_path):
-    from abl.present import report
+    from abl.present.report import plots
 
     rep, md = _report(norms_store, tmp_path)
     labels = [c.label for c in rep.cells]
     assert len(set(labels)) == 13 and "norm=scalenorm, block=sandwich" in labels
-    fig = report.loss_curves_figure(rep.cells, "footer")
+    fig = plots.loss_curves_figure(rep.cells, "footer")
     for ax in fig.axes:
         drawn, distinct = _distinct_styles(ax)
         if ax.get_title().startswith(("train loss", "val loss at equal tokens")):
@@ -260,23 +264,23 @@ def test_thirteen_cells_are_told_apart_named_by_their_settings_with_the_legend_o
     legend_texts = [t.get_text() for t in fig.legends[0].get_texts()]
     assert set(labels) <= set(legend_texts)
     _assert_readable(fig)
-    _assert_readable(report.quality_vs_cost_figure(rep.cells, rep.stat_rows, "footer"))
-    _assert_readable(report.predicted_vs_measured_figure(rep.cost_rows, "footer"))
+    _assert_readable(plots.quality_vs_cost_figure(rep.cells, rep.stat_rows, "footer"))
+    _assert_readable(plots.predicted_vs_measured_figure(rep.cost_rows, "footer"))
 
 
 @pytest.mark.parametrize("n", [3, 10, 13, 20, 27, 45])
 def test_cell_styles_are_distinct(n):
-    from abl.present.report import cell_styles
+    from abl.present.figures import cell_styles
 
     styles = cell_styles(n)
     assert len({(s["color"], s["ls"], s["marker"]) for s in styles}) == n
 
 
 def test_two_seeds_draw_seed_points_not_ci_bars(norms_store, tmp_path):
-    from abl.present import report
+    from abl.present.report import plots
 
     rep, md = _report(norms_store, tmp_path)
-    fig = report.quality_vs_cost_figure(rep.cells, rep.stat_rows, "")
+    fig = plots.quality_vs_cost_figure(rep.cells, rep.stat_rows, "")
     ax = fig.axes[0]
     assert not any(len(c.lines[1]) for c in ax.containers)  # no error bar caps: no CI bar at n = 2
     faint = [ln for ln in ax.get_lines() if ln.get_alpha() is not None and ln.get_alpha() < 1]
@@ -285,16 +289,17 @@ def test_two_seeds_draw_seed_points_not_ci_bars(norms_store, tmp_path):
 
 
 def test_contended_runs_are_marked_where_speed_is_shown(norms_store, tmp_path):
-    from abl.present import report
+    from abl.present.report import plots
+    from abl.present.report.costs import CONTENDED_MARK
 
     rep, md = _report(norms_store, tmp_path)
     assert "WARNING: 3 of 26 completed runs ran on a contended machine" in md
     assert "not comparable" in md
     cost = {r["cell"]: r for r in parse_table(md, "| cell | params |")}
     for k, c in enumerate(rep.cells):
-        marked = cost[c.label]["tokens/s (measured)"].endswith(report.CONTENDED_MARK)
+        marked = cost[c.label]["tokens/s (measured)"].endswith(CONTENDED_MARK)
         assert marked == (k in CONTENDED_CELLS), c.label
-    fig = report.loss_curves_figure(rep.cells, "")
+    fig = plots.loss_curves_figure(rep.cells, "")
     wall = next(ax for ax in fig.axes if "wall time" in ax.get_title())
     assert sum(ln.get_marker() == "x" for ln in wall.get_lines()) == len(CONTENDED_CELLS)
     assert any("contended" in t.get_text() for t in fig.legends[0].get_texts())
@@ -302,7 +307,8 @@ def test_contended_runs_are_marked_where_speed_is_shown(norms_store, tmp_path):
 
 def test_an_older_store_without_the_contended_metric_marks_nothing(norms_store, tmp_path):
     from abl.contracts.plugin_manager import get_registry
-    from abl.present.report import build_report, load_runs
+    from abl.present.report.runs import load_runs
+    from abl.present.report.sections import build_report
 
     runs = load_runs(norms_store[1], experiment="normslike")
     for r in runs:
@@ -386,11 +392,12 @@ def test_loss_curves_band_only_with_three_seeds(norms_store, tmp_path):
     """Two seeds: the seed lines faint and no band; three seeds (the ladder store): a CI band per cell."""
     from matplotlib.collections import PolyCollection
 
-    from abl.present import report
+    from abl.present.report import plots
+    from abl.present.report.runs import group_cells
     from abl.store.reader import StoredRun
 
     rep, md = _report(norms_store, tmp_path)
-    ax = next(a for a in report.loss_curves_figure(rep.cells, "").axes if "equal tokens" in a.get_title())
+    ax = next(a for a in plots.loss_curves_figure(rep.cells, "").axes if "equal tokens" in a.get_title())
     assert not [c for c in ax.collections if isinstance(c, PolyCollection)]
     assert sum(1 for ln in ax.get_lines() if ln.get_alpha() == 0.3) == 26
     assert "(fewer than 3 seeds per cell: no CI band)" in md
@@ -400,9 +407,9 @@ def test_loss_curves_band_only_with_three_seeds(norms_store, tmp_path):
                               "curves": {k: [(s, v + 0.01 * (i % 3)) for s, v in pts] for k, pts in r.curves.items()}})
         if r.seed == 0:
             runs.append(extra)
-    cells = report.group_cells(runs)
+    cells = group_cells(runs)
     assert [len(c.completed) for c in cells] == [3, 3, 3]
-    ax = next(a for a in report.loss_curves_figure(cells, "").axes if "equal tokens" in a.get_title())
+    ax = next(a for a in plots.loss_curves_figure(cells, "").axes if "equal tokens" in a.get_title())
     assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 3
     assert "95% CI band" in ax.get_title()
 

@@ -10,7 +10,8 @@ import pytest
 from abl.run import runner
 from abl.store import database as store
 from abl.store import rundir
-from abl.contracts.status import STATUSES
+from abl.contracts.status import (COMPLETED, EXIT_CODES, INCOMPLETE, NOT_COMPLETED, RETRY_FAILED, STATUSES, STORE_ONLY,
+                                  TERMINAL, runs_again)
 
 # ---------------------------------------------------------------- the vocabulary
 
@@ -18,24 +19,24 @@ from abl.contracts.status import STATUSES
 def test_which_statuses_run_again_follow_the_readme():
     # README "When things go wrong": completed cells are skipped; running, killed and
     # incomplete ones restart; failed, diverged (and oom) ones re-run only with --retry failed
-    plain = {s for s in [*STATUSES, None] if rundir.runs_again(s)}
-    retry = {s for s in [*STATUSES, None] if rundir.runs_again(s, retry_failed=True)}
+    plain = {s for s in [*STATUSES, None] if runs_again(s)}
+    retry = {s for s in [*STATUSES, None] if runs_again(s, retry_failed=True)}
     assert plain == {None, "queued", "running", "killed", "incomplete"}
     assert retry == {None, "queued", "running", "killed", "incomplete", "failed", "diverged", "oom"}
-    assert set(rundir.RETRY_FAILED) == {"failed", "diverged", "oom"}
+    assert set(RETRY_FAILED) == {"failed", "diverged", "oom"}
 
 
 def test_killed_did_not_complete_but_is_not_a_failure_to_retry():
-    assert "killed" in rundir.TERMINAL and "killed" in rundir.NOT_COMPLETED
-    assert "killed" not in rundir.RETRY_FAILED
-    assert set(rundir.NOT_COMPLETED) == set(rundir.TERMINAL) - {"completed"}
-    assert set(rundir.TERMINAL) == set(STATUSES) - {"queued", "running"}
+    assert "killed" in TERMINAL and "killed" in NOT_COMPLETED
+    assert "killed" not in RETRY_FAILED
+    assert set(NOT_COMPLETED) == set(TERMINAL) - {"completed"}
+    assert set(TERMINAL) == set(STATUSES) - {"queued", "running"}
     # every final status a worker can end with has its own exit code, 0 only for completed;
     # incomplete is the store's verdict on a folder, never a worker's
-    assert set(rundir.EXIT_CODES) == set(rundir.TERMINAL) - set(rundir.STORE_ONLY)
-    assert set(rundir.STORE_ONLY) == {"incomplete"} and "incomplete" in rundir.NOT_COMPLETED
-    assert len(set(rundir.EXIT_CODES.values())) == len(rundir.EXIT_CODES)
-    assert [s for s, c in rundir.EXIT_CODES.items() if c == 0] == ["completed"]
+    assert set(EXIT_CODES) == set(TERMINAL) - set(STORE_ONLY)
+    assert set(STORE_ONLY) == {"incomplete"} and "incomplete" in NOT_COMPLETED
+    assert len(set(EXIT_CODES.values())) == len(EXIT_CODES)
+    assert [s for s, c in EXIT_CODES.items() if c == 0] == ["completed"]
 
 
 # a whole one-step run, as abl.train.loop writes it
@@ -72,8 +73,8 @@ def test_runner_store_and_dashboard_agree_on_every_status(tmp_path):
     by_cell = {c.key: c.statuses for c in cell_inputs(summary.load(db, run_ids=ids))}
     for s in STATUSES:
         assert by_cell[f"cell_{s}"].get("completed", 0) == (s == "completed"), s
-        assert sum(n for st, n in by_cell[f"cell_{s}"].items() if st in rundir.NOT_COMPLETED) == \
-            (s in rundir.NOT_COMPLETED), s
+        assert sum(n for st, n in by_cell[f"cell_{s}"].items() if st in NOT_COMPLETED) == \
+            (s in NOT_COMPLETED), s
 
     # runner: which cells a plain re-run and a --retry failed run start
     cells = [SimpleNamespace(run_id=s) for s in ids]
@@ -112,7 +113,7 @@ def test_worker_exit_status_matches_the_status_it_writes(tmp_path):
     r = subprocess.run([sys.executable, "-m", "abl.run.worker", str(d)], capture_output=True, text=True, timeout=300)
     st = rundir.read_status(d)
     assert st["status"] == "failed" and st["error"] and st["finished"] >= st["started"]
-    assert r.returncode == rundir.EXIT_CODES["failed"] == 1, r.stderr
+    assert r.returncode == EXIT_CODES["failed"] == 1, r.stderr
     assert not list(d.glob("*.tmp"))
 
 
@@ -266,7 +267,7 @@ def test_the_plan_sentence_says_what_is_skipped_resumed_and_run(tmp_path):
     cells = [SimpleNamespace(run_id=s, cell_key=s[:3]) for s in ids]
     grid = SimpleNamespace(cells=[SimpleNamespace(**vars(c), experiment=SimpleNamespace(name="exp")) for c in cells])
     known = {"completed": "completed", "failed": "failed", "busy": runner.BUSY, "killed": "killed",
-             "incomplete": rundir.INCOMPLETE}
+             "incomplete": INCOMPLETE}
     (runs_dir / "killed").mkdir(parents=True)
     (runs_dir / "killed" / rundir.CHECKPOINT).write_bytes(b"")
     completed, failed, busy, todo = runner.plan(grid.cells, known)
@@ -349,4 +350,5 @@ def test_the_status_words_are_defined_once():
                 continue
             found += [f"{path.relative_to(root)}:{n}" for n in _status_words_spelled(path.read_text(), status.STATUSES)]
     assert not found, "status words spelled outside abl.contracts.status: " + ", ".join(found)
-    assert rundir.COMPLETED is status.COMPLETED and rundir.runs_again is status.runs_again
+    assert COMPLETED is status.COMPLETED and runs_again is status.runs_again
+    assert not hasattr(rundir, "COMPLETED") and not hasattr(rundir, "runs_again")  # one path per name

@@ -416,7 +416,7 @@ vocab_size = 300
 
 
 def test_cells_with_different_tokenizers_are_compared_in_bits_per_byte():
-    from abl.present.report import Cell, cell_statistics, comparison_metric
+    from abl.present.report.runs import Cell, cell_statistics, comparison_metric
     from abl.store.reader import StoredRun as Run
 
     def run(key, seed, tok, loss, bpb):

@@ -146,7 +146,8 @@ def _same(got, want):
 
 def test_cli_report_and_dashboard_give_the_verdicts_computed_from_the_store(ffn_store):
     from abl.dashboard import queries
-    from abl.present.report import build_report, load_runs
+    from abl.present.report.runs import load_runs
+    from abl.present.report.sections import build_report
 
     grid, db, g = ffn_store
     labels = list(dict.fromkeys(c.label for c in g.cells))
@@ -191,7 +192,7 @@ def test_cli_report_and_dashboard_give_the_verdicts_computed_from_the_store(ffn_
         line = next(ln for ln in text.splitlines() if ln.startswith("│ " + a + " "))
         assert verdict in line
         if pa is not None:
-            from abl.analysis.stats import fmt_p
+            from abl.analysis.formats import fmt_p
 
             assert fmt_p(p) in line and fmt_p(pa) in line
 

@@ -46,6 +46,7 @@ def test_cells_run_in_forked_or_spawned_workers_alike(tmp_path, zygote):
 
 def test_a_forked_worker_stopped_by_its_process_group_is_recorded_killed(tmp_path):
     from abl.contracts.plugin_manager import get_registry
+    from abl.contracts.status import EXIT_CODES, KILLED
     from abl.grid.gridfile import expand
     from abl.grid.parsing import parse_toml_text
     from abl.run.zygote import Zygote
@@ -62,14 +63,15 @@ def test_a_forked_worker_stopped_by_its_process_group_is_recorded_killed(tmp_pat
         assert child.poll() is None
         os.killpg(child.pid, signal.SIGTERM)  # what the executor's stop does
         code = child.wait(timeout=60)
-        assert code == rundir.EXIT_CODES[rundir.KILLED]
-        assert json.loads((run_dir / "status.json").read_text())["status"] == rundir.KILLED
+        assert code == EXIT_CODES[KILLED]
+        assert json.loads((run_dir / "status.json").read_text())["status"] == KILLED
     finally:
         zygote.kill()
 
 
 def test_when_the_zygote_dies_its_workers_stop_too(tmp_path):
     from abl.contracts.plugin_manager import get_registry
+    from abl.contracts.status import KILLED
     from abl.grid.gridfile import expand
     from abl.grid.parsing import parse_toml_text
     from abl.run.zygote import Zygote
@@ -88,7 +90,7 @@ def test_when_the_zygote_dies_its_workers_stop_too(tmp_path):
     deadline = time.time() + 30
     while time.time() < deadline and json.loads((run_dir / "status.json").read_text())["status"] == "running":
         time.sleep(0.1)
-    assert json.loads((run_dir / "status.json").read_text())["status"] == rundir.KILLED
+    assert json.loads((run_dir / "status.json").read_text())["status"] == KILLED
 
 
 def test_the_zygote_never_forks_after_cuda_was_initialised_or_a_thread_started(monkeypatch):

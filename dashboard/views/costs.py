@@ -28,15 +28,16 @@ if common.no_runs(sel):
 @st.cache_data(max_entries=32, show_spinner="Predicting costs...")
 def _analyse(db: str, run_ids: tuple[str, ...], sig: tuple):
     from abl.contracts.plugin_manager import get_registry
-    from abl.present import report
+    from abl.present.report import costs
+    from abl.present.report.runs import group_cells, label_cells, load_runs
 
-    runs = report.load_runs(db, run_ids=list(run_ids))
-    cells = report.group_cells(runs)
-    report.label_cells(cells)
-    report.attach_predictions(cells, get_registry())
-    rows = report.cost_rows(cells)
-    points = report.scaling_points(cells)
-    return rows, points, report.contention_note(runs), report.measured_note(cells)
+    runs = load_runs(db, run_ids=list(run_ids))
+    cells = group_cells(runs)
+    label_cells(cells)
+    costs.attach_predictions(cells, get_registry())
+    rows = costs.cost_rows(cells)
+    points = costs.scaling_points(cells)
+    return rows, points, costs.contention_note(runs), costs.measured_note(cells)
 
 
 runs = common.runs_table(sel)
@@ -49,7 +50,13 @@ except Exception as exc:  # noqa: BLE001 - a busy or odd store is shown, not rai
 
 from abl.analysis import sections  # noqa: E402 - after the page's early exits
 from abl.model.costmodel import MEMORY_BAND  # noqa: E402
-from abl.present import report
+from abl.present.report.costs import cost_summary  # noqa: E402
+from abl.present.report.plots import (  # noqa: E402
+    PLOTTED_CHECKS,
+    plot_predicted_vs_measured,
+    plot_scaling,
+    predicted_vs_measured_panels,
+)
 
 table = pd.DataFrame(rows)
 if table.empty:
@@ -57,7 +64,7 @@ if table.empty:
     st.stop()
 if contention:
     st.warning(contention, icon=":material/speed:")
-summary, outliers = report.cost_summary(rows)
+summary, outliers = cost_summary(rows)
 source = ["source"] if measured_note else []  # "predicted" or "measured" (no cost function), as abl cost says
 compared = sum(s["compared"] for s in summary)
 if outliers:
@@ -93,11 +100,11 @@ with st.expander(f"Every check, one row per cell and figure ({len(table)} rows)"
             columns={"label": "cell", "ratio": "measured / predicted"}),
         hide_index=True, width="stretch")
 
-png = report.plot_predicted_vs_measured(rows, "")
+png = plot_predicted_vs_measured(rows, "")
 if png:
     st.image(png, caption="predicted against measured, one point per cell (red: disagrees)")
-plotted = report.predicted_vs_measured_panels(rows)
-flat = [name for name in report.PLOTTED_CHECKS if name not in plotted and (table["figure"] == name).any()
+plotted = predicted_vs_measured_panels(rows)
+flat = [name for name in PLOTTED_CHECKS if name not in plotted and (table["figure"] == name).any()
         and table.loc[table["figure"] == name, "measured"].notna().any()]
 if flat:
     st.caption(f"Not plotted (the summary says how they agree): {', '.join(flat)}, the same for every cell "
@@ -121,4 +128,4 @@ st.dataframe(pd.DataFrame([{"E": fit.E, "A": fit.A, "α": fit.alpha, "B": fit.B,
                             "rmse(log L)": fit.rmse_log}]), hide_index=True)
 for note in getattr(fit, "notes", []) or []:
     st.caption(note)
-st.image(report.plot_scaling(points, fit, ""), caption="final val_loss against non-embedding parameters")
+st.image(plot_scaling(points, fit, ""), caption="final val_loss against non-embedding parameters")

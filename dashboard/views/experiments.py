@@ -6,9 +6,9 @@ from abl.analysis import stats
 from abl.analysis.metrics import shown_by_default
 from abl.analysis.units import TOKENS_PER_S
 from abl.analysis.verdicts import value_text
+from abl.contracts.status import COMPLETED, NOT_COMPLETED, RUNNING
 from abl.dashboard import common
 from abl.dashboard import queries as q
-from abl.store.rundir import COMPLETED, NOT_COMPLETED, RUNNING
 
 SUMMARY = shown_by_default()  # the metric catalogue's (abl.analysis.metrics), a plugin's metrics too
 

@@ -56,7 +56,7 @@ def command(source, db_path, metrics, baseline, pairs, by, bootstrap, correction
     difference); cells that did not learn are not ranked.
     """
     from ..analysis.verdicts import VerdictError
-    from ..present.report import ReportError
+    from ..present.report.runs import ReportError
     from ..present.termlayout import Presentation
 
     if as_json and fmt not in ("table", "json"):
@@ -87,7 +87,7 @@ def _compared(source: str, db_path: str | None, overrides, metrics: list[str]) -
     """The runs a grid file (its cells as they resolve now) or an experiment name stands for.
     Raises a user error (ConfigError, ReportError, StoreError, ...) for bad input."""
     from ..grid.gridfile import load_grid, names_grid_file
-    from ..present.report import ReportError
+    from ..present.report.runs import ReportError
     from ..store.database import verify_store
     from ..store.reader import experiments, read_runs
 

@@ -24,6 +24,7 @@ def command(run_dirs, db_path, runs_dir, wait):
     garbled metrics.jsonl, a missing last step) is stored as incomplete, with
     what is missing; ingesting it again after a repair restores it.
     """
+    from ..contracts.status import INCOMPLETE, QUEUED
     from ..run import preflight
     from ..store import database as store
     from ..store import rundir
@@ -60,9 +61,9 @@ def command(run_dirs, db_path, runs_dir, wait):
         problem = rundir.scan_metrics(d / rundir.METRICS).problem if d.name in result else None
         if problem:
             click.echo(f"note: {d}: {problem}", err=True)
-        if rundir.read_status(d) is None and result.get(d.name) == rundir.QUEUED:
+        if rundir.read_status(d) is None and result.get(d.name) == QUEUED:
             click.echo(f"queued: {d}: no readable status.json; its worker never started", err=True)
-    damaged = [d for d in dirs if result.get(d.name) == rundir.INCOMPLETE]
+    damaged = [d for d in dirs if result.get(d.name) == INCOMPLETE]
     for d in damaged:
         steps = (rundir.read_json(d / rundir.CONFIG, {}).get("train") or {}).get("steps", 0)
         scan = rundir.scan_metrics(d / rundir.METRICS)

@@ -35,7 +35,8 @@ def command(source, db_path, out_dir, fmt, baseline, overrides):
     section that would mean nothing for these cells is left out, with one
     sentence saying why.
     """
-    from ..present.report import ReportError, build_report, experiments, load_runs, write_report
+    from ..present.report.runs import ReportError, experiments, load_runs
+    from ..present.report.sections import build_report, write_report
     from ..store.database import verify_store
 
     registry = load_registry()

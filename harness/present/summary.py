@@ -54,7 +54,7 @@ def load(db_path: Path, *, run_ids: list[str] | None = None, experiment: str | N
          metrics: Sequence[str] = ("val_loss",)):
     """The runs with the final value of every stored metric (abl.store.reader, through the report's
     ``load_runs``); ``metrics``, the ones shown, are among them when stored."""
-    from .report import load_runs
+    from .report.runs import load_runs
 
     return load_runs(db_path, run_ids=run_ids, experiment=experiment, curve_names=())
 
@@ -424,7 +424,7 @@ def print_run_summary(console, db_path: Path, grid, detect: float | None = None,
         if not runs:
             return
         if metrics == ["val_loss"]:  # the default: a grid that names its metrics gets them as named
-            from .report import comparison_metric, group_cells
+            from .report.runs import comparison_metric, group_cells
 
             if comparison_metric(group_cells(runs, order)) == "val_bpb":
                 # the cells' data or tokenizers differ, so a token is not one unit: bits per byte rank them

@@ -121,9 +121,9 @@ def print_summary(console: Any, db_path: Path, grid: Any, layout: str = "auto") 
     from rich.text import Text
 
     from ..analysis.verdicts import display_name
+    from ..contracts.status import COMPLETED
     from ..grid.labels import cell_labels
     from ..store.database import statuses
-    from ..store.rundir import COMPLETED
     from .termlayout import fits, pack, print_wide, wrap
 
     try:

@@ -283,11 +283,12 @@ def check_run(cells: list[Cell], registry: Registry, runs_dir: Path, executor, r
     """``admit`` for the cells ``abl run`` will start (their folders say they run again) on a
     local executor (one that declares ``local``). Cells sent to Slurm or Ray run on other machines, whose
     memory abl cannot see."""
+    from ..contracts.status import runs_again
     from ..store import rundir
 
     if not executor.local:  # declared by the executor (abl.run.executors.Executor)
         return []
     todo = [c for c in cells
-            if rundir.runs_again((rundir.read_status(runs_dir / c.run_id) or {}).get("status"), retry_failed)]
+            if runs_again((rundir.read_status(runs_dir / c.run_id) or {}).get("status"), retry_failed)]
     gpus = list(executor.free_gpus) if executor.use_gpus else []
     return admit(todo, registry, slots=int(executor.slots), gpus=gpus)

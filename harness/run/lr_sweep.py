@@ -213,7 +213,8 @@ def unlearned(results: dict[str, dict[float, tuple[float | None, str]]], best: d
 
 def seed_warnings(grid: Grid) -> list[str]:
     """Why phase 2 cannot give a verdict: too few seeds after the tuning seed (empty when enough)."""
-    from ..analysis.stats import MIN_SEEDS, TOO_FEW
+    from ..analysis.stats.engine import TOO_FEW
+    from ..analysis.stats.power import MIN_SEEDS
 
     if not grid.cells or not grid.cells[0].train.lr_sweep:
         return []

@@ -22,12 +22,13 @@ from rich.markup import escape
 from ..contracts.config import Cell, Grid, canonical_config
 from ..contracts.plugin_manager import pm
 from ..contracts.registry import Registry
+from ..contracts.status import (COMPLETED, FAILED, INCOMPLETE, KILLED, OOM, RETRY_FAILED, RUNNING, TERMINAL,
+                               runs_again)
 from ..data import tokenstore
 from ..present import termlayout
 from ..store import database as store
 from ..store import rundir
 from ..store.provenance import git_commit, versions
-from ..store.rundir import COMPLETED, FAILED, KILLED, OOM, RETRY_FAILED, RUNNING, TERMINAL
 from ..store.workspace import Workspace
 from .admission import oom_kills
 from .executors import Job, LocalExecutor
@@ -89,14 +90,14 @@ def plan(cells: list[Cell], known: dict[str, str], retry_failed: bool = False
          ) -> tuple[list[Cell], list[Cell], list[Cell], list[Cell]]:
     """(completed, failed and skipped, busy, to run) from each cell's last status (``reconcile``).
 
-    Which statuses run again is ``rundir.runs_again``: killed and running ones
+    Which statuses run again is ``abl.contracts.status.runs_again``: killed and running ones
     restart, failed ones only with ``retry_failed``.
     """
     completed = [c for c in cells if known.get(c.run_id) == COMPLETED]
     failed = [c for c in cells if known.get(c.run_id) in RETRY_FAILED and not retry_failed]
     busy = [c for c in cells if known.get(c.run_id) == BUSY]
     todo = [c for c in cells
-            if known.get(c.run_id) != BUSY and rundir.runs_again(known.get(c.run_id), retry_failed)]
+            if known.get(c.run_id) != BUSY and runs_again(known.get(c.run_id), retry_failed)]
     return completed, failed, busy, todo
 
 
@@ -185,7 +186,7 @@ def plan_sentence(grid: Grid, runs_dir: Path, known: dict[str, str], completed: 
            f"{len(completed)} already completed, skipped; {len(todo)} to run")
     if resuming:
         msg += f" ({resuming} resuming from a checkpoint)"
-    incomplete = sum(known.get(c.run_id) == rundir.INCOMPLETE for c in todo)
+    incomplete = sum(known.get(c.run_id) == INCOMPLETE for c in todo)
     if incomplete:
         msg += f"; {incomplete} stored incomplete (their run folder was not whole), trained again"
     if failed and not retry_failed:

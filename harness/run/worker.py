@@ -9,7 +9,7 @@ database:
 - ``status.json``: running, then completed, diverged, oom, failed or killed,
   with ``error`` for the last four.
 
-Exit status: ``rundir.EXIT_CODES`` (0 completed, 1 failed, 3 diverged, 4 oom,
+Exit status: ``abl.contracts.status.EXIT_CODES`` (0 completed, 1 failed, 3 diverged, 4 oom,
 5 killed).
 
 Statuses tell the truth about signals and start-up:
@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
+from ..contracts.status import COMPLETED, DIVERGED, EXIT_CODES, FAILED, KILLED, OOM, RUNNING
 from ..store import rundir
-from ..store.rundir import COMPLETED, DIVERGED, EXIT_CODES, FAILED, KILLED, OOM, RUNNING
 
 
 class Killed(BaseException):

@@ -24,6 +24,7 @@ from ..analysis import health
 from ..analysis import metrics as catalogue
 from ..analysis.tables import settings_of
 from ..contracts.config import ConfigError, canonical_config
+from ..contracts.status import COMPLETED, INCOMPLETE, QUEUED
 from . import rundir
 
 # Each migration runs once, in order, inside a transaction; never edit one
@@ -252,9 +253,9 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     except ConfigError as exc:
         raise StoreError(f"{run_dir}: {exc}") from None
     meta = rundir.read_json(run_dir / rundir.META, {})
-    status = rundir.read_status(run_dir) or {"status": rundir.QUEUED}
+    status = rundir.read_status(run_dir) or {"status": QUEUED}
     info = rundir.read_json(run_dir / rundir.INFO, {})
-    state = status_override or status.get("status", rundir.QUEUED)
+    state = status_override or status.get("status", QUEUED)
     run_id = run_dir.name
     scan = rundir.scan_metrics(run_dir / rundir.METRICS)
     rows = scan.rows
@@ -264,10 +265,10 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     damage = None
     if status_override is None and rundir.read_status(run_dir) is None:
         state, error = no_status(run_dir, scan)
-    if state == rundir.COMPLETED:
+    if state == COMPLETED:
         problems = rundir.check_complete(scan, _int(config.get("train", {}).get("steps")))
         if problems:
-            state = rundir.INCOMPLETE
+            state = INCOMPLETE
             error = ("the worker completed, but its run folder is not whole: " + "; ".join(problems)
                      + f". Repair {run_dir / rundir.METRICS} and run abl ingest, or run the grid again")
     elif scan.damaged_lines:
@@ -354,9 +355,9 @@ def no_status(run_dir: Path, scan: rundir.MetricsScan) -> tuple[str, str]:
     With metric rows its worker ran and its end is unknown (incomplete); without, it never started."""
     what = "missing" if not (run_dir / rundir.STATUS).exists() else "unreadable"
     if scan.rows:
-        return rundir.INCOMPLETE, (f"status.json is {what}, yet metrics.jsonl holds {len(scan.rows)} row(s): "
+        return INCOMPLETE, (f"status.json is {what}, yet metrics.jsonl holds {len(scan.rows)} row(s): "
                                    "how its worker ended is unknown; run the grid again to train it")
-    return rundir.QUEUED, f"status.json is {what}: its worker never started (run the grid to train it)"
+    return QUEUED, f"status.json is {what}: its worker never started (run the grid to train it)"
 
 
 def ingest_dirs(db_path: str | Path, run_dirs: Iterable[Path],

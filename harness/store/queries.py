@@ -20,9 +20,9 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from ..analysis.metrics import metric as metric_info
+from ..contracts.status import COMPLETED, NOT_COMPLETED, STATUSES, TERMINAL
 from .database import AGGREGATE_SQL, FINAL_VALUE, LAST_STEP, final_values_sql
 from .readonly import Live, Store
-from .rundir import COMPLETED, NOT_COMPLETED, STATUSES, TERMINAL
 from .selection import Selection, axis_label, check_path
 
 

@@ -30,8 +30,8 @@ from typing import Any, Iterator, Sequence
 import duckdb
 import pandas as pd
 
+from abl.contracts.status import RUNNING
 from . import rundir
-from .rundir import RUNNING
 from abl.store.workspace import DEFAULT_DB, Workspace
 
 # A page render shares one read-only connection, but holds it at most this long

@@ -5,7 +5,7 @@ Files (the folders are the source of truth; the store is rebuilt from them):
 - ``config.json``: the resolved cell config; ``meta.json``: the attempts'
   bookkeeping. Both written by the ``abl run`` parent before launch
   (``prepare``);
-- ``status.json``: ``{"status": one of STATUSES, ...}``, written atomically by
+- ``status.json``: ``{"status": one of abl.contracts.status.STATUSES, ...}``, written atomically by
   the worker as it starts and ends, and by the parent when a worker died
   without saying how;
 - ``metrics.jsonl``: one JSON object per line, ``{"step": N, name: value,
@@ -16,8 +16,8 @@ Files (the folders are the source of truth; the store is rebuilt from them):
   ``checkpoint.pt`` (kept until the cell completes).
 
 Everything here is plain Python: the worker, the parent and the dashboard all
-import it, and it imports nothing of abl but abl.files (atomic writes) and the status
-vocabulary (abl.contracts.status).
+import it, and it imports nothing of abl but abl.files (atomic writes). The status
+words it writes are abl.contracts.status's: import them from there.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
-from ..contracts.status import (  # noqa: F401  (the statuses: rundir hands them on to the run folder's users)
-    COMPLETED, DIVERGED, EXIT_CODES, FAILED, INCOMPLETE, KILLED, NOT_COMPLETED, OOM, QUEUED, RETRY_FAILED,
-    RUNNING, STATUSES, STORE_ONLY, TERMINAL, runs_again)
 
 CONFIG = "config.json"
 META = "meta.json"

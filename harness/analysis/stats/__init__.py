@@ -1,8 +1,10 @@
 """Multi-seed statistics: is a cell's difference from the baseline real?
 
 One implementation for the CLI, the report and the dashboard, and this
-package is its one public name: import from ``abl.analysis.stats``; the
-modules below are its rooms.
+package is its public face: ``from abl.analysis import stats`` and
+``stats.analyse``; the modules below are its rooms. A ``from ... import``
+of one name takes it from the room that defines it (one path per name:
+``from abl.analysis.stats.engine import TOO_FEW``).
 
 For each cell: the mean, the sample standard deviation and the 95% confidence
 interval (Student t, n - 1 degrees of freedom) of its final value over
@@ -33,8 +35,9 @@ The rooms: ttest (t-intervals, the paired and Welch tests, per-cell
 summaries), corrections (Holm), effects (main effects per axis, a linear
 model with blocks, statsmodels), power (power, minimum detectable difference,
 seeds needed), bootstrap (percentile bootstrap), engine (the verdict tables
-and which comparisons), frames (dashboard frames and curves), formats (numbers
-as tables print them). numpy + scipy.stats; the frame helpers take pandas
+and which comparisons), frames (dashboard frames and curves), formats
+(significance stars, rows by seed; the number formats ``fmt`` and ``fmt_p``
+are abl.analysis.formats's, listed here too). numpy + scipy.stats; the frame helpers take pandas
 objects but do not import pandas; nothing here knows torch. May import
 ``abl.contracts`` and ``abl.kernels``, like the rest of ``abl.analysis``.
 """
@@ -76,7 +79,8 @@ from .engine import (
     letters,
     verdict_word,
 )
-from .formats import fmt, fmt_p, seeds_of, stars
+from ..formats import fmt, fmt_p
+from .formats import seeds_of, stars
 from .frames import downsample, ema, ema_by_group, pareto_mask, summarize_groups
 from .power import MIN_SEEDS, POWER, min_detectable, power_t, seeds_needed
 from .ttest import ALPHA, CONFIDENCE, Summary, paired, paired_test, summarize, t_halfwidth, welch, welch_test

@@ -1,12 +1,10 @@
-"""Numbers as every table prints them (means, p-values, significance stars), and rows grouped by seed."""
+"""Significance stars, and rows grouped by seed (the number formats, fmt and fmt_p, are abl.analysis.formats's)."""
 
 from __future__ import annotations
 
 from typing import Hashable, Iterable
 
 import numpy as np
-
-from ..formats import fmt, fmt_p  # noqa: F401  (the number formats, shared with every table)
 
 
 def stars(p: float | None) -> str:

@@ -17,61 +17,10 @@ data. Runs whose machine was contended (``abl.analysis.sections.is_contended``) 
 marked wherever a speed figure is shown. Metrics are named, and their final
 values taken, as the metric catalogue (abl.analysis.metrics) says.
 
-Modules: runs (the store's runs, cells and statistics), conditions, costs,
-plots, document (Markdown and HTML), sections. The store is opened
+Modules: runs (the store's runs, cells and statistics: ``load_runs``,
+``group_cells``, ``ReportError``), conditions, costs, plots, document
+(Markdown and HTML), sections (``build_report``, ``write_report``). Import a
+name from the module that defines it (``from abl.present.report.sections
+import build_report``): this package hands nothing on. The store is opened
 read-only. Nothing here names a variant.
 """
-
-from __future__ import annotations
-
-from ..figures import LINE_STYLES, MARKERS, cell_styles  # noqa: F401 - re-exported for callers
-from .conditions import (  # noqa: F401 - the names callers import from abl.present.report
-    condition_groups,
-    conditions_line,
-    measured_runs,
-    report_environment,
-    run_conditions,
-    varied_and_fixed,
-)
-from .costs import (  # noqa: F401
-    CONTENDED_MARK,
-    attach_predictions,
-    contended_runs,
-    contention_note,
-    cost_rows,
-    cost_source,
-    cost_summary,
-    measured,
-    measured_note,
-    model_flops_utilization,
-    scaling_points,
-)
-from .document import Doc  # noqa: F401
-from .plots import (  # noqa: F401
-    PLOTTED_CHECKS,
-    loss_curve_panels,
-    loss_curves_figure,
-    plot_loss_curves,
-    plot_predicted_vs_measured,
-    plot_quality_vs_cost,
-    plot_scaling,
-    predicted_vs_measured_figure,
-    predicted_vs_measured_panels,
-    quality_vs_cost_figure,
-    scaling_figure,
-)
-from .runs import (  # noqa: F401
-    MIN_SIZES_FOR_FIT,
-    Cell,
-    ReportError,
-    cell_statistics,
-    comparison_metric,
-    experiments,
-    final_val_losses,
-    group_cells,
-    label_cells,
-    load_runs,
-    pick_baseline,
-    statistics_for_runs,
-)
-from .sections import Report, build_report, write_report  # noqa: F401

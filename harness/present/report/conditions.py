@@ -11,8 +11,8 @@ import platform
 from typing import Any
 
 from ...analysis.tables import settings_of
+from ...contracts.status import COMPLETED
 from ...store.reader import StoredRun
-from ...store.rundir import COMPLETED
 from .runs import Cell
 
 # the sections a grid description compares (its evaluations are listed apart)

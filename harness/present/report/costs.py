@@ -15,8 +15,8 @@ import math
 from typing import Any
 
 from ...analysis import sections
+from ...contracts.status import COMPLETED
 from ...model.costmodel import CHECKS, agreement
-from ...store.rundir import COMPLETED
 from ...store.reader import StoredRun
 from .runs import Cell
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from ...analysis import metrics as catalogue
 from ...analysis import sections, stats
+from ...contracts.status import COMPLETED
 from ...store.reader import StoredRun
-from ...store.rundir import COMPLETED
 
 # eval.extrapolation's metrics, one per abl.model.decode.EXTRAPOLATION_SCALES (spelled here so that reading a
 # report does not import torch; tests/test_scoring.py keeps the two equal)

@@ -28,9 +28,9 @@ from ...analysis import metrics as catalogue
 from ...analysis import sections, stats
 from ...analysis.formats import fmt_decode_cache, fmt_speed
 from ...analysis.health import DID_NOT_LEARN_MARGIN
+from ...contracts.status import COMPLETED
 from ...model.costmodel import MEMORY_BAND
 from ...store.reader import StoredRun
-from ...store.rundir import COMPLETED
 from ..figures import fig_to_png, pyplot
 from .conditions import (
     condition_groups,
