@@ -237,9 +237,10 @@ def test_abl_dashboard_defaults_to_127_0_0_1(monkeypatch, tmp_path):
     from click.testing import CliRunner
 
     from abl import cli
+    from abl.cli import dashboard as dashboard_command
 
     calls = []
-    monkeypatch.setattr(cli.os, "execve", lambda exe, argv, env: calls.append((argv, env)))
+    monkeypatch.setattr(dashboard_command.os, "execve", lambda exe, argv, env: calls.append((argv, env)))
     monkeypatch.setattr(subprocess, "call", lambda argv, env: calls.append((argv, env)) or 0)
     r = CliRunner().invoke(cli.cli, ["dashboard", "--db", str(tmp_path / "x.duckdb"), "--port", "8765"])
     assert r.exit_code == 0, r.output
