@@ -7,6 +7,11 @@ abl.store.rundir hands them on beside the run folder's files.
 
 from __future__ import annotations
 
+import signal
+import socket
+import time
+from typing import Any
+
 QUEUED, RUNNING, COMPLETED = "queued", "running", "completed"
 DIVERGED, OOM, FAILED, KILLED = "diverged", "oom", "failed", "killed"
 # The worker said completed, but its folder does not hold a whole run (a cut or
@@ -38,3 +43,52 @@ def runs_again(status: str | None, retry_failed: bool = False) -> bool:
     if status in RETRY_FAILED:
         return retry_failed
     return True
+
+
+# Signals a process raises on itself when it crashes (a bad memory access, an abort, a bad
+# instruction): a deterministic crash of the cell, so failed, never killed. Every other signal
+# came from outside (SIGKILL from the OOM killer or a user, SIGTERM or SIGINT from abl's shutdown).
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL,
+                           signal.SIGSYS, signal.SIGTRAP})
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def signal_end(returncode: int | None) -> tuple[str, str] | None:
+    """The status and reason of a worker that a signal ended before it wrote its own
+    (``returncode`` as ``subprocess`` reports it: minus the signal); None when no signal ended it.
+
+    A crash signal is ``failed`` (a plain re-run would crash the same way; ``--retry failed`` runs it
+    again); any other is ``killed`` (stopped from outside: a plain re-run restarts it)."""
+    if returncode is None or returncode >= 0:
+        return None
+    num = -returncode
+    name = signal_name(num)
+    if num in CRASH_SIGNALS:
+        return FAILED, (f"the worker died of {name} (signal {num}): a crash in native code (torch, a compiled "
+                        f"kernel or a plugin's extension), not a stop from outside; it would crash again, so a "
+                        f"plain abl run does not retry it (abl run --retry failed does)")
+    return KILLED, (f"the worker was stopped from outside by {name} (signal {num}): the kernel's OOM killer, a "
+                    f"user or a scheduler; a plain abl run restarts it")
+
+
+# why a folder left running by a worker that is gone is killed (abl ingest, abl run's reconcile)
+GONE = ("the worker is gone without writing how it ended (abl run or the worker was killed, or the "
+        "machine restarted); a plain abl run restarts it")
+
+
+def settle_gone(status: dict[str, Any], alive: bool) -> dict[str, Any] | None:
+    """A status.json that says running while the worker it names (``alive``: its pid on this machine)
+    is gone, settled as killed with the reason; None when it needs no settling (another status, a
+    live worker, no pid recorded, or one that ran on another host, which this machine cannot see)."""
+    pid = status.get("pid")
+    if status.get("status") != RUNNING or alive or not isinstance(pid, int) or isinstance(pid, bool) \
+            or status.get("host", socket.gethostname()) != socket.gethostname():
+        return None
+    return {**status, "status": KILLED, "finished": status.get("finished") or time.time(),
+            "error": status.get("error") or GONE}

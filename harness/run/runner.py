@@ -24,6 +24,7 @@ from ..contracts.plugin_manager import pm
 from ..contracts.registry import Registry
 from ..contracts.status import (COMPLETED, FAILED, INCOMPLETE, KILLED, OOM, RETRY_FAILED, RUNNING, TERMINAL,
                                runs_again)
+from ..contracts.status import GONE, settle_gone, signal_end, signal_name
 from ..data import tokenstore
 from ..present import termlayout
 from ..store import database as store
@@ -42,8 +43,16 @@ def prepare(cell: Cell, runs_dir: Path, meta: dict[str, Any]) -> Path:
     return rundir.prepare(runs_dir / cell.run_id, cell.config, meta)
 
 
+class Stopped(KeyboardInterrupt):
+    """abl run was sent SIGTERM (handled as Ctrl-C): its name is the reason its cells were killed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal_name(signum))
+        self.signal_name = signal_name(signum)
+
+
 def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise Stopped(signum)
 
 
 def reconcile(cells: list[Cell], runs_dir: Path, db_path: Path) -> dict[str, str]:
@@ -65,9 +74,8 @@ def reconcile(cells: list[Cell], runs_dir: Path, db_path: Path) -> dict[str, str
         if state == RUNNING and rundir.pid_alive(st.get("pid")):
             known[cell.run_id] = BUSY
             continue
-        if state == RUNNING:
-            st.update(status=KILLED, error=st.get("error") or "the worker is gone (abl run was killed?)")
-            rundir.write_status(run_dir, st)
+        if state == RUNNING:  # its worker is gone: killed, as abl ingest settles it (the folder first)
+            rundir.write_status(run_dir, settle_gone(st, False) or {**st, "status": KILLED, "error": GONE})
             state = KILLED
         if state in TERMINAL and known.get(cell.run_id) != state:
             stale.append((run_dir, None))
@@ -235,6 +243,9 @@ class CellEvents:
     announced to the plugins (``run_finished``).
     """
 
+    # why the cells abl run stopped were killed (execute sets it from the signal or the failed write)
+    stop_reason = "stopped by abl run"
+
     def __init__(self, db_path: Path, runs_dir: Path, metas: dict[str, dict[str, Any]],
                  token_entries: dict[str, Any], display: Any) -> None:
         self.db_path, self.runs_dir, self.metas = db_path, runs_dir, metas
@@ -253,6 +264,29 @@ class CellEvents:
         self.launched.append(job)
         self.display.update(job)  # its start line now, not after its worker is up
 
+    def settled(self, job: Job, st: dict[str, Any]) -> str:
+        """Write the status of a worker that ended without writing its own, and return it: killed when
+        abl run stopped it or a signal from outside ended it, out of memory when the kernel's OOM killer
+        did, failed (the signal named) when it crashed or exited without a word."""
+        code = job.returncode if job.returncode is not None else 0
+        if job.killed:
+            ended = f"; its worker ended by {signal_name(-code)}" if code < 0 else ""
+            status, error = KILLED, self.stop_reason + ended
+        elif (by_signal := signal_end(code)) is not None:
+            status, why = by_signal  # its log's last lines, then the signal (the line a summary shows)
+            error = f"{st.get('error') or rundir.log_tail(job.run_dir)}\n{why}"
+        else:
+            status, error = FAILED, st.get("error") or rundir.log_tail(job.run_dir)
+        before, after = self.oom_before.get(job.cell.run_id), oom_kills()
+        if not job.killed and code == -signal.SIGKILL and before is not None and after is not None \
+                and after > before:
+            status = OOM
+            error = (f"killed by the kernel's OOM killer (SIGKILL while this machine's out-of-memory "
+                     f"kills rose from {before} to {after})")
+        st.update(status=status, finished=time.time(), error=error)
+        rundir.write_status(job.run_dir, st)
+        return status
+
     def on_progress(self, job: Job) -> None:
         if job.cell.run_id not in self.started:
             self.started.add(job.cell.run_id)
@@ -260,19 +294,16 @@ class CellEvents:
         self.display.update(job)
 
     def on_done(self, job: Job) -> None:
-        status_override = KILLED if job.killed else None
+        status_override = None
         st = rundir.read_status(job.run_dir) or {}
-        if not job.killed and st.get("status") in (None, RUNNING):
-            # the worker died without writing its final status (signal, segfault, OOM-kill)
-            status_override = KILLED if (job.returncode or 0) < 0 else FAILED
-            error = st.get("error") or rundir.log_tail(job.run_dir)
-            before, after = self.oom_before.get(job.cell.run_id), oom_kills()
-            if job.returncode == -signal.SIGKILL and before is not None and after is not None \
-                    and after > before:
-                status_override = OOM
-                error = (f"killed by the kernel's OOM killer (SIGKILL while this machine's out-of-memory "
-                         f"kills rose from {before} to {after})")
-            st.update(status=status_override, finished=time.time(), error=error)
+        if st.get("status") in (None, RUNNING):
+            # the worker died without writing its final status: the parent settles it, in the folder
+            # first and then the store, so the two agree (docs/robustness.md)
+            status_override = self.settled(job, st)
+        elif job.killed and st.get("status") == FAILED:
+            # stopped by abl run: what the signal broke on its way in is no verdict on the cell
+            last = (str(st.get("error") or "").strip().splitlines() or ["no error"])[-1]
+            st.update(status=KILLED, error=f"{self.stop_reason} (then: {last})")
             rundir.write_status(job.run_dir, st)
         status = _ingest(self.db_path, job.run_dir, status_override)
         self.ended.add(job.cell.run_id)
@@ -307,6 +338,9 @@ def execute(executor, jobs: list[Job], events: CellEvents, display: Any, console
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "a write failed"
+            sent = exc.signal_name if isinstance(exc, Stopped) else "SIGINT"  # Ctrl-C is Python's own
+            events.stop_reason = (f"stopped by {sent} to abl run" if isinstance(exc, KeyboardInterrupt)
+                                  else f"stopped: abl run could not write ({exc})")
             console.print(f"[yellow]{why}: stopping the running cells[/]")
             executor.stop_all()
             # every started cell not stored yet, also one whose on_done the interrupt cut short

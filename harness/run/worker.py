@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -172,7 +173,7 @@ def run(run_dir: Path) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     started = time.time()
-    status: dict[str, Any] = {"status": RUNNING, "pid": os.getpid(), "started": started,
+    status: dict[str, Any] = {"status": RUNNING, "pid": os.getpid(), "host": socket.gethostname(), "started": started,
                               "origin": os.environ.get("ABL_WORKER_ORIGIN", "spawned")}
     first_try = os.environ.pop(STARTUP_RETRY_ENV, None)
     if first_try is not None:

@@ -13,7 +13,7 @@ import errno
 import json
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,6 +25,7 @@ from ..analysis import metrics as catalogue
 from ..analysis.tables import settings_of
 from ..contracts.config import ConfigError, canonical_config
 from ..contracts.status import COMPLETED, INCOMPLETE, QUEUED
+from ..contracts.status import settle_gone
 from . import rundir
 
 # Each migration runs once, in order, inside a transaction; never edit one
@@ -254,6 +255,10 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
         raise StoreError(f"{run_dir}: {exc}") from None
     meta = rundir.read_json(run_dir / rundir.META, {})
     status = rundir.read_status(run_dir) or {"status": QUEUED}
+    if status_override is None and (settled := settle_gone(status, rundir.pid_alive(status.get("pid")))):
+        status = settled  # left running by a worker that is gone: killed, the folder too (they agree)
+        with suppress(OSError):  # a read-only folder keeps its file; the store still says killed
+            rundir.write_status(run_dir, status)
     info = rundir.read_json(run_dir / rundir.INFO, {})
     state = status_override or status.get("status", QUEUED)
     run_id = run_dir.name
