@@ -14,8 +14,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -50,9 +51,51 @@ def replacing(path: Path, fsync: bool = False) -> Iterator[Path]:
 
 
 def write_text(path: Path, text: str, fsync: bool = False) -> None:
-    """Replace ``path`` with ``text`` atomically (see ``replacing``)."""
+    """Replace ``path`` with ``text`` atomically (see ``replacing``); a short write raises (``write_sized``)."""
+    size = len(text.encode())
     with replacing(path, fsync=fsync) as tmp:
-        tmp.write_text(text)
+        write_sized(tmp, size, lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def write_sized(path: Path, nbytes: int, write: Callable[[Path], object]) -> None:
+    """Run ``write(path)``, which should leave ``nbytes`` bytes at ``path``, and check that it did.
+
+    A write the storage refused is an OSError with its error number (ENOSPC, EIO ...), which abl's
+    commands report as a full disk (abl.cli.common.storage_fault). Some writers report a short write
+    without one (numpy's ``tofile``: an OSError with no errno, or a ValueError), or not at all: a file
+    left short is that same storage error, OSError(ENOSPC when the disk is nearly full, else EIO)
+    naming ``path``. An error that left the file whole is not the storage's: it goes on as it is."""
+    try:
+        write(path)
+    except OSError as exc:
+        if exc.errno is not None or _size(path) == nbytes:
+            raise
+        raise short_write(path, nbytes, str(exc)) from None
+    except ValueError as exc:
+        if _size(path) == nbytes:
+            raise
+        raise short_write(path, nbytes, str(exc)) from None
+    if _size(path) != nbytes:
+        raise short_write(path, nbytes, "no error was reported")
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+def short_write(path: Path, nbytes: int, why: str) -> OSError:
+    """The OSError of a write that left ``path`` shorter (or longer) than ``nbytes`` bytes."""
+    size = max(_size(path), 0)
+    try:
+        full = shutil.disk_usage(path.parent).free < max(nbytes - size, 0) + 2**20
+    except OSError:
+        full = False
+    code = errno.ENOSPC if full else errno.EIO
+    return OSError(code, f"short write, {size:,} of {nbytes:,} bytes written ({why or os.strerror(code)}); "
+                         f"{'the disk is full' if full else 'the storage may be failing or full'}", str(path))
 
 
 def write_json(path: Path, obj: Any, indent: int | None = 1, fsync: bool = False) -> None:

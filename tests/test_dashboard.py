@@ -29,6 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from abl.dashboard import charts as dash_charts  # noqa: E402
 from abl.dashboard import queries  # noqa: E402
+from abl.contracts.config import run_id_of  # noqa: E402
 from abl.store import database as abl_store  # noqa: E402
 from abl.store.readonly import StoreBusy, StoreUnavailable  # noqa: E402
 
@@ -557,10 +558,10 @@ def test_running_runs_show_progress_from_their_run_folder(fixture_store, tmp_pat
     shutil.copy(fixture_store.db, db)
     src_id = fixture_store.sql("SELECT run_id FROM runs WHERE status = 'completed' LIMIT 1")[0][0]
     src = fixture_store.runs_dir / src_id
-    run_dir = tmp_path / "runs" / "feedfacefeedface"
-    run_dir.mkdir(parents=True)
     config = json.loads((src / "config.json").read_text())
     config["seed"] = 7
+    run_dir = tmp_path / "runs" / run_id_of(config)  # named by its run id, as the worker's folder is
+    run_dir.mkdir(parents=True)
     (run_dir / "config.json").write_text(json.dumps(config))
     shutil.copy(src / "meta.json", run_dir / "meta.json")
     (run_dir / "status.json").write_text(json.dumps({"status": "running", "started": time.time()}))
@@ -577,7 +578,7 @@ def test_running_runs_show_progress_from_their_run_folder(fixture_store, tmp_pat
     at = app()
     assert "1 run(s) in progress" in text_of(at)
     table = at.dataframe[-1].value
-    row = table[table["run_id"] == "feedfacefeedface"].iloc[0]
+    row = table[table["run_id"] == run_dir.name].iloc[0]
     assert row["status"] == "running" and row["progress"] == pytest.approx(6 / 16)
     assert "updated" in row["activity"]
     ok(at.switch_page("views/curves.py"))

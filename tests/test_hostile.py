@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from abl.cli import cli
-from abl.contracts.config import ConfigError
+from abl.contracts.config import ConfigError, run_id_of
 from abl.grid.gridfile import expand
 from abl.grid.parsing import parse_toml_text
 
@@ -327,9 +327,10 @@ def test_ingest_wait_lists_the_run_folders_after_it_holds_the_lock(tmp_path, mon
     real = ingest_cli.take_store_lock
 
     def holder_writes_meanwhile(db_path, wait):
-        d = runs / "late"
+        config = {"experiment": "x", "seed": 0, "train": {"steps": 1}}
+        d = runs / run_id_of(config)  # a worker's folder is named by its config's run id
         d.mkdir()
-        (d / "config.json").write_text(json.dumps({"experiment": "x", "seed": 0, "train": {"steps": 1}}))
+        (d / "config.json").write_text(json.dumps(config))
         (d / "status.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
         return real(db_path, wait)
 
@@ -344,11 +345,11 @@ def test_a_run_folder_without_status_json_is_reported_not_silently_queued(tmp_pa
 
     db = tmp_path / "x.duckdb"
     runs = tmp_path / "runs"
-    never = runs / "never_started"
-    ran = runs / "ran_without_status"
-    for d in (never, ran):
+    configs = [{"experiment": "x", "seed": seed, "train": {"steps": 2}} for seed in (0, 1)]
+    never, ran = (runs / run_id_of(c) for c in configs)  # named by their run ids, as workers leave them
+    for d, config in zip((never, ran), configs):
         d.mkdir(parents=True)
-        (d / "config.json").write_text(json.dumps({"experiment": "x", "seed": 0, "train": {"steps": 2}}))
+        (d / "config.json").write_text(json.dumps(config))
     (ran / "metrics.jsonl").write_text('{"step": 1, "train_loss": 3.0}\n')
     r = CliRunner().invoke(cli, ["ingest", "--db", str(db)])
     assert r.exit_code == 1, r.output
@@ -360,7 +361,7 @@ def test_a_run_folder_without_status_json_is_reported_not_silently_queued(tmp_pa
         errors = [e for (e,) in con.execute("SELECT error FROM runs ORDER BY run_id").fetchall()]
     finally:
         con.close()
-    assert got == {"never_started": "queued", "ran_without_status": "incomplete"}
+    assert got == {never.name: "queued", ran.name: "incomplete"}
     assert all(e and "status.json is missing" in e for e in errors)
 
 

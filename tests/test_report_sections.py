@@ -74,7 +74,7 @@ def norms_store(tmp_path_factory):
     """(grid path, db path, grid): 13 cells x 2 seeds completed, plus a third seed of the first cell still
     running (no info.json yet, as a worker that has just started leaves it)."""
     from abl.contracts.plugin_manager import get_registry
-    from abl.contracts.config import cell_from_config
+    from abl.contracts.config import cell_from_config, run_id_of
     from abl.grid.gridfile import load_grid
     from abl.model.costmodel import predict
     from abl.store import database as store
@@ -100,7 +100,7 @@ def norms_store(tmp_path_factory):
                    wall=30.0 if hot else 2.0 + 0.01 * k, started=now + i)
     first = g.cells[0]
     running = SimpleNamespace(config={**first.config, "seed": 2}, cell_key=first.cell_key, label=first.label,
-                              run_id=first.run_id + "-seed2", grid_record=first.grid_record)
+                              run_id=run_id_of({**first.config, "seed": 2}), grid_record=first.grid_record)
     _write_run(runs / running.run_id, running, status="running", info=False,
                final={"n_params": 1, "n_params_non_embedding": 1}, loss=3.0, tokens_per_s=1000.0, wall=1.0,
                started=now + 100)

@@ -1,5 +1,6 @@
 """The run-folder protocol (harness/rundir.py) and the one status vocabulary, as runner, store and dashboard use it."""
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -7,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from abl.contracts.config import run_id_of
 from abl.run import runner
 from abl.store import database as store
 from abl.store import rundir
@@ -44,10 +46,19 @@ WHOLE = [{"step": 0, "n_params": 10}, {"step": 1, "train_loss": 3.1, "val_loss":
          {"step": 1, "wall_s": 1.0, "peak_mem_bytes": 1e6}]
 
 
+def _config(name):
+    """A one-step run's config, one seed per name: its folder is named by its run id, as a worker leaves it."""
+    return {"experiment": "e", "seed": int(hashlib.sha256(name.encode()).hexdigest()[:6], 16), "train": {"steps": 1}}
+
+
+def rid(name):
+    return run_id_of(_config(name))
+
+
 def _folder(runs_dir, run_id, status, **status_fields):
-    d = runs_dir / run_id
+    d = runs_dir / rid(run_id)
     d.mkdir(parents=True)
-    rundir.write_json(d / rundir.CONFIG, {"experiment": "e", "seed": 0, "train": {"steps": 1}})
+    rundir.write_json(d / rundir.CONFIG, _config(run_id))
     rundir.write_json(d / rundir.META, {"cell_key": f"cell_{run_id}", "label": run_id})
     lines = "".join(json.dumps(r) + "\n" for r in WHOLE)
     if status == "incomplete":  # the worker completed; its metrics file was cut afterwards
@@ -62,9 +73,10 @@ def _folder(runs_dir, run_id, status, **status_fields):
 
 def test_runner_store_and_dashboard_agree_on_every_status(tmp_path):
     runs_dir, db = tmp_path / "runs", tmp_path / "abl.duckdb"
-    ids = list(STATUSES)
+    ids = [rid(s) for s in STATUSES]
+    name = {rid(s): s for s in STATUSES}
     dirs = [_folder(runs_dir, s, s) for s in STATUSES]
-    assert store.ingest_dirs(db, dirs) == {s: s for s in STATUSES}
+    assert store.ingest_dirs(db, dirs) == {rid(s): s for s in STATUSES}
 
     # store: the run summary (abl.present.summary) counts completed and did-not-complete runs per cell
     from abl.analysis.verdicts import cell_inputs
@@ -80,11 +92,11 @@ def test_runner_store_and_dashboard_agree_on_every_status(tmp_path):
     cells = [SimpleNamespace(run_id=s) for s in ids]
     known = store.statuses(db, ids)
     done, skipped, busy, todo = runner.plan(cells, known)
-    assert [c.run_id for c in done] == ["completed"] and busy == []
-    assert {c.run_id for c in skipped} == {"failed", "diverged", "oom"}
-    assert {c.run_id for c in todo} == {"queued", "running", "killed", "incomplete"}
+    assert [name[c.run_id] for c in done] == ["completed"] and busy == []
+    assert {name[c.run_id] for c in skipped} == {"failed", "diverged", "oom"}
+    assert {name[c.run_id] for c in todo} == {"queued", "running", "killed", "incomplete"}
     _, skipped, _, todo = runner.plan(cells, known, retry_failed=True)
-    assert skipped == [] and {c.run_id for c in todo} == set(ids) - {"completed"}
+    assert skipped == [] and {c.run_id for c in todo} == set(ids) - {rid("completed")}
 
     # dashboard: the experiments overview and the "did not complete" list
     pytest.importorskip("pandas", reason="the dashboard extra is not installed")
@@ -98,12 +110,12 @@ def test_reconcile_marks_a_dead_worker_killed_and_a_plain_rerun_restarts_it(tmp_
     runs_dir, db = tmp_path / "runs", tmp_path / "abl.duckdb"
     _folder(runs_dir, "gone", "running")  # no pid: the worker is gone
     _folder(runs_dir, "bad", "diverged")
-    cells = [SimpleNamespace(run_id="gone"), SimpleNamespace(run_id="bad")]
+    cells = [SimpleNamespace(run_id=rid("gone")), SimpleNamespace(run_id=rid("bad"))]
     known = runner.reconcile(cells, runs_dir, db)
-    assert known == {"gone": "killed", "bad": "diverged"}
-    assert rundir.read_status(runs_dir / "gone")["status"] == "killed"
-    assert store.statuses(db, ["gone", "bad"]) == known
-    assert [c.run_id for c in runner.plan(cells, known)[3]] == ["gone"]
+    assert known == {rid("gone"): "killed", rid("bad"): "diverged"}
+    assert rundir.read_status(runs_dir / rid("gone"))["status"] == "killed"
+    assert store.statuses(db, [rid("gone"), rid("bad")]) == known
+    assert [c.run_id for c in runner.plan(cells, known)[3]] == [rid("gone")]
 
 
 def test_worker_exit_status_matches_the_status_it_writes(tmp_path):
@@ -252,7 +264,7 @@ def test_a_killed_run_with_a_garbled_line_keeps_its_status_and_says_so(tmp_path)
     d = _folder(runs_dir, "k", "killed")
     with open(d / rundir.METRICS, "a") as f:
         f.write("garbage\n")
-    assert store.ingest_dirs(db, [d]) == {"k": "killed"}
+    assert store.ingest_dirs(db, [d]) == {rid("k"): "killed"}
     import duckdb
 
     con = duckdb.connect(str(db), read_only=True)

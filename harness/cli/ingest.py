@@ -22,7 +22,9 @@ def command(run_dirs, db_path, runs_dir, wait):
 
     A run whose worker completed but whose folder is not whole (a cut or
     garbled metrics.jsonl, a missing last step) is stored as incomplete, with
-    what is missing; ingesting it again after a repair restores it.
+    what is missing; ingesting it again after a repair restores it. A folder
+    whose config.json does not hash to its name (edited after it ran, or
+    copied under another name) is skipped and named; the store keeps its row.
     """
     from ..contracts.status import INCOMPLETE, QUEUED
     from ..run import preflight

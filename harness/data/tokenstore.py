@@ -33,6 +33,7 @@ Nothing here names a specific dataset or tokenizer.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -380,11 +381,14 @@ def commit(prepared: Prepared, root: Path) -> Path:
     shutil.rmtree(tmpdir, ignore_errors=True)
     try:  # a full disk (or any failed write) leaves no half-written folder behind
         tmpdir.mkdir()
-        for name, arr in prepared.arrays.items():
-            arr.tofile(tmpdir / name)
+        for name, arr in prepared.arrays.items():  # each write's size is checked: a short one is an OSError
+            files.write_sized(tmpdir / name, arr.nbytes, arr.tofile)
+        texts = {"meta.json": json.dumps(prepared.meta, indent=1, sort_keys=True, default=str)}
         if prepared.definition is not None:
-            (tmpdir / "tokenizer.json").write_text(prepared.definition)
-        (tmpdir / "meta.json").write_text(json.dumps(prepared.meta, indent=1, sort_keys=True, default=str))
+            texts["tokenizer.json"] = prepared.definition
+        for name, text in texts.items():
+            files.write_sized(tmpdir / name, len(text.encode()), functools.partial(Path.write_text, data=text,
+                                                                                   encoding="utf-8"))
     except BaseException:
         shutil.rmtree(tmpdir, ignore_errors=True)
         raise

@@ -23,7 +23,7 @@ import duckdb
 from ..analysis import health
 from ..analysis import metrics as catalogue
 from ..analysis.tables import settings_of
-from ..contracts.config import ConfigError, canonical_config
+from ..contracts.config import ConfigError, canonical_config, run_id_of
 from ..contracts.status import COMPLETED, INCOMPLETE, QUEUED
 from ..contracts.status import settle_gone
 from . import rundir
@@ -253,6 +253,9 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
         stored_config = canonical_config(config)
     except ConfigError as exc:
         raise StoreError(f"{run_dir}: {exc}") from None
+    if (hashed := run_id_of(config)) != run_dir.name:  # the run id is the hash of its config
+        raise StoreError(f"{run_dir}: config.json does not hash to its folder's name (run id {run_dir.name}, "
+                         f"config hashes to {hashed}): edited after it ran, or copied under another name; not stored")
     meta = rundir.read_json(run_dir / rundir.META, {})
     status = rundir.read_status(run_dir) or {"status": QUEUED}
     if status_override is None and (settled := settle_gone(status, rundir.pid_alive(status.get("pid")))):
