@@ -5,12 +5,13 @@ import pytest
 from abl.present import palette
 
 
-def test_colours_are_tols_muted_scheme_and_distinct():
-    assert len(palette.COLOURS) == len(set(palette.COLOURS)) == 9
+def test_colours_are_okabe_ito_and_distinct():
+    okabe_ito = {"#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#000000"}
+    assert len(palette.COLOURS) == len(set(palette.COLOURS)) == 8 and set(palette.COLOURS) == okabe_ito
     assert palette.NEUTRAL not in palette.COLOURS
 
 
-@pytest.mark.parametrize("n", [9, 13, 36, 72])
+@pytest.mark.parametrize("n", [8, 13, 36, 64])
 def test_styles_stay_distinct_past_the_colours(n):
     looks = palette.distinct(n)
     assert len({(s.colour, s.mpl_ls, s.marker) for s in looks}) == n

@@ -1,56 +1,71 @@
-"""One cell, one style: the colour (and, past the palette, the line style and marker) of a cell on every
-dashboard page and in every report figure.
+"""One cell, one look: the colour, line style and marker of a cell on every dashboard page and in every
+report figure.
 
-A cell's style follows from its position in its grid (the order ``abl run`` expands the grid file into:
-the grid's axes varied in the order the file lists them, the last fastest), which each run records
-(``grid_order``), never from the order of a table, a ranking or the order the runs happened to start (with
-``--workers`` or a resumed grid that is not the grid's), so a cell keeps its colour from the Curves page to
-Trade-offs to the report, and after the grid file is moved or deleted. The colours are Paul Tol's "muted" qualitative scheme
-(P. Tol, "Colour Schemes", SRON technical note SRON/EPS/TN/09-002, 2021, figure 4): nine colours that stay
-apart for the common forms of colour blindness and on a white page. A tenth cell starts again at the first
-colour with the next line style (solid, dashed, dotted, dash-dot) and the next marker (eight), so 72 cells
-are told apart by (colour, line style, marker) and a scatter's points by (colour, marker).
+A one-axis grid (or cells whose grid is not known) gets one look per cell, by the cell's position in its grid
+(the order ``abl run`` expands the grid file into: the grid's axes varied in the order the file lists them,
+the last fastest), which each run records (``grid_index``), never from the order of a table, a ranking or
+the order the runs happened to start, so a cell keeps its colour from the Curves page to Trade-offs to the
+report, and after the grid file is moved or deleted. A ninth cell starts again at the first colour with the
+next line style and the next marker.
+
+A factorial grid (two swept axes or more) gets one visual channel per axis (``grid_styles``): colour for
+the axis with the most levels (the first in the grid file on a tie), marker and line style for the others
+(their combinations, in grid order), so "which norm" is read from the colour and "which block layout" from
+the marker, instead of telling thirteen colours apart. What a cell's level of each axis is comes from what
+its runs recorded (``grid_varied``, else its config at the recorded ``grid_paths``), never from re-reading a
+grid file. When an axis has more levels than a channel has looks, the grid falls back to one look per cell.
+
+The colours are Okabe and Ito's qualitative scheme (M. Okabe and K. Ito, "Color Universal Design (CUD): how
+to make figures and presentations that are friendly to colorblind people", 2008,
+https://jfly.uni-koeln.de/color/; the same eight in B. Wong, "Points of view: Color blindness", Nature Methods
+8, 441, 2011): eight saturated colours told apart under the common forms of colour blindness and on a white
+page. The order puts the darker, most distinct ones first and the yellow, weakest on white, last.
 
 Plain data, no plotting library: the report (matplotlib) and the dashboard (Vega-Lite) translate a
-``CellStyle`` into their own terms (``mpl_ls``, ``vega_dash``).
+``CellStyle`` into their own terms (``mpl_ls``, ``vega_dash``, ``marker``, ``vega_shape``).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-# Paul Tol's muted scheme, in his order (rose, indigo, sand, green, cyan, wine, teal, olive, purple)
-COLOURS: tuple[str, ...] = ("#CC6677", "#332288", "#DDCC77", "#117733", "#88CCEE", "#882255", "#44AA99",
-                            "#999933", "#AA4499")
-# line styles past the colours: matplotlib's names and the same dashes as Vega-Lite strokeDash arrays
-LINE_STYLES: tuple[str, ...] = ("-", "--", ":", "-.")
-VEGA_DASHES: tuple[tuple[int, ...], ...] = ((1, 0), (6, 3), (2, 2), (6, 2, 2, 2))
+# Okabe-Ito, reordered: blue, vermillion, bluish green, reddish purple, orange, sky blue, black, yellow
+COLOURS: tuple[str, ...] = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
+                            "#F0E442")
+# line styles: matplotlib's and the same dashes as Vega-Lite strokeDash arrays
+LINE_STYLES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (10, 3)), (0, (6, 2, 2, 2, 2, 2)))
+VEGA_DASHES: tuple[tuple[int, ...], ...] = ((1, 0), (6, 3), (2, 2), (6, 2, 2, 2), (10, 3), (6, 2, 2, 2, 2, 2))
 MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X", "*")
 VEGA_SHAPES: tuple[str, ...] = ("circle", "square", "triangle-up", "diamond", "triangle-down", "cross",
                                 "triangle-left", "triangle-right")
-# a colour for "not a cell" (a reference line, a band): Tol's pale grey is kept out of COLOURS for this
+# a colour for "not a cell" (a reference line, a band): a pale grey, not among COLOURS
 NEUTRAL = "#DDDDDD"
 
 
 @dataclass(frozen=True)
 class CellStyle:
-    """The look of the cell at ``position`` (0-based) in its grid."""
+    """The look of the cell at ``position`` (0-based) in its grid. ``hue`` and ``form`` (indices into the
+    colours and the line styles / markers) are set for a factorial grid's cells (one channel per axis);
+    -1: from the position (one look per cell)."""
 
     position: int
+    hue: int = -1
+    form: int = -1
 
     @property
     def colour(self) -> str:
-        return COLOURS[self.position % len(COLOURS)]
+        return COLOURS[(self.hue if self.hue >= 0 else self.position) % len(COLOURS)]
 
     @property
     def _round(self) -> int:
-        """How many times the colours have come round before this cell (0 for the first nine)."""
-        return self.position // len(COLOURS)
+        """The line style and marker index: the form, else how many times the colours have come round."""
+        return self.form if self.form >= 0 else self.position // len(COLOURS)
 
     @property
-    def mpl_ls(self) -> str:
+    def mpl_ls(self) -> Any:
         return LINE_STYLES[self._round % len(LINE_STYLES)]
 
     @property
@@ -130,3 +145,110 @@ def _index(value: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return int(as_float) if as_float == as_float and as_float.is_integer() and as_float >= 0 else None
+
+
+# ---------------------------------------------------------------- one channel per axis
+
+
+@dataclass(frozen=True)
+class Channels:
+    """How a grid's cells are drawn: ``styles`` (cell key -> look) and, for a factorial grid, which axis is
+    on the colour (``colour_axis``) and which on the marker and line style (``form_axes``), with each cell's
+    level text on both (``colour_of``, ``form_of``) and the levels in grid order. ``factorial`` False: one
+    look per cell, the legend lists cells."""
+
+    styles: dict[str, CellStyle]
+    colour_axis: str = ""
+    form_axes: tuple[str, ...] = ()
+    colour_of: dict[str, str] = field(default_factory=dict)
+    form_of: dict[str, str] = field(default_factory=dict)
+    colour_levels: tuple[str, ...] = ()
+    form_levels: tuple[str, ...] = ()
+
+    @property
+    def factorial(self) -> bool:
+        return bool(self.colour_axis)
+
+    @property
+    def form_title(self) -> str:
+        return ", ".join(self.form_axes)
+
+    def describe(self) -> str:
+        """One sentence for a caption: what the colour and the marker say."""
+        if not self.factorial:
+            return "colour, line style and marker: the cell"
+        return f"colour: {self.colour_axis}; marker and line style: {self.form_title}"
+
+
+def level_text(value: Any) -> str:
+    """An axis level as the legends write it: a string as it is, anything else as compact JSON."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return str(value)
+
+
+_MISSING = object()
+
+
+def _at(config: Any, path: str) -> Any:
+    """The value at a dotted ``path`` of a nested config dict (``_MISSING`` when absent)."""
+    node = config
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _recorded_levels(runs: Sequence[Any], keys: Sequence[str]) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """(the swept paths the runs recorded, in their grids' order; each cell's level text of each path), from
+    the runs' ``grid_varied`` and, for a run that recorded only ``grid_paths``, its config at those paths."""
+    paths: dict[str, None] = {}
+    levels: dict[str, dict[str, str]] = {}
+    for r in runs:
+        varied = getattr(r, "grid_varied", None) or {}
+        recorded = [str(p) for p in (getattr(r, "grid_paths", None) or [])]
+        paths.update((p, None) for p in [*recorded, *(str(k) for k in varied)])
+        cell = levels.setdefault(str(r.cell_key), {})
+        for p in [*recorded, *(str(k) for k in varied)]:
+            if p in cell:
+                continue
+            value = varied[p] if p in varied else _at(getattr(r, "config", None) or {}, p)
+            if value is not _MISSING:
+                cell[p] = level_text(value)
+    return list(paths), {k: levels.get(k, {}) for k in keys}
+
+
+def grid_styles(runs: Sequence[Any]) -> Channels:
+    """Each cell's look for the runs' grid (objects as ``grid_order`` takes, with ``grid_varied``,
+    ``grid_paths`` and ``config`` where they have them): one channel per swept axis for a factorial grid,
+    else one look per cell by grid position (``styles(grid_order(runs))``). Every page of the dashboard and
+    every figure of the report draws a grid's cells with this."""
+    order = grid_order(runs)
+    per_cell = Channels(styles(order))
+    if not order:
+        return per_cell
+    paths, levels = _recorded_levels(runs, order)
+    # an axis every cell recorded that takes two values or more among them
+    axes = [p for p in paths if all(p in levels[k] for k in order) and len({levels[k][p] for k in order}) > 1]
+    if len(axes) < 2:
+        return per_cell
+    ordered = {a: list(dict.fromkeys(levels[k][a] for k in order)) for a in axes}
+    colour_axis = max(axes, key=lambda a: (len(ordered[a]), -axes.index(a)))
+    form_axes = tuple(a for a in axes if a != colour_axis)
+    forms = list(dict.fromkeys(tuple(levels[k][a] for a in form_axes) for k in order))
+    if len(ordered[colour_axis]) > len(COLOURS) or len(forms) > min(len(VEGA_DASHES), len(MARKERS)):
+        return per_cell  # more levels than the channel has looks: one look per cell, as for one axis
+    looks, colour_of, form_of = {}, {}, {}
+    for i, k in enumerate(order):
+        form = tuple(levels[k][a] for a in form_axes)
+        looks[k] = CellStyle(i, ordered[colour_axis].index(levels[k][colour_axis]), forms.index(form))
+        colour_of[k] = levels[k][colour_axis]
+        form_of[k] = ", ".join(form)
+    if len({(s.hue, s.form) for s in looks.values()}) < len(looks):
+        return per_cell  # two cells the axes do not tell apart (an axis the grid did not record)
+    return Channels(looks, colour_axis, form_axes, colour_of, form_of, tuple(ordered[colour_axis]),
+                    tuple(", ".join(f) for f in forms))
