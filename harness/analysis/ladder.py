@@ -1,0 +1,268 @@
+"""Does a tiny-scale answer hold at scale: per pair of variants, the ordering along a ladder of model sizes.
+
+A ranking measured at one small size predicts the winner at a larger one only
+part of the time (Magnusson et al. 2025, "DataDecide: How to Predict Best
+Pretraining Data with Small Experiments", arXiv:2504.11393: about 80% at 1B
+from the small sizes). So for each pair of variants trained at several sizes
+(a ladder: each size trained on its own token budget, several seeds each)
+this module reports:
+
+- the ordering at each size with its verdict: the paired t-test by seed at
+  that size (abl.analysis.stats.engine.compare);
+- a loss-against-compute fit per variant, the power law L(C) = exp(a) * C^-b
+  (Kaplan et al. 2020, "Scaling Laws for Neural Language Models",
+  arXiv:2001.08361, eq. 1.3: L(C) = (C_c / C)^alpha_C), least squares in log-log
+  on the per-seed points; the saturating Chinchilla form (abl.analysis.scaling)
+  needs more sizes than a ladder of three or four has degrees of freedom for;
+- the compute at which the two fits cross, log C* = (a_1 - a_2) / (b_1 - b_2),
+  with a percentile bootstrap interval (seeds resampled within each size,
+  jointly across the variants when they share seeds, so the pairing is kept:
+  Efron & Tibshirani 1993, "An Introduction to the Bootstrap", ch. 13), and
+  the predicted difference at a compute the user names, with its interval;
+- rank agreement across all variants between the smallest and the largest
+  size: Kendall's tau of the mean losses, with the same bootstrap interval.
+
+The verdict words, per pair:
+- "holds across sizes": the paired test decides the same direction at every
+  size (an intersection-union test: each size at alpha gives level alpha for
+  the conjunction; Berger 1982, "Multiparameter hypothesis testing and
+  acceptance sampling", Technometrics 24(4):295-300) and the fits cross in
+  range in at most alpha of the bootstrap resamples;
+- "flips near X FLOPs": the test decides opposite directions at two sizes
+  (again an intersection-union test), X the crossing of the fits;
+- "undetermined": anything else (a size undecided, too few seeds), with why.
+"No crossing in range" says that the fits do not cross between the smallest
+and the largest compute measured (the point estimate and at least 1 - alpha of
+the resamples).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Hashable, Mapping, Sequence
+
+import numpy as np
+
+from .stats.engine import BETTER, WORSE, Comparison, compare
+from .stats.ttest import ALPHA
+
+HOLDS, FLIPS, UNDETERMINED = "holds across sizes", "flips near", "undetermined"
+RESAMPLES = 2000
+
+# variant -> size compute (FLOPs) -> seed -> final loss
+LadderLosses = Mapping[Hashable, Mapping[float, Mapping[Hashable, float]]]
+
+
+class LadderError(ValueError):
+    """A ladder that cannot be analysed (fewer than two sizes, a variant missing a size)."""
+
+
+@dataclass
+class PowerLaw:
+    """L(C) = exp(log_a) * C ** -b, fitted in log-log."""
+
+    log_a: float
+    b: float
+
+    def predict(self, compute: float | np.ndarray) -> np.ndarray:
+        return np.exp(self.log_a - self.b * np.log(np.asarray(compute, dtype=float)))
+
+
+def fit_power_law(compute: Sequence[float], loss: Sequence[float]) -> PowerLaw:
+    """Least squares of log L on log C (scipy.stats.linregress); at least two distinct computes."""
+    from scipy.stats import linregress
+
+    c, y = np.asarray(compute, dtype=float), np.asarray(loss, dtype=float)
+    ok = np.isfinite(c) & np.isfinite(y) & (c > 0) & (y > 0)
+    if len(set(c[ok].tolist())) < 2:
+        raise LadderError("a power-law fit needs finite positive losses at two or more sizes")
+    r = linregress(np.log(c[ok]), np.log(y[ok]))
+    return PowerLaw(float(r.intercept), float(-r.slope))
+
+
+def crossing(f1: PowerLaw, f2: PowerLaw) -> float | None:
+    """The compute where the two fits are equal (None when parallel)."""
+    db = f1.b - f2.b
+    if db == 0:
+        return None
+    log_c = (f1.log_a - f2.log_a) / db
+    return float(math.exp(log_c)) if -700 < log_c < 700 else None
+
+
+@dataclass
+class SizeVerdict:
+    compute: float
+    comparison: Comparison  # a - b at this size, paired by seed
+
+
+@dataclass
+class LadderPair:
+    """One pair of variants along the ladder: a - b (lower is better)."""
+
+    a: Hashable
+    b: Hashable
+    sizes: list[SizeVerdict]
+    crossing: float | None  # FLOPs where the fits cross (point estimate), None when parallel
+    crossing_interval: tuple[float, float] | None  # percentile interval of the crossings in range
+    crossing_in_range: float  # fraction of bootstrap resamples whose fits cross within the measured range
+    in_range: bool  # the point estimate lies within [smallest, largest] compute
+    target: float | None = None  # the compute the user named
+    predicted_delta: float | None = None  # fit a - fit b at the target
+    predicted_interval: tuple[float, float] | None = None
+    verdict: str = UNDETERMINED
+    reason: str = ""
+
+    def sentence(self) -> str:
+        per = "; ".join(f"{c.compute:.3g} FLOPs: {c.comparison.verdict}" for c in self.sizes)
+        if self.verdict == FLIPS and self.crossing is not None and self.in_range:
+            head = f"{self.a} vs {self.b}: flips near {self.crossing:.3g} FLOPs"
+            if self.crossing_interval:
+                head += f" (interval {self.crossing_interval[0]:.3g} to {self.crossing_interval[1]:.3g})"
+        elif self.verdict == FLIPS:
+            head = f"{self.a} vs {self.b}: flips between the sizes measured"
+        else:
+            head = f"{self.a} vs {self.b}: {self.verdict}"
+        cross = ("no crossing in range" if not self.in_range or self.crossing is None
+                 else f"the fits cross at {self.crossing:.3g} FLOPs")
+        out = f"{head} ({per}); {cross}"
+        if self.reason:
+            out += f"; {self.reason}"
+        if self.target is not None and self.predicted_delta is not None:
+            lo, hi = self.predicted_interval or (math.nan, math.nan)
+            out += (f"; predicted difference at {self.target:.3g} FLOPs {self.predicted_delta:+.4f} "
+                    f"[{lo:+.4f}, {hi:+.4f}]")
+        return out
+
+
+@dataclass
+class LadderResult:
+    variants: list[Hashable]
+    computes: list[float]  # the sizes' computes, increasing
+    fits: dict[Hashable, PowerLaw]
+    pairs: list[LadderPair]
+    rank_agreement: float | None  # Kendall's tau, smallest vs largest size, None with fewer than 3 variants
+    rank_interval: tuple[float, float] | None
+    alpha: float = ALPHA
+    notes: list[str] = field(default_factory=list)
+
+
+def _check(losses: LadderLosses) -> tuple[list[Hashable], list[float]]:
+    variants = list(losses)
+    if len(variants) < 2:
+        raise LadderError("a ladder needs two or more variants to compare")
+    computes = sorted({float(c) for v in variants for c in losses[v]})
+    if len(computes) < 2:
+        raise LadderError("a ladder needs two or more sizes")
+    for v in variants:
+        missing = [c for c in computes if c not in {float(x) for x in losses[v]}]
+        if missing:
+            raise LadderError(f"variant {v!r} has no runs at compute {', '.join(f'{c:.3g}' for c in missing)}")
+    return variants, computes
+
+
+def _by_compute(losses: LadderLosses, v: Hashable) -> dict[float, dict[Hashable, float]]:
+    return {float(c): {s: float(x) for s, x in seeds.items() if x is not None and math.isfinite(float(x))}
+            for c, seeds in losses[v].items()}
+
+
+def _fit(points: Mapping[float, Mapping[Hashable, float]]) -> PowerLaw:
+    cs = [c for c, seeds in points.items() for _ in seeds]
+    ys = [x for seeds in points.values() for x in seeds.values()]
+    return fit_power_law(cs, ys)
+
+
+def _resample(data: dict[Hashable, dict[float, dict[Hashable, float]]], computes: list[float],
+              rng: np.random.Generator) -> dict[Hashable, dict[float, dict[Hashable, float]]]:
+    """One bootstrap ladder: at each size, seeds drawn with replacement, the same draw for every variant that
+    ran those seeds (pairing kept); a variant with other seeds draws its own."""
+    out: dict[Hashable, dict[float, dict[Hashable, float]]] = {v: {} for v in data}
+    for c in computes:
+        shared = sorted(set.intersection(*(set(data[v][c]) for v in data)), key=str)
+        draw = list(rng.choice(len(shared), size=len(shared))) if shared else []
+        for v in data:
+            seeds = data[v][c]
+            if shared and set(seeds) == set(shared):
+                keys = [shared[i] for i in draw]
+            else:
+                own = sorted(seeds, key=str)
+                keys = [own[i] for i in rng.choice(len(own), size=len(own))] if own else []
+            out[v][c] = {j: seeds[k] for j, k in enumerate(keys)}
+    return out
+
+
+def analyse_ladder(losses: LadderLosses, *, target: float | None = None, alpha: float = ALPHA,
+                   resamples: int = RESAMPLES, seed: int = 0) -> LadderResult:
+    """Per pair of variants: the verdict at each size, where the loss-compute fits cross, and whether the
+    ordering holds across sizes. ``losses``: variant -> compute (FLOPs) -> seed -> final loss."""
+    from scipy.stats import kendalltau
+
+    variants, computes = _check(losses)
+    data = {v: _by_compute(losses, v) for v in variants}
+    fits = {v: _fit(data[v]) for v in variants}
+    lo_c, hi_c = computes[0], computes[-1]
+    rng = np.random.default_rng(seed)
+    boots: list[dict[Hashable, PowerLaw]] = []
+    taus: list[float] = []
+    for _ in range(resamples):
+        sample = _resample(data, computes, rng)
+        try:
+            boots.append({v: _fit(sample[v]) for v in variants})
+        except LadderError:
+            continue
+        if len(variants) >= 3:
+            small = [np.mean(list(sample[v][lo_c].values())) for v in variants]
+            large = [np.mean(list(sample[v][hi_c].values())) for v in variants]
+            tau = kendalltau(small, large).statistic
+            if math.isfinite(tau):
+                taus.append(float(tau))
+    pairs = [_pair(a, b, data, computes, fits, boots, target, alpha) for a, b in itertools.combinations(variants, 2)]
+    tau_point = tau_iv = None
+    notes = []
+    if len(variants) >= 3:
+        small = [np.mean(list(data[v][lo_c].values())) for v in variants]
+        large = [np.mean(list(data[v][hi_c].values())) for v in variants]
+        tau_point = float(kendalltau(small, large).statistic)
+        if taus:
+            tau_iv = (float(np.quantile(taus, alpha / 2)), float(np.quantile(taus, 1 - alpha / 2)))
+    if len(boots) < resamples:
+        notes.append(f"{resamples - len(boots)} of {resamples} bootstrap resamples could not be fitted")
+    return LadderResult(variants, computes, fits, pairs, tau_point, tau_iv, alpha, notes)
+
+
+def _pair(a, b, data, computes, fits, boots, target, alpha) -> LadderPair:
+    sizes = [SizeVerdict(c, compare(data[a][c], data[b][c], alpha=alpha)) for c in computes]
+    lo_c, hi_c = computes[0], computes[-1]
+    x = crossing(fits[a], fits[b])
+    in_range = x is not None and lo_c <= x <= hi_c
+    xs = [crossing(f[a], f[b]) for f in boots]
+    inside = [c for c in xs if c is not None and lo_c <= c <= hi_c]
+    frac = len(inside) / len(xs) if xs else math.nan
+    interval = ((float(np.quantile(inside, alpha / 2)), float(np.quantile(inside, 1 - alpha / 2)))
+                if inside and in_range else None)
+    pair = LadderPair(a, b, sizes, x, interval, frac, in_range)
+    if target is not None:
+        pair.target = float(target)
+        pair.predicted_delta = float(fits[a].predict(target) - fits[b].predict(target))
+        deltas = [float(f[a].predict(target) - f[b].predict(target)) for f in boots]
+        if deltas:
+            pair.predicted_interval = (float(np.quantile(deltas, alpha / 2)), float(np.quantile(deltas, 1 - alpha / 2)))
+    words = [s.comparison.verdict for s in sizes]
+    decided = [w in (BETTER, WORSE) for w in words]
+    if all(decided) and len(set(words)) == 1:
+        if frac <= alpha and not in_range:
+            pair.verdict = HOLDS
+        else:
+            pair.verdict = UNDETERMINED
+            pair.reason = (f"every size decides {words[0]}, but the fits cross within the measured range in "
+                           f"{frac:.0%} of the resamples")
+    elif BETTER in words and WORSE in words:
+        pair.verdict = FLIPS
+        if not in_range:
+            pair.reason = "the per-size verdicts flip, but the fits' crossing lies outside the measured range"
+    else:
+        pair.verdict = UNDETERMINED
+        undecided = [f"{c:.3g}" for c, ok in zip(computes, decided) if not ok]
+        pair.reason = f"not decided at {', '.join(undecided)} FLOPs" if undecided else "per-size verdicts disagree"
+    return pair
