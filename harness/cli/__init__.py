@@ -15,14 +15,38 @@ from __future__ import annotations
 
 import click
 
-from . import bench, compare, cost, dashboard, ingest, plugins, report, run, selftest
+from . import bench, compare, cost, dashboard, ingest, plugins, report, run, selftest, usage
 from .common import fail, plugins_dir_option, user_errors
 
 
 class AblGroup(click.Group):
-    """Built-in commands are listed eagerly; plugin commands load on first use."""
+    """Built-in commands are listed eagerly; plugin commands load on first use. A misplaced option
+    (before its command, on another command, ``KEY=VALUE`` as two words) is one message saying
+    where it goes (abl.cli.usage), exit status 2."""
 
     _plugins_loaded = False
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, list(args))
+        except click.NoSuchOption as exc:
+            raise usage.before_the_command(self, ctx, args, exc) from None
+
+    def resolve_command(self, ctx, args):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and name is not None:
+            problem = usage.two_words(name, cmd, rest)
+            if problem is not None:
+                raise problem
+        return name, cmd, rest
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.NoSuchOption as exc:
+            if exc.ctx is None or exc.ctx.parent is not ctx:
+                raise
+            raise usage.of_another_command(self, ctx, exc) from None
 
     def get_command(self, ctx, name):
         cmd = super().get_command(ctx, name)

@@ -139,11 +139,11 @@ def missing_grid_message(path: str | Path) -> str:
     hint = ""
     if close and p.parent in (Path("."), Path("ablations")):
         hint = f"; did you mean {close[0]!r} (the shipped grid {close[0]})?"
-    elif p.parent.is_dir():
-        beside = [q.name for q in sorted(p.parent.glob("*.toml"))]
-        near = difflib.get_close_matches(p.name, beside, n=1, cutoff=0.6)
+    elif p.parent.is_dir():  # stems compared: a shared ".toml" made mygrid.toml look close to typo.toml
+        beside = {q.name.removesuffix(".toml"): q.name for q in sorted(p.parent.glob("*.toml"))}
+        near = difflib.get_close_matches(stem, list(beside), n=1, cutoff=0.7)
         if near:
-            hint = f"; did you mean {str(p.parent / near[0])!r}?"
+            hint = f"; did you mean {str(p.parent / beside[near[0]])!r}?"
     return f"{p}: no such file{hint} (the shipped grids, usable by name: {', '.join(shipped)})"
 
 
