@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import click
 
+from ..run.guard import DEFAULT_PLUGIN_TIMEOUT_S
 from ..store.workspace import DEFAULT_DB, Workspace
 from .choices import ExecutorChoice
 from .common import (
@@ -70,10 +71,15 @@ from .common import (
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv", "md"]), default="table",
               show_default=True, help="The summary at the end as JSON, CSV or Markdown on stdout (progress goes "
               "to stderr), for piping.")
+@click.option("--plugin-timeout", default=DEFAULT_PLUGIN_TIMEOUT_S, show_default=True, metavar="SECONDS",
+              type=click.FloatRange(min=0),
+              help="The longest abl run waits on plugin code it runs itself before any cell starts (loading the "
+                   "grid, the memory check, the cost estimate), per step; past it abl run stops (exit 2) naming "
+                   "the code. 0: no limit. A cell's own limit is train.timeout_s.")
 @plugins_dir_option
 def command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
             slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
-            only, cell_numbers, wide, fmt):
+            only, cell_numbers, wide, fmt, plugin_timeout):
     """Expand GRID_FILE into cells, validate them all, then train those not yet completed.
 
     Running the same command again resumes the grid: completed cells are
@@ -81,6 +87,28 @@ def command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, 
     train.checkpoint_every is set), failed and diverged ones re-run only with
     --retry failed.
     """
+    from ..run import guard
+
+    guard.stop_on_signals()  # SIGTERM at any point: the clean-up and exit 130 of a Ctrl-C, no lock left
+    guard.set_plugin_timeout(plugin_timeout)
+    try:
+        _command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
+                 slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
+                 only, cell_numbers, wide, fmt)
+    except KeyboardInterrupt:  # before the store's lock was taken (_run_locked handles it after)
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        click.echo("stopped before any cell started", err=True)
+        exit_now(130)
+    except guard.PluginTimeout as exc:
+        fail(str(exc))
+
+
+def _command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
+             slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
+             only, cell_numbers, wide, fmt):
     registry = load_registry()
     full, grid = _grids(grid_file, overrides, max_cells, only, cell_numbers, registry)
     ws = Workspace.resolve(db_path, grid, runs_dir)
@@ -111,9 +139,12 @@ def _grids(grid_file, overrides, max_cells, only, cell_numbers, registry):
     from ..grid.selection import select
     from ..run import preflight
 
+    from ..run.guard import time_limit
+
     try:
-        full = load_grid(grid_file, registry, list(overrides), max_cells=max_cells)
-        preflight.check(full, registry)  # the whole grid's checks (a sweep that collapses, ...), then the cells
+        with time_limit("loading the grid (its components' parameters, checks and costs)"):
+            full = load_grid(grid_file, registry, list(overrides), max_cells=max_cells)
+            preflight.check(full, registry)  # the whole grid's checks (a sweep that collapses, ...), then the cells
         grid = select(full, only, cell_numbers)
     except user_errors() as exc:
         fail(str(exc))
@@ -204,18 +235,22 @@ def _run_locked(grid, registry, ws: Workspace, engine, *, retry_failed: bool, fo
         console = Console(stderr=True)
     announced = note_new_store(ws.db)
     fresh = [p for p in (ws.db.parent, *ws.db.parent.parents) if not p.exists()]  # folders the lock will create
+    from ..run.guard import PluginTimeout, at_hard_exit, time_limit
+
     lock = take_store_lock(ws.db, wait)  # held until this process exits, however it exits
+    forget_lock = at_hard_exit(lock.release)  # a plugin stuck in native code: the watchdog's exit removes it
     if all(c.train.devices <= 1 for c in grid.cells):
         engine.prestart()  # the workers' zygote imports while the memory check and the token store run
     try:
-        _admit(grid, registry, ws, engine, retry_failed=retry_failed, force=force)
+        with time_limit("the memory check (it measures the forward of a component without a cost function)"):
+            _admit(grid, registry, ws, engine, retry_failed=retry_failed, force=force)
         from ..run.lr_sweep import run_sweep
         from ..run.runner import run_grid
 
         run = run_sweep if grid.cells[0].train.lr_sweep else run_grid  # an lr sweep: its two phases
         return run(grid, registry, ws.db, ws.runs, executor=engine, retry_failed=retry_failed, detect=detect,
                    console=console, presentation=presentation)
-    except user_errors() as exc:
+    except (*user_errors(), PluginTimeout) as exc:
         lock.release()
         remove_if_untouched(ws.db, lock.path, fresh)  # bad input leaves no trace: not even the lock's folder
         fail(str(exc) + (f"\nno store was created at {ws.db}" if announced and not ws.db.exists() else ""))
@@ -231,6 +266,7 @@ def _run_locked(grid, registry, ws: Workspace, engine, *, retry_failed: bool, fo
         lock.release()
         exit_now(130)
     finally:
+        forget_lock()
         lock.release()
         if hasattr(engine, "close"):
             engine.close()  # a zygote started early for cells that never ran

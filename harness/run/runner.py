@@ -33,6 +33,8 @@ from ..store.provenance import git_commit, versions
 from ..store.workspace import Workspace
 from .admission import oom_kills
 from .executors import Job, LocalExecutor
+from .guard import Stopped, time_limit
+from .guard import raise_stopped as _raise_interrupt
 from .progress import contention_note, make_display
 
 # not a stored status: a live worker of another abl run holds the folder
@@ -41,18 +43,6 @@ BUSY = "busy"
 
 def prepare(cell: Cell, runs_dir: Path, meta: dict[str, Any]) -> Path:
     return rundir.prepare(runs_dir / cell.run_id, cell.config, meta)
-
-
-class Stopped(KeyboardInterrupt):
-    """abl run was sent SIGTERM (handled as Ctrl-C): its name is the reason its cells were killed."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal_name(signum))
-        self.signal_name = signal_name(signum)
-
-
-def _raise_interrupt(signum, frame):
-    raise Stopped(signum)
 
 
 def reconcile(cells: list[Cell], runs_dir: Path, db_path: Path) -> dict[str, str]:
@@ -132,10 +122,13 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     known = reconcile(cells, runs_dir, db_path)
     completed, failed, busy, todo = plan(cells, known, retry_failed)
     console.print(plan_sentence(grid, runs_dir, known, completed, failed, busy, todo, retry_failed), soft_wrap=True)
-    for note in compile_payback_notes(todo, registry, ws, executor):
+    with time_limit("the compile payback notes (the components' cost functions)"):
+        notes = compile_payback_notes(todo, registry, ws, executor)
+    for note in notes:
         console.print(f"note: {note}", soft_wrap=True, markup=False)
     jobs, metas = make_jobs(grid, todo, registry, ws, executor, console)
-    estimate = start_estimate(jobs, registry, db_path, executor, console)
+    with time_limit("the grid's cost estimate (the components' cost functions)"):
+        estimate = start_estimate(jobs, registry, db_path, executor, console)
     display = make_display(console, len(jobs), estimate)
     events = CellEvents(db_path, runs_dir, metas, token_entries, display)
     execute(executor, jobs, events, display, console)

@@ -1,0 +1,158 @@
+"""The ``abl run`` parent never hangs on plugin code, and stops cleanly on SIGTERM at any point.
+
+Before any cell starts, the parent runs plugin code of its own: the memory check measures the forward of
+a component that declares no cost function (abl.model.measuredcost), the grid's cost estimate and the
+compile payback notes call the components' cost functions, the model is built on the meta device. A
+plugin whose code never returns there would hang ``abl run`` before any cell starts (issue 39, finding
+12). ``time_limit`` bounds each such step:
+
+- at the limit, SIGALRM raises ``PluginTimeout`` in the main thread wherever the plugin's Python code
+  is (a loop, a sleep, a lock), naming the step and the code it was stuck in; ``abl run`` exits 2;
+- a plugin stuck in native code never gives the interpreter back, so no signal handler runs: a watchdog
+  thread then ends the process itself ``NATIVE_GRACE_S`` later, with the same message, after the
+  clean-ups registered with ``at_hard_exit`` (the store's lock file).
+
+``Stopped`` is how SIGTERM (or SIGINT) reaches the parent: a KeyboardInterrupt naming the signal, so
+every ``except KeyboardInterrupt`` path (stop the cells, store them, release the lock, exit 130) runs for
+SIGTERM too, from the first line of ``abl run`` on (``stop_on_signals``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import types
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..contracts.status import signal_name
+
+# after the limit, how long a step stuck in native code has to give the interpreter back before the
+# watchdog ends the process
+NATIVE_GRACE_S = 30.0
+# the parent's default limit for one step of plugin work before any cell starts (abl run --plugin-timeout)
+DEFAULT_PLUGIN_TIMEOUT_S = 600.0
+
+
+class Stopped(KeyboardInterrupt):
+    """abl run was sent SIGTERM (handled as Ctrl-C): its name is the reason its cells were killed."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal_name(signum))
+        self.signal_name = signal_name(signum)
+
+
+def raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
+def stop_on_signals() -> None:
+    """From here on SIGTERM raises ``Stopped`` in the main thread (SIGINT already raises
+    KeyboardInterrupt): the process's clean-up runs instead of the default's silent death (exit 143,
+    the store's lock file left behind)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, raise_stopped)
+
+
+class PluginTimeout(BaseException):
+    """Plugin code run by the parent did not return within its limit (a user error: exit status 2).
+
+    A BaseException, so the plugin call sites that turn a plugin's ``Exception`` into a note or a
+    fallback do not swallow it."""
+
+
+_hard_exits: list[Callable[[], None]] = []
+
+
+def at_hard_exit(fn: Callable[[], None]) -> Callable[[], None]:
+    """Run ``fn`` before the watchdog ends a process stuck in native code; returns a function that
+    takes it off the list again."""
+    _hard_exits.append(fn)
+
+    def remove() -> None:
+        if fn in _hard_exits:
+            _hard_exits.remove(fn)
+    return remove
+
+
+def _is_plugin_frame(frame: types.FrameType) -> bool:
+    """Code that is neither abl's nor the standard library's nor an installed package's."""
+    path = frame.f_code.co_filename
+    if path.startswith("<"):
+        return False
+    abl_dir = str(Path(__file__).resolve().parent.parent)
+    stdlib = os.path.dirname(os.__file__)
+    return not (path.startswith(abl_dir) or path.startswith(stdlib) or "site-packages" in path
+                or "dist-packages" in path)
+
+
+def where(frame: types.FrameType | None) -> str:
+    """The innermost plugin code on the stack of ``frame`` ("forward in hang.py, line 24"), else the
+    innermost frame's; empty without a frame."""
+    innermost = frame
+    while frame is not None:
+        if _is_plugin_frame(frame):
+            return f"{frame.f_code.co_name} in {Path(frame.f_code.co_filename).name}, line {frame.f_lineno}"
+        frame = frame.f_back
+    if innermost is None:
+        return ""
+    return f"{innermost.f_code.co_name} in {Path(innermost.f_code.co_filename).name}, line {innermost.f_lineno}"
+
+
+def message(what: str, seconds: float, stuck: str) -> str:
+    at = f"; it was in {stuck}" if stuck else ""
+    return (f"{what} did not return within {seconds:g} s{at}. A plugin's code that never returns (a loop, "
+            f"a wait) hangs here; fix the plugin, or give it longer with abl run --plugin-timeout SECONDS")
+
+
+# the limit time_limit takes when it is given none (abl run --plugin-timeout sets it; 0: no limit)
+plugin_timeout_s: float = DEFAULT_PLUGIN_TIMEOUT_S
+
+
+def set_plugin_timeout(seconds: float) -> None:
+    global plugin_timeout_s
+    plugin_timeout_s = float(seconds)
+
+
+@contextmanager
+def time_limit(what: str, seconds: float | None = None) -> Iterator[None]:
+    """Run the block under a limit of ``seconds`` (default: ``plugin_timeout_s``; <= 0: none); raises
+    ``PluginTimeout`` past it.
+
+    Main thread only (SIGALRM is delivered there); in another thread, or inside another limit, the
+    block runs as it is."""
+    seconds = plugin_timeout_s if seconds is None else seconds
+    if not seconds or seconds <= 0 or threading.current_thread() is not threading.main_thread() \
+            or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        yield
+        return
+    done = threading.Event()
+
+    def on_alarm(signum, frame):
+        raise PluginTimeout(message(what, seconds, where(frame)))
+
+    def watchdog() -> None:
+        if done.wait(seconds + NATIVE_GRACE_S):
+            return
+        print(f"error: {message(what, seconds, 'native code that did not give the interpreter back')}",
+              file=sys.stderr, flush=True)
+        for fn in list(_hard_exits):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - the exit must happen whatever a clean-up does
+                pass
+        os._exit(2)
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    thread = threading.Thread(target=watchdog, name="abl-plugin-watchdog", daemon=True)
+    thread.start()
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        done.set()
+        signal.signal(signal.SIGALRM, previous)

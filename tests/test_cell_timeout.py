@@ -1,0 +1,167 @@
+"""Hung cells and hung plugins (issue 39, finding 12).
+
+- a plugin whose forward never returns must not hang ``abl run`` in the parent (the memory check measures
+  a component without a cost function by running its forward): the parent's plugin work runs under a
+  time limit, and ``abl run`` stops with exit 2 naming what did not return;
+- SIGTERM to ``abl run`` at any point (here: while the parent waits on a plugin) exits 130 and leaves no
+  lock file;
+- ``train.timeout_s``: a cell that runs past it is stopped by the parent and stored ``failed`` with the
+  reason, in its run folder and the store alike, and the grid goes on;
+- a cell that reports no progress for ``train.stall_warning_s`` is named once on the terminal.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import ROOT, run_abl, tiny_grid_text
+
+HANG_PLUGIN = """
+import os
+import sys
+import time
+
+import torch
+
+from abl import Cost, hookimpl
+
+
+def in_worker():
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return "abl.run.worker" in sys.modules or getattr(main, "name", "") == "abl.run.worker"
+
+
+class Hang(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(dim)
+
+    def forward(self, x):
+        while True:  # a forward that never returns
+            time.sleep(0.05)
+
+
+class HangInWorker(Hang):
+    def forward(self, x):
+        if in_worker():
+            return super().forward(x)
+        return self.norm(x)
+
+
+def _cost(dim, **_):
+    return Cost(params=2 * dim, activation_elements_per_token=dim + 2)
+
+
+@hookimpl
+def register_components(register):
+    register('norm', 'hang', Hang)  # no cost function: the parent measures its forward
+    register('norm', 'hang_in_worker', HangInWorker, cost=_cost)
+"""
+
+
+def rows(db, sql, params=()):
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(sql, list(params)).fetchall()
+    finally:
+        con.close()
+
+
+@pytest.fixture
+def hang_plugins(tmp_path):
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "hang.py").write_text(HANG_PLUGIN)
+    return plugins
+
+
+def start_abl(args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "abl.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})))
+
+
+def wait_for(pred, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_parent_waits_on_a_hung_plugin_exits_130_and_leaves_no_lock(tmp_path, hang_plugins):
+    grid = tmp_path / "g.toml"
+    grid.write_text(tiny_grid_text(grid={"model.norm": ["hang"]}))
+    db, runs = tmp_path / "x.duckdb", tmp_path / "runs"
+    proc = start_abl(["--plugins-dir", str(hang_plugins), "run", str(grid), "--db", str(db),
+                      "--runs-dir", str(runs)], env={"ABL_ZYGOTE": "0"})
+    lock = Path(str(db) + ".lock")
+    try:
+        assert wait_for(lock.exists, 120), "abl run never took the store's lock"
+        time.sleep(3)  # into the memory check, which measures the hanging forward
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "Traceback" not in err, err
+    assert not lock.exists()
+
+
+@pytest.mark.slow
+def test_a_plugin_that_hangs_in_the_parent_stops_abl_run_with_exit_2_naming_it(tmp_path, hang_plugins):
+    grid = tmp_path / "g.toml"
+    grid.write_text(tiny_grid_text(grid={"model.norm": ["hang"]}))
+    db, runs = tmp_path / "x.duckdb", tmp_path / "runs"
+    started = time.time()
+    r = run_abl(["--plugins-dir", str(hang_plugins), "run", str(grid), "--db", str(db), "--runs-dir", str(runs),
+                 "--plugin-timeout", "5"], env={"ABL_ZYGOTE": "0"}, timeout=240)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert time.time() - started < 200
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "did not return within 5 s" in r.stderr and "forward in hang.py" in r.stderr, r.stderr
+    assert not Path(str(db) + ".lock").exists()
+    assert not runs.exists() or not any(runs.iterdir())  # nothing trained
+
+
+def test_plugin_code_stuck_in_native_code_is_ended_by_the_watchdog_with_the_clean_ups_run(tmp_path):
+    """No signal handler runs while native code keeps the interpreter (stood in for by blocking SIGALRM):
+    the watchdog thread says so, runs the registered clean-ups (the store's lock) and exits 2."""
+    marker = tmp_path / "cleaned"
+    code = f"""
+import signal, time
+from abl.run import guard
+guard.NATIVE_GRACE_S = 1.0
+guard.at_hard_exit(lambda: open({str(marker)!r}, "w").close())
+with guard.time_limit("the test step", 1.0):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGALRM}})
+    time.sleep(60)
+"""
+    started = time.time()
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert time.time() - started < 30
+    assert "the test step did not return within 1 s" in r.stderr and "native code" in r.stderr, r.stderr
+    assert marker.exists()
+
+
+def test_plugin_timeout_passes_through_a_plugin_call_site_that_catches_exception():
+    from abl.run.guard import PluginTimeout, time_limit
+
+    with pytest.raises(PluginTimeout, match="the test step did not return within 0.2 s; it was in"):
+        with time_limit("the test step", 0.2):
+            try:
+                while True:
+                    time.sleep(0.01)
+            except Exception:  # noqa: BLE001 - what a fallback around a plugin's call does
+                pass
