@@ -15,6 +15,7 @@ from typing import Any
 from ..contracts.config import SECTIONS, Cell, ConfigError, Grid, canonical_json, section_params
 from ..contracts.registry import AXES, Registry, RegistryError
 from .labels import SEP, grid_label, show
+from .ladder import budget_steps, parse_ladder, size_values
 from .parsing import apply_override, parse_overrides, read_toml
 from .recipes import apply_recipe
 from .validation import (
@@ -221,6 +222,8 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
     errs = check_structure(raw, registry)
     axes, excludes, gerrs = parse_grid(raw, registry)
     errs += gerrs
+    ladder, lerrs = parse_ladder(raw, registry)
+    errs += lerrs
     exp_raw = raw.get("experiment", {}) if isinstance(raw.get("experiment"), dict) else {}
     exp, e = build_section("experiment", exp_raw)
     errs += e
@@ -230,8 +233,9 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
         raise ConfigError([f"{source}: {m}" for m in errs])
     assert exp is not None
     if max_cells is not None:  # refused before any cell is resolved
-        check_max_runs(axes, excludes, raw, exp.seeds, max_cells, source)
-    base = copy.deepcopy({k: v for k, v in raw.items() if k != "grid"})
+        sized = {**axes, "ladder.size": list(range(len(ladder.sizes)))} if ladder else axes
+        check_max_runs(sized, excludes, raw, exp.seeds, max_cells, source)
+    base = copy.deepcopy({k: v for k, v in raw.items() if k not in ("grid", "ladder")})
     memo: dict = {}  # what the cells share, resolved once (abl.grid.validation.resolve_cell)
     cells: list[Cell] = []
     seen: set[str] = set()
@@ -239,24 +243,38 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
     n_points = 0
     # each value's part of the labels, shown once (abl.grid.labels.grid_label joins the same parts)
     parts = [[f"{p.split('.')[-1]}={show(v)}" for v in axes[p]] for p in paths]
-    for index, picks in enumerate(itertools.product(*(range(len(axes[p])) for p in paths))):
-        varied = {p: axes[p][i] for p, i in zip(paths, picks)}
+    # a ladder's sizes are a tied outer axis: every point of the other axes at every size (abl.grid.ladder)
+    sizes: list[dict[str, Any]] = [size_values(ladder, i) for i in range(len(ladder.sizes))] if ladder else [{}]
+    points = [(size, picks) for size in sizes
+              for picks in itertools.product(*(range(len(axes[p])) for p in paths))]
+    for index, (size, picks) in enumerate(points):
+        varied = {**size, **{p: axes[p][i] for p, i in zip(paths, picks)}}
         if any(matches_exclude(varied, ex, raw) for ex in excludes):
             continue
-        label = SEP.join(parts[n][i] for n, i in enumerate(picks)) or "base"
+        label = SEP.join([f"{p.split('.')[-1]}={show(v)}" for p, v in size.items()] +
+                         [parts[n][i] for n, i in enumerate(picks)]) or "base"
         n_points += 1
         cell_raw = with_values(base, varied)
+        if ladder and ladder.lr == "per-size":
+            cell_raw["train"] = {**(cell_raw.get("train") or {}), "lr": ladder.lrs[sizes.index(size)]}
         cell_raw, e = apply_recipe(cell_raw, registry)
         if e:
             errs += [f"{source}: cell [{grid_label(varied)}]: {m}" for m in e]
             continue
+        if ladder and ladder.tokens_per_param:  # the size's token budget, from its non-embedding parameters
+            probe, e = resolve_cell(cell_raw, exp.seeds[0], varied, registry, memo, label)
+            if e or probe is None:
+                errs += [f"{source}: cell [{grid_label(varied)}]: {m}" for m in e]
+                continue
+            steps = budget_steps(probe, registry, ladder.tokens_per_param)
+            cell_raw["train"] = {**(cell_raw.get("train") or {}), "steps": steps}
         for seed in exp.seeds:
             cell, e = resolve_cell(cell_raw, seed, varied, registry, memo, label)
             if e:
                 errs += [f"{source}: cell [{grid_label(varied)}]: {m}" for m in e]
                 break
             assert cell is not None
-            cell.grid_paths, cell.grid_index = list(paths), index
+            cell.grid_paths, cell.grid_index = (ladder.paths if ladder else []) + list(paths), index
             if cell.run_id in seen:  # two grid points resolving to the same run
                 continue
             seen.add(cell.run_id)
@@ -277,7 +295,10 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
         raise ConfigError(f"{source}: the grid is empty (every cell was excluded)")
     if max_cells is not None and len(cells) > max_cells:
         raise ConfigError(f"{source}: the grid has {len(cells)} runs, more than --max-cells={max_cells}")
-    return Grid(path=source, raw=raw, cells=cells, grid_paths=paths)
+    grid = Grid(path=source, raw=raw, cells=cells, grid_paths=(ladder.paths if ladder else []) + paths)
+    if ladder:
+        grid.notes.append(f"ladder: {ladder.rule()}")
+    return grid
 
 
 def check_lr_sweep(values: Any, seeds: list, grid_paths: list[str], tuning_seeds: int = 1) -> list[str]:

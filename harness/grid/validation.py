@@ -17,6 +17,7 @@ from ..contracts.config import (
     SECTIONS,
     Cell,
     ModelConfig,
+    TRAIN_KEYS_NOT_HASHED,
     TrainConfig,
     run_id_of,
     section_params,
@@ -66,7 +67,7 @@ def known_path(path: str, registry: Registry) -> str | None:
 def check_structure(raw: dict, registry: Registry) -> list[str]:
     errs: list[str] = []
     for key, value in raw.items():
-        if key == "grid":
+        if key in ("grid", "ladder"):  # abl.grid.validation.parse_grid and abl.grid.ladder.parse_ladder
             continue
         if key in SECTIONS:
             if not isinstance(value, dict):
@@ -260,6 +261,10 @@ def _train_config(tc: TrainConfig) -> dict[str, Any]:
         del out["lr_sweep"]
     if out["lr_tuning_seeds"] == 1 or "lr_sweep" not in out:
         del out["lr_tuning_seeds"]
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    for key in TRAIN_KEYS_NOT_HASHED:  # how long abl waits on the cell: left out at the default
+        if out[key] == defaults[key]:
+            del out[key]
     return out
 
 
