@@ -87,3 +87,64 @@ def print_wrapped(console, text: str, indent: str = "    ") -> None:
         lead = para[:len(para) - len(para.lstrip())]
         lines += wrap(para.strip(), console.width, lead + indent, first=lead) if para.strip() else [""]
     console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+
+
+def cut_middle(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, cut from the middle (``softm…tion``): its start and
+    its end, where the levels of an axis usually differ, both stay."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:max(0, width)]
+    head = width // 2
+    tail = width - 1 - head
+    return text[:head] + "…" + (text[len(text) - tail:] if tail else "")
+
+
+def _reads_as(shown: str, level: str) -> bool:
+    """Whether a reader of ``shown`` (a level whole, or cut by ``cut_middle``) could take it for ``level``."""
+    if "…" not in shown:
+        return shown == level
+    head, _, tail = shown.partition("…")
+    return len(level) >= len(shown) and level.startswith(head) and level.endswith(tail)
+
+
+def distinct_width(levels: Sequence[str], floor: int = 5) -> int:
+    """The fewest characters (at least ``floor``) each of an axis's levels can be cut to
+    (``cut_middle``) so that each reads as itself only (``soft…tion`` cannot be taken for another
+    level): below it, a cut label would lose which level the cell has."""
+    distinct = list(dict.fromkeys(levels))
+    longest = max((len(v) for v in distinct), default=0)
+    for width in range(min(floor, longest), longest + 1):
+        if all(sum(_reads_as(cut_middle(v, width), u) for u in distinct) == 1 for v in distinct):
+            return width
+    return longest
+
+
+def fit_varied(parts: Sequence[tuple[str, str]], room: int, levels: Sequence[Sequence[str]] | None = None,
+               sep: str = ", ") -> str:
+    """A cell's varied values (``(axis, value)`` pairs, in the grid's order) in ``room`` characters,
+    without losing any: ``norm=rmsnorm, block=post`` whole when it fits; else the values alone
+    (``rmsnorm, post``); else each value cut from the middle, the longest first, but never below the
+    width that keeps it apart from the other levels of its axis (``levels``, one list per part; without
+    them, 3 characters). Where even that does not fit, the result is longer than ``room``: the caller's
+    column cuts its end, but every level stays readable up to there."""
+    full = sep.join(f"{a}={v}" if a else v for a, v in parts)
+    if len(full) <= room or not parts:
+        return full
+    values = [v for _, v in parts]
+    if len(sep.join(values)) <= room:
+        return sep.join(values)
+    floors = [distinct_width(list(levels[i]) if levels is not None and i < len(levels) and levels[i] else [v])
+              for i, v in enumerate(values)]
+    widths = [len(v) for v in values]
+
+    def length() -> int:
+        return sum(widths) + len(sep) * (len(widths) - 1)
+
+    while length() > room:
+        i = max((j for j in range(len(widths)) if widths[j] > floors[j]), key=lambda j: widths[j], default=None)
+        if i is None:
+            break
+        widths[i] -= 1
+    return sep.join(cut_middle(v, w) for v, w in zip(values, widths))

@@ -1,8 +1,11 @@
 """The progress of ``abl run``.
 
 In a terminal, a rich bar per running cell (at any width the
-elapsed and remaining times stay whole: the cell's label is cut from the left
-and the bar column goes first); anywhere else (a log file, nohup, CI) plain
+elapsed and remaining times stay whole: below 100 columns the bar column goes
+and the step and loss are written shorter, then the cell's label is cut from
+the middle of its values, never below what keeps each axis's level apart:
+abl.present.termlayout.fit_varied) and, as each cell ends, a line with its
+status, final loss and wall time; anywhere else (a log file, nohup, CI) plain
 lines, flushed as they are written: one when a cell starts, one when it ends
 (status, final loss, wall time), and a heartbeat every ``ABL_HEARTBEAT_S``
 seconds (default 30) with each running cell's step, latest loss and ETA from
@@ -23,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Column
 
 from ..analysis import health
+from ..present.termlayout import fit_varied
 from .executors import Job
 
 
@@ -49,6 +53,38 @@ def fmt_duration(s: float | None) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def varied_parts(cell: Any) -> list[tuple[str, str]]:
+    """A cell's label as (axis, value) pairs: from what its grid varied (the label's own parts,
+    abl.grid.labels.grid_label), else split from its label; none for ``base``."""
+    from ..grid.labels import show
+
+    varied = getattr(cell, "varied", None)
+    if isinstance(varied, dict) and varied:
+        return [(path.split(".")[-1], show(value)) for path, value in varied.items()]
+    label = str(cell.label)
+    if label == "base":
+        return []
+    return [(a, v) if sep else ("", a) for a, sep, v in (p.partition("=") for p in label.split(", "))]
+
+
+def axis_levels(jobs: list[Job]) -> dict[str, list[str]]:
+    """Each varied axis's levels among the jobs (the values ``fit_varied`` must keep apart)."""
+    out: dict[str, list[str]] = {}
+    for job in jobs:
+        for axis, value in varied_parts(job.cell):
+            if value not in out.setdefault(axis, []):
+                out[axis].append(value)
+    return out
+
+
+def fitted_label(cell: Any, room: int, levels: dict[str, list[str]] | None = None) -> str:
+    """The cell's label in ``room`` characters, every varied value kept (abl.present.termlayout.fit_varied)."""
+    parts = varied_parts(cell)
+    if not parts:
+        return str(cell.label)
+    return fit_varied(parts, room, [(levels or {}).get(a) or [v] for a, v in parts])
 
 
 def _loss_text(job: Job) -> str:
@@ -172,27 +208,35 @@ class BarProgress:
     """Progress as rich bars, for a terminal.
 
     Every column but the cell's name has a fixed width, so the timers are never
-    cut; the name gets what is left (its label is cut from the left, keeping the
-    cell number and the seed), and below 100 columns the bar column is dropped.
+    cut; below 100 columns the bar column is dropped and the step and loss are
+    written shorter; the name gets what is left: the cell number, its varied
+    values (cut from the middle, each level kept apart from its axis's others:
+    ``fitted_label``) and the seed. As a cell ends, a line above the bars says
+    its status, final loss and wall time.
     """
 
     INFO_W = 30  # "step 10000 loss 3.412 val 3.456"
+    NARROW_INFO_W = 23  # "10000 loss 3.412 v3.456"
     TIME_W = 7  # "0:01:23"
     BAR_W = 20
 
-    def __init__(self, console: Console, total: int, estimate: Any = None) -> None:
+    def __init__(self, console: Console, total: int, estimate: Any = None,
+                 levels: dict[str, list[str]] | None = None) -> None:
         self.console, self.total = console, total
         self.estimate = estimate
+        self.levels = levels or {}  # each axis's levels in the grid (axis_levels), kept apart when cut
         self.jobs: dict[str, Job] = {}
         width = console.width
         bar = width >= 100
-        fixed = self.INFO_W + 2 * self.TIME_W + (self.BAR_W + 1 if bar else 0) + 3
+        self.narrow = not bar
+        info_w = self.NARROW_INFO_W if self.narrow else self.INFO_W
+        fixed = info_w + 2 * self.TIME_W + (self.BAR_W + 1 if bar else 0) + 3
         self.desc_w = max(16, width - fixed - 1)
         columns: list[Any] = [TextColumn("{task.description}", table_column=Column(
             width=self.desc_w, no_wrap=True, overflow="ellipsis"))]
         if bar:
             columns.append(BarColumn(bar_width=self.BAR_W))
-        columns += [TextColumn("{task.fields[info]}", table_column=Column(width=self.INFO_W, no_wrap=True,
+        columns += [TextColumn("{task.fields[info]}", table_column=Column(width=info_w, no_wrap=True,
                                                                             overflow="ellipsis")),
                     TimeElapsedColumn(table_column=Column(width=self.TIME_W, no_wrap=True)),
                     TimeRemainingColumn(table_column=Column(width=self.TIME_W, no_wrap=True))]
@@ -210,23 +254,26 @@ class BarProgress:
     def print(self, text: str) -> None:
         self.progress.console.print(text)
 
-    def _desc(self, job: Job) -> str:
-        head, tail = f"  [{job.index + 1}/{self.total}] ", f" seed={job.cell.seed}"
-        room = self.desc_w - len(head) - len(tail)
-        label = str(job.cell.label)
-        if len(label) > room:
-            label = "…" + label[len(label) - max(0, room - 1):] if room > 1 else ""
-        return head + label + tail
+    def _desc(self, job: Job, width: int | None = None) -> str:
+        head = f"{'' if self.narrow else '  '}[{job.index + 1}/{self.total}] "
+        tail = f" seed={job.cell.seed}"
+        room = (self.desc_w if width is None else width) - len(head) - len(tail)
+        return head + fitted_label(job.cell, room, self.levels) + tail
+
+    def _info(self, job: Job) -> str:
+        if job.train_loss is None:
+            return ""
+        if not self.narrow:
+            return f"step {job.step} {_loss_text(job)}"
+        val = "" if job.val_loss is None else f" v{job.val_loss:.3f}"
+        return f"{job.step} loss {job.train_loss:.3f}{val}"
 
     def update(self, job: Job) -> None:
-        from rich.markup import escape
-
         tid = self.tasks.get(job.cell.run_id)
         if tid is None:
             tid = self.tasks[job.cell.run_id] = self.progress.add_task(
                 escape(self._desc(job)), total=job.cell.train.steps, info="")
-        info = "" if job.train_loss is None else f"step {job.step} {_loss_text(job)}"
-        self.progress.update(tid, completed=job.step, info=info)
+        self.progress.update(tid, completed=job.step, info=self._info(job))
         self.jobs[job.cell.run_id] = job
         self._overall()
 
@@ -235,7 +282,18 @@ class BarProgress:
         eta = "" if self.estimate is None else "; " + grid_eta(self.estimate, list(self.jobs.values()))
         self.progress.update(self.overall, description=escape(f"cells {done}/{self.total}{eta}"))
 
+    def end_line(self, job: Job, status: str, wall_s: float | None) -> str:
+        """The line a finished cell leaves above the bars: its name (fitted to what the rest leaves of
+        the terminal), status, final loss and wall time."""
+        loss = _loss_text(job)
+        rest = f": {status}{', ' + loss if loss else ''}, {fmt_duration(wall_s)}"
+        if status != "completed":
+            rest = f": {status} at step {job.step}/{job.cell.train.steps}{', ' + loss if loss else ''}, " \
+                   f"{fmt_duration(wall_s)}"
+        return self._desc(job, self.console.width - len(rest)).strip() + rest
+
     def finish(self, job: Job, status: str, wall_s: float | None, note: str = "") -> None:
+        self.progress.console.print(escape(self.end_line(job, status, wall_s)), highlight=False)
         if note:
             self.progress.console.print(f"[yellow]{escape(self._desc(job).strip())}[/]: {escape(note)}")
         tid = self.tasks.pop(job.cell.run_id, None)
@@ -255,11 +313,13 @@ def grid_eta(estimate: Any, running: list[Job]) -> str:
         "whole grid: ETA after the first steps"
 
 
-def make_display(console: Console, n_jobs: int, estimate: Any = None) -> Any:
+def make_display(console: Console, jobs: list[Job] | int, estimate: Any = None) -> Any:
     """Bars in a terminal, plain lines elsewhere; None when nothing runs (the plan sentence says so,
-    no empty bar). ``estimate``: the whole grid's ETA, shown in every heartbeat and on the overall bar."""
+    no empty bar). ``jobs``: the jobs (their axes' levels keep cut labels apart) or their number.
+    ``estimate``: the whole grid's ETA, shown in every heartbeat and on the overall bar."""
+    n_jobs = jobs if isinstance(jobs, int) else len(jobs)
     if not n_jobs:
         return None
     if console.is_terminal:
-        return BarProgress(console, n_jobs, estimate)
+        return BarProgress(console, n_jobs, estimate, None if isinstance(jobs, int) else axis_levels(jobs))
     return LineProgress(console, n_jobs, heartbeat_interval(), estimate)
