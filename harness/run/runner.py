@@ -129,7 +129,7 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     jobs, metas = make_jobs(grid, todo, registry, ws, executor, console)
     with time_limit("the grid's cost estimate (the components' cost functions)"):
         estimate = start_estimate(jobs, registry, db_path, executor, console)
-    display = make_display(console, len(jobs), estimate)
+    display = make_display(console, jobs, estimate)  # the jobs: their axes' levels keep cut labels apart
     events = CellEvents(db_path, runs_dir, metas, token_entries, display)
     execute(executor, jobs, events, display, console)
     print_summaries(console, db_path, runs_dir, grid, detect, presentation or termlayout.Presentation())
@@ -293,10 +293,12 @@ class CellEvents:
             # the worker died without writing its final status: the parent settles it, in the folder
             # first and then the store, so the two agree (docs/robustness.md)
             status_override = self.settled(job, st)
-        elif job.killed and st.get("status") == FAILED:
-            # stopped by abl run: what the signal broke on its way in is no verdict on the cell
+        elif job.killed and st.get("status") in (FAILED, KILLED):
+            # stopped by abl run: what the signal broke on its way in is no verdict on the cell, and the
+            # reason names the signal abl run received (a Ctrl-C is SIGINT), not the SIGTERM it sent on
             last = (str(st.get("error") or "").strip().splitlines() or ["no error"])[-1]
-            st.update(status=KILLED, error=f"{self.stop_reason} (then: {last})")
+            then = "its worker" if st.get("status") == KILLED else "then"
+            st.update(status=KILLED, error=f"{self.stop_reason} ({then}: {last})")
             rundir.write_status(job.run_dir, st)
         status = _ingest(self.db_path, job.run_dir, status_override)
         self.ended.add(job.cell.run_id)
