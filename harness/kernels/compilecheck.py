@@ -19,6 +19,10 @@ it from tests/kernels/test_compilecheck.py):
   unless a wait that retires the MMA lies between it and the copy on the loop's path.
 - **Register spills** above a budget, from ``ptxas -v`` on the kernel's PTX (the
   ptxas that ships in the triton wheel).
+- **Rows not read as vectors** (``narrow_accesses``, for the kernels of ``VECTOR_KERNELS``): a
+  memory-bound kernel on 16-bit rows that Triton knows are 16-byte aligned must not load or store
+  them 2 bytes at a time (``ld.global.b16``/``st.global.b16`` in the PTX). The RoPE kernel's old
+  interleaved path did, and was the slowest kernel of the 126M cell on an H100 (docs/kernels.md).
 
 The launches are the launchers' own: under ``abl.kernels.utils.compile_check()``
 they choose their CUDA tiles for CPU tensors and (where they try several in
@@ -195,9 +199,16 @@ def _ssd_cases():
     return compile_check_cases()
 
 
+def _rope_cases():
+    from .rope import compile_check_cases
+
+    return compile_check_cases()
+
+
 CASES: dict[str, Callable[[], Iterator[tuple[str, Callable[[], None]]]]] = {
     "flash_attention": _attention_cases,
     "ssd_scan": _ssd_cases,
+    "rope": _rope_cases,
 }
 
 
@@ -397,6 +408,37 @@ def wgmma_hazards(ttgir: str) -> list[str]:
     return hazards
 
 
+_NARROW_GLOBAL = re.compile(r"\b(ld|st)\.global(?:\.[a-z]+)*\.[bsu]16\b")
+
+
+def narrow_accesses(launch: Launch, ptx: str) -> list[str]:
+    """Findings for a launch of a kernel in ``VECTOR_KERNELS`` on 16-bit data whose row strides and
+    sizes Triton knows to be multiples of 16 elements: every global load and store of its rows must
+    be a vector; a scalar 2-byte ``ld.global``/``st.global`` in the PTX means rows are read or
+    written an element at a time (the RoPE kernel's old interleaved path: x at stride 2)."""
+    args = VECTOR_KERNELS.get(launch.kernel)
+    if args is None or launch.signature.get(args[0]) not in ("*bf16", "*fp16"):
+        return []
+    names = list(launch.fn.arg_names)
+    divisible = {names[k[0]] for k, v in launch.attrs.items()
+                 if isinstance(k, tuple) and k and k[0] < len(names) and ["tt.divisibility", 16] in v}
+    if not set(args[1]) <= divisible:
+        return []
+    narrow = [m.group(0) for m in _NARROW_GLOBAL.finditer(ptx)]
+    if not narrow:
+        return []
+    kinds = ", ".join(f"{n} x {k}" for k, n in sorted({k: narrow.count(k) for k in narrow}.items()))
+    return [f"{len(narrow)} scalar 16-bit global accesses ({kinds}) where every row is 16-byte aligned: "
+            "rows are not read and written as vectors"]
+
+
+# Kernels whose 16-bit rows must be read and written as vectors when aligned: kernel -> (its data
+# pointer argument, the integer arguments that must be multiples of 16 for the rows to be aligned).
+VECTOR_KERNELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "_rope_kernel": ("X", ("stride_xh", "stride_xt", "stride_yh", "stride_yt", "HALF")),
+}
+
+
 def check(launch: Launch) -> Result:
     try:
         compiled = compile_sm90(launch)
@@ -406,7 +448,7 @@ def check(launch: Launch) -> Result:
         return Result(launch.label, launch.kernel, None, None, None, None, None, [], error=repr(exc)[:500])
     shared = getattr(compiled.metadata, "shared", None)
     return Result(launch.label, launch.kernel, usage["registers"], usage["spill_stores"], usage["spill_loads"],
-                  usage["stack"], shared, wgmma_hazards(ttgir))
+                  usage["stack"], shared, wgmma_hazards(ttgir) + narrow_accesses(launch, compiled.asm["ptx"]))
 
 
 def main(argv: list[str] | None = None) -> int:

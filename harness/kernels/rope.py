@@ -28,31 +28,46 @@ def _rope_kernel(X, Y, COS, SIN,
                  stride_xb, stride_xh, stride_xt, stride_yb, stride_yh, stride_yt,
                  stride_cb, stride_ct, H, T, HALF,
                  INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
-                 BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_bh = tl.program_id(0)
-    pid_t = tl.program_id(1)
-    b = (pid_bh // H).to(tl.int64)
-    h = (pid_bh % H).to(tl.int64)
-    t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    k = tl.arange(0, BLOCK_K)
-    mask = (t[:, None] < T) & (k[None, :] < HALF)
-    c_off = b * stride_cb + t[:, None] * stride_ct + k[None, :]
-    cos = tl.load(COS + c_off, mask=mask, other=1.0).to(tl.float32)
-    sin = tl.load(SIN + c_off, mask=mask, other=0.0).to(tl.float32)
+                 BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    # One program: BLOCK_T positions of one sequence, BLOCK_H heads of it. The angles are loaded
+    # once for all its heads; each row (one head at one position, D elements) is read and written
+    # whole, at unit stride, so the accesses are vectors; "interleaved" pairs are split and joined
+    # in registers (not loaded at stride 2). 64-bit arithmetic on the tile's base pointers only.
+    pid = tl.program_id(0)
+    n_t = tl.cdiv(T, BLOCK_T)
+    b = (pid // n_t).to(tl.int64)
+    t0 = (pid % n_t) * BLOCK_T
+    h0 = tl.program_id(1) * BLOCK_H
+    x_base = X + b * stride_xb + h0.to(tl.int64) * stride_xh + t0.to(tl.int64) * stride_xt
+    y_base = Y + b * stride_yb + h0.to(tl.int64) * stride_yh + t0.to(tl.int64) * stride_yt
+    c_base = b * stride_cb + t0.to(tl.int64) * stride_ct
+    hh = tl.arange(0, BLOCK_H)[:, None, None]
+    tt = tl.arange(0, BLOCK_T)[None, :, None]
+    k = tl.arange(0, BLOCK_K)[None, None, :]
+    rows = (h0 + hh < H) & (t0 + tt < T)
+    c_off = tt * stride_ct + k
+    c_mask = (t0 + tt < T) & (k < HALF)
+    cos = tl.load(COS + c_base + c_off, mask=c_mask, other=1.0).to(tl.float32)  # [1, BLOCK_T, BLOCK_K]
+    sin = tl.load(SIN + c_base + c_off, mask=c_mask, other=0.0).to(tl.float32)
     if BACKWARD:
         sin = -sin
+    x_off = hh * stride_xh + tt * stride_xt
+    y_off = hh * stride_yh + tt * stride_yt
     if INTERLEAVED:
-        d1 = 2 * k
-        d2 = 2 * k + 1
+        # pairs (2k, 2k+1): the whole row in one load, viewed as [..., BLOCK_K, 2] and split
+        d = tl.arange(0, 2 * BLOCK_K)[None, None, :]
+        mask = rows & (d < 2 * HALF)
+        x = tl.load(x_base + x_off + d, mask=mask, other=0.0).to(tl.float32)
+        x1, x2 = tl.split(tl.reshape(x, (BLOCK_H, BLOCK_T, BLOCK_K, 2)))
+        y = tl.reshape(tl.join(x1 * cos - x2 * sin, x1 * sin + x2 * cos), (BLOCK_H, BLOCK_T, 2 * BLOCK_K))
+        tl.store(y_base + y_off + d, y.to(Y.dtype.element_ty), mask=mask)
     else:
-        d1 = k
-        d2 = k + HALF
-    x_row = X + b * stride_xb + h * stride_xh + t[:, None] * stride_xt
-    y_row = Y + b * stride_yb + h * stride_yh + t[:, None] * stride_yt
-    x1 = tl.load(x_row + d1[None, :], mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + d2[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_row + d1[None, :], (x1 * cos - x2 * sin).to(Y.dtype.element_ty), mask=mask)
-    tl.store(y_row + d2[None, :], (x1 * sin + x2 * cos).to(Y.dtype.element_ty), mask=mask)
+        # pairs (k, k + D/2): two contiguous half rows
+        mask = rows & (k < HALF)
+        x1 = tl.load(x_base + x_off + k, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_base + x_off + HALF + k, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_base + y_off + k, (x1 * cos - x2 * sin).to(Y.dtype.element_ty), mask=mask)
+        tl.store(y_base + y_off + HALF + k, (x1 * sin + x2 * cos).to(Y.dtype.element_ty), mask=mask)
 
 
 # ---------------------------------------------------------------- launcher
@@ -80,12 +95,30 @@ def _check_shapes(x, cos, sin):
             raise ValueError(f"cos/sin batch dim must be 1 or {batch}, got {tuple(c.shape)}")
 
 
-def _as_angles(c, t, half, batch):
+def _as_angles(c):
+    """cos/sin as [B or 1, T, D/2] with unit stride along D/2 (a [T, D/2] table gets a leading 1:
+    one table for every sequence, read with batch stride 0)."""
     if c.dim() == 2:
-        c = c.unsqueeze(0).expand(batch, t, half)
+        c = c.unsqueeze(0)
     if c.stride(-1) != 1:
         c = c.contiguous()
     return c
+
+
+# Elements of x one program rotates (its heads x positions x D): 8 KiB of bf16 on 4 warps.
+_TILE_ELEMENTS = 4096
+
+
+def rope_tiles(h: int, t: int, d: int) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_T, BLOCK_K) of a launch on x [B, h, t, d]: whole rows (BLOCK_K = next_pow2(d/2)
+    pairs), as many heads as fit the tile (the angles are loaded once for all of them), then
+    positions."""
+    block_k = next_pow2(d // 2)
+    rows = max(1, _TILE_ELEMENTS // (2 * block_k))
+    rows = 1 << (rows.bit_length() - 1)  # a power of two (tl.arange's sizes must be)
+    block_h = min(next_pow2(h), rows)
+    block_t = max(1, min(next_pow2(t), rows // block_h))
+    return block_h, block_t, block_k
 
 
 def _rope_fake(x, cos, sin, interleaved, inverse):
@@ -101,19 +134,16 @@ def rope_launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleav
     shape = x.shape
     x4 = _as4d(x)
     b, h, t, d = x4.shape
-    half = d // 2
-    cos = _as_angles(cos, t, half, b)
-    sin = _as_angles(sin, t, half, b)
+    cos, sin = _as_angles(cos), _as_angles(sin)
     y4 = torch.empty((b, h, t, d), dtype=x.dtype, device=x.device)
     if x4.numel():
-        block_k = next_pow2(half)
-        block_t = max(1, min(next_pow2(t), 4096 // block_k, 64))
-        grid = (b * h, triton.cdiv(t, block_t))
+        block_h, block_t, block_k = rope_tiles(h, t, d)
+        grid = (b * triton.cdiv(t, block_t), triton.cdiv(h, block_h))
         wrap_triton(_rope_kernel)[grid](
             x4, y4, cos, sin,
             x4.stride(0), x4.stride(1), x4.stride(2), y4.stride(0), y4.stride(1), y4.stride(2),
-            cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), h, t, half,
-            INTERLEAVED=interleaved, BACKWARD=inverse, BLOCK_T=block_t, BLOCK_K=block_k,
+            cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), h, t, d // 2,
+            INTERLEAVED=interleaved, BACKWARD=inverse, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=block_k,
             num_warps=4)
     return y4.view(shape)
 
@@ -168,6 +198,34 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.
     if cos_k is None or sin_k is None:
         cos_k, sin_k = cos_q, sin_q
     return rope_triton(q, cos_q, sin_q, layout), rope_triton(k, cos_k, sin_k, layout)
+
+
+def compile_check_cases():
+    """The launches ``abl.kernels.compilecheck`` compiles for sm_90: yields (label, function that runs
+    the forward and backward). First the 126M cell's own (scripts/gpu_big.toml: B16 T1024, 16 heads of
+    64, bf16, q a transposed view of its [B, T, H, D] projection, k one of the [B, T, 2, H, D] key/value
+    projection, one [T, D/2] angle table) in both layouts; then the bench's contiguous D128, fp32,
+    a head dim that is no power of two and per-sequence angles. Tensors are allocated, never filled:
+    nothing runs."""
+    def run(layout, dtype=torch.bfloat16, b=16, h=16, t=1024, d=64, view="cell", per_seq=False):
+        def go():
+            if view == "cell":
+                q = torch.empty(b, t, h, d, dtype=dtype).transpose(1, 2)
+                k = torch.empty(b, t, 2, h, d, dtype=dtype).permute(2, 0, 3, 1, 4)[0]
+            else:
+                q = k = torch.empty(b, h, t, d, dtype=dtype)
+            ang = torch.empty((b, t, d // 2) if per_seq else (t, d // 2))
+            for x in (q, k):
+                y = rope_launch(x, ang, ang, layout == "interleaved", False)
+                rope_launch(torch.empty_like(y), ang, ang, layout == "interleaved", True)  # the backward
+        return go
+
+    for layout in ("interleaved", "half"):
+        yield f"rope {layout} bf16 D64, the 126M cell's q and k views", run(layout)
+        yield f"rope {layout} bf16 D128 contiguous", run(layout, b=4, h=32, t=2048, d=128, view="contiguous")
+    yield "rope interleaved fp32 D64, the cell's views", run("interleaved", torch.float32, b=2, t=256)
+    yield "rope interleaved fp16 D96, per-sequence angles", run("interleaved", torch.float16, b=2, h=12, t=200,
+                                                                 d=96, per_seq=True)
 
 
 # ---------------------------------------------------------------- reference
