@@ -41,6 +41,11 @@ class H3(nn.Module):
     width p = ``head_dim``, the outer product K' V^T (p x p channels) passes the diagonal SSM
     (S4D, ``init``); O = Q (that) and the output projection. ``head_dim`` = 1 is the elementwise
     form Q * SSM_diag(K' * V).
+
+    One departure at ``head_dim`` p > 1: each of a head's p x p product channels gets its own
+    diagonal SSM (d_model * p SSMs), where the reference (HazyResearch/H3, ``src/models/ssm/h3.py``:
+    ``SSKernel(H = d_model / head_dim)``, its kernel broadcast over the p x p products) shares one
+    SSM per head (d_model / p SSMs). At the default p = 1 the two are the same layer.
     """
 
     def __init__(self, cfg, position=None,
@@ -137,6 +142,13 @@ class HyenaFilter(nn.Module):
     shared Sin; the window exp(-|a_c| t / (L - 1)) with a_c spread over channels from
     log(target)/slow_decay to log(target)/fast_decay ("ExponentialModulation"). Positions past
     L (longer sequences than trained on) follow the same formulas.
+
+    The decay rates run over the ``order`` x d channels in blocks: filter n takes the n-th block
+    of d (``Hyena.operator``), so at order 2 the first filter has only the slower half of the rates
+    and the second the faster half, as in the reference's standalone version
+    (HazyResearch/safari ``standalone_hyena.py``: ``'l (o d) -> o d l'``). The full reference
+    (safari ``src/models/sequence/hyena.py``: ``'c l (v o) -> c o v l'``) interleaves the filters,
+    so each spans the whole range of rates. At order 1 the two agree.
     """
 
     deltas: torch.Tensor

@@ -274,6 +274,12 @@ RECIPES = {
         "the balance loss is sequence-wise in the paper (sec. 2.1.2); abl's is batch-wise.",
         "the first three layers are dense FFNs in the paper; abl uses one FFN kind for every layer.",
         "multi-token prediction (sec. 2.2): not in abl.",
+        ("the routed scaling factor: the paper's model multiplies the normalised routed gates by 2.5 "
+         "(config.json of deepseek-ai/DeepSeek-V3: routed_scaling_factor 2.5; modeling_deepseek.py): abl's "
+         "routed output is not scaled."),
+        ("group-limited routing: node-limited routing (sec. 2.1.2, M = 4 nodes), in the released model "
+         "n_group 8, topk_group 4 (config.json: each token's experts come from the 4 of 8 expert groups "
+         "with the highest sum of their top-2 affinities): abl picks the top-k over all experts."),
     )),
     "jamba": (jamba, (f"Jamba: Mamba + attention 7:1 per 8-layer block, MoE 16 experts top-2, no positions "
                       f"({JAMBA})."), (
@@ -281,6 +287,9 @@ RECIPES = {
          "every layer is MoE here."),
         "RMSNorm inside the Mamba layers (on dt, B, C; sec. 6): not in abl's mamba mixer.",
         "the 8-layer pattern needs model.n_layers a multiple of 8.",
+        ("the top-2 router weights are the softmax probabilities of the chosen experts, not renormalised "
+         "(transformers' modeling_jamba.py, JambaSparseMoeBlock): abl's token_choice renormalises them to "
+         "sum to 1 (GShard), so its MoE output is larger by 1 / (p1 + p2) at the same router."),
     )),
 }
 

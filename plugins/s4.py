@@ -21,7 +21,13 @@ Initialisations (sec. 4, ``init``):
 - ``legs``: S4D-LegS, the eigenvalues of the normal part of the HiPPO-LegS
   matrix, A^(N) = A + P P^T with P_n = sqrt(n + 1/2) (S4D sec. 4; S4 sec. 3 and
   the HiPPO-LegS matrix of Gu et al. 2020, arXiv:2008.07669, Theorem 2), with B
-  projected onto its eigenvectors, B = V^* B_LegS, B_LegS,n = sqrt(2n + 1).
+  projected onto its eigenvectors, B = V^* B_LegS, B_LegS,n = sqrt(2n + 1). Two departures from the
+  authors' S4D-LegS (state-spaces, ``dplr`` with init ``legs``, which calls ``nplr('legs', N, B_clip=2.0)``):
+  the authors clamp Im B to [-2, 2] and abl does not (at N = 64, 11 of the 32 modes have
+  |Im B| > 2, up to 41); and B is V^* B_LegS unhalved, which the authors' code also keeps, although
+  its own comment notes that the S4D paper's theory halves B to match the DPLR form. So abl's B is
+  twice the theory's value, and equal to the authors' code's before its clamp. The eigenvalues are
+  the authors' (tests/test_s4.py).
 
 dt is log-uniform in [dt_min, dt_max] per channel, C ~ complex N(0, 1), A
 is parameterised as -exp(log_re) + i im (the real part kept negative through
