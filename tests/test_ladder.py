@@ -20,7 +20,8 @@ def _ladder(laws, *, seeds=5, noise=0.004, seed=0):
         common = rng.standard_normal(seeds) * noise  # what a seed's data order does to every variant
         for v, (log_a, b) in laws.items():
             own = rng.standard_normal(seeds) * noise * 0.5
-            out[v][c] = {s: float(math.exp(log_a - b * math.log(c)) + common[s] + own[s]) for s in range(seeds)}
+            out[v][f"size{COMPUTES.index(c)}"] = (c, {s: float(math.exp(log_a - b * math.log(c)) + common[s] + own[s])
+                                                     for s in range(seeds)})
     return out
 
 
@@ -73,8 +74,8 @@ def test_rank_agreement_across_sizes_with_an_interval():
 
 def test_a_ladder_with_a_missing_size_is_refused():
     data = _ladder({"a": (0.0, 0.05), "b": (0.1, 0.05)})
-    del data["b"][COMPUTES[1]]
-    with pytest.raises(ld.LadderError, match="no runs at compute"):
+    del data["b"]["size1"]
+    with pytest.raises(ld.LadderError, match="no runs at size size1"):
         ld.analyse_ladder(data)
     with pytest.raises(ld.LadderError):
         ld.analyse_ladder({"a": data["a"]})

@@ -51,8 +51,9 @@ from .stats.ttest import ALPHA
 HOLDS, FLIPS, UNDETERMINED = "holds across sizes", "flips near", "undetermined"
 RESAMPLES = 2000
 
-# variant -> size compute (FLOPs) -> seed -> final loss
-LadderLosses = Mapping[Hashable, Mapping[float, Mapping[Hashable, float]]]
+# variant -> size -> (that variant's training compute at that size in FLOPs, {seed: final loss}); variants of
+# one size may differ in compute (a GLU FFN has more parameters than a dense one at the same width)
+LadderLosses = Mapping[Hashable, Mapping[Hashable, tuple[float, Mapping[Hashable, float]]]]
 
 
 class LadderError(ValueError):
@@ -93,7 +94,8 @@ def crossing(f1: PowerLaw, f2: PowerLaw) -> float | None:
 
 @dataclass
 class SizeVerdict:
-    compute: float
+    size: Hashable
+    compute: float  # the pair's mean compute at this size (FLOPs)
     comparison: Comparison  # a - b at this size, paired by seed
 
 
@@ -115,7 +117,7 @@ class LadderPair:
     reason: str = ""
 
     def sentence(self) -> str:
-        per = "; ".join(f"{c.compute:.3g} FLOPs: {c.comparison.verdict}" for c in self.sizes)
+        per = "; ".join(f"{c.size} ({c.compute:.3g} FLOPs): {c.comparison.verdict}" for c in self.sizes)
         if self.verdict == FLIPS and self.crossing is not None and self.in_range:
             head = f"{self.a} vs {self.b}: flips near {self.crossing:.3g} FLOPs"
             if self.crossing_interval:
@@ -139,7 +141,8 @@ class LadderPair:
 @dataclass
 class LadderResult:
     variants: list[Hashable]
-    computes: list[float]  # the sizes' computes, increasing
+    sizes: list[Hashable]  # smallest compute first
+    computes: tuple[float, float]  # the smallest and largest compute measured: the range
     fits: dict[Hashable, PowerLaw]
     pairs: list[LadderPair]
     rank_agreement: float | None  # Kendall's tau, smallest vs largest size, None with fewer than 3 variants
@@ -148,92 +151,103 @@ class LadderResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _check(losses: LadderLosses) -> tuple[list[Hashable], list[float]]:
+def _check(losses: LadderLosses) -> tuple[list[Hashable], list[Hashable]]:
     variants = list(losses)
     if len(variants) < 2:
         raise LadderError("a ladder needs two or more variants to compare")
-    computes = sorted({float(c) for v in variants for c in losses[v]})
-    if len(computes) < 2:
+    sizes = list(dict.fromkeys(s for v in variants for s in losses[v]))
+    if len(sizes) < 2:
         raise LadderError("a ladder needs two or more sizes")
     for v in variants:
-        missing = [c for c in computes if c not in {float(x) for x in losses[v]}]
+        missing = [s for s in sizes if s not in losses[v]]
         if missing:
-            raise LadderError(f"variant {v!r} has no runs at compute {', '.join(f'{c:.3g}' for c in missing)}")
-    return variants, computes
+            raise LadderError(f"variant {v!r} has no runs at size {', '.join(str(s) for s in missing)}")
+    mean_compute = {s: float(np.mean([losses[v][s][0] for v in variants])) for s in sizes}
+    return variants, sorted(sizes, key=lambda s: mean_compute[s])
 
 
-def _by_compute(losses: LadderLosses, v: Hashable) -> dict[float, dict[Hashable, float]]:
-    return {float(c): {s: float(x) for s, x in seeds.items() if x is not None and math.isfinite(float(x))}
-            for c, seeds in losses[v].items()}
+Points = dict[Hashable, tuple[float, dict[Hashable, float]]]
 
 
-def _fit(points: Mapping[float, Mapping[Hashable, float]]) -> PowerLaw:
-    cs = [c for c, seeds in points.items() for _ in seeds]
-    ys = [x for seeds in points.values() for x in seeds.values()]
+def _points(losses: LadderLosses, v: Hashable) -> Points:
+    out: Points = {}
+    for size, (compute, seeds) in losses[v].items():
+        if not (compute and math.isfinite(float(compute)) and compute > 0):
+            raise LadderError(f"variant {v!r} at size {size}: no positive training compute")
+        out[size] = (float(compute), {s: float(x) for s, x in seeds.items()
+                                      if x is not None and math.isfinite(float(x))})
+    return out
+
+
+def _fit(points: Points) -> PowerLaw:
+    cs = [c for c, seeds in points.values() for _ in seeds]
+    ys = [x for _, seeds in points.values() for x in seeds.values()]
     return fit_power_law(cs, ys)
 
 
-def _resample(data: dict[Hashable, dict[float, dict[Hashable, float]]], computes: list[float],
-              rng: np.random.Generator) -> dict[Hashable, dict[float, dict[Hashable, float]]]:
+def _resample(data: dict[Hashable, Points], sizes: list[Hashable], rng: np.random.Generator) -> dict[Hashable, Points]:
     """One bootstrap ladder: at each size, seeds drawn with replacement, the same draw for every variant that
     ran those seeds (pairing kept); a variant with other seeds draws its own."""
-    out: dict[Hashable, dict[float, dict[Hashable, float]]] = {v: {} for v in data}
-    for c in computes:
-        shared = sorted(set.intersection(*(set(data[v][c]) for v in data)), key=str)
+    out: dict[Hashable, Points] = {v: {} for v in data}
+    for size in sizes:
+        shared = sorted(set.intersection(*(set(data[v][size][1]) for v in data)), key=str)
         draw = list(rng.choice(len(shared), size=len(shared))) if shared else []
         for v in data:
-            seeds = data[v][c]
+            compute, seeds = data[v][size]
             if shared and set(seeds) == set(shared):
                 keys = [shared[i] for i in draw]
             else:
                 own = sorted(seeds, key=str)
                 keys = [own[i] for i in rng.choice(len(own), size=len(own))] if own else []
-            out[v][c] = {j: seeds[k] for j, k in enumerate(keys)}
+            out[v][size] = (compute, {j: seeds[k] for j, k in enumerate(keys)})
     return out
+
+
+def _means(points: dict[Hashable, Points], variants: list[Hashable], size: Hashable) -> list[float]:
+    return [float(np.mean(list(points[v][size][1].values()))) for v in variants]
 
 
 def analyse_ladder(losses: LadderLosses, *, target: float | None = None, alpha: float = ALPHA,
                    resamples: int = RESAMPLES, seed: int = 0) -> LadderResult:
     """Per pair of variants: the verdict at each size, where the loss-compute fits cross, and whether the
-    ordering holds across sizes. ``losses``: variant -> compute (FLOPs) -> seed -> final loss."""
+    ordering holds across sizes. ``losses``: variant -> size -> (compute in FLOPs, {seed: final loss})."""
     from scipy.stats import kendalltau
 
-    variants, computes = _check(losses)
-    data = {v: _by_compute(losses, v) for v in variants}
+    variants, sizes = _check(losses)
+    data = {v: _points(losses, v) for v in variants}
     fits = {v: _fit(data[v]) for v in variants}
-    lo_c, hi_c = computes[0], computes[-1]
+    every = [c for v in variants for c, _ in data[v].values()]
+    span = (min(every), max(every))
     rng = np.random.default_rng(seed)
     boots: list[dict[Hashable, PowerLaw]] = []
     taus: list[float] = []
     for _ in range(resamples):
-        sample = _resample(data, computes, rng)
+        sample = _resample(data, sizes, rng)
         try:
             boots.append({v: _fit(sample[v]) for v in variants})
         except LadderError:
             continue
         if len(variants) >= 3:
-            small = [np.mean(list(sample[v][lo_c].values())) for v in variants]
-            large = [np.mean(list(sample[v][hi_c].values())) for v in variants]
-            tau = kendalltau(small, large).statistic
+            tau = kendalltau(_means(sample, variants, sizes[0]), _means(sample, variants, sizes[-1])).statistic
             if math.isfinite(tau):
                 taus.append(float(tau))
-    pairs = [_pair(a, b, data, computes, fits, boots, target, alpha) for a, b in itertools.combinations(variants, 2)]
+    pairs = [_pair(a, b, data, sizes, span, fits, boots, target, alpha)
+             for a, b in itertools.combinations(variants, 2)]
     tau_point = tau_iv = None
     notes = []
     if len(variants) >= 3:
-        small = [np.mean(list(data[v][lo_c].values())) for v in variants]
-        large = [np.mean(list(data[v][hi_c].values())) for v in variants]
-        tau_point = float(kendalltau(small, large).statistic)
+        tau_point = float(kendalltau(_means(data, variants, sizes[0]), _means(data, variants, sizes[-1])).statistic)
         if taus:
             tau_iv = (float(np.quantile(taus, alpha / 2)), float(np.quantile(taus, 1 - alpha / 2)))
     if len(boots) < resamples:
         notes.append(f"{resamples - len(boots)} of {resamples} bootstrap resamples could not be fitted")
-    return LadderResult(variants, computes, fits, pairs, tau_point, tau_iv, alpha, notes)
+    return LadderResult(variants, sizes, span, fits, pairs, tau_point, tau_iv, alpha, notes)
 
 
-def _pair(a, b, data, computes, fits, boots, target, alpha) -> LadderPair:
-    sizes = [SizeVerdict(c, compare(data[a][c], data[b][c], alpha=alpha)) for c in computes]
-    lo_c, hi_c = computes[0], computes[-1]
+def _pair(a, b, data, sizes, span, fits, boots, target, alpha) -> LadderPair:
+    verdicts = [SizeVerdict(s, 0.5 * (data[a][s][0] + data[b][s][0]),
+                            compare(data[a][s][1], data[b][s][1], alpha=alpha)) for s in sizes]
+    lo_c, hi_c = span
     x = crossing(fits[a], fits[b])
     in_range = x is not None and lo_c <= x <= hi_c
     xs = [crossing(f[a], f[b]) for f in boots]
@@ -241,14 +255,14 @@ def _pair(a, b, data, computes, fits, boots, target, alpha) -> LadderPair:
     frac = len(inside) / len(xs) if xs else math.nan
     interval = ((float(np.quantile(inside, alpha / 2)), float(np.quantile(inside, 1 - alpha / 2)))
                 if inside and in_range else None)
-    pair = LadderPair(a, b, sizes, x, interval, frac, in_range)
+    pair = LadderPair(a, b, verdicts, x, interval, frac, in_range)
     if target is not None:
         pair.target = float(target)
         pair.predicted_delta = float(fits[a].predict(target) - fits[b].predict(target))
         deltas = [float(f[a].predict(target) - f[b].predict(target)) for f in boots]
         if deltas:
             pair.predicted_interval = (float(np.quantile(deltas, alpha / 2)), float(np.quantile(deltas, 1 - alpha / 2)))
-    words = [s.comparison.verdict for s in sizes]
+    words = [v.comparison.verdict for v in verdicts]
     decided = [w in (BETTER, WORSE) for w in words]
     if all(decided) and len(set(words)) == 1:
         if frac <= alpha and not in_range:
@@ -263,6 +277,39 @@ def _pair(a, b, data, computes, fits, boots, target, alpha) -> LadderPair:
             pair.reason = "the per-size verdicts flip, but the fits' crossing lies outside the measured range"
     else:
         pair.verdict = UNDETERMINED
-        undecided = [f"{c:.3g}" for c, ok in zip(computes, decided) if not ok]
-        pair.reason = f"not decided at {', '.join(undecided)} FLOPs" if undecided else "per-size verdicts disagree"
+        undecided = [str(v.size) for v, ok in zip(verdicts, decided) if not ok]
+        pair.reason = f"not decided at size {', '.join(undecided)}" if undecided else "per-size verdicts disagree"
     return pair
+
+
+def size_label(settings: Mapping[str, object], size_paths: Sequence[str]) -> str:
+    return " ".join(f"{p.split('.')[-1]}={settings.get(p)}" for p in size_paths)
+
+
+def ladder_of_runs(runs: Sequence[object], metric: str, size_paths: Sequence[str],
+                   compute_metric: str = "flops") -> LadderLosses:
+    """The ladder in stored runs (abl.store.reader.StoredRun: ``status``, ``seed``, ``settings``,
+    ``grid_varied``, ``final``): a size is the runs' values at ``size_paths``; a variant, their values at
+    the other swept paths; a run's compute its recorded training FLOPs (``compute_metric``; without it, its
+    FLOPs per step, counted or else predicted, times its steps). Completed runs
+    with a finite value only; a variant's compute at a size is the median over its seeds."""
+    raw: dict[str, dict[str, tuple[list[float], dict]]] = {}
+    for r in runs:
+        if getattr(r, "status", None) != "completed":
+            continue
+        final = getattr(r, "final", {}) or {}
+        loss, compute = final.get(metric), final.get(compute_metric)
+        if compute is None:  # the step's FLOPs (counted, else predicted) times the steps trained
+            per_step = final.get("flops_per_step_measured") or final.get("flops_per_step_predicted")
+            steps = ((getattr(r, "config", {}) or {}).get("train") or {}).get("steps")
+            compute = float(per_step) * int(steps) if per_step and steps else None
+        if loss is None or compute is None or not math.isfinite(float(loss)):
+            continue
+        settings = getattr(r, "settings", {}) or {}
+        varied = getattr(r, "grid_varied", {}) or {}
+        variant = " ".join(f"{p.split('.')[-1]}={v}" for p, v in varied.items() if p not in size_paths) or "base"
+        size = size_label(settings, size_paths)
+        computes, seeds = raw.setdefault(variant, {}).setdefault(size, ([], {}))
+        computes.append(float(compute))
+        seeds[getattr(r, "seed")] = float(loss)
+    return {v: {s: (float(np.median(c)), seeds) for s, (c, seeds) in by_size.items()} for v, by_size in raw.items()}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import click
 
-from . import bench, compare, cost, dashboard, ingest, plugins, report, run, selftest, usage
+from . import bench, compare, cost, dashboard, ingest, ladder, plugins, report, run, selftest, usage
 from .common import fail, plugins_dir_option, user_errors
 
 
@@ -74,7 +74,7 @@ def cli():
 
 
 # in the order `abl --help` lists them (click sorts them by name)
-for _module in (run, plugins, ingest, dashboard, cost, report, compare, bench, selftest):
+for _module in (run, plugins, ingest, dashboard, cost, report, compare, ladder, bench, selftest):
     cli.add_command(_module.command)
 
 

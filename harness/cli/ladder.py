@@ -1,0 +1,93 @@
+"""``abl ladder``: does the tiny-scale answer hold as the model grows? Per pair of variants along a size ladder.
+
+The use case: resolve the workspace, read the runs (abl.store.reader) of a grid file with a ``[ladder]``
+(abl.grid.ladder) or of an experiment whose runs sweep sizes, group them into variants and sizes, and
+print abl.analysis.ladder's verdicts: the ordering at each size, where the loss-compute fits cross, the
+predicted difference at ``--at`` FLOPs.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ..store.workspace import DEFAULT_DB, Workspace
+from .common import fail, load_registry, plugins_dir_option, user_errors
+
+
+@click.command("ladder")
+@click.argument("source", metavar="EXPERIMENT_OR_GRID")
+@click.option("--db", "db_path", default=None,
+              help=f"DuckDB file to read (default: experiment.db of the grid, else {DEFAULT_DB}).")
+@click.option("--metric", default="val_loss", show_default=True, help="The loss compared at each size.")
+@click.option("--size", "size_paths", multiple=True, metavar="PATH",
+              help="A setting that makes the sizes (repeatable; default: the grid's [ladder] keys, else the "
+                   "swept model.d_model / model.n_layers).")
+@click.option("--at", "target", type=click.FloatRange(min=0, min_open=True), default=None, metavar="FLOPS",
+              help="Also predict each pair's difference at this training compute, e.g. --at 1e18.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Overrides used when the grid was run (so the same cells are found).")
+@plugins_dir_option
+def command(source, db_path, metric, size_paths, target, overrides):
+    """Per pair of variants trained at several sizes: holds across sizes, flips near X FLOPs, or undetermined.
+
+    At each size the pair is compared paired by seed (the same test and words as abl compare); each
+    variant's loss is fitted against its training compute as a power law, and the compute where two
+    fits cross is given with a bootstrap interval over seeds (or "no crossing in range").
+    """
+    from ..analysis.ladder import LadderError
+
+    try:
+        runs, paths = _runs(source, db_path, overrides, list(size_paths))
+        _show(runs, metric, paths, target)
+    except user_errors() + (LadderError,) as exc:
+        fail(str(exc))
+
+
+def _runs(source: str, db_path: str | None, overrides, size_paths: list[str]):
+    from ..grid.gridfile import load_grid, names_grid_file
+    from ..store.database import verify_store
+    from ..store.reader import experiments, read_runs
+
+    if names_grid_file(source):
+        grid = load_grid(source, load_registry(), list(overrides))
+        ws = Workspace.resolve(db_path, grid)
+        verify_store(ws.db)
+        runs = read_runs(ws.db, run_ids=[c.run_id for c in grid.cells])
+        ladder = grid.raw.get("ladder") or {}
+        size_paths = size_paths or [f"model.{k}" for k in (ladder.get("sizes") or [{}])[0] if k != "lr"]
+        if not runs:
+            fail(f"no run of {source} is in {ws.db}: abl run {source} first")
+    else:
+        ws = Workspace.resolve(db_path)
+        verify_store(ws.db)
+        runs = read_runs(ws.db, experiment=source)
+        if not runs:
+            fail(f"no runs of experiment {source!r} in {ws.db}; experiments there: "
+                 f"{', '.join(experiments(ws.db)) or 'none'}")
+    if not size_paths:
+        swept = {p for r in runs for p in r.grid_varied}
+        size_paths = [p for p in ("model.d_model", "model.n_layers") if p in swept]
+    if not size_paths:
+        fail("these runs sweep no size: name the settings that make the sizes with --size PATH, or run a grid "
+             "with a [ladder] (docs/grids.md)")
+    return runs, size_paths
+
+
+def _show(runs, metric: str, size_paths: list[str], target: float | None) -> None:
+    from ..analysis.ladder import analyse_ladder, ladder_of_runs
+    from ..present import termlayout
+
+    console = termlayout.output_console()
+    result = analyse_ladder(ladder_of_runs(runs, metric, size_paths), target=target)
+    console.print(f"[bold]{metric} along the ladder[/bold] (sizes by {', '.join(size_paths)}; "
+                  f"{result.computes[0]:.3g} to {result.computes[1]:.3g} training FLOPs)")
+    for v, fit in result.fits.items():
+        console.print(f"  {v}: L(C) = {fit.predict(1.0).item():.4g} * C^-{fit.b:.4f}")
+    for pair in result.pairs:
+        termlayout.print_wrapped(console, pair.sentence())
+    if result.rank_agreement is not None:
+        lo, hi = result.rank_interval or (float("nan"), float("nan"))
+        console.print(f"rank agreement, smallest vs largest size (Kendall's tau): {result.rank_agreement:+.2f} "
+                      f"[{lo:+.2f}, {hi:+.2f}]")
+    for note in result.notes:
+        console.print(f"note: {note}")

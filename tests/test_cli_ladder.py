@@ -1,0 +1,85 @@
+"""``abl ladder`` (issue 41, item 5): stored runs of a [ladder] grid read back as verdicts along the sizes."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+from click.testing import CliRunner
+
+from abl.cli import cli
+from abl.model.costmodel import predict
+from conftest import tiny_grid_text
+
+LADDER = """
+[ladder]
+sizes = [{ d_model = 32, n_layers = 1 }, { d_model = 48, n_layers = 2 }, { d_model = 64, n_layers = 3 }]
+tokens_per_param = 1
+"""
+
+
+def _write_runs(grid_path, runs_dir, loss_of, registry):
+    from abl.grid.gridfile import load_grid
+
+    g = load_grid(grid_path, registry)
+    now = time.time()
+    for i, cell in enumerate(g.cells):
+        d = runs_dir / cell.run_id
+        d.mkdir(parents=True)
+        compute = predict(cell, registry)["train_flops_per_token"] * cell.train.steps * cell.train.batch_size \
+            * cell.model.context
+        (d / "config.json").write_text(json.dumps(cell.config))
+        (d / "meta.json").write_text(json.dumps({"cell_key": cell.cell_key, "label": cell.label,
+                                                 "git_commit": "abc123", "grid_file": str(grid_path),
+                                                 "grid": cell.grid_record(str(grid_path))}))
+        (d / "info.json").write_text(json.dumps({"device": "cpu (test)", "data_fingerprint": "f" * 64}))
+        (d / "status.json").write_text(json.dumps({"status": "completed", "started": now + i,
+                                                   "finished": now + i + 1}))
+        final = loss_of(cell, compute)
+        lines = [{"step": 0, "n_params": 1000.0}]
+        lines += [{"step": s, "train_loss": final + 1.0 / s} for s in range(1, cell.train.steps + 1)]
+        lines += [{"step": cell.train.steps, "val_loss": final, "flops": compute, "wall_s": 1.0, "peak_mem_bytes": 1e6}]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return g
+
+
+def test_a_planted_flip_reads_flips_near_and_a_steady_gap_holds(tmp_path, monkeypatch, registry):
+    from abl.store import database as store
+
+    monkeypatch.chdir(tmp_path)
+    text = tiny_grid_text(experiment={"seeds": [0, 1, 2, 3]},
+                          grid={"model.norm": ["rmsnorm", "layernorm"]}) + LADDER
+    grid = tmp_path / "grid.toml"
+    grid.write_text(text)
+    runs = tmp_path / "results" / "runs"
+    rng = np.random.default_rng(0)
+    seed_noise = {s: rng.standard_normal() * 0.002 for s in range(4)}
+    computes = []
+
+    def loss_of(cell, compute):
+        computes.append(compute)
+        # layernorm has the steeper law: worse below 1e10 FLOPs, better above
+        b = 0.08 if cell.model.norm == "layernorm" else 0.05
+        return 3.0 * (compute / 1e10) ** -b + seed_noise[cell.seed]
+
+    _write_runs(grid, runs, loss_of, registry)
+    db = tmp_path / "results" / "abl.duckdb"
+    store.ingest_dirs(db, sorted(runs.iterdir()))
+    out = CliRunner().invoke(cli, ["ladder", str(grid), "--db", str(db), "--at", "1e15"])
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "norm=rmsnorm vs norm=layernorm" in text
+    # the true crossing of the two laws lies within the ladder's range, so the verdict must find a flip
+    c_star = 1e10
+    assert min(computes) < c_star < max(computes)
+    assert "flips near" in text, text
+    assert "predicted difference at 1e+15 FLOPs" in text
+
+
+def test_runs_without_sizes_are_refused_with_a_reason(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(cli, ["ladder", "nosuch-experiment", "--db", str(tmp_path / "none.duckdb")])
+    assert out.exit_code == 2
+    assert "Traceback" not in out.output
