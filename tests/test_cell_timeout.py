@@ -165,3 +165,47 @@ def test_plugin_timeout_passes_through_a_plugin_call_site_that_catches_exception
                     time.sleep(0.01)
             except Exception:  # noqa: BLE001 - what a fallback around a plugin's call does
                 pass
+
+
+@pytest.mark.slow
+def test_a_cell_past_train_timeout_s_is_failed_with_the_reason_and_the_grid_goes_on(tmp_path, hang_plugins):
+    grid = tmp_path / "g.toml"
+    grid.write_text(tiny_grid_text(train={"timeout_s": 20, "stall_warning_s": 4},
+                                   grid={"model.norm": ["hang_in_worker", "rmsnorm"]}))
+    db, runs = tmp_path / "x.duckdb", tmp_path / "runs"
+    args = ["--plugins-dir", str(hang_plugins), "run", str(grid), "--db", str(db), "--runs-dir", str(runs)]
+    r = run_abl(args, timeout=400)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    got = dict(rows(db, "SELECT config->>'$.model.norm', status FROM runs"))
+    assert got == {"hang_in_worker": "failed", "rmsnorm": "completed"}, got  # the grid went on
+    run_id, error = rows(db, "SELECT run_id, error FROM runs WHERE status = 'failed'")[0]
+    assert "timed out" in error and "train.timeout_s = 20 s" in error, error
+    folder = json.loads((runs / run_id / "status.json").read_text())
+    assert (folder["status"], folder["error"]) == ("failed", error)  # the folder says what the store says
+    out = " ".join(r.stdout.split())  # the terminal folds long lines
+    # the stall warning, once (the other cell may get its own on a machine slow to start it)
+    assert out.count("norm=hang_in_worker seed=0: no progress reported for") == 1, r.stdout
+    assert "train.stall_warning_s = 4 s" in out and "ran past train.timeout_s = 20 s" in out, r.stdout
+    # a plain re-run does not retry it; the limit is not part of the run id, so a longer one is the same run
+    again = run_abl(args, timeout=200)
+    assert again.returncode == 0 and "0 to run" in again.stdout, again.stdout + again.stderr
+
+
+def test_the_time_limit_and_stall_warning_are_not_part_of_the_run_id(registry):
+    from conftest import tiny_grid_raw
+
+    from abl.grid.gridfile import expand
+
+    plain = expand(tiny_grid_raw(), registry).cells
+    limited = expand(tiny_grid_raw(train={"timeout_s": 30, "stall_warning_s": 5}), registry).cells
+    assert [c.run_id for c in plain] == [c.run_id for c in limited]
+    assert limited[0].train.timeout_s == 30 and limited[0].config["train"]["timeout_s"] == 30
+    assert "timeout_s" not in plain[0].config["train"]  # left out at its default
+
+
+def test_a_negative_time_limit_is_refused_like_any_train_setting(tmp_path):
+    grid = tmp_path / "g.toml"
+    grid.write_text(tiny_grid_text(train={"timeout_s": -1}))
+    r = run_abl(["run", str(grid), "--dry-run", "--db", str(tmp_path / "x.duckdb")])
+    assert r.returncode == 2 and "train.timeout_s" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -197,6 +197,11 @@ class TrainConfig:
                               min=1, max=16)
     compile: bool = _f(False, "torch.compile the model and its loss for the training steps (compile time "
                        "is recorded apart as compile_s, never in tokens/s; evaluation stays eager)")
+    timeout_s: float = _f(0.0, "stop a cell that runs longer than this many seconds (start-up included) and "
+                          "store it failed with the reason; the grid goes on (0 = no limit; not part of the "
+                          "run id: --retry failed re-runs a timed-out cell under a longer limit)", min=0.0)
+    stall_warning_s: float = _f(600.0, "warn once when a running cell has reported no step for this many seconds "
+                                "(it keeps running; 0 = never; not part of the run id)", min=0.0)
 
 
 # model.scale presets for size ladders (d_model, n_layers, n_heads); head dim 32 where it fits.
@@ -390,11 +395,18 @@ def compact_config(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# [train] keys that say how long abl waits on a cell, not what it trains: never hashed, never stored
+TRAIN_KEYS_NOT_HASHED = ("timeout_s", "stall_warning_s")
+
+
 def canonical_config(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` (either shape) in the shape run ids hash and the store keeps (see above)."""
+    """``config`` (either shape) in the shape run ids hash and the store keeps (see above); the keys of
+    ``TRAIN_KEYS_NOT_HASHED`` left out."""
     if config_format(config) == 1:
         return config
     out = {k: v for k, v in config.items() if k not in ("format", "components")}
+    if isinstance(out.get("train"), dict) and any(k in out["train"] for k in TRAIN_KEYS_NOT_HASHED):
+        out["train"] = {k: v for k, v in out["train"].items() if k not in TRAIN_KEYS_NOT_HASHED}
     components: dict[str, Any] = {}
     for axis, spec in (config.get("components") or {}).items():
         if axis in AXES:

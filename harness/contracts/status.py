@@ -92,3 +92,10 @@ def settle_gone(status: dict[str, Any], alive: bool) -> dict[str, Any] | None:
         return None
     return {**status, "status": KILLED, "finished": status.get("finished") or time.time(),
             "error": status.get("error") or GONE}
+
+
+def timed_out(limit_s: float, ran_s: float) -> str:
+    """Why a cell the parent stopped at its time limit (``train.timeout_s``) is failed."""
+    return (f"timed out: the cell ran {ran_s:.0f} s, past its time limit train.timeout_s = {limit_s:g} s, and "
+            f"abl run stopped it; a plain abl run does not retry it (give it a longer train.timeout_s and run "
+            f"abl run --retry failed)")

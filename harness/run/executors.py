@@ -162,6 +162,11 @@ class Executor:
     def stop(self, job: Job) -> None:
         raise NotImplementedError
 
+    def kill(self, job: Job) -> None:
+        """Stop a job that ``stop`` did not end (it ignored the signal, or hangs in native code); by default
+        ``stop`` again."""
+        self.stop(job)
+
     def can_launch(self, job: Job) -> bool:
         return len(self.running) < self.slots
 
@@ -178,8 +183,10 @@ class Executor:
                 self.stop(job)
 
     def run(self, jobs: list[Job], on_progress: Callable[[Job], None], on_done: Callable[[Job], None],
-            poll_s: float = 0.2, on_launch: Callable[[Job], None] | None = None) -> None:
-        """Launch every job as a slot frees up; ``on_launch`` runs just before each launch."""
+            poll_s: float = 0.2, on_launch: Callable[[Job], None] | None = None,
+            watch: Callable[[Job], None] | None = None) -> None:
+        """Launch every job as a slot frees up; ``on_launch`` runs just before each launch, ``watch`` on each
+        running job at every poll (the runner's time limit and stall warning)."""
         pending = list(jobs)
         while pending or self.running:
             while pending and self.can_launch(pending[0]):
@@ -195,6 +202,8 @@ class Executor:
                 if tail(job):
                     on_progress(job)
                 code = self.poll(job)
+                if code is None and watch is not None:
+                    watch(job)
                 if code is not None:
                     tail(job)
                     job.returncode = code
@@ -280,9 +289,10 @@ class LocalExecutor(Executor):
         return self.zygote
 
     def run(self, jobs: list[Job], on_progress: Callable[[Job], None], on_done: Callable[[Job], None],
-            poll_s: float = 0.2, on_launch: Callable[[Job], None] | None = None) -> None:
+            poll_s: float = 0.2, on_launch: Callable[[Job], None] | None = None,
+            watch: Callable[[Job], None] | None = None) -> None:
         try:
-            super().run(jobs, on_progress, on_done, poll_s, on_launch)
+            super().run(jobs, on_progress, on_done, poll_s, on_launch, watch)
         finally:
             self.close()
 
@@ -348,6 +358,12 @@ class LocalExecutor(Executor):
     def stop(self, job: Job) -> None:
         try:
             os.killpg(job.handle.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    def kill(self, job: Job) -> None:
+        try:
+            os.killpg(job.handle.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 

@@ -24,7 +24,7 @@ from ..contracts.plugin_manager import pm
 from ..contracts.registry import Registry
 from ..contracts.status import (COMPLETED, FAILED, INCOMPLETE, KILLED, OOM, RETRY_FAILED, RUNNING, TERMINAL,
                                runs_again)
-from ..contracts.status import GONE, settle_gone, signal_end, signal_name
+from ..contracts.status import GONE, settle_gone, signal_end, signal_name, timed_out
 from ..data import tokenstore
 from ..present import termlayout
 from ..store import database as store
@@ -35,10 +35,12 @@ from .admission import oom_kills
 from .executors import Job, LocalExecutor
 from .guard import Stopped, time_limit
 from .guard import raise_stopped as _raise_interrupt
-from .progress import contention_note, make_display
+from .progress import contention_note, fmt_duration, make_display
 
 # not a stored status: a live worker of another abl run holds the folder
 BUSY = "busy"
+# how long a cell stopped at its time limit has to end before it is killed (SIGKILL)
+STOP_GRACE_S = 10.0
 
 
 def prepare(cell: Cell, runs_dir: Path, meta: dict[str, Any]) -> Path:
@@ -248,6 +250,9 @@ class CellEvents:
         self.launched: list[Job] = []  # every job whose worker was started
         self.started: set[str] = set()  # run ids stored as running
         self.ended: set[str] = set()  # run ids stored with their final status
+        self.last_step: dict[str, float] = {}  # run id -> when it last reported progress (or started)
+        self.stall_warned: set[str] = set()
+        self.timed_out: dict[str, tuple[float, float, bool]] = {}  # run id -> (stopped at, ran s, SIGKILL sent)
 
     def on_launch(self, job: Job) -> None:
         prepare(job.cell, self.runs_dir, self.metas[job.cell.run_id])
@@ -280,7 +285,34 @@ class CellEvents:
         rundir.write_status(job.run_dir, st)
         return status
 
+    def watch(self, job: Job, executor) -> None:
+        """Called for each running job at every poll: its time limit (``train.timeout_s``: stopped, then
+        killed ``STOP_GRACE_S`` later if it has not ended; ``on_done`` stores it failed with the reason)
+        and its stall warning (``train.stall_warning_s`` without a step: said once, the cell goes on)."""
+        rid, train, now = job.cell.run_id, job.cell.train, time.time()
+        who = f"{escape(str(job.cell.label))} seed={job.cell.seed}"
+        if rid in self.timed_out:
+            stopped, ran, hard = self.timed_out[rid]
+            if not hard and now - stopped > STOP_GRACE_S:  # it ignored SIGTERM, or is stuck in native code
+                self.timed_out[rid] = (stopped, ran, True)
+                executor.kill(job)
+            return
+        if train.timeout_s and now - job.started > train.timeout_s:
+            self.timed_out[rid] = (now, now - job.started, False)
+            self.display.print(f"[red]timed out[/]: {who}: ran past train.timeout_s = {train.timeout_s:g} s; "
+                               f"stopping it (the grid goes on)")
+            executor.stop(job)
+            return
+        quiet = now - self.last_step.get(rid, job.started)
+        if train.stall_warning_s and quiet > train.stall_warning_s and rid not in self.stall_warned:
+            self.stall_warned.add(rid)
+            self.display.print(f"[yellow]warning[/]: {who}: no progress reported for {fmt_duration(quiet)} "
+                               f"(train.stall_warning_s = {train.stall_warning_s:g} s); it keeps running"
+                               + (f" until train.timeout_s = {train.timeout_s:g} s" if train.timeout_s else
+                                  ", with no time limit (train.timeout_s)"))
+
     def on_progress(self, job: Job) -> None:
+        self.last_step[job.cell.run_id] = time.time()
         if job.cell.run_id not in self.started:
             self.started.add(job.cell.run_id)
             _ingest(self.db_path, job.run_dir, RUNNING)  # visible as in progress
@@ -289,7 +321,15 @@ class CellEvents:
     def on_done(self, job: Job) -> None:
         status_override = None
         st = rundir.read_status(job.run_dir) or {}
-        if st.get("status") in (None, RUNNING):
+        if job.cell.run_id in self.timed_out and not job.killed and st.get("status") != COMPLETED:
+            # stopped at its time limit: failed with the reason, whatever the signal made the worker write
+            # (killed), in the folder first and then the store
+            ran = self.timed_out[job.cell.run_id][1]
+            said = (str(st.get("error") or "").strip().splitlines() or [""])[-1]
+            st.update(status=FAILED, finished=time.time(),
+                      error=timed_out(job.cell.train.timeout_s, ran) + (f" (then: {said})" if said else ""))
+            rundir.write_status(job.run_dir, st)
+        elif st.get("status") in (None, RUNNING):
             # the worker died without writing its final status: the parent settles it, in the folder
             # first and then the store, so the two agree (docs/robustness.md)
             status_override = self.settled(job, st)
@@ -326,7 +366,8 @@ def execute(executor, jobs: list[Job], events: CellEvents, display: Any, console
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
         previous_int = signal.getsignal(signal.SIGINT)
         try:
-            executor.run(jobs, events.on_progress, events.on_done, on_launch=events.on_launch)
+            watch = {"watch": lambda job: events.watch(job, executor)} if _takes_watch(executor) else {}
+            executor.run(jobs, events.on_progress, events.on_done, on_launch=events.on_launch, **watch)
         except (KeyboardInterrupt, OSError) as exc:  # Ctrl-C, SIGTERM, or a write that failed (a full disk)
             # a second Ctrl-C must not cut the clean-up short: the store would keep
             # rows "running" whose folders say killed
@@ -346,6 +387,17 @@ def execute(executor, jobs: list[Job], events: CellEvents, display: Any, console
         finally:
             signal.signal(signal.SIGTERM, previous)
             signal.signal(signal.SIGINT, previous_int)
+
+
+def _takes_watch(executor) -> bool:
+    """Whether ``executor.run`` calls a ``watch`` (abl.run.executors.Executor.run does; a plugin's executor
+    that overrides ``run`` with the older signature has no time limit nor stall warning)."""
+    import inspect
+
+    try:
+        return "watch" in inspect.signature(executor.run).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def print_summaries(console: Console, db_path: Path, runs_dir: Path, grid: Grid, detect: float | None,
