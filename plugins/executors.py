@@ -110,8 +110,8 @@ class RayExecutor(Executor):
 
 
 def _local(options: ExecutorOptions) -> Executor:
-    """this machine: --workers cells at once, or one per free GPU"""
-    return LocalExecutor(workers=options.workers)
+    """this machine: --workers cells at once, or as many per GPU as their predicted memory fits (--cells-per-gpu)"""
+    return LocalExecutor(workers=options.workers, cells_per_gpu=options.cells_per_gpu, speed_pass=options.speed_pass)
 
 
 def _slurm(options: ExecutorOptions) -> Executor:

@@ -105,6 +105,12 @@ CATALOGUE: dict[str, Metric] = {m.name: m for m in (
        "model FLOPs utilisation: useful FLOPs per second over the device peak", shown=True),
     _m("hfu", "HFU", "fraction", SPEED, LAST, HIGHER, True,
        "hardware FLOPs utilisation: executed FLOPs per second over the device peak"),
+    # the speed pass (abl.run.speedpass): the shape timed alone after a grid that packed it; never contended
+    _m("alone_tokens_per_s", "tokens/s (alone)", "tokens/s", SPEED, LAST, HIGHER, _PER_TOKEN,
+       "tokens per second of the median step when the cell's shape was timed alone on its device by the speed "
+       "pass after the grid (a few steps after warm-up), not while it shared the device"),
+    _m("alone_mfu", "MFU (alone)", "fraction", SPEED, LAST, HIGHER, True,
+       "MFU of the speed pass: the shape timed alone on its device after the grid"),
     # memory
     _m("peak_mem_bytes", "peak memory", "bytes", MEMORY, MAX, LOWER, True,
        "the device's peak: CUDA allocation, or CPU peak RSS", shown=True),
@@ -330,6 +336,11 @@ def label(name: str) -> str:
 
 def is_speed(name: str) -> bool:
     return metric(name).is_speed
+
+
+# speed figures the speed pass measured with the device to itself (abl.run.speedpass): a packed or busy
+# cell's contended mark never applies to them
+MEASURED_ALONE = ("alone_tokens_per_s", "alone_mfu")
 
 
 def is_loss(name: str) -> bool:

@@ -47,7 +47,17 @@ from .common import (
               help="Where cells run: this machine, Slurm jobs (submitit), Ray tasks, or a plugin's executor "
                    "(abl plugins lists them).")
 @click.option("--workers", default=None, type=click.IntRange(1, 256),
-              help="local: cells at once (default: one per GPU, else 1).")
+              help="local: cells at once (default: on CUDA as many as --cells-per-gpu allows on every GPU, "
+                   "else 1).")
+@click.option("--cells-per-gpu", default=None, type=click.IntRange(1, 64),
+              help="local, CUDA: most cells on one GPU at once; a cell joins a GPU while the predicted peaks of "
+                   "the cells on it, its own and 1 GiB kept free fit the GPU's free memory (default: as many of "
+                   "the grid's largest cell as fit the GPU with the least free memory, at most 8; 1 when the "
+                   "free memory is unknown).")
+@click.option("--speed-pass", type=click.Choice(["auto", "always", "never"]), default="auto", show_default=True,
+              help="local: after the grid, time each shape alone on its device (a few steps after warm-up) and "
+                   "show its tokens/s and MFU as '(alone)' beside the packed figures: auto when cells shared a GPU "
+                   "(their speed is marked contended), always, or never.")
 @click.option("--slurm-partition", default=None, help="slurm: partition.")
 @click.option("--slurm-time", default=60, show_default=True, type=click.IntRange(1), help="slurm: minutes per cell.")
 @click.option("--slurm-cluster", type=click.Choice(["slurm", "local"]), default="slurm", show_default=True,
@@ -79,7 +89,7 @@ from .common import (
 @plugins_dir_option
 def command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
             slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
-            only, cell_numbers, wide, fmt, plugin_timeout):
+            only, cell_numbers, wide, fmt, plugin_timeout, cells_per_gpu=None, speed_pass="auto"):
     """Expand GRID_FILE into cells, validate them all, then train those not yet completed.
 
     Running the same command again resumes the grid: completed cells are
@@ -94,7 +104,7 @@ def command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, 
     try:
         _command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
                  slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
-                 only, cell_numbers, wide, fmt)
+                 only, cell_numbers, wide, fmt, cells_per_gpu=cells_per_gpu, speed_pass=speed_pass)
     except KeyboardInterrupt:  # before the store's lock was taken (_run_locked handles it after)
         import signal
 
@@ -108,11 +118,12 @@ def command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, 
 
 def _command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
              slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
-             only, cell_numbers, wide, fmt):
+             only, cell_numbers, wide, fmt, cells_per_gpu=None, speed_pass="auto"):
     registry = load_registry()
     full, grid = _grids(grid_file, overrides, max_cells, only, cell_numbers, registry)
     ws = Workspace.resolve(db_path, grid, runs_dir)
-    engine = _Engine(executor, workers, slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address)
+    engine = _Engine(executor, workers, slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address,
+                     cells_per_gpu, speed_pass)
     if dry_run:
         _dry_run(full, grid, registry, ws, engine, detect)
         return
@@ -164,6 +175,8 @@ class _Engine:
     slurm_cluster: str
     gpus_per_cell: int
     ray_address: str | None
+    cells_per_gpu: int | None = None
+    speed_pass: str = "auto"
 
     def make(self, ws: Workspace):
         """The executor, or exit 2 (a missing extra package, bad settings)."""
@@ -173,7 +186,7 @@ class _Engine:
             return executors.make_executor(self.kind, executors.ExecutorOptions(
                 workers=self.workers, runs_dir=ws.runs, slurm_partition=self.slurm_partition,
                 slurm_time=self.slurm_time, slurm_cluster=self.slurm_cluster, gpus_per_cell=self.gpus_per_cell,
-                ray_address=self.ray_address))
+                ray_address=self.ray_address, cells_per_gpu=self.cells_per_gpu, speed_pass=self.speed_pass))
         except ImportError as exc:
             fail(f"--executor {self.kind} needs an extra package ({exc.name}): pip install 'abl[distributed]'")
         except user_errors() as exc:

@@ -36,7 +36,7 @@ import click
 
 from ..analysis import stats, verdicts
 from ..analysis.health import MAX_LOAD_PER_CORE, MIN_CPU_UTIL
-from ..analysis.metrics import is_speed  # speed figures show their spread; a contended run marks them
+from ..analysis.metrics import MEASURED_ALONE, is_speed  # speed figures show their spread; a contended run marks them
 from ..analysis.metrics import metric as catalogue_entry
 from ..analysis.metrics import shown_by_default
 from ..analysis.sections import is_contended
@@ -47,7 +47,7 @@ from .termlayout import Presentation, fits, pack, print_wide, wrap  # noqa: F401
 
 # shown after the grid's own summary metrics when the runs have them: the cell's true rate
 # (train_tokens_per_s: every token over the loop's wall time), the median step's rate, peak memory
-ALWAYS = ("train_tokens_per_s", "tokens_per_s", "mfu", "peak_mem_bytes")
+ALWAYS = ("train_tokens_per_s", "tokens_per_s", "mfu", "alone_tokens_per_s", "alone_mfu", "peak_mem_bytes")
 
 
 def load(db_path: Path, *, run_ids: list[str] | None = None, experiment: str | None = None,
@@ -60,7 +60,17 @@ def load(db_path: Path, *, run_ids: list[str] | None = None, experiment: str | N
 
 
 CONTENDED_NOTE = (f"* the machine was busy during this cell (load per core > {MAX_LOAD_PER_CORE:g} or the run got "
-                  f"< {MIN_CPU_UTIL:.0%} of its CPU time): its speed is not comparable")
+                  f"< {MIN_CPU_UTIL:.0%} of its CPU time), or it shared its GPU with other cells of the grid: its "
+                  f"speed is not comparable")
+# the speed pass's figures (abl.run.speedpass), when a view shows them
+ALONE_NOTE = ("(alone): timed with the device to itself by the speed pass after the grid (the median of a fixed "
+              "number of steps after warm-up, one shape at a time); the other speed figures are the cells' own")
+
+
+def contended_note(view) -> str:
+    """The footnote on contended speed figures, and on the speed pass's when the view shows them."""
+    alone = any(m in MEASURED_ALONE for m in view.extra)
+    return CONTENDED_NOTE + (f"; {ALONE_NOTE}" if alone else "")
 
 
 def relabel(runs, paths: Sequence[str] = ()) -> list:
@@ -92,12 +102,13 @@ class Figure:
         if not self.values:
             return "-"
         out = verdicts.value_text(self.metric, self.mean)
-        if is_speed(self.metric) and self.std is not None:
+        if is_speed(self.metric) and self.std is not None and self.metric not in MEASURED_ALONE:
             mean, std = self.mean or 0.0, self.std
             # the spread at the mean's precision: 24,584 ± 431, not ± 430.7
             out += " ± " + (f"{std:,.0f}" if abs(mean) >= 100 and catalogue_entry(self.metric).unit != "fraction"
                             else verdicts.value_text(self.metric, std))
-        return out + ("*" if self.contended and is_speed(self.metric) else "")
+        # a speed-pass figure (abl.run.speedpass) was timed alone: the cell's contention is not its
+        return out + ("*" if self.contended and is_speed(self.metric) and self.metric not in MEASURED_ALONE else "")
 
     def as_dict(self) -> dict[str, Any]:
         return {"mean": self.mean, "std": self.std, "min": min(self.values, default=None),
@@ -235,7 +246,7 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
             items.append(health)
         out += [("", ln) for ln in pack(items, width, ind)]
     if view.contended:
-        out += [("yellow", ln) for ln in wrap(CONTENDED_NOTE, width, "  ", first="")]
+        out += [("yellow", ln) for ln in wrap(contended_note(view), width, "  ", first="")]
     out += [("dim", ln) for ln in wrap(view.analysis.method, width, "")]
     for m, an, what in view.tables:
         out.append(("", ""))
@@ -353,7 +364,7 @@ def as_md(view: View) -> str:
                      r.status or verdicts.health_text(r.health)])
     table(header, rows)
     if view.contended:
-        lines += ["\\" + CONTENDED_NOTE, ""]
+        lines += ["\\" + contended_note(view), ""]
     lines += [view.analysis.method, ""]
     for m, an, what in view.tables:
         lines += [f"### {view.title}: {m}, {what}", ""]
@@ -395,7 +406,7 @@ def show(console, view: View, presentation: Presentation | None = None) -> None:
         console.print(Text(line, style="bold" if i == 0 else "dim" if line == verdicts.EFFECTS_METHOD else ""))
     print_wide(console, tables[0])
     if view.contended:
-        console.print(CONTENDED_NOTE, style="yellow")
+        console.print(contended_note(view), style="yellow")
     for t in tables[1:]:
         print_wide(console, t)
 

@@ -19,9 +19,14 @@ the top of a band, and the messages say "measured peak":
   when one is set); the cells that run at once (``--workers N``, and every
   process of a multi-process cell) share it, so the N largest needs must fit
   together;
-- CUDA: ``torch.cuda.mem_get_info`` of each GPU the cells may get (one cell per
-  GPU at once), asked in a child process so the ``abl run`` parent never holds
-  a CUDA context of its own.
+- CUDA: ``torch.cuda.mem_get_info`` of each GPU the cells may get, asked in a
+  child process so the ``abl run`` parent never holds a CUDA context of its
+  own. A cell that does not fit a device alone is refused here; the cells that
+  do are then placed per device as they start (``Placement``): a cell joins a
+  GPU while the needs of the cells on it, its own and ``GPU_RESERVE_BYTES`` fit
+  that GPU's free memory, up to ``cells_per_gpu`` cells (``--cells-per-gpu``;
+  default ``default_cells_per_gpu``). A GPU with no cell on it takes any
+  admitted cell, so a cell that fits alone always runs.
 
 A grid that does not fit is refused (``AdmissionError``, exit status 2) with
 each cell that does not fit and its predicted peak; ``--force`` runs it anyway.
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -57,6 +63,14 @@ GiB = 1024**3
 # and its library workspaces, which the cost model does not see; an estimate
 # (typically 0.3-0.6 GiB on CUDA 12 with lazy module loading), rounded up.
 PROCESS_BYTES = {"cpu": 512 * MiB, "cuda": 1 * GiB}
+
+
+# kept free on every GPU that holds several cells: the caching allocator's fragmentation and the growth
+# of what the cost model does not see (cuBLAS/cuDNN workspaces, autotuning) in each of them
+GPU_RESERVE_BYTES = 1 * GiB
+# the most cells ``default_cells_per_gpu`` puts on one GPU: beyond it the cells of a small grid mostly
+# queue on the device's streams (one GPU runs one kernel of one process at a time without MPS)
+MAX_DEFAULT_CELLS_PER_GPU = 8
 
 
 class AdmissionError(Exception):
@@ -193,12 +207,15 @@ def gpu_free_bytes(indices: list[int]) -> dict[int, int] | None:
 
 def admit(cells: list[Cell], registry: Registry, *, slots: int, gpus: list[int],
           ram_free: Callable[[], int | None] | None = None,
-          gpu_free: Callable[[list[int]], dict[int, int] | None] | None = None) -> list[str]:
+          gpu_free: Callable[[list[int]], dict[int, int] | None] | None = None,
+          plan: Callable[[list[Need], dict[int, int] | None], None] | None = None) -> list[str]:
     """Messages for a set of cells that cannot fit (empty when they fit).
 
     ``slots``: cells the executor runs at once; ``gpus``: the GPU indices it
-    hands out (empty: CPU). Raises nothing; the caller refuses or, with
-    ``--force``, warns.
+    hands out (empty: CPU). ``plan``: given the GPU cells' needs and each GPU's
+    free bytes (None: unknown), once they are known (the local executor places
+    its cells by them: ``Placement``). Raises nothing; the caller refuses or,
+    with ``--force``, warns.
     """
     ram_free = ram_free or ram_free_bytes
     gpu_free = gpu_free or gpu_free_bytes
@@ -225,6 +242,8 @@ def admit(cells: list[Cell], registry: Registry, *, slots: int, gpus: list[int],
     gpu_needs = sorted((n for n in needs if n.device == "cuda"), key=lambda n: -n.per_process)
     if gpu_needs:
         free_by_gpu = gpu_free(gpus)
+        if plan is not None:
+            plan(gpu_needs, free_by_gpu)
         if free_by_gpu:
             room = min(free_by_gpu.values())  # a cell may get any of them
             over = [n for n in gpu_needs if n.per_process > room]
@@ -291,4 +310,81 @@ def check_run(cells: list[Cell], registry: Registry, runs_dir: Path, executor, r
     todo = [c for c in cells
             if runs_again((rundir.read_status(runs_dir / c.run_id) or {}).get("status"), retry_failed)]
     gpus = list(executor.free_gpus) if executor.use_gpus else []
-    return admit(todo, registry, slots=int(executor.slots), gpus=gpus)
+    return admit(todo, registry, slots=int(executor.slots), gpus=gpus, plan=executor.plan_devices)
+
+
+# ---------------------------------------------------------------- several cells per GPU
+
+
+def default_cells_per_gpu(needs: list[Need], free_by_gpu: dict[int, int] | None) -> int:
+    """The rule of ``--cells-per-gpu``'s default: as many of the grid's largest cell (its need at the top
+    of the band, plus a CUDA context) as fit the GPU with the least free memory less
+    ``GPU_RESERVE_BYTES``, at least 1 and at most ``MAX_DEFAULT_CELLS_PER_GPU``; 1 when the free memory or
+    a cell's need is unknown (one cell per GPU, as before)."""
+    if not free_by_gpu or not needs:
+        return 1
+    largest = max(n.per_process for n in needs)
+    room = min(free_by_gpu.values()) - GPU_RESERVE_BYTES
+    if largest <= 0 or room <= largest:
+        return 1
+    return int(max(1, min(MAX_DEFAULT_CELLS_PER_GPU, room // largest)))
+
+
+class Placement:
+    """Which GPU each starting cell goes to: per device, by the cells' predicted needs.
+
+    A cell goes to a GPU with no cell on it, or to one holding fewer than ``cap`` cells whose needs, plus
+    the new cell's and ``reserve``, fit that GPU's free memory (as measured before the grid started);
+    among those, the one with the fewest cells, then the most room. A cell whose need is unknown (no
+    prediction, or no free-memory figure) counts as filling its GPU unless ``free`` is None, when only the
+    cap counts. A multi-device cell takes that many GPUs, each placed by the same rule.
+    """
+
+    def __init__(self, gpus: list[int], cap: int = 1, free: dict[int, int] | None = None,
+                 needs: dict[str, float] | None = None, reserve: int = GPU_RESERVE_BYTES) -> None:
+        self.gpus, self.cap, self.free, self.reserve = list(gpus), max(1, int(cap)), free, reserve
+        self.needs = dict(needs or {})
+        self.on: dict[int, dict[str, float]] = {g: {} for g in self.gpus}  # gpu -> run id -> its need
+
+    def need(self, run_id: str) -> float | None:
+        return self.needs.get(run_id)
+
+    def fits(self, gpu: int, run_id: str) -> bool:
+        cells = self.on[gpu]
+        if not cells:
+            return True  # alone: admission checked that it fits (or --force said run anyway)
+        if len(cells) >= self.cap:
+            return False
+        if self.free is None:
+            return True  # no free-memory figure: the cap alone decides
+        need = self.need(run_id)
+        if need is None or any(math.isinf(v) for v in cells.values()):
+            return False  # an unknown need shares with nothing
+        return sum(cells.values()) + need + self.reserve <= self.free.get(gpu, 0)
+
+    def choose(self, run_id: str, devices: int = 1) -> list[int] | None:
+        """The GPUs the cell would get now, or None when it must wait (nothing is taken: ``take``)."""
+        ok = [g for g in self.gpus if self.fits(g, run_id)]
+        if len(ok) < devices:
+            return None
+        ok.sort(key=lambda g: (len(self.on[g]), -self.room(g), g))
+        return sorted(ok[:devices])
+
+    def take(self, run_id: str, gpus: list[int]) -> None:
+        need = self.need(run_id)
+        for g in gpus:
+            self.on[g][run_id] = need if need is not None else math.inf
+
+    def room(self, gpu: int) -> float:
+        if self.free is None:
+            return 0.0
+        used = sum(self.on[gpu].values())
+        return self.free.get(gpu, 0) - used
+
+    def release(self, run_id: str) -> None:
+        for cells in self.on.values():
+            cells.pop(run_id, None)
+
+    def sharing(self, gpus: list[int]) -> int:
+        """The most cells on any of ``gpus`` now."""
+        return max((len(self.on.get(g, {})) for g in gpus), default=0)

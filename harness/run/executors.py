@@ -6,8 +6,10 @@ cell), watches the run folder's ``metrics.jsonl`` for progress, and calls
 ``on_done`` when the worker ends; the parent then ingests the folder (it is
 the only database writer). Scale-out goes to existing engines:
 
-- ``local``: up to ``workers`` cells at once on this machine; on CUDA one cell
-  per free GPU (``CUDA_VISIBLE_DEVICES``);
+- ``local``: up to ``workers`` cells at once on this machine; on CUDA each
+  cell gets the GPU it is placed on (``CUDA_VISIBLE_DEVICES``), several cells
+  per GPU while their predicted memory fits it (abl.run.admission.Placement,
+  ``--cells-per-gpu``);
 - ``slurm`` and ``ray`` (abl.plugins.executors): one Slurm job (submitit) or
   one Ray task per cell.
 
@@ -50,6 +52,8 @@ class Job:
     started: float = field(default_factory=time.time)
     threads: int | None = None  # CPU threads chosen for its worker (None: torch's default; abl.run.threads)
     threads_note: str = ""  # how they were chosen, for its start line
+    packed: int = 1  # the most cells of the grid on its GPU at once while it ran, itself included
+    ended: float | None = None  # when the parent saw its worker end
 
 
 def tail(job: Job) -> bool:
@@ -170,6 +174,11 @@ class Executor:
     def can_launch(self, job: Job) -> bool:
         return len(self.running) < self.slots
 
+    def plan_devices(self, needs: list[Any], free_by_gpu: dict[int, int] | None) -> None:
+        """The memory admission's GPU figures (abl.run.admission.admit's ``plan``): the GPU cells'
+        needs and each GPU's free bytes (None: unknown). An executor that places cells on this
+        machine's GPUs places them by these; optional."""
+
     def release(self, job: Job) -> None:
         pass
 
@@ -206,7 +215,7 @@ class Executor:
                     watch(job)
                 if code is not None:
                     tail(job)
-                    job.returncode = code
+                    job.returncode, job.ended = code, time.time()
                     self.running.remove(job)
                     self.finished.append((job.started, time.time(), job.threads))
                     self.release(job)
@@ -219,7 +228,15 @@ def zygote_enabled() -> bool:
 
 
 class LocalExecutor(Executor):
-    """Cells as worker processes on this machine: ``workers`` at once, or one per free GPU.
+    """Cells as worker processes on this machine: ``workers`` at once, or on CUDA as many as the GPUs hold.
+
+    On CUDA the cells are placed per GPU by their predicted memory
+    (abl.run.admission.Placement): up to ``cells_per_gpu`` on one GPU (None:
+    ``default_cells_per_gpu``, from the cell sizes), and ``workers`` at once in
+    all when given. A cell that shared its GPU is marked ``contended``
+    (abl.run.speedpass.mark_packed): its speed figures are not its own. While
+    the cells run, each GPU's utilisation is sampled through NVML where it is
+    installed (abl.run.busy).
 
     A one-process cell's worker is forked from a zygote that has torch and the
     plugins imported already (abl.run.zygote), so a cell does not pay seconds of
@@ -231,13 +248,22 @@ class LocalExecutor(Executor):
     name = "local"
     local = True
 
-    def __init__(self, workers: int | None = None, gpus: list[int] | None = None):
+    def __init__(self, workers: int | None = None, gpus: list[int] | None = None,
+                 cells_per_gpu: int | None = None, speed_pass: str = "auto"):
         super().__init__()
+        from .admission import Placement
+
         if gpus is None:
             gpus = _visible_gpus()
+        self.gpus = list(gpus)
         self.free_gpus = list(gpus)
         self.use_gpus = bool(gpus)
-        self.slots = max(1, workers if workers else (len(gpus) or 1))
+        self.workers, self.cells_per_gpu, self.speed_pass = workers, cells_per_gpu, speed_pass
+        # until the memory admission says more (plan_devices): --cells-per-gpu, else one cell per GPU
+        self.placement = Placement(self.gpus, cap=cells_per_gpu or 1, free=None)
+        self.slots = max(1, workers if workers else (len(gpus) * self.placement.cap or 1))
+        self.placement_note = ""
+        self.sampler: Any = None  # abl.run.busy.Sampler while the cells run
         self.zygote: Any = None
         self.use_zygote = zygote_enabled()
         self.zygote_note = ""
@@ -291,22 +317,54 @@ class LocalExecutor(Executor):
     def run(self, jobs: list[Job], on_progress: Callable[[Job], None], on_done: Callable[[Job], None],
             poll_s: float = 0.2, on_launch: Callable[[Job], None] | None = None,
             watch: Callable[[Job], None] | None = None) -> None:
+        from .busy import Sampler
+
+        self.sampler = Sampler.start(self.gpus) if self.use_gpus and jobs else None
         try:
             super().run(jobs, on_progress, on_done, poll_s, on_launch, watch)
         finally:
+            if self.sampler is not None:
+                self.sampler.stop()
             self.close()
+
+    def plan_devices(self, needs: list[Any], free_by_gpu: dict[int, int] | None) -> None:
+        """Place the cells by their needs (each GPU's free memory less the reserve), up to
+        ``cells_per_gpu`` per GPU or, without it, ``default_cells_per_gpu``'s choice."""
+        from .admission import GPU_RESERVE_BYTES, Placement, default_cells_per_gpu, fmt
+
+        if not self.use_gpus:
+            return
+        cap = self.cells_per_gpu or default_cells_per_gpu(needs, free_by_gpu)
+        self.placement = Placement(self.gpus, cap=cap, free=free_by_gpu,
+                                   needs={n.cell.run_id: n.per_process for n in needs})
+        if not self.workers:
+            self.slots = max(1, len(self.gpus) * cap)
+        how = "--cells-per-gpu" if self.cells_per_gpu else "chosen from the cells' predicted peaks"
+        self.placement_note = (f"up to {cap} cell(s) per GPU ({how}), while their predicted peaks and "
+                               f"{fmt(GPU_RESERVE_BYTES)} kept free fit each GPU's free memory"
+                               if free_by_gpu else f"up to {cap} cell(s) per GPU ({how}; free memory unknown)")
 
     def can_launch(self, job: Job) -> bool:
         if len(self.running) >= self.slots:
             return False
-        need = job.cell.train.devices
-        return not self.use_gpus or len(self.free_gpus) >= need
+        return not self.use_gpus or self.placement.choose(job.cell.run_id, job.cell.train.devices) is not None
+
+    def _place(self, job: Job) -> None:
+        """Take the job's GPUs, and count the cells sharing a GPU with it and with the ones it joins."""
+        gpus = self.placement.choose(job.cell.run_id, job.cell.train.devices)
+        if gpus is None:  # can_launch said yes: only a direct launch gets here; the emptiest GPUs then
+            gpus = sorted(self.gpus, key=lambda g: len(self.placement.on[g]))[:job.cell.train.devices]
+        self.placement.take(job.cell.run_id, gpus)
+        job.gpus = gpus
+        self.free_gpus = [g for g in self.gpus if not self.placement.on[g]]
+        for other in [*self.running, job]:
+            if set(other.gpus) & set(gpus):
+                other.packed = max(other.packed, self.placement.sharing(other.gpus))
 
     def launch(self, job: Job) -> None:
         env = dict(os.environ)
         if self.use_gpus:
-            job.gpus, self.free_gpus = self.free_gpus[: job.cell.train.devices], \
-                self.free_gpus[job.cell.train.devices:]
+            self._place(job)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
         if job.threads is not None:
             env["OMP_NUM_THREADS"] = str(job.threads)
@@ -333,7 +391,16 @@ class LocalExecutor(Executor):
         return job.handle.poll()
 
     def release(self, job: Job) -> None:
-        self.free_gpus = sorted(self.free_gpus + job.gpus)
+        """Free the job's place on its GPUs; a cell that shared its GPU is marked contended in its folder
+        before the parent stores it (abl.run.speedpass.mark_packed)."""
+        if not self.use_gpus:
+            return
+        self.placement.release(job.cell.run_id)
+        self.free_gpus = [g for g in self.gpus if not self.placement.on[g]]
+        if job.packed > 1:
+            from .speedpass import mark_packed
+
+            mark_packed(job.run_dir, job.packed)
 
     def assign_threads(self, job: Job) -> None:
         """abl.run.threads' rule for a cell; a user's OMP_NUM_THREADS stands unless train.threads is set.
@@ -398,7 +465,9 @@ def _visible_gpus() -> list[int]:
 class ExecutorOptions:
     """What ``abl run`` hands an executor's factory: its command-line options."""
 
-    workers: int | None = None  # local: cells at once (None: one per GPU, else 1)
+    workers: int | None = None  # local: cells at once (None: as many as the GPUs hold, else 1)
+    cells_per_gpu: int | None = None  # local: most cells on one GPU (None: chosen from the cells' sizes)
+    speed_pass: str = "auto"  # local: time each packed shape alone after the grid (auto), always, never
     runs_dir: Path = Path("runs")  # the run folders (a cluster executor keeps its own files beside them)
     slurm_partition: str | None = None
     slurm_time: int = 60  # minutes per cell

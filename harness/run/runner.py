@@ -134,6 +134,9 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     display = make_display(console, jobs, estimate)  # the jobs: their axes' levels keep cut labels apart
     events = CellEvents(db_path, runs_dir, metas, token_entries, display)
     execute(executor, jobs, events, display, console)
+    from .speedpass import after_grid  # the whole grid's figure, and its packed shapes timed alone (issue 37)
+
+    after_grid(executor, jobs, db_path, console)
     print_summaries(console, db_path, runs_dir, grid, detect, presentation or termlayout.Presentation())
     return events.failures
 

@@ -118,6 +118,21 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         CREATE INDEX run_settings_run ON run_settings (run_id)
     """),
+    (9, "speed measured alone", """
+        CREATE TABLE speed_pass (
+            run_id VARCHAR NOT NULL,
+            shape VARCHAR NOT NULL,
+            timed_run VARCHAR,
+            tokens_per_s DOUBLE,
+            mfu DOUBLE,
+            warmup_steps INTEGER,
+            timed_steps INTEGER,
+            device VARCHAR,
+            created TIMESTAMP,
+            reason VARCHAR
+        );
+        CREATE INDEX speed_pass_run ON speed_pass (run_id)
+    """),
 ]
 
 class StoreError(Exception):
@@ -515,5 +530,32 @@ def append_rows(db_path: str | Path, table: str, columns: Iterable[str], rows: I
     try:
         cols = ", ".join(f'"{c}"' for c in columns)
         con.executemany(f'INSERT INTO "{table}" ({cols}) VALUES ({", ".join("?" for _ in columns)})', values)
+    finally:
+        con.close()
+
+# the speed pass's figures (abl.run.speedpass): one row per run of a shape timed alone on its device
+SPEED_PASS_COLUMNS = ("run_id", "shape", "timed_run", "tokens_per_s", "mfu", "warmup_steps", "timed_steps",
+                      "device", "created", "reason")
+
+
+def store_speed_pass(db_path: str | Path, rows: Iterable[Iterable[Any]]) -> None:
+    """Store speed-pass rows (values in ``SPEED_PASS_COLUMNS`` order; ``created`` as a POSIX time), each
+    replacing the run's earlier row. The runs' own metrics are never touched."""
+    values = [list(r) for r in rows]
+    if not values:
+        return
+    at = SPEED_PASS_COLUMNS.index("created")
+    for v in values:
+        v[at] = _ts(v[at])
+    con = open_store(db_path)
+    try:
+        con.execute("BEGIN TRANSACTION")
+        con.execute("DELETE FROM speed_pass WHERE list_contains(?, run_id)", [[v[0] for v in values]])
+        con.executemany(f"INSERT INTO speed_pass ({', '.join(SPEED_PASS_COLUMNS)}) "
+                        f"VALUES ({', '.join('?' for _ in SPEED_PASS_COLUMNS)})", values)
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
     finally:
         con.close()

@@ -50,6 +50,10 @@ class StoredRun:
     finished: datetime | None = None
     attempts: int = 1
     executor: str | None = None
+    # its shape's speed timed alone after a packed grid (abl.run.speedpass; the store's speed_pass row:
+    # tokens_per_s, mfu, warmup_steps, timed_steps, device, timed_run, reason); empty when none was.
+    # Its figures are in ``final`` too, as alone_tokens_per_s and alone_mfu
+    speed_pass: dict = field(default_factory=dict)
     grid_paths: list[str] = field(default_factory=list)  # the grid's swept paths, in file order
     grid_index: int | None = None  # the cell's 0-based position among the grid file's points
     grid_varied: dict = field(default_factory=dict)  # the cell's swept settings, path -> value
@@ -166,9 +170,29 @@ def read_runs(db_path: str | Path, *, experiment: str | None = None, run_ids: Se
             for rid, path, value in con.execute("SELECT run_id, path, value FROM run_settings "
                                                 "WHERE list_contains(?, run_id)", [ids]).fetchall():
                 by_id[rid].settings[path] = _json_value(value)
+        if "speed_pass" in tables:
+            _speed_pass(con, by_id, metrics)
         return runs
     finally:
         con.close()
+
+
+# the speed pass's figures as metrics of the runs it covers (abl.run.speedpass): store column -> metric
+SPEED_PASS_METRICS = {"tokens_per_s": "alone_tokens_per_s", "mfu": "alone_mfu"}
+
+
+def _speed_pass(con, by_id: dict[str, StoredRun], metrics: Iterable[str] | None) -> None:
+    """Each run's speed-pass row (``StoredRun.speed_pass``), and its figures in ``final`` where asked for."""
+    wanted = None if metrics is None else set(metrics)
+    cur = con.execute("SELECT * FROM speed_pass WHERE list_contains(?, run_id) ORDER BY created", [list(by_id)])
+    names = [d[0] for d in cur.description]
+    for row in cur.fetchall():
+        rec = dict(zip(names, row))
+        run = by_id[rec.pop("run_id")]
+        run.speed_pass = rec
+        for column, metric in SPEED_PASS_METRICS.items():
+            if rec.get(column) is not None and (wanted is None or metric in wanted):
+                run.final[metric] = rec[column]
 
 
 def _json_value(text: Any) -> Any:
