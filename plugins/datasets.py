@@ -88,7 +88,9 @@ def _import_datasets() -> Any:
     except ImportError:
         raise DataError("dataset hf needs the datasets package: pip install 'abl[hf]'") from None
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+    # its readers log a file they cannot read ("Failed to read file ...") at ERROR before raising: abl's
+    # DataError names the file and the reason, so the raw line would come first and say it twice
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     return datasets
 
 
@@ -115,16 +117,55 @@ def _hf_load(path: str) -> Any:
     data_files = [str(f) for f in files if HF_FILE_BUILDERS.get(f.suffix.lower()) == builder]
     if all(os.path.getsize(f) == 0 for f in data_files):
         raise DataError(_empty(path, f"its {builder} file(s) hold no bytes"))
+    if builder == "parquet":
+        _check_parquet_footers(path, data_files)
     cache = tempfile.mkdtemp(prefix="abl-hf-")  # the builder's arrow cache: kept out of ~/.cache, removed
     try:
         return datasets.load_dataset(builder, data_files=data_files, cache_dir=cache, keep_in_memory=True)
     except (IndexError, StopIteration, ValueError, datasets.exceptions.DatasetGenerationError) as exc:
-        # the builder found no row to read: "corresponds to no data", a zero-row batch, no schema
         cause = exc.__cause__ or exc
+        # pyarrow could not parse a file: damaged, or not the format its suffix says (a parquet file's
+        # damage is found from its footer above: its reader says ArrowInvalid for zero rows too)
+        damage = _unreadable(exc) if builder != "parquet" else None
+        if damage is not None:
+            raise DataError(f"hf dataset path {path!r}: a {builder} file is not readable (damaged, cut short, or "
+                            f"not {builder}): {type(damage).__name__}: {_first_line(damage)}") from None
+        # the builder found no row to read: "corresponds to no data", a zero-row batch, no schema
         raise DataError(_empty(path, f"the {builder} reader found no rows: {type(cause).__name__}: "
                                      f"{str(cause).splitlines()[0][:160] if str(cause) else ''}")) from None
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def _check_parquet_footers(path: str, data_files: list[str]) -> None:
+    """A DataError naming the first parquet file whose footer (its schema and row counts) cannot be read."""
+    import pyarrow.parquet as pq
+
+    for f in data_files:
+        if os.path.getsize(f) == 0:
+            continue  # no bytes: the empty case, said as such
+        try:
+            pq.read_metadata(f)
+        except Exception as exc:  # noqa: BLE001 - pyarrow's errors (ArrowInvalid, OSError) name the damage
+            raise DataError(f"hf dataset path {path!r}: parquet file {Path(f).name!r} is not readable (damaged, "
+                            f"cut short, or not parquet): {type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def _unreadable(exc: BaseException) -> BaseException | None:
+    """The pyarrow error in ``exc``'s chain (ArrowInvalid, ArrowIOError, ...: a file pyarrow cannot parse),
+    else None."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__module__.startswith("pyarrow"):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:200] if str(exc) else ""
 
 
 def _empty(path: str, why: str) -> str:
