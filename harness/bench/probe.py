@@ -25,7 +25,9 @@ c ``lce``: the fused linear cross-entropy at several chunk sizes, Liger's
 d ``ssd``: ssd_scan's Triton kernels per launch (torch.profiler), the
    whole scan fwd and fwd+bwd against the torch reference and fla's chunked
    simple-GLA kernel (abl.bench.peers.fla_ssd);
-e ``layernorm``: the layernorm kernels at several num_warps (forced through
+e ``layernorm``: first RoPE at the 126M cell's own arguments (strided q/k views,
+   interleaved; the old kernel, the torch reference eager and compiled), then the
+   layernorm kernels at several num_warps (forced through
    ``abl.kernels.layernorm._num_warps``), against torch and Liger;
 f ``profile``: scripts/gpu_big.toml's 126M cell on the Triton kernels,
    compiled: the median step, a torch.profiler table of the top ops by CUDA
@@ -50,7 +52,8 @@ from pathlib import Path
 from typing import Any
 
 from .probe_kernels import (GRACE_S, LIMITS, STAGES, TITLES, Report, error_text, profile_table, stage_attention,
-                            stage_determinism, stage_file, stage_layernorm, stage_lce, stage_ssd)
+                            stage_determinism, stage_file, stage_lce, stage_ssd)
+from .probe_rope import stage_rope_and_layernorm
 
 __all__ = ["GRACE_S", "LIMITS", "RUNNERS", "STAGES", "TITLES", "Report", "main"]
 
@@ -191,7 +194,7 @@ def stage_torch_cell(report: Report, device, tiny: bool) -> None:
 
 NEEDS_CUDA = ("determinism", "attention", "lce", "ssd", "layernorm")
 RUNNERS = {"determinism": stage_determinism, "attention": stage_attention, "lce": stage_lce, "ssd": stage_ssd,
-           "layernorm": stage_layernorm, "profile": stage_profile, "torch-cell": stage_torch_cell}
+           "layernorm": stage_rope_and_layernorm, "profile": stage_profile, "torch-cell": stage_torch_cell}
 
 
 def main(argv: list[str] | None = None) -> int:

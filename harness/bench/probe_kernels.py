@@ -21,12 +21,13 @@ TITLES = {
     "attention": "flash attention vs SDPA (each backend forced, and SDPA's own pick), fwd and fwd+bwd",
     "lce": "linear cross-entropy: chunk sizes, Liger, torch; forward+backward",
     "ssd": "ssd_scan: per-launch times, the scan vs the torch reference and fla",
-    "layernorm": "layernorm kernels at several num_warps",
+    "layernorm": "rope at the 126M cell's own arguments (vs the old kernel and torch); layernorm kernels at several "
+                 "num_warps",
     "profile": "the 126M cell (scripts/gpu_big.toml) on the Triton kernels: profile and graph breaks",
     "torch-cell": "the 126M cell on train.kernels = torch: median step",
 }
 # seconds each stage may run (scripts/gpu_run.sh gives the process these, the stage stops itself 10 s sooner)
-LIMITS = {"determinism": 75, "attention": 45, "lce": 40, "ssd": 40, "layernorm": 25, "profile": 120,
+LIMITS = {"determinism": 75, "attention": 45, "lce": 40, "ssd": 40, "layernorm": 55, "profile": 120,
           "torch-cell": 90}
 GRACE_S = 10
 
@@ -83,7 +84,7 @@ def cuda_ms(fn: Callable[[], Any], leaves: list | None = None, rep: int = 40) ->
     return median_of(triton.testing.do_bench(fn, warmup=10, rep=rep, grad_to_none=leaves, quantiles=[0.5]))
 
 
-def _timer() -> Callable[..., float]:
+def stage_timer() -> Callable[..., float]:
     """The stages' timer (a test swaps ``cuda_ms`` for a CPU one to run the stages in the interpreter)."""
     return cuda_ms
 
@@ -105,7 +106,7 @@ def fwd_and_fwd_bwd(fn: Callable[..., Any], args: list, leaves: list[int],
     return timer(lambda: fn(*args), tensors), timer(both, tensors)
 
 
-def _fmt(ms: float | None) -> str:
+def fmt_ms(ms: float | None) -> str:
     return "-" if ms is None else f"{ms:.4g} ms"
 
 
@@ -212,7 +213,7 @@ def attention_tile_repeats(report: Report, d: int, shape: tuple, device, repeats
                                             f"max |diff| {got['max_abs_diff']:.3g})")
                 + f"; worst {worst} {checks[worst].error:.4g} (bound {checks[worst].bound:.4g}, torch "
                   f"{checks[worst].torch_error:.4g}) {'ok' if all(c.ok for c in checks.values()) else 'OUT OF BOUNDS'}"
-                + f"; fwd+bwd {_fmt(ms)}")
+                + f"; fwd+bwd {fmt_ms(ms)}")
         report.row(text, d=d, tile=label, forced=forced, equal=got["equal"], runs_differing=got["runs_differing"],
                    differing=differing, max_abs_diff=got["max_abs_diff"],
                    errors={n: c.error for n, c in checks.items()}, bounds={n: c.bound for n, c in checks.items()},
@@ -247,7 +248,7 @@ def attention_tile_repeats(report: Report, d: int, shape: tuple, device, repeats
 
 def stage_determinism(report: Report, device, tiny: bool) -> None:
     repeats = 5
-    timer = _timer() if device.type == "cuda" else None
+    timer = stage_timer() if device.type == "cuda" else None
     for d in (128, 64):
         if report.over(15):
             report.stopped(f"D{d}")
@@ -300,12 +301,12 @@ def stage_attention(report: Report, device, tiny: bool) -> None:
                 report.stopped(f"D{d} {name} and after")
                 return
             try:
-                fwd, both = fwd_and_fwd_bwd(fn, args, [0, 1, 2], _timer())
+                fwd, both = fwd_and_fwd_bwd(fn, args, [0, 1, 2], stage_timer())
             except Exception as exc:  # noqa: BLE001 - a backend that does not take these inputs
                 report.row(f"D{d} {name:<15} not run: {error_text(exc)}", d=d, provider=name, error=error_text(exc))
                 continue
             base = both if name == "sdpa default" else base
-            report.row(f"D{d} {name:<15} fwd {_fmt(fwd)} ({flops / fwd / 1e9:.0f} TFLOP/s), fwd+bwd {_fmt(both)} "
+            report.row(f"D{d} {name:<15} fwd {fmt_ms(fwd)} ({flops / fwd / 1e9:.0f} TFLOP/s), fwd+bwd {fmt_ms(both)} "
                        f"({3.5 * flops / both / 1e9:.0f} TFLOP/s)"
                        + (f", {base / both:.2f}x SDPA's pick (fwd+bwd)" if base else ""),
                        d=d, provider=name, fwd_ms=fwd, fwd_bwd_ms=both)
@@ -349,12 +350,12 @@ def stage_lce(report: Report, device, tiny: bool) -> None:
                 return
             try:
                 loss = float(first(fn(hid, w, y)).detach())
-                both = _timer()(lambda: first(fn(hid, w, y)).backward(), [hid, w])
+                both = stage_timer()(lambda: first(fn(hid, w, y)).backward(), [hid, w])
             except Exception as exc:  # noqa: BLE001
                 report.row(f"N{n} {name:<22} not run: {error_text(exc)}", shape=(n, d, v), provider=name, error=error_text(exc))
                 continue
             base = both if name == "torch" else base
-            report.row(f"N{n} {name:<22} fwd+bwd {_fmt(both)} ({flops / both / 1e9:.0f} TFLOP/s)"
+            report.row(f"N{n} {name:<22} fwd+bwd {fmt_ms(both)} ({flops / both / 1e9:.0f} TFLOP/s)"
                        + (f", {base / both:.2f}x torch" if base else "") + f"; |loss - torch| {abs(loss - ref_loss):.3g}",
                        shape=(n, d, v), provider=name, fwd_bwd_ms=both, loss_diff=abs(loss - ref_loss))
             torch.cuda.empty_cache()
@@ -402,11 +403,11 @@ def stage_ssd(report: Report, device, tiny: bool) -> None:
             return
         try:
             diff = float((fn(*inp.args).detach().float() - ref).abs().max()) / float(ref.abs().max())
-            fwd, both = fwd_and_fwd_bwd(fn, inp.args, inp.leaves, _timer())
+            fwd, both = fwd_and_fwd_bwd(fn, inp.args, inp.leaves, stage_timer())
         except Exception as exc:  # noqa: BLE001
             report.row(f"{name:<32} not run: {error_text(exc)}", provider=name, error=error_text(exc))
             continue
-        report.row(f"{name:<32} fwd {_fmt(fwd)}, fwd+bwd {_fmt(both)}; max |y - torch| / max |torch| {diff:.3g}",
+        report.row(f"{name:<32} fwd {fmt_ms(fwd)}, fwd+bwd {fmt_ms(both)}; max |y - torch| / max |torch| {diff:.3g}",
                    provider=name, fwd_ms=fwd, fwd_bwd_ms=both, rel_diff=diff)
     for name in ("triton", "fla chunk_simple_gla"):
         scan = providers.get(name)
@@ -425,8 +426,7 @@ def stage_ssd(report: Report, device, tiny: bool) -> None:
             report.line(line)
 
 
-# ---------------------------------------------------------------- e: layernorm num_warps
-
+# ---------------------------------------------------------------- e: rope at the cell, layernorm num_warps
 
 def _fixed_warps(warps: int) -> Callable[[int], int]:
     def num_warps(block_n: int) -> int:
@@ -437,6 +437,7 @@ def _fixed_warps(warps: int) -> Callable[[int], int]:
 
 def stage_layernorm(report: Report, device, tiny: bool) -> None:
     import torch
+
 
     from ..kernels import layernorm as ln
     from ..kernels.autoselect import make_inputs
@@ -464,8 +465,8 @@ def stage_layernorm(report: Report, device, tiny: bool) -> None:
         if warps is not None:
             setattr(ln, "_num_warps", _fixed_warps(warps))
         try:
-            fwd, both = fwd_and_fwd_bwd(fn, inp.args, inp.leaves, _timer())
-            report.row(f"{name:<22} fwd {_fmt(fwd)} ({nbytes['fwd'] / fwd / 1e6:.0f} GB/s), fwd+bwd {_fmt(both)} "
+            fwd, both = fwd_and_fwd_bwd(fn, inp.args, inp.leaves, stage_timer())
+            report.row(f"{name:<22} fwd {fmt_ms(fwd)} ({nbytes['fwd'] / fwd / 1e6:.0f} GB/s), fwd+bwd {fmt_ms(both)} "
                        f"({nbytes['fwd+bwd'] / both / 1e6:.0f} GB/s)", provider=name, fwd_ms=fwd, fwd_bwd_ms=both)
         except Exception as exc:  # noqa: BLE001 - too many warps for the block: say so, go on
             report.row(f"{name:<22} not run: {error_text(exc)}", provider=name, error=error_text(exc))
