@@ -50,20 +50,25 @@ def check_comparison_table(md: str, values: dict[str, dict[int, float]], baselin
                            stuck: set[str] = frozenset()) -> None:
     """Every number of the comparison table, recomputed with scipy from the store's values (Holm by hand).
 
-    ``stuck``: cells the store flags as did_not_learn; they are neither ranked nor tested."""
+    ``stuck``: cells the store flags as did_not_learn; they are neither ranked nor tested. The grid has one
+    axis, so its question is every pair of its levels: Holm runs over all pairs of the cells that learned,
+    and the rows against the baseline show those pairs' verdicts (issue 41, item 1: one verdict per pair)."""
+    import itertools
+
     table = {r["cell"]: r for r in parse_table(md, "## Comparison")}
     assert set(table) == set(values)
     base = values[baseline]
-    raw = {}
-    for label, vals in values.items():
-        if label != baseline and label not in stuck and baseline not in stuck:
-            seeds = sorted(set(vals) & set(base))
-            raw[label] = sps.ttest_rel([vals[s] for s in seeds], [base[s] for s in seeds]).pvalue
-    order = sorted(raw, key=raw.get)
-    holm, running = {}, 0.0
-    for rank, label in enumerate(order):
-        running = max(running, min(1.0, (len(order) - rank) * raw[label]))
-        holm[label] = running
+    every = {}
+    for a, b in itertools.combinations([k for k in values if k not in stuck], 2):
+        seeds = sorted(set(values[a]) & set(values[b]))
+        every[(a, b)] = sps.ttest_rel([values[a][s] for s in seeds], [values[b][s] for s in seeds]).pvalue
+    order = sorted(every, key=every.get)
+    holm_pairs, running = {}, 0.0
+    for rank, k in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * every[k]))
+        holm_pairs[k] = running
+    raw = {k[0] if k[1] == baseline else k[1]: p for k, p in every.items() if baseline in k}
+    holm = {k[0] if k[1] == baseline else k[1]: p for k, p in holm_pairs.items() if baseline in k}
     for label, vals in values.items():
         row = table[label]
         x = np.array([vals[s] for s in sorted(vals)])

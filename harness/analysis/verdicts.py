@@ -323,7 +323,7 @@ def health_text(h: stats.Health) -> str:
 
 def cells_table(cells: Sequence[stats.CellInput], analysis: stats.Analysis, title: str,
                 extra: dict[str, dict[Any, str]] | None = None, lr: dict | None = None,
-                numbers: dict[Any, int] | None = None, metric: str = "val_loss"):
+                numbers: dict[Any, int] | None = None, metric: str = "val_loss", caption: str | None = None):
     """A rich table: one row per cell, ranked cells first (best first), then the unranked ones.
 
     ``extra``: column header -> {cell key: the figure's text}; ``numbers``: cell key -> the number
@@ -332,7 +332,7 @@ def cells_table(cells: Sequence[stats.CellInput], analysis: stats.Analysis, titl
 
     extra = extra or {}
     numbers = numbers or {c.key: i for i, c in enumerate(cells, 1)}
-    table = Table(title=title, title_justify="left", caption=analysis.method, caption_justify="left")
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for col in ("#", "rank", "cell", "seeds", f"{display_name(metric)} (mean ± std)", "95% CI", *extra,
                 *(["lr"] if lr else []), "health"):
         table.add_column(col, no_wrap=col not in ("cell", "health"), justify="right" if col == "#" else "left")
@@ -351,14 +351,42 @@ def cells_table(cells: Sequence[stats.CellInput], analysis: stats.Analysis, titl
     return table
 
 
-def comparisons_table(analysis: stats.Analysis, title: str):
+def shown_comparisons(analysis: stats.Analysis) -> tuple[list[stats.ComparisonRow], str]:
+    """The rows of a comparison table worth a line (those that can decide, and those whose cells did not learn
+    or cannot be compared), and a sentence on the rows left out ("" when none is): a row with too few seeds
+    decides nothing, so it is counted, not listed."""
+    few = [c for c in analysis.comparisons if stats.verdict_word(c.verdict) == stats.TOO_FEW
+           or (c.role == stats.DIAGNOSTIC_ROLE and c.p_adjusted is None)]
+    shown = [c for c in analysis.comparisons if c not in few]
+    if not few:
+        return shown, ""
+    ns = sorted({min(c.n_a, c.n_b) for c in few})
+    return shown, (f"{len(few)} comparison{'s' if len(few) != 1 else ''} not listed: {TOO_FEW_TEXT} "
+                   f"(n={', '.join(map(str, ns))}; at least {stats.MIN_SEEDS} seeds per cell give a verdict)")
+
+
+TOO_FEW_TEXT = stats.TOO_FEW
+
+
+def legend(analysis: stats.Analysis, effects: Sequence[stats.AxisEffect] = ()) -> str:
+    """The statistics legend, once per summary or report: the per-axis model when a factorial grid's axes
+    are answered by it, then the rules of the per-cell tables (``Analysis.method``)."""
+    pooled = any(e.design == "factorial" and e.contrasts for e in effects)
+    return " ".join([*([EFFECTS_METHOD] if pooled else []), analysis.method])
+
+
+def comparisons_table(analysis: stats.Analysis, title: str, caption: str | None = None):
+    """The comparisons that can decide, one row each (``shown_comparisons``); ``caption``: the legend or a
+    note (the legend is printed once per summary, not under every table)."""
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", caption=analysis.method, caption_justify="left")
+    rows, left = shown_comparisons(analysis)
+    table = Table(title=title, title_justify="left", caption=" ".join(x for x in (left, caption or "") if x) or None,
+                  caption_justify="left")
     for col in ("a", "b", "Δ = a − b", analysis.interval_header, "p", "p (Holm)" if analysis.correction == stats.HOLM else "p (adj.)",
                 "test", "MDD", "verdict"):
         table.add_column(col, no_wrap=col not in ("a", "b", "verdict"))
-    for c in analysis.comparisons:
+    for c in rows:
         ci = "-" if c.ci_low is None else f"[{_f(c.ci_low, signed=True)}, {_f(c.ci_high, signed=True)}]"
         table.add_row(c.a_label, c.b_label, _f(c.delta, signed=True), ci, stats.fmt_p(c.p_value),
                       stats.fmt_p(c.p_adjusted), c.test, _f(c.mdd), c.verdict)
@@ -394,7 +422,113 @@ def axis_effects(cells: Sequence[stats.CellInput], paths: Sequence[str] = (), me
     except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not hide the cell tables
         return [stats.AxisEffect(", ".join(axes), [], [], note=f"per-axis analysis unavailable: "
                                                               f"{type(exc).__name__}: {exc}")]
+    # one answer per question, chosen by the design: a factorial grid's axis is answered by the model pooled
+    # over the other axes (paired by seed); a one-axis grid's levels are its cells, and each pair of them is
+    # answered by the test of the two cells alone (paired t across seeds), which does not borrow a variance
+    # from steadier pairs as the pooled model would
+    effects = [paired_answer(cells, e) or e if e.design == "one-axis" and e.contrasts else e for e in effects]
     return [e for e in effects if not only or e.axis == only]
+
+
+def paired_answer(cells: Sequence[stats.CellInput], e: stats.AxisEffect) -> stats.AxisEffect | None:
+    """A one-axis grid's answer: every pair of its levels (one cell each) by the per-cell test, paired t across
+    seeds (Welch where the seeds or the data order differ), Holm over the pairs that can be decided, ranks
+    and letters from those tests (abl.analysis.stats.analyse over every pair of the cells). None when a level
+    is not one cell (then the pooled model stays the answer)."""
+    from dataclasses import replace
+
+    used = [c for c in cells if not c.health.flagged and c.values]
+    level = {c.key: _level(c, e.axis) for c in used}
+    if len(set(level.values())) != len(used) or len(used) < 2:
+        return None
+    an = stats.analyse(used, [], alpha=e.alpha, lower_is_better=e.lower_is_better)
+    best_first = sorted(an.cells, key=lambda r: (r.order_key, float(r.mean or 0.0) * (1 if e.lower_is_better
+                                                                                     else -1)))
+    an = stats.analyse(used, [(a.key, b.key) for i, a in enumerate(best_first) for b in best_first[i + 1:]],
+                       alpha=e.alpha, lower_is_better=e.lower_is_better)
+    contrasts = [replace(c, a=level[c.a], b=level[c.b], a_label=level[c.a], b_label=level[c.b])
+                 for c in an.comparisons]
+    tests = {c.test.split(" (")[0] for c in contrasts if c.test != "none"}
+    how = ("paired t across seeds" if tests == {"paired t"} else
+           "Welch t (the levels ran different seeds)" if tests == {"Welch t"} else
+           "paired t across seeds, Welch t where the seeds differ")
+    decided = sum(c.p_adjusted is not None for c in contrasts)
+    out = replace(e, levels=[stats.LevelRow(level[r.key], float(r.mean or 0.0), r.n, r.rank or 0, r.group, r.tied,
+                                            r.unranked if r.rank is None else "") for r in best_first],
+                  contrasts=contrasts, interactions=[], blocks=["seed"] if tests == {"paired t"} else [],
+                  model=f"{how}, each pair of levels on its own; Holm over the {decided} pair"
+                        f"{'s' if decided != 1 else ''} that can be decided")
+    for c in out.contrasts:
+        c.model = out.model
+    return out
+
+
+def _level(c: stats.CellInput, axis: str) -> str:
+    from .stats.effects import axis_levels
+
+    return axis_levels([c], axis)[c.key]
+
+
+def reconcile(cells: Sequence[stats.CellInput], analysis: stats.Analysis,
+              effects: Sequence[stats.AxisEffect]) -> None:
+    """One verdict per pair: the per-cell ``analysis`` (each cell against the baseline, or ``--by``) made to
+    agree with the per-axis answers ``effects`` of the same runs.
+
+    - One-axis grid (its answer is the per-cell test of each pair of levels, ``paired_answer``): a row whose
+      two cells are a pair of the axis's levels takes that answer's figures and verdict (Holm over the
+      axis's level pairs: the baseline is a display choice, the question is the axis), and the cells take
+      its ranks.
+    - Factorial grid (each axis answered by the model pooled over the other axes): the per-cell rows are
+      diagnostics, their figures under their test's name and no verdict of their own (``role`` "diagnostic",
+      ``verdict`` starting with DIAGNOSTIC), and the cells are not ranked (the levels are).
+    Every row gets ``model``, the one-line name of the model whose verdict answers it."""
+    from dataclasses import fields
+
+    own = ("paired t across seeds (Welch where the seeds differ), Holm over the "
+           f"{sum(c.p_adjusted is not None for c in analysis.comparisons)} comparisons that can be decided")
+    for c in analysis.comparisons:
+        c.model = own
+    done = [e for e in effects if e.contrasts]
+    factorial = [e for e in done if e.design == "factorial"]
+    if factorial:
+        answer = "; ".join(f"{e.axis}: {e.model}" for e in factorial)
+        for c in analysis.comparisons:
+            if c.p_adjusted is not None or stats.verdict_word(c.verdict) == stats.TOO_FEW:
+                c.role, c.model = stats.DIAGNOSTIC_ROLE, answer
+                if c.p_adjusted is not None:  # "too few seeds to decide" stays: it is no verdict either
+                    c.verdict = f"{stats.DIAGNOSTIC} ({c.test}; the per-axis verdicts answer)"
+        for r in analysis.cells:
+            if r.rank is not None or r.unranked:
+                r.rank, r.group, r.tied, r.position, r.unranked = None, "", False, r.position, "per axis"
+        return
+    by_key = {c.key: c for c in cells}
+    copied = [f.name for f in fields(stats.ComparisonRow) if f.name not in ("a", "b", "a_label", "b_label",
+                                                                            "n_a", "n_b", "note")]
+    for e in done:
+        level = {c.key: _level(c, e.axis) for c in cells if e.axis in c.settings}
+        pairs = {(x.a, x.b): x for x in e.contrasts}
+        for c in analysis.comparisons:
+            la, lb = level.get(c.a), level.get(c.b)
+            if c.a not in by_key or c.b not in by_key or stats.verdict_word(c.verdict) in (
+                    stats.DID_NOT_LEARN, stats.NOT_COMPARABLE):
+                continue
+            x, sign = (pairs[(la, lb)], 1) if (la, lb) in pairs else (pairs.get((lb, la)), -1)
+            if x is None:
+                continue
+            for name in copied:
+                setattr(c, name, getattr(x, name))
+            if sign == -1:
+                flip = (lambda v: None if v is None else -v)
+                c.delta, c.ci_low, c.ci_high = flip(x.delta), flip(x.ci_high), flip(x.ci_low)
+                c.ci_raw_low, c.ci_raw_high = flip(x.ci_raw_high), flip(x.ci_raw_low)
+                if x.verdict in (stats.BETTER, stats.WORSE):
+                    c.verdict = stats.WORSE if x.verdict == stats.BETTER else stats.BETTER
+        rank = {lv.level: lv for lv in e.levels}
+        for r in analysis.cells:
+            lv = rank.get(level.get(r.key, ""))
+            if lv is not None and not r.status:
+                r.rank = lv.rank or None
+                r.group, r.tied, r.unranked = lv.group, lv.tied, lv.unranked
 
 
 EFFECTS_METHOD = ("Per axis: each swept axis's main effect, pooled over the other axes and paired by seed: an OLS "
@@ -405,26 +539,27 @@ EFFECTS_METHOD = ("Per axis: each swept axis's main effect, pooled over the othe
 
 
 def effect_lines(effects: Sequence[stats.AxisEffect], metric: str = "val_loss") -> list[str]:
-    """Per axis, one headline (best level, its lead over the runner-up with the verdict) and one line of
-    levels (tie rank, letters, least-squares mean); interactions and notes when they matter."""
+    """Per axis, the answer first: one line with the best level, the verdict and the one model that gave it;
+    beneath it, the levels best first (rank or why untested, letters, mean) and the best level's lead over the
+    runner-up (Δ, its interval and p at the verdict's level, MDD); interactions and notes when they matter."""
     out = []
     for e in effects:
         h, best = e.headline(), e.best
         if best is None or h is None:
             out.append(f"{e.axis}: {e.note or 'one level among the cells that learned'}")
             continue
+        out.append(f"{e.axis}: best {best.level}; verdict: {e.verdict()}"
+                   + (f" ({e.model})" if e.model else ""))
+        mean = "least-squares mean" if e.design == "factorial" else "mean"
+        out.append(f"    levels, best first (rank, letters, {display_name(metric)} {mean}): "
+                   + " · ".join(f"{lv.level} {lv.rank_text} {fmt(lv.mean)}" for lv in e.levels))
         sign = 1 if h.a == best.level else -1
         delta = None if h.delta is None else sign * h.delta
         lo, hi = (h.ci_low, h.ci_high) if sign == 1 else (
             None if h.ci_high is None else -h.ci_high, None if h.ci_low is None else -h.ci_low)
         ci = "" if lo is None else f", CI (Holm-adj.) [{fmt(lo, signed=True)}, {fmt(hi, signed=True)}]"
-        out.append(f"{e.axis}: best {best.level} ({display_name(metric)} {fmt(best.mean)}); "
-                   f"{best.level} − {e.levels[1].level} Δ {fmt(delta, signed=True)}{ci}, "
-                   f"p (Holm) {stats.fmt_p(h.p_adjusted)}; verdict: {e.verdict()}")
-        out.append("    levels: " + " · ".join(f"{lv.level} {lv.rank}{'=' if lv.tied else ''}"
-                                                f"{f' ({lv.group})' if lv.group else ''} {fmt(lv.mean)}"
-                                                for lv in e.levels)
-                   + f"  [blocks: {', '.join(e.blocks) or 'none'}; residual df {e.df_resid:g}]")
+        out.append(f"    {best.level} − {e.levels[1].level}: Δ {fmt(delta, signed=True)}{ci}, "
+                   f"p (Holm) {stats.fmt_p(h.p_adjusted)}" + ("" if h.mdd is None else f", MDD {fmt(h.mdd)}"))
         for extra in (e.interaction_text(), e.note,
                       f"left out (did not learn or no value): {', '.join(e.left_out)}" if e.left_out else ""):
             if extra:
@@ -450,6 +585,7 @@ def effects_json(effects: Sequence[stats.AxisEffect]) -> list[dict[str, Any]]:
     from dataclasses import asdict
 
     return [{"axis": e.axis, "best": e.best.level if e.best else None, "verdict": e.verdict(),
+             "model": e.model, "design": e.design,
              "levels": [asdict(lv) for lv in e.levels], "contrasts": [c.as_dict() for c in e.contrasts],
              "interactions": [asdict(i) for i in e.interactions], "blocks": e.blocks, "df_resid": e.df_resid,
              "left_out": e.left_out, "note": e.note, "method": EFFECTS_METHOD} for e in effects]

@@ -184,12 +184,31 @@ def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | No
     extra = [m for m in dict.fromkeys([*rest, *shown]) if any(m in r.final for r in runs)]
     # the per-axis answer leads (all swept axes, or the one --by names; none for chosen pairs)
     effects = [] if pairs else verdicts.axis_effects(cells, paths, first, only=by)
+    # one verdict per pair: the per-cell rows agree with (one-axis grid) or stand as diagnostics beside
+    # (factorial grid) the per-axis answer; named pairs are their own question
+    verdicts.reconcile(cells, analysis, effects)
     return View(title=title, metric=first, cells=cells, numbers={c.key: i for i, c in enumerate(cells, 1)},
                 tables=tables, extra=extra, figures=figures(runs, extra), lr=_lrs(runs), effects=effects)
 
 
 def effect_lines(view: View) -> list[str]:
-    return verdicts.effect_section(view.effects, view.title, view.metric)
+    """The per-axis answer: a title and each axis's lines (its method is in the legend, printed once)."""
+    return verdicts.effect_section(view.effects, view.title, view.metric)[:-1]
+
+
+def legend(view: View) -> str:
+    """The statistics legend, printed once per summary (abl.analysis.verdicts.legend)."""
+    return verdicts.legend(view.analysis, view.effects)
+
+
+def table_title(view: View, m: str, an: stats.Analysis, what: str) -> str:
+    """A comparison table's title: which comparisons, and, for a factorial grid's per-cell rows, that they
+    are diagnostics (the per-axis verdicts answer)."""
+    title = f"{view.title}: {m}, {what}"
+    if any(c.role == stats.DIAGNOSTIC_ROLE for c in an.comparisons):
+        title += (" — diagnostics: per-cell tests, no verdict of their own (the per-axis verdicts above "
+                  "answer the question)")
+    return title
 
 
 # ---------------------------------------------------------------- printing
@@ -203,7 +222,7 @@ def _cells_table(view: View):
 
 
 def _tables(view: View) -> list:
-    return [_cells_table(view)] + [verdicts.comparisons_table(an, f"{view.title}: {m}, {what}")
+    return [_cells_table(view)] + [verdicts.comparisons_table(an, table_title(view, m, an, what))
                                    for m, an, what in view.tables]
 
 
@@ -221,8 +240,7 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
         return wrap(label, width, " " * len(first), first=first)
 
     for i, line in enumerate(effect_lines(view)):
-        out += [("bold" if i == 0 else "dim" if line == verdicts.EFFECTS_METHOD else "", ln)
-                for ln in wrap(line, width, "      ", first="")]
+        out += [("bold" if i == 0 else "", ln) for ln in wrap(line, width, "      ", first="")]
     if view.effects:
         out.append(("", ""))
     out += [("bold", ln) for ln in wrap(f"{view.title}: {view.metric} by cell, best first "
@@ -247,19 +265,19 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
         out += [("", ln) for ln in pack(items, width, ind)]
     if view.contended:
         out += [("yellow", ln) for ln in wrap(contended_note(view), width, "  ", first="")]
-    out += [("dim", ln) for ln in wrap(view.analysis.method, width, "")]
     for m, an, what in view.tables:
         out.append(("", ""))
         bases = {c.b for c in an.comparisons}
         one_base = len(bases) == 1 and "baseline" in what
-        title = f"{view.title}: {m}, {what}"
+        title = table_title(view, m, an, what)
         if one_base:
             b = next(iter(bases))
             title = title.replace(f"the baseline {by_key[b].label}", f"the baseline #{view.numbers[b]} "
                                                                      f"({by_key[b].label})")
         out += [("bold", ln) for ln in wrap(title, width, "")]
         adj = "p (Holm)" if an.correction == stats.HOLM else "p (adj.)"
-        for c in an.comparisons:
+        rows, left = verdicts.shown_comparisons(an)
+        for c in rows:
             na, nb = view.numbers.get(c.a), view.numbers.get(c.b)
             lead = f"#{na} − #{nb}: "
             label = c.a_label if one_base else f"{c.a_label}  minus  {c.b_label}"
@@ -270,7 +288,10 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
                      f"p {stats.fmt_p(c.p_value)}", f"{adj} {stats.fmt_p(c.p_adjusted)}", f"test: {c.test}",
                      "" if c.mdd is None else f"MDD {verdicts.fmt(c.mdd)}", f"verdict: {c.verdict}"]
             out += [("", ln) for ln in pack(items, width, ind)]
-        out += [("dim", ln) for ln in wrap(an.method, width, "")]
+        if left:
+            out += [("", ln) for ln in wrap(left, width, "  ", first="")]
+    out.append(("", ""))
+    out += [("dim", ln) for ln in wrap(legend(view), width, "")]
     return out
 
 
@@ -346,7 +367,7 @@ def as_md(view: View) -> str:
     by_key = {c.key: c for c in view.cells}
     eff = effect_lines(view)
     if eff:
-        lines += [f"### {eff[0]}", "", *[f"- {_md_cell(x.strip())}" for x in eff[1:-1]], "", eff[-1], ""]
+        lines += [f"### {eff[0]}", "", *[f"- {_md_cell(x.strip())}" for x in eff[1:]], ""]
     lines += [f"### {view.title}: {view.metric} by cell, best first", ""]
     name = verdicts.display_name(view.metric)
     header = ["#", "rank", "cell", "seeds", f"{name} (mean ± std)", "95% CI",
@@ -365,9 +386,9 @@ def as_md(view: View) -> str:
     table(header, rows)
     if view.contended:
         lines += ["\\" + contended_note(view), ""]
-    lines += [view.analysis.method, ""]
     for m, an, what in view.tables:
-        lines += [f"### {view.title}: {m}, {what}", ""]
+        lines += [f"### {table_title(view, m, an, what)}", ""]
+        rows_shown, left = verdicts.shown_comparisons(an)
         table(["a", "b", "Δ = a − b", an.interval_header, "p", "p (Holm)" if an.correction == stats.HOLM else "p (adj.)",
                "test", "MDD", "verdict"],
               [[f"#{view.numbers.get(c.a)} {c.a_label}", f"#{view.numbers.get(c.b)} {c.b_label}",
@@ -375,8 +396,10 @@ def as_md(view: View) -> str:
                 "-" if c.ci_low is None else
                 f"[{verdicts.fmt(c.ci_low, signed=True)}, {verdicts.fmt(c.ci_high, signed=True)}]",
                 stats.fmt_p(c.p_value), stats.fmt_p(c.p_adjusted), c.test, verdicts.fmt(c.mdd), c.verdict]
-               for c in an.comparisons])
-        lines += [an.method, ""]
+               for c in rows_shown])
+        if left:
+            lines += [left, ""]
+    lines += [legend(view), ""]
     return "\n".join(lines)
 
 
@@ -403,12 +426,13 @@ def show(console, view: View, presentation: Presentation | None = None) -> None:
             console.print(Text(line, style=style), soft_wrap=True)
         return
     for i, line in enumerate(effect_lines(view)):
-        console.print(Text(line, style="bold" if i == 0 else "dim" if line == verdicts.EFFECTS_METHOD else ""))
+        console.print(Text(line, style="bold" if i == 0 else ""))
     print_wide(console, tables[0])
     if view.contended:
         console.print(contended_note(view), style="yellow")
     for t in tables[1:]:
         print_wide(console, t)
+    console.print(Text(legend(view), style="dim"))
 
 
 def render(console, runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | None = None,

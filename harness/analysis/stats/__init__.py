@@ -58,10 +58,14 @@ from .effects import (
 from .engine import (
     BASELINE,
     BETTER,
+    DIAGNOSTIC,
+    DIAGNOSTIC_ROLE,
     DID_NOT_LEARN,
     NOT_COMPARABLE,
     SAME,
     TOO_FEW,
+    UNTESTED,
+    VERDICT,
     VERDICT_WORDS,
     WORSE,
     Analysis,
@@ -77,6 +81,7 @@ from .engine import (
     compare,
     compare_cells,
     letters,
+    verdict_level,
     verdict_word,
 )
 from ..formats import fmt, fmt_p
@@ -87,6 +92,7 @@ from .ttest import ALPHA, CONFIDENCE, Summary, paired, paired_test, summarize, t
 
 __all__ = [
     "ALPHA", "CONFIDENCE", "BETTER", "WORSE", "SAME", "BASELINE", "TOO_FEW", "DID_NOT_LEARN", "NOT_COMPARABLE", "HOLM",
+    "DIAGNOSTIC", "DIAGNOSTIC_ROLE", "VERDICT", "UNTESTED", "verdict_level",
     "NO_CORRECTION", "MIN_SEEDS", "POWER", "BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED",
     # t-intervals and tests
     "t_halfwidth", "welch", "paired", "paired_test", "welch_test", "Summary", "summarize",

@@ -40,7 +40,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from .corrections import holm
-from .engine import BETTER, SAME, TOO_FEW, WORSE, CellInput, ComparisonRow, holm_interval, letters
+from .engine import BETTER, SAME, TOO_FEW, WORSE, CellInput, ComparisonRow, holm_interval, letters, verdict_level
 from .power import MIN_SEEDS, POWER, min_detectable, power_t
 from .ttest import ALPHA
 
@@ -50,9 +50,17 @@ class LevelRow:
     level: str
     mean: float  # least-squares mean (the model's prediction, averaged over the other factors)
     n: int  # observations (runs) at this level in the model
-    rank: int = 0  # 1 + the levels distinguishably better
+    rank: int = 0  # 1 + the levels distinguishably better; 0 when untested (see ``unranked``)
     group: str = ""  # compact letter display over the levels
     tied: bool = False
+    unranked: str = ""  # why the level has no rank ("untested (n=2)"); "" when ranked
+
+    @property
+    def rank_text(self) -> str:
+        """"1=" for a tie, with the letters ("1= (ab)"); the reason when the level was not tested."""
+        if self.unranked or not self.rank:
+            return self.unranked or "-"
+        return f"{self.rank}{'=' if self.tied else ''}" + (f" ({self.group})" if self.group else "")
 
 
 @dataclass
@@ -81,6 +89,12 @@ class AxisEffect:
     note: str = ""
     lower_is_better: bool = True
     alpha: float = ALPHA
+    # the one model whose verdicts answer this axis's question, in one line: "pooled over model.block, paired
+    # by seed (...)" for a factorial grid, "paired t across seeds ..." for a one-axis grid
+    # (abl.analysis.verdicts.axis_effects chooses by the design)
+    model: str = ""
+    # "factorial": other swept axes are blocks of the model; "one-axis": the levels are the cells
+    design: str = ""
 
     @property
     def best(self) -> LevelRow | None:
@@ -256,6 +270,12 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
     res, blocks, unpaired = _model(df, len(axes), i)
     effect = AxisEffect(axes[i], [], [], blocks=[axes[int(b[1:])] if b != "seed" else "seed" for b in blocks],
                         left_out=left_out, lower_is_better=lower_is_better, alpha=alpha)
+    others = [b for b in effect.blocks if b != "seed"]
+    effect.design = "factorial" if others else "one-axis"
+    effect.model = (f"pooled over {', '.join(others) or 'nothing'}"
+                    + (", paired by seed" if "seed" in effect.blocks else ", not paired by seed")
+                    + " (OLS with " + " and ".join([*others, *(["seed"] if "seed" in effect.blocks else [])])
+                    + " as blocks; Holm over the level pairs)")
     if df["data"].nunique() > 1:
         effect.note = "the cells differ in data order (dataset, context or batch size): seeds are not shared blocks"
     if unpaired:  # seeds not shared across the levels: no pairing by seed
@@ -297,18 +317,23 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
                             f"OLS contrast (df={res.df_resid:g})", "", df=float(res.df_resid),
                             se=se if math.isfinite(se) else None, ci_level=1 - alpha, ci_raw_low=lo, ci_raw_high=hi)
         enough = df_ok and min(counts[a], counts[b]) >= MIN_SEEDS
-        row.mdd = min_detectable(row.se, row.df) if enough else None
         comps.append((row, enough))
         pairs.append((a, b))
-    adj = holm(np.array([np.nan if c.p_value is None else c.p_value for c, _ in comps], dtype=float))
+    # Holm over the pairs that can get a verdict (as the cell tables do: abl.analysis.stats.engine.analyse)
+    adj = holm(np.array([c.p_value if enough and c.p_value is not None else np.nan for c, enough in comps],
+                        dtype=float))
     apart = set()
     for (a, b), (c, enough), pa in zip(pairs, comps, adj):
-        c.p_adjusted = float(pa) if np.isfinite(pa) else None
-        holm_interval(c, {}, alpha, bootstrap=False)
         if not enough:
+            c.ci_low = c.ci_high = c.ci_level = None  # no verdict: no adjusted interval (the raw one stays)
             c.verdict = (f"{TOO_FEW} (n={min(counts[a], counts[b])} runs; at least {MIN_SEEDS} runs per "
                          f"level and {MIN_SEEDS - 1} residual degrees of freedom give a verdict)")
-        elif c.p_adjusted is None:
+            continue
+        c.p_adjusted = float(pa) if np.isfinite(pa) else None
+        holm_interval(c, {}, alpha, bootstrap=False)
+        c.level = verdict_level(c, alpha)
+        c.mdd = min_detectable(c.se, c.df, c.level)  # at the level the verdict uses
+        if c.p_adjusted is None:
             c.verdict = f"{TOO_FEW} (no test)"
         elif c.p_adjusted < alpha:
             improves = (c.delta or 0.0) < 0 if lower_is_better else (c.delta or 0.0) > 0
@@ -319,10 +344,13 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
     rows = [LevelRow(_levels_of(lv), lsm[lv], int(counts[lv])) for lv in order]
     for j, r in enumerate(rows):
         r.rank = 1 + sum((k, j) in apart for k in range(j))
-    for r in rows:
-        r.tied = sum(o.rank == r.rank for o in rows) > 1
     for r, g in zip(rows, letters(len(rows), apart)):
         r.group = g
+    for r in rows:  # a level no verdict can be drawn on is not ranked (it would read as tied for best)
+        if not df_ok or r.n < MIN_SEEDS:
+            r.rank, r.group, r.unranked = 0, "", f"untested (n={r.n} runs)"
+    for r in rows:
+        r.tied = bool(r.rank) and sum(o.rank == r.rank for o in rows) > 1
     effect.levels, effect.contrasts = rows, [c for c, _ in comps]
     effect.interactions = _interactions(df, me, blocks, [b for b in blocks if b != "seed"], res, axes)
     return effect

@@ -44,6 +44,11 @@ from .ttest import ALPHA, CONFIDENCE, Summary, exact_difference, paired, summari
 BETTER, WORSE, SAME, BASELINE = "better", "worse", "not distinguishable", "baseline"
 TOO_FEW = "too few seeds to decide"
 DID_NOT_LEARN = "did not learn"
+# a per-cell test shown beside the answer another model gives to the same question (abl.analysis.verdicts.reconcile):
+# its figures are shown under their own name, its words are never a second verdict
+DIAGNOSTIC = "diagnostic"
+VERDICT, DIAGNOSTIC_ROLE = "verdict", "diagnostic"  # ComparisonRow.role
+UNTESTED = "untested"  # CellRow.unranked: too few seeds for a test, so no rank
 
 
 @dataclass
@@ -95,6 +100,10 @@ class CellRow:
     group: str = ""  # compact letter display: cells sharing a letter are not distinguishable
     tied: bool = False  # another ranked cell has the same rank
     position: int | None = None  # 1-based place in the order of means, best first (ranked cells only)
+    # why a cell with results has no rank, in a few words ("" when ranked, or not ranked for ``status``):
+    # "untested (n=2)": fewer than MIN_SEEDS seeds, so no pair with it was tested; "per axis": a factorial
+    # grid's answer is each axis's levels (abl.analysis.verdicts.reconcile), cells are not ranked
+    unranked: str = ""
 
     @property
     def order_key(self) -> tuple:
@@ -105,7 +114,7 @@ class CellRow:
     def rank_text(self) -> str:
         """The rank as every table prints it: "1=" for a tie, with the letters: "1= (ab)"."""
         if self.rank is None:
-            return "-"
+            return self.unranked or "-"
         return f"{self.rank}{'=' if self.tied else ''}" + (f" ({self.group})" if self.group else "")
 
 
@@ -133,6 +142,16 @@ class ComparisonRow:
     ci_level: float | None = None  # confidence of [ci_low, ci_high]: 1 - alpha * p / p_adjusted under Holm
     ci_raw_low: float | None = None  # the unadjusted interval at the table's confidence
     ci_raw_high: float | None = None
+    # the significance level the verdict, the interval and the MDD use: Holm's step level alpha * p / p_Holm
+    # (alpha without a correction); None when the row has no verdict (too few seeds, no test)
+    level: float | None = None
+    # "verdict": this row is the answer to its question; "diagnostic": another model answers the question
+    # (a factorial grid's per-axis model), this row's figures are shown under its test's name, never as a
+    # second verdict (its ``verdict`` then starts with DIAGNOSTIC)
+    role: str = "verdict"
+    # the model that gave the verdict, in one line ("paired t across seeds, Holm over the 3 pairs"; for a
+    # diagnostic row, the model whose verdict answers the question)
+    model: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,31 +168,38 @@ class Analysis:
 
     @property
     def method(self) -> str:
-        """The sentence every table carries: which test and which correction."""
+        """The sentence every table's legend carries: which test, which correction, and the rules every row
+        follows (a test renders the tables and checks each row against them: tests/test_one_answer.py)."""
         test = (f"percentile bootstrap of the difference of means ({BOOTSTRAP_RESAMPLES} resamples of the "
                 "seeds, paired by seed where possible)" if self.bootstrap else
                 "paired t-test by seed when both cells ran the same seeds on the same data order, "
                 "else Welch's t-test")
-        tested = sum(c.p_value is not None for c in self.comparisons)
+        tested = sum(c.p_adjusted is not None for c in self.comparisons)
         if self.correction != HOLM:
             corr = "no multiple-comparison correction"
-        elif tested == 0:
+        elif not any(c.p_value is not None for c in self.comparisons):
             corr = "no comparison has a p-value, so none is corrected (Holm)"
         else:
-            corr = f"Holm correction over the {tested} comparison{'s' if tested > 1 else ''} with a p-value shown"
-        return (f"Test: {test}; {corr}; alpha = {self.alpha}; two-sided; intervals of Δ: {self.interval}; "
-                f"fewer than {MIN_SEEDS} seeds: {TOO_FEW}; MDD (from {MIN_SEEDS} seeds): minimum detectable "
-                f"difference at the observed variance, power {POWER:.0%}; rank: 1 + the cells distinguishably better (every "
-                f"pair tested, Holm), = marks a tie, cells sharing a letter are not distinguishable; "
-                f"cells that did not learn are not ranked or tested.")
+            corr = (f"Holm correction over the {tested} comparison{'s' if tested != 1 else ''} that can be "
+                    "decided")
+        adj = "p (Holm)" if self.correction == HOLM else "p"
+        return (f"Test: {test}; {corr}; alpha = {self.alpha}; two-sided. Verdict: better or worse when "
+                f"{adj} < {self.alpha} with at least {MIN_SEEDS} seeds per cell, else {SAME}; intervals of Δ: "
+                f"{self.interval}; fewer than {MIN_SEEDS} seeds on a side: {TOO_FEW}, with no adjusted p, no "
+                f"interval and no MDD (its p is unadjusted and decides nothing); MDD: the smallest true |Δ| the "
+                f"row's test detects with power {POWER:.0%} at the verdict's level; {DIAGNOSTIC}: a per-cell "
+                "test shown beside the answer another model gives (no verdict of its own); rank: 1 + the cells "
+                f"distinguishably better (every pair of cells with {MIN_SEEDS}+ seeds tested, Holm), = marks a "
+                f"tie, cells sharing a letter are not distinguishable, {UNTESTED}: too few seeds for a rank; "
+                "cells that did not learn are not ranked or tested.")
 
     @property
     def interval(self) -> str:
         """Which intervals of the differences the table shows: adjusted like the verdicts, or raw."""
         if self.correction == HOLM:
-            return ("Holm-adjusted (each at the level its Holm step tested, alpha × p / p_Holm: it excludes 0 "
-                    "exactly when the verdict is better or worse)")
-        return "unadjusted 95%"
+            return ("Holm-adjusted (at the level Holm's step tested the row, alpha × p / p_Holm: on a row with a "
+                    "verdict it excludes 0 exactly when the verdict is better or worse)")
+        return "unadjusted 95% (excludes 0 exactly when the verdict is better or worse)"
 
     @property
     def interval_header(self) -> str:
@@ -185,7 +211,8 @@ class Analysis:
 
 # a comparison of cells scored on different validation targets (abl.analysis.verdicts.flag_different_targets)
 NOT_COMPARABLE = "not comparable"
-VERDICT_WORDS = (BASELINE, BETTER, WORSE, SAME, TOO_FEW, DID_NOT_LEARN, NOT_COMPARABLE, "no value to compare")
+VERDICT_WORDS = (BASELINE, BETTER, WORSE, SAME, TOO_FEW, DID_NOT_LEARN, NOT_COMPARABLE, "no value to compare",
+                 DIAGNOSTIC)
 
 
 def verdict_word(verdict: str | None) -> str:
@@ -239,8 +266,6 @@ def _one_comparison(a: CellInput, b: CellInput, *, bootstrap: bool, confidence: 
         bs = bootstrap_diff(ca, cb, paired=is_paired, confidence=confidence)
         row.ci_low, row.ci_high, row.p_value = bs["diff_lo"], bs["diff_hi"], bs["p"]
         row.test = f"bootstrap ({'paired' if is_paired else 'unpaired'}, n={min(len(ca), len(cb))})"
-    # a detectable difference from a variance with fewer than MIN_SEEDS - 1 degrees of freedom means nothing
-    row.mdd = min_detectable(se, df) if min(len(ca), len(cb)) >= MIN_SEEDS else None
     row.df, row.se = df, se
     row.ci_raw_low, row.ci_raw_high = row.ci_low, row.ci_high
     if row.ci_low is not None:
@@ -267,8 +292,16 @@ def analyse(cells: Sequence[CellInput], comparisons: Sequence[tuple[Hashable, Ha
         s = summarize(c.values)
         status = c.health.describe() if c.health.flagged else ("no completed run" if s.n == 0 else "")
         rows.append(CellRow(c.key, c.label, s.n, s.mean, s.std, s.ci_low, s.ci_high, None, c.health, status))
-    ranked = sorted((r for r in rows if not r.status and r.mean is not None),
-                    key=lambda r: float(r.mean or 0.0) * (1 if lower_is_better else -1))
+    # ranks only where a test stands behind them: cells with MIN_SEEDS seeds, at least two of them
+    results = [r for r in rows if not r.status and r.mean is not None]
+    testable = [r for r in results if r.n >= MIN_SEEDS]
+    if len(testable) < 2:
+        testable = []
+    for r in results:
+        if r not in testable:
+            r.unranked = (f"{UNTESTED} (n={r.n})" if r.n < MIN_SEEDS else
+                          f"{UNTESTED} (the only cell with {MIN_SEEDS}+ seeds)")
+    ranked = sorted(testable, key=lambda r: float(r.mean or 0.0) * (1 if lower_is_better else -1))
     _tie_groups(ranked, by_key, alpha=alpha, correction=correction, bootstrap=bootstrap, confidence=confidence)
     comps: list[ComparisonRow] = []
     for a, b in comparisons:
@@ -285,22 +318,37 @@ def analyse(cells: Sequence[CellInput], comparisons: Sequence[tuple[Hashable, Ha
                                        note="a cell at its unigram floor is not a result to rank"))
             continue
         comps.append(_one_comparison(ca, cb, bootstrap=bootstrap, confidence=confidence))
-    ps = np.array([np.nan if c.p_value is None else c.p_value for c in comps], dtype=float)
+    # the family Holm corrects over: the comparisons that can get a verdict (a p-value and MIN_SEEDS seeds a
+    # side); a test no verdict is drawn from needs no share of alpha
+    decidable = [not c.verdict and c.p_value is not None and min(c.n_a, c.n_b) >= MIN_SEEDS for c in comps]
+    ps = np.array([c.p_value if ok else np.nan for c, ok in zip(comps, decidable)], dtype=float)
     adj = holm(ps) if correction == HOLM else ps
-    for cr, pa in zip(comps, adj):
+    for cr, pa, ok in zip(comps, adj, decidable):
         if cr.verdict:  # decided above (did not learn, no runs)
             continue
-        cr.p_adjusted = None if not np.isfinite(pa) else float(pa)
         n_min = min(cr.n_a, cr.n_b)
+        if not ok:  # no verdict: no adjusted p, no adjusted interval, no MDD (the raw interval stays in ci_raw_*)
+            cr.ci_low = cr.ci_high = cr.ci_level = None
+            cr.verdict = (f"{TOO_FEW} (n={n_min}; at least {MIN_SEEDS} seeds per cell give a verdict)"
+                          if n_min < MIN_SEEDS else f"{TOO_FEW} (no test)")
+            continue
+        cr.p_adjusted = float(pa)
         if correction == HOLM:
             holm_interval(cr, by_key, alpha, bootstrap)
-        if n_min < MIN_SEEDS:
-            cr.verdict = f"{TOO_FEW} (n={n_min}; at least {MIN_SEEDS} seeds per cell give a verdict)"
-        elif cr.p_adjusted is None:
-            cr.verdict = f"{TOO_FEW} (no test)"
-        else:
-            cr.verdict = _verdict(cr.delta or 0.0, cr.p_adjusted, alpha, lower_is_better)
+        cr.level = verdict_level(cr, alpha)
+        cr.mdd = min_detectable(cr.se, cr.df, cr.level)
+        cr.verdict = _verdict(cr.delta or 0.0, cr.p_adjusted, alpha, lower_is_better)
     return Analysis(rows, comps, alpha, correction, bootstrap, lower_is_better)
+
+
+def verdict_level(cr: ComparisonRow, alpha: float) -> float:
+    """The level a row's verdict is decided at: with Holm, the level Holm's step tested it at,
+    alpha * p / p_Holm (Holm 1979; between alpha / m and alpha), which is also its interval's level; alpha
+    when the p-values are not adjusted (or the p-value is 0: an exact difference)."""
+    p, pa = cr.p_value, cr.p_adjusted
+    if p is None or pa is None or not p > 0 or not pa > 0:
+        return alpha
+    return min(alpha, alpha * p / pa)
 
 
 def holm_interval(cr: ComparisonRow, by_key: Mapping, alpha: float, bootstrap: bool) -> None:
@@ -331,8 +379,8 @@ def holm_interval(cr: ComparisonRow, by_key: Mapping, alpha: float, bootstrap: b
 
 def _tie_groups(ranked: list[CellRow], by_key: Mapping, *, alpha: float, correction: str, bootstrap: bool,
                 confidence: float) -> None:
-    """Ranks as tie groups over ``ranked`` (best first): every pair tested as the tables test it (Holm over
-    the pairs); distinguishable = corrected p < alpha with at least MIN_SEEDS seeds on each side.
+    """Ranks as tie groups over ``ranked`` (best first; every one of them has MIN_SEEDS seeds): every pair
+    tested as the tables test it (Holm over the pairs); distinguishable = corrected p < alpha.
 
     rank = 1 + the number of cells distinguishably better; ``group``: the compact letter display of the
     ordered means (Piepho 2004, "An algorithm for a letter-based representation of all-pairwise
@@ -344,8 +392,7 @@ def _tie_groups(ranked: list[CellRow], by_key: Mapping, *, alpha: float, correct
                              confidence=confidence) for i, j in pairs]
     ps = np.array([np.nan if c.p_value is None else c.p_value for c in comps], dtype=float)
     adj = holm(ps) if correction == HOLM else ps
-    apart = {(i, j) for (i, j), c, pa in zip(pairs, comps, adj)
-             if np.isfinite(pa) and pa < alpha and min(c.n_a, c.n_b) >= MIN_SEEDS}
+    apart = {(i, j) for (i, j), pa in zip(pairs, adj) if np.isfinite(pa) and pa < alpha}
     for j, r in enumerate(ranked):
         r.rank = 1 + sum((i, j) in apart for i in range(j))
         r.position = j + 1

@@ -116,16 +116,19 @@ def comparison_metric(cells: list[Cell]) -> str:
 
 
 def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPHA,
-                    bootstrap: bool = False, metric: str = "val_loss") -> list[dict[str, Any]]:
+                    bootstrap: bool = False, metric: str = "val_loss",
+                    effects: list[stats.AxisEffect] | None = None) -> list[dict[str, Any]]:
     """One dict per cell: the final ``metric`` over seeds, learning health, and the comparison with
     ``baseline`` (abl.analysis.stats.analyse: the same engine and defaults as the run summary, abl compare and
-    the dashboard)."""
+    the dashboard). ``effects``: the per-axis answers of the same runs (abl.analysis.verdicts.axis_effects);
+    the rows are made to agree with them (abl.analysis.verdicts.reconcile: one verdict per pair)."""
     inputs = _inputs(cells, metric)
     analysis = stats.analyse(inputs, stats.against_baseline([c.key for c in cells], baseline.key), alpha=alpha,
                              bootstrap=bootstrap, lower_is_better=catalogue.lower_is_better(metric))
-    from ...analysis.verdicts import flag_different_targets
+    from ...analysis.verdicts import flag_different_targets, reconcile
 
     flag_different_targets([r for c in cells for r in c.runs], metric, analysis)
+    reconcile(inputs, analysis, effects or [])
     comps = {cr.a: cr for cr in analysis.comparisons}
     out = []
     for c, row in zip(cells, analysis.cells):
@@ -143,6 +146,10 @@ def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPH
             "is_baseline": c.key == baseline.key, "did_not_learn": h.did_not_learn, "unigram_floor": h.floor,
             "loss_spikes": h.loss_spikes, "max_loss_spike": h.max_loss_spike, "method": analysis.method,
             "interval": analysis.interval, "interval_header": analysis.interval_header,
+            # why the cell has no rank ("untested (n=2)", "per axis"); the comparison's role ("verdict" or
+            # "diagnostic"), the model that answers it, and the level its verdict, interval and MDD use
+            "unranked": row.unranked, "role": comp.role if comp else stats.VERDICT,
+            "model": comp.model if comp else "", "level": comp.level if comp else None,
         })
     return out
 

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,8 @@ class Context:
     contention: str  # one sentence on the contended runs ("" when none is)
     grid_raw: dict | None
     db_path: str
+    effects: list = field(default_factory=list)  # stats.AxisEffect per swept axis: the report's answer
+    effects_error: str = ""  # why the per-axis analysis is unavailable ("" when it is)
 
 
 def build_report(runs: list[StoredRun], *, source: str, db_path: str, registry, order: list[str] | None = None,
@@ -120,8 +122,10 @@ def build_report(runs: list[StoredRun], *, source: str, db_path: str, registry, 
     if registry is not None:
         attach_predictions(cells, registry)
     metric = comparison_metric(cells)
-    ctx = Context(Doc(), runs, cells, base, metric, cell_statistics(cells, base, metric=metric), cost_rows(cells),
-                  conditions_line(runs), contention_note(runs), grid_raw, db_path)
+    effects, effects_error = axis_answers(cells, metric, grid_raw)
+    ctx = Context(Doc(), runs, cells, base, metric, cell_statistics(cells, base, metric=metric, effects=effects),
+                  cost_rows(cells), conditions_line(runs), contention_note(runs), grid_raw, db_path,
+                  effects, effects_error)
     title = f"abl report: {runs[0].experiment}"
     header(ctx, title, source, missing_runs)
     conditions_section(ctx)
@@ -195,40 +199,56 @@ def grid_section(ctx: Context) -> None:
                                      for k, v in shown.items()], "settings shared by every cell")
 
 
-def axes_section(ctx: Context) -> None:
-    """3a. Per axis: each swept axis's main effect (abl.analysis.verdicts.axis_effects), the answer the CLI
-    summary and the dashboard lead with: best level, by how much, and whether it is real."""
+def axis_answers(cells: list[Cell], metric: str, grid_raw: dict | None) -> tuple[list, str]:
+    """Each swept axis's answer (abl.analysis.verdicts.axis_effects), and why there is none ("" when fine)."""
     from ...analysis import verdicts
 
-    paths = [k for k in ((ctx.grid_raw or {}).get("grid") or {}) if k != "exclude"]
-    cells = verdicts.cell_inputs([r for c in ctx.cells for r in c.runs], ctx.metric, [c.key for c in ctx.cells])
+    paths = [k for k in ((grid_raw or {}).get("grid") or {}) if k != "exclude"]
+    inputs = verdicts.cell_inputs([r for c in cells for r in c.runs], metric, [c.key for c in cells])
     try:
-        effects = verdicts.axis_effects(cells, paths, ctx.metric)
+        return verdicts.axis_effects(inputs, paths, metric), ""
     except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not lose the report
-        ctx.doc.p(f"Per-axis analysis unavailable: {type(exc).__name__}: {exc}")
+        return [], f"Per-axis analysis unavailable: {type(exc).__name__}: {exc}"
+
+
+def axes_section(ctx: Context) -> None:
+    """3a. Per axis: each swept axis's main effect (abl.analysis.verdicts.axis_effects), the answer the CLI
+    summary and the dashboard lead with: per axis the verdict line (best level, the verdict, the one model
+    that gave it), then its levels with rank (or why untested), letters and mean."""
+    from ...analysis import verdicts
+
+    if ctx.effects_error:
+        ctx.doc.p(ctx.effects_error)
         return
+    effects = ctx.effects
     if not effects:
         return
     ctx.doc.h(2, f"Per axis: main effects on {ctx.metric}, best level first")
+    for line in verdicts.effect_lines(effects, ctx.metric):
+        if not line.startswith(" "):
+            ctx.doc.p(line)
     rows = []
     for e in effects:
         h = e.headline()
         for lv in e.levels:
-            rows.append([e.axis, lv.level, f"{lv.rank}{'=' if lv.tied else ''}", lv.group or "-",
-                         stats.fmt(lv.mean), lv.n, e.verdict() if lv is e.best else ""])
+            rows.append([e.axis, lv.level, lv.rank_text, lv.group or "-", stats.fmt(lv.mean), lv.n,
+                         e.verdict() if lv is e.best else ""])
         if h is not None and e.interaction_text():
             rows.append([e.axis, "", "", "", "", "", e.interaction_text()])
-    ctx.doc.table(["axis", "level", "rank", "letters", "least-squares mean", "runs", "verdict"], rows,
-                  f"{verdicts.EFFECTS_METHOD} {ctx.cond}")
-    for line in verdicts.effect_lines(effects, ctx.metric):
-        if not line.startswith(" "):
-            ctx.doc.p(line)
+    ctx.doc.table(["axis", "level", "rank", "letters", "mean (least-squares in a factorial grid)", "runs",
+                   "verdict"], rows, f"the statistics legend is below the comparison table. {ctx.cond}")
 
 
 def comparison_section(ctx: Context) -> None:
     """3. The comparison table: the final compared metric per cell over seeds, against the baseline."""
+    from ...analysis import verdicts
+
     doc, base, metric, stat_rows, cond = ctx.doc, ctx.base, ctx.metric, ctx.stat_rows, ctx.cond
     doc.h(2, f"Comparison: final {metric}")
+    if any(s["role"] == stats.DIAGNOSTIC_ROLE for s in stat_rows):
+        doc.p("Per cell, diagnostics: the per-cell tests against the baseline, with no verdict of their own; the "
+              "per-axis verdicts above answer the question (" + "; ".join(
+                  f"{e.axis}: {e.model}" for e in ctx.effects if e.design == "factorial" and e.contrasts) + ").")
     table_rows = []
     for i, s in enumerate(stat_rows, 1):
         health = (f"did not learn {s['did_not_learn']}/{s['completed']} (floor {stats.fmt(s['unigram_floor'], 3)})"
@@ -248,12 +268,16 @@ def comparison_section(ctx: Context) -> None:
                if metric == "val_bpb" else
                f"val_loss: mean cross-entropy (nats) on the fixed validation batches at the last step, ")
               + f"completed runs only. CI of a mean: Student t, 95%. Δ = cell - baseline ({base.label}); lower is better. "
-              f"{stat_rows[0]['method']} Health: did not learn = final val_loss within "
+              f"Health: did not learn = final val_loss within "
               f"{DID_NOT_LEARN_MARGIN} nats of the data's unigram floor; spikes = training-loss spikes "
               f"(abl.analysis.health). {cond}")
     notes = [f"{s['label']}: {s['note']}" for s in stat_rows if s["note"]]
     for n in notes:
         doc.p("Note: " + n)
+    # the statistics legend, once in the report
+    pooled = any(e.design == "factorial" and e.contrasts for e in ctx.effects)
+    doc.p("How to read the verdicts: " + " ".join([*([verdicts.EFFECTS_METHOD] if pooled else []),
+                                                    stat_rows[0]["method"]]))
 
 
 def loss_curves_section(ctx: Context) -> None:

@@ -1,0 +1,173 @@
+"""One answer per question, the MDD at the verdict's level, and words that agree with the numbers
+(issue 41, item 1; issue 40, items 1 and 3).
+
+The findings reproduced: in a one-axis grid the pooled per-axis model and the per-cell paired t gave two
+verdicts on one pair; the MDD was computed at an unadjusted alpha, so a row could show |Δ| above its MDD
+and read "not distinguishable"; rows at 2 seeds showed a Holm p and an adjusted interval that excluded 0
+beside "too few seeds to decide"; every cell at 2 seeds was ranked "1=".
+"""
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+from statsmodels.stats.power import TTestPower
+
+from abl.analysis import stats, verdicts
+
+
+def _cell(key, vals, **levels):
+    return stats.CellInput(key, key, vals, 0, settings={a: json.dumps(v) for a, v in levels.items()})
+
+
+def _one_axis(seeds=3):
+    """Three levels of one axis: a steady pair (a, b) and a noisy one (c), as the MQA grid had."""
+    rng = np.random.default_rng(7)
+    shared = rng.normal(0, 0.05, seeds)
+    a = {s: 2.00 + shared[s] + rng.normal(0, 0.001) for s in range(seeds)}
+    b = {s: 2.10 + shared[s] + rng.normal(0, 0.001) for s in range(seeds)}
+    c = {s: 2.06 + shared[s] + rng.normal(0, 0.04) for s in range(seeds)}
+    return [_cell("A", a, x="a"), _cell("B", b, x="b"), _cell("C", c, x="c")]
+
+
+def test_a_one_axis_grid_answers_each_pair_once_by_its_paired_t():
+    cells = _one_axis()
+    (e,) = verdicts.axis_effects(cells, ["x"])
+    assert e.design == "one-axis" and e.model.startswith("paired t across seeds")
+    # the answer's figures are the paired t of the two cells, Holm over the 3 level pairs (scipy recomputed)
+    raw = {}
+    for x, y in [("a", "b"), ("a", "c"), ("b", "c")]:
+        cx = next(c for c in cells if c.settings["x"] == json.dumps(x))
+        cy = next(c for c in cells if c.settings["x"] == json.dumps(y))
+        raw[frozenset((x, y))] = sps.ttest_rel(list(cx.values.values()), list(cy.values.values())).pvalue
+    order = sorted(raw, key=raw.get)
+    holm = {k: min(1.0, max((3 - i) * raw[j] for i, j in enumerate(order[:order.index(k) + 1])))
+            for k in order}
+    for c in e.contrasts:
+        assert c.p_value == pytest.approx(raw[frozenset((c.a, c.b))])
+        assert c.p_adjusted == pytest.approx(holm[frozenset((c.a, c.b))])
+    # the per-cell table (each cell against the baseline A) shows the same verdict for the same pair
+    an = stats.analyse(cells, stats.against_baseline([c.key for c in cells], "A"))
+    verdicts.reconcile(cells, an, [e])
+    level = {"A": "a", "B": "b", "C": "c"}
+    for row in an.comparisons:
+        x = next(c for c in e.contrasts if {c.a, c.b} == {level[row.a], level[row.b]})
+        sign = 1 if x.a == level[row.a] else -1
+        assert row.delta == pytest.approx(sign * x.delta) and row.p_adjusted == pytest.approx(x.p_adjusted)
+        assert stats.verdict_word(row.verdict) in (stats.BETTER, stats.WORSE, stats.SAME) and row.model == e.model
+        assert (row.verdict == x.verdict) if sign == 1 or x.verdict == stats.SAME else row.verdict != x.verdict
+    # the cells' ranks are the levels' ranks
+    assert {level[r.key]: r.rank for r in an.cells} == {lv.level: lv.rank for lv in e.levels}
+
+
+def test_a_factorial_grids_per_cell_rows_are_diagnostics_not_second_verdicts():
+    rng = np.random.default_rng(1)
+    cells = []
+    for n, dn in (("rms", 0.0), ("ln", 0.05)):
+        for b, db in (("pre", 0.0), ("post", 0.1)):
+            shared = {s: rng.normal(0, 0.02) for s in range(3)}
+            cells.append(_cell(f"{n}-{b}", {s: 2.0 + dn + db + v + rng.normal(0, 0.003) for s, v in shared.items()},
+                               norm=n, block=b))
+    effects = verdicts.axis_effects(cells, ["norm", "block"])
+    assert {e.design for e in effects} == {"factorial"}
+    assert effects[0].model.startswith("pooled over block, paired by seed")
+    an = stats.analyse(cells, stats.against_baseline([c.key for c in cells], "rms-pre"))
+    verdicts.reconcile(cells, an, effects)
+    for row in an.comparisons:
+        assert row.role == stats.DIAGNOSTIC_ROLE and row.verdict.startswith(stats.DIAGNOSTIC)
+        assert stats.verdict_word(row.verdict) == stats.DIAGNOSTIC  # the dashboard's word for it
+    assert all(r.rank is None and r.rank_text == "per axis" for r in an.cells)
+
+
+def test_the_mdd_is_at_the_verdicts_level_and_exact():
+    """GELU - ReLU showed Δ 0.027 beside MDD 0.023 (alpha 0.05 unadjusted) and read 'not distinguishable'."""
+    rng = np.random.default_rng(11)
+    base = {s: 2.0 + rng.normal(0, 0.05) for s in range(4)}
+    cells = [stats.CellInput("base", "base", base, 0)]
+    for k, d in (("big", -0.08), ("mid", 0.03), ("zero", 0.0)):
+        cells.append(stats.CellInput(k, k, {s: v + d + rng.normal(0, 0.01) for s, v in base.items()}, 0))
+    an = stats.analyse(cells, stats.against_baseline([c.key for c in cells], "base"))
+    for c in an.comparisons:
+        level = 0.05 * c.p_value / c.p_adjusted
+        assert c.level == pytest.approx(level) and 0.05 / 3 - 1e-12 <= c.level <= 0.05
+        # statsmodels: a paired t of n = 4 at the verdict's level has 80% power at the MDD
+        sd = c.se * math.sqrt(4)
+        assert TTestPower().power(c.mdd / sd, nobs=4, alpha=level) == pytest.approx(0.8, abs=1e-6)
+        # and so a difference above its MDD is never "not distinguishable" (the interval is at that level)
+        if abs(c.delta) > c.mdd:
+            assert c.verdict in (stats.BETTER, stats.WORSE)
+
+
+def test_rows_with_too_few_seeds_show_no_adjusted_p_interval_or_mdd():
+    """Rows with CI [+0.23, +0.66] and p (Holm) 0.024 read 'too few seeds to decide' (issue 40, item 3)."""
+    cells = [stats.CellInput("a", "a", {0: 2.0, 1: 2.1}, 0), stats.CellInput("b", "b", {0: 2.44, 1: 2.55}, 0)]
+    (c,) = stats.analyse(cells, [("b", "a")]).comparisons
+    assert c.verdict.startswith(stats.TOO_FEW) and c.p_value is not None  # the raw p is still there
+    assert (c.p_adjusted, c.ci_low, c.ci_high, c.mdd, c.level) == (None, None, None, None, None)
+    assert c.ci_raw_low is not None  # kept for whoever wants the raw interval
+
+
+def _rows_agree(an: stats.Analysis) -> None:
+    """Each row's verdict against its numbers, by the rule the legend states."""
+    legend = an.method
+    assert "excludes 0 exactly when the verdict is better or worse" in legend
+    assert f"fewer than {stats.MIN_SEEDS} seeds on a side: {stats.TOO_FEW}, with no adjusted p, no interval" in legend
+    for c in an.comparisons:
+        word = stats.verdict_word(c.verdict)
+        if word in (stats.BETTER, stats.WORSE, stats.SAME):
+            assert min(c.n_a, c.n_b) >= stats.MIN_SEEDS and c.p_adjusted is not None
+            assert (c.p_adjusted < an.alpha) == (word != stats.SAME), c
+            assert (c.ci_low > 0 or c.ci_high < 0) == (word != stats.SAME), c
+            if c.mdd is not None and abs(c.delta) > c.mdd:
+                assert word != stats.SAME, c
+        elif word == stats.TOO_FEW:
+            assert c.p_adjusted is None and c.ci_low is None and c.mdd is None, c
+
+
+def test_every_rendered_row_follows_the_legend(tmp_path):
+    """Render the terminal summary (stacked and Markdown) of a one-axis grid with 2- and 4-seed cells; parse
+    each comparison's line and check its verdict against its interval and p (Holm)."""
+    from rich.console import Console
+
+    from abl.present import summary
+
+    rng = np.random.default_rng(5)
+    shared = rng.normal(0, 0.05, 4)
+    cells = [_cell(k, {s: 2.0 + d + shared[s] + rng.normal(0, 0.01) for s in range(n)}, x=k)
+             for k, d, n in (("a", 0.0, 4), ("b", 0.05, 4), ("c", 0.4, 2), ("d", 0.01, 4), ("e", -0.2, 4))]
+    an = stats.analyse(cells, stats.against_baseline([c.key for c in cells], "a"))
+    effects = verdicts.axis_effects(cells, ["x"])
+    verdicts.reconcile(cells, an, effects)
+    _rows_agree(an)
+    for e in effects:
+        _rows_agree(stats.Analysis([], e.contrasts, e.alpha, stats.HOLM, False, True))
+    view = summary.View(title="g", metric="val_loss", cells=cells, numbers={c.key: i for i, c in enumerate(cells, 1)},
+                        tables=[("val_loss", an, "each cell minus the baseline a")], extra=[], figures={}, lr=None,
+                        effects=effects)
+    lines = [ln for _, ln in summary.stacked_lines(view, 200)]
+    text = "\n".join(lines)
+    # the legend once
+    assert text.count("Verdict: better or worse when") == 1
+    # every listed row: verdict against its interval and p (Holm)
+    listed = [ln for ln in lines if "verdict: " in ln and "Δ " in ln]
+    assert listed
+    for ln in listed:
+        ci = re.search(r"CI \(Holm-adj\.\) \[([-+0-9.]+), ([-+0-9.]+)\]", ln)
+        p = re.search(r"p \(Holm\) ([0-9.e-]+|<[0-9.e-]+)", ln)
+        word = ln.split("verdict: ")[1]
+        assert ci and p, ln
+        lo, hi = float(ci.group(1)), float(ci.group(2))
+        decided = word.startswith((stats.BETTER, stats.WORSE))
+        assert decided == (lo > 0 or hi < 0), ln
+        assert decided == (float(p.group(1).lstrip("<")) < 0.05), ln
+    # the 2-seed cell's comparison is not listed as if it could decide; no rank for it
+    assert "1 comparison not listed: too few seeds to decide (n=2" in text
+    assert next(r for r in an.cells if r.key == "c").rank_text == "untested (n=2)"
+    md = summary.as_md(view)
+    assert md.count("Verdict: better or worse when") == 1
+    console = Console(record=True, width=300)
+    summary.show(console, view)
+    assert console.export_text().count("Verdict: better or worse when") == 1
