@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -228,11 +229,11 @@ def run(run_dir: Path) -> int:
     except diverged as exc:
         status.update(status=DIVERGED, error=str(exc))
     except Exception as exc:  # noqa: BLE001 - any failure is recorded, never lost
-        tail = "\n".join(traceback.format_exc().strip().splitlines()[-12:])
+        tail = error_tail(exc)
         if _signalled is not None:  # the signal broke something on its way in: the cell was stopped
             status.update(status=KILLED, error=f"stopped by signal {_signalled} (then: {tail.splitlines()[-1]})")
         elif _is_oom(exc):
-            status.update(status=OOM, error=tail)
+            status.update(status=OOM, error=oom_error(exc))
         else:
             status.update(status=FAILED, error=tail)
             in_startup = sink is None or not sink.started
@@ -256,6 +257,38 @@ def _shape_cache(run_dir: Path) -> Path | None:
 
     ws = Workspace.of_run_dir(run_dir)
     return ws.shapes if ws is not None else None
+
+
+def short_path(path: str) -> str:
+    """``path`` without the folders of the machine that ran it: relative to the import root that holds
+    it (site-packages, the standard library, the working directory), else under ``~``, else its name.
+    A stored error travels with the store and its run folders (shared, copied, reported)."""
+    full = os.path.abspath(path)
+    roots = {os.path.abspath(r) for r in sys.path if r} | {os.getcwd(), os.path.dirname(os.__file__)}
+    for root in sorted((r for r in roots if len(r) > 1), key=len, reverse=True):
+        if full.startswith(root.rstrip(os.sep) + os.sep):
+            return os.path.relpath(full, root)
+    home = os.path.expanduser("~")
+    if len(home) > 1 and full.startswith(home + os.sep):
+        return "~" + full[len(home):]
+    return os.path.basename(full)
+
+
+def error_tail(exc: BaseException, lines: int = 12) -> str:
+    """The last ``lines`` lines of ``exc``'s traceback, each file named by ``short_path``."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
+    text = re.sub(r'File "([^"]+)"', lambda m: f'File "{short_path(m.group(1))}"', text)
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def oom_error(exc: BaseException) -> str:
+    """An allocation failure as stored: the error itself (what ran out, how much) and where it was raised,
+    not a traceback's tail."""
+    message = (str(exc).strip().splitlines() or [""])[0]
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (raised in {frames[-1].name}, {short_path(frames[-1].filename)}, line {frames[-1].lineno})" \
+        if frames else ""
+    return f"{type(exc).__name__}: {message}{where}"
 
 
 def _is_oom(exc: BaseException) -> bool:
