@@ -102,6 +102,29 @@ def cell_scales(domain: list[str], styles: list[palette.CellStyle] | None = None
     return alt.Scale(**colours), alt.Scale(**dashes)
 
 
+def factor_scales(channels: palette.Channels) -> tuple[alt.Scale, alt.Scale, alt.Scale]:
+    """(colour, strokeDash, shape) scales of a factorial grid's channels (abl.present.palette.grid_styles):
+    the colour axis's levels in their colours, the other axes' levels in their line styles and markers,
+    by level index as the report draws them."""
+    n_colour = len(channels.colour_levels)
+    looks = [palette.CellStyle(0, i, 0) for i in range(n_colour)]
+    forms = [palette.CellStyle(0, 0, i) for i in range(len(channels.form_levels))]
+    return (alt.Scale(domain=list(channels.colour_levels), range=[s.colour for s in looks]),
+            alt.Scale(domain=list(channels.form_levels), range=[s.vega_dash for s in forms]),
+            alt.Scale(domain=list(channels.form_levels), range=[s.vega_shape for s in forms]))
+
+
+def with_levels(df: pd.DataFrame, channels: palette.Channels, key_of: dict[str, str],
+                field: str = "cell") -> pd.DataFrame:
+    """``df`` with each row's level of the colour axis (``colour_level``) and of the marker axes
+    (``form_level``), from its ``field`` (a cell label) through ``key_of`` (label -> cell key)."""
+    out = df.copy()
+    keys = out[field].astype(str).map(key_of)
+    out["colour_level"] = keys.map(channels.colour_of)
+    out["form_level"] = keys.map(channels.form_of)
+    return out
+
+
 def cell_legend(columns: int = 1, **kw: Any) -> alt.Legend:
     """Below the plot, never over the data; labels never cut (labelLimit 0)."""
     return alt.Legend(orient="bottom", direction="vertical", columns=columns, labelLimit=0, symbolOpacity=1, **kw)
@@ -133,23 +156,39 @@ def curve_chart(mean: pd.DataFrame, seeds: pd.DataFrame | None, x_title: str, y_
                 log_x: bool = False, log_y: bool = False, band: bool = True,
                 x_format: str = ",.4~g", domain: list[str] | None = None,
                 facet: str | None = None, styles: list[palette.CellStyle] | None = None,
-                y_domain: tuple[float, float] | None = None) -> alt.TopLevelMixin:
+                y_domain: tuple[float, float] | None = None, channels: palette.Channels | None = None,
+                key_of: dict[str, str] | None = None) -> alt.TopLevelMixin:
     """Mean line per cell, with its 95% CI band (``band``) and/or a faint line per seed (``seeds``).
 
     ``mean``: cell, x, mean, lo, hi, n. ``seeds``: cell, seed, x, y. With more
     than MAX_COLOURS cells the chart is faceted by ``facet`` (a column of both
     frames: the first grid axis), so no two cells in one panel share a colour.
     """
-    pick = alt.selection_point(fields=["cell"], bind="legend")
     zoom = alt.selection_interval(bind="scales")
     x = alt.X("x:Q", title=x_title, scale=_scale(log_x), axis=x_axis(x_format))
     # a fixed domain keeps each cell's color the same in every chart of the page
     domain = domain or sorted(mean["cell"].unique())
     faceted = bool(facet) and len(domain) > MAX_COLOURS and facet in mean
-    colour_scale, dash_scale = cell_scales(domain, styles)
     legend = cell_legend(legend_columns(domain), symbolType="stroke", symbolStrokeWidth=3)
-    color = alt.Color("cell:N", title="cell", scale=colour_scale, legend=legend)
-    dash = alt.StrokeDash("cell:N", title="cell", scale=dash_scale, legend=legend)
+    factorial = channels is not None and channels.factorial and key_of is not None
+    if factorial:  # one channel per axis: colour for one, line style for the other(s); a line per cell
+        assert channels is not None and key_of is not None
+        mean = with_levels(mean, channels, key_of)
+        seeds = None if seeds is None else with_levels(seeds, channels, key_of)
+        c_scale, d_scale, _ = factor_scales(channels)
+        pick = alt.selection_point(fields=["colour_level"], bind="legend")
+        color = alt.Color("colour_level:N", title=channels.colour_axis, scale=c_scale,
+                          legend=cell_legend(1 if len(channels.colour_levels) < 5 else 2, symbolType="stroke",
+                                             symbolStrokeWidth=3))
+        dash = alt.StrokeDash("form_level:N", title=channels.form_title, scale=d_scale,
+                              legend=cell_legend(1 if len(channels.form_levels) < 5 else 2, symbolType="stroke",
+                                                 symbolStrokeWidth=2, symbolStrokeColor="#333"))
+    else:
+        pick = alt.selection_point(fields=["cell"], bind="legend")
+        colour_scale, dash_scale = cell_scales(domain, styles)
+        color = alt.Color("cell:N", title="cell", scale=colour_scale, legend=legend)
+        dash = alt.StrokeDash("cell:N", title="cell", scale=dash_scale, legend=legend)
+    per_cell: dict[str, Any] = {"detail": "cell:N"} if factorial else {}
     faded = alt.condition(pick, alt.value(1.0), alt.value(0.12))
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
                alt.Tooltip("mean:Q", title=f"{y_title} (mean)", format=".4f"),
@@ -169,19 +208,23 @@ def curve_chart(mean: pd.DataFrame, seeds: pd.DataFrame | None, x_title: str, y_
     if band:
         layers.append(base.transform_filter("datum.kind == 'mean'").mark_area(opacity=0.18).encode(
             x=x, y=alt.Y("lo:Q", title=y_title, scale=y_scale, axis=y_axis()), y2="hi:Q", color=color,
-            opacity=alt.condition(pick, alt.value(0.18), alt.value(0.03))))
+            opacity=alt.condition(pick, alt.value(0.18), alt.value(0.03)), **per_cell))
     if len(frames) > 1:
         layers.append(base.transform_filter("datum.kind == 'seed'").mark_line(strokeWidth=1, strokeDash=[3, 2])
                       .encode(x=x, y=alt.Y("y:Q", title=y_title, scale=y_scale, axis=y_axis()), color=color,
-                              detail="seed:N", opacity=alt.condition(pick, alt.value(0.45), alt.value(0.06)),
+                              detail=[alt.Detail("cell:N"), alt.Detail("seed:N")] if factorial else "seed:N", opacity=alt.condition(pick, alt.value(0.45), alt.value(0.06)),
                               tooltip=[alt.Tooltip("cell:N"), alt.Tooltip("seed:N"),
                                        alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
                                        alt.Tooltip("y:Q", title=y_title, format=".4f")]))
     layers.append(base.transform_filter("datum.kind == 'mean'")
-                  .mark_line(strokeWidth=2, point=alt.OverlayMarkDef(size=12, opacity=0.0)).encode(
+                  .mark_line(strokeWidth=2, **({} if factorial else {"point": alt.OverlayMarkDef(size=12, opacity=0.0)}))
+                  .encode(
         x=x, y=alt.Y("mean:Q", title=y_title, scale=y_scale, axis=y_axis()), color=color, strokeDash=dash,
-        opacity=faded, tooltip=tooltip))
+        opacity=faded, tooltip=tooltip, **per_cell))
     n_legend = -(-len(domain) // legend_columns(domain))
+    if factorial:
+        assert channels is not None
+        n_legend = 2 + -(-len(channels.colour_levels) // 2) + -(-len(channels.form_levels) // 2)
     chart = alt.layer(*layers).add_params(pick, zoom)
     if faceted:
         assert facet is not None
@@ -207,57 +250,192 @@ def line_chart(df: pd.DataFrame, x: str, y: str, x_title: str, y_title: str,
 # ---------------------------------------------------------------- compare
 
 
-def compare_chart(df: pd.DataFrame, y: str, y_title: str, x_title: str, color: str | None,
-                  facet: str | None, sort: list[str], baseline: float | None) -> alt.TopLevelMixin:
-    """Mean and 95% CI per cell; ``df`` has mean, ci_lo, ci_hi, n, marker, cell, and the fields named."""
-    enc_y = alt.Y(f"{y}:N", title=y_title, sort=sort, axis=alt.Axis(labelLimit=0))
+ROW_PX = 30  # one row of an interval chart: room for its label, never shared with another row
+# how far past the drawn points an interval may reach before the axis stops and marks it: a multiple of the
+# points' own spread (a 2-seed t(1) interval is 12.7 standard errors wide and would flatten every effect)
+REACH = 0.75
+
+
+def interval_domain(points: Any, lows: Any, highs: Any, refs: Any = ()) -> tuple[float, float]:
+    """The x axis of an interval chart, set by what is drawn: every point (mean, difference) and reference
+    line, and each interval as far as ``REACH`` times the points' spread beyond them; an interval that runs
+    further is cut at the axis and marked (``clip_intervals``)."""
+    core = [float(x) for x in [*points, *refs] if x is not None and pd.notna(x)]
+    if not core:
+        return 0.0, 1.0
+    lo_core, hi_core = min(core), max(core)
+    span = hi_core - lo_core
+    ends = [float(x) for x in [*lows, *highs] if x is not None and pd.notna(x)]
+    if span <= 0:  # one point: nothing for its interval to flatten, so it is drawn whole
+        lo, hi = min([lo_core, *ends]), max([hi_core, *ends])
+        pad = 0.04 * (hi - lo) if hi > lo else max(abs(hi_core) * 0.02, 1e-3)
+        return lo - pad, hi + pad
+    lo = max(min([lo_core, *ends]), lo_core - REACH * span)
+    hi = min(max([hi_core, *ends]), hi_core + REACH * span)
+    pad = 0.04 * (hi - lo) if hi > lo else span
+    return lo - pad, hi + pad
+
+
+def clip_intervals(df: pd.DataFrame, lo: str, hi: str, domain: tuple[float, float]) -> pd.DataFrame:
+    """``df`` with the intervals cut at the axis (``lo_drawn``, ``hi_drawn``) and where they were cut
+    (``off_lo``, ``off_hi``: the interval runs off the axis there, drawn as a triangle at the edge)."""
+    out = df.copy()
+    a, b = domain
+    lows = pd.to_numeric(out[lo], errors="coerce")
+    highs = pd.to_numeric(out[hi], errors="coerce")
+    out["off_lo"] = (lows < a).fillna(False).astype(bool)
+    out["off_hi"] = (highs > b).fillna(False).astype(bool)
+    out["lo_drawn"] = lows.clip(lower=a, upper=b)
+    out["hi_drawn"] = highs.clip(lower=a, upper=b)
+    out["edge_lo"], out["edge_hi"] = a, b
+    return out
+
+
+def interval_chart(df: pd.DataFrame, *, row: str, x: str, lo: str, hi: str, x_title: str,
+                   colour: Any = None, shape: Any = None, text: str | None = None,
+                   ref: float | None = None, ref_dash: bool = True,
+                   tooltip: list | None = None) -> alt.TopLevelMixin:
+    """One labelled row per line of ``df`` (``row``: its label, unique, every one drawn: a fixed height per
+    row, labels never thinned), a point at ``x`` with its interval [``lo``, ``hi``]; the x axis set by what
+    is drawn (``interval_domain``) and an interval that runs off it cut at the edge with a triangle there
+    pointing the way it goes. ``text``: a column written right of each point (letters, the verdict)."""
+    domain = interval_domain(df[x], df[lo], df[hi], [ref] if ref is not None else [])
+    data = clip_intervals(df, lo, hi, domain)
+    order = list(dict.fromkeys(data[row].astype(str)))
+    if len(order) != len(data):
+        raise ValueError(f"interval chart rows must be unique: {list(data[row])}")
+    scale = alt.Scale(domain=list(domain), zero=False, nice=False)
+    enc_y = alt.Y(f"{row}:N", title=None, sort=order,
+                  axis=alt.Axis(labelLimit=0, labelOverlap=False, labelPadding=6, ticks=False, domain=False))
+    enc_x = alt.X(f"{x}:Q", title=x_title, scale=scale, axis=x_axis())
+    tooltip = tooltip or [alt.Tooltip(f"{row}:N"), alt.Tooltip(f"{x}:Q", format=".4f"),
+                          alt.Tooltip(f"{lo}:Q", title="interval low", format=".4f"),
+                          alt.Tooltip(f"{hi}:Q", title="interval high", format=".4f")]
+    colour = colour if colour is not None else alt.value("#0072B2")
+    base = alt.Chart(data)
+    layers: list[Any] = []
+    if ref is not None and pd.notna(ref):
+        layers.append(alt.Chart(pd.DataFrame({"ref": [float(ref)]})).mark_rule(
+            color="#777", strokeDash=[5, 4] if ref_dash else [1, 0]).encode(x=alt.X("ref:Q", scale=scale)))
+    layers.append(base.transform_filter(f"isValid(datum.lo_drawn) && isValid(datum.hi_drawn)")
+                  .mark_rule(strokeWidth=2.5).encode(
+        x=alt.X("lo_drawn:Q", title=x_title, scale=scale, axis=x_axis()), x2="hi_drawn:Q", y=enc_y, color=colour,
+        tooltip=tooltip))
+    for side, mark_shape in (("lo", "triangle-left"), ("hi", "triangle-right")):
+        layers.append(base.transform_filter(f"datum.off_{side}").mark_point(
+            shape=mark_shape, filled=True, size=110, opacity=1).encode(
+            x=alt.X(f"edge_{side}:Q", scale=scale), y=enc_y, color=colour, tooltip=tooltip))
+    point = base.mark_point(filled=True, size=90, opacity=1, stroke="#111", strokeWidth=0.6)
+    layers.append(point.encode(x=enc_x, y=enc_y, color=colour, tooltip=tooltip,
+                               **({"shape": shape} if shape is not None else {})))
+    if text:
+        layers.append(base.mark_text(align="left", dx=9, dy=-9, fontSize=11, color="#333").encode(
+            x=alt.X(f"{x}:Q", scale=scale), y=enc_y, text=alt.Text(f"{text}:N")))
+    return alt.layer(*layers).properties(height=alt.Step(ROW_PX))
+
+
+def off_axis_note(df: pd.DataFrame, x: str, lo: str, hi: str, ref: float | None = None) -> str:
+    """The caption's words for the intervals an interval chart cut at its edge (none: "")."""
+    domain = interval_domain(df[x], df[lo], df[hi], [ref] if ref is not None else [])
+    d = clip_intervals(df, lo, hi, domain)
+    n = int((d["off_lo"] | d["off_hi"]).sum())
+    return (f" {n} interval(s) run off the axis (a triangle at the edge; the tooltip and the table give them "
+            "whole): the axis is set by the points, not by intervals a few seeds make wide.") if n else ""
+
+
+def _untested(rank: Any, n: int, unranked: str) -> str:
+    """Why a cell or level has no rank ("" when it has one): too few seeds for any test, or the analysis's
+    own reason."""
+    if unranked:
+        return unranked
+    if n < stats.MIN_SEEDS:
+        return f"untested (n={n}; {stats.MIN_SEEDS} give a verdict)"
+    return "" if rank else "untested"
+
+
+def rank_text(rank: Any, tied: bool, group: str, n: int, unranked: str = "") -> str:
+    """A rank as the tables print it ("1= (ab)") for a cell or level that was tested; else why not, never a
+    rank a test did not give (at 2 seeds every cell would read "1=", tied for best)."""
+    why = _untested(rank, n, unranked)
+    if why or rank is None or (isinstance(rank, float) and not rank == rank):
+        return why or "-"
+    return f"{int(rank)}{'=' if tied else ''}" + (f" ({group})" if group else "")
+
+
+def effect_rows(effect: Any) -> pd.DataFrame:
+    """The forest plot of one axis's main effect (abl.analysis.stats.AxisEffect), one row per level, best
+    first: its least-squares mean, and the Holm-adjusted interval of its difference to the best level drawn
+    around it (best mean + the interval of level − best), so a level whose interval does not reach the
+    best level's line is distinguishably worse, exactly as its verdict says; the best level's row is that
+    line. ``label``: the level with its rank and letters, or why it has none."""
+    best = effect.levels[0]
+    rows = []
+    for lv in effect.levels:
+        c = next((c for c in effect.contrasts if {str(c.a), str(c.b)} == {str(lv.level), str(best.level)}), None)
+        lo = hi = None
+        word = "best level" if lv is best else stats.verdict_word(None if c is None else c.verdict)
+        if c is not None and lv is not best and c.ci_low is not None and c.ci_high is not None:
+            sign = 1.0 if str(c.a) == str(lv.level) else -1.0  # the interval of level − best
+            a, b = sign * float(c.ci_low), sign * float(c.ci_high)
+            lo, hi = best.mean + min(a, b), best.mean + max(a, b)
+        rank = rank_text(lv.rank, lv.tied, lv.group, lv.n, getattr(lv, "unranked", ""))
+        p = None if c is None or lv is best else c.p_adjusted
+        rows.append({"level": str(lv.level), "label": f"{lv.level}  ·  {rank}", "mean": float(lv.mean),
+                     "lo": lo, "hi": hi, "n": int(lv.n), "rank": rank,
+                     "verdict": word if lv is best else f"vs {best.level}: {word}",
+                     "p_holm": p, "delta_to_best": None if lv is best else float(lv.mean) - float(best.mean)})
+    return pd.DataFrame(rows)
+
+
+def compare_chart(df: pd.DataFrame, y: str, y_title: str | None, x_title: str, color: str | None,
+                  facet: str | None, sort: list[str], baseline: float | None,
+                  colour_scale: alt.Scale | None = None, shape: Any = None) -> alt.TopLevelMixin:
+    """Mean and 95% CI per cell; ``df`` has mean, ci_lo, ci_hi, n, marker, cell, and the fields named.
+    One labelled row per cell (``interval_chart``); with ``facet``, one panel per value of that column."""
     if color == "significance":
         col = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(2))
     elif color:
         n = df[color].nunique()
-        col = alt.Color(f"{color}:N", scale=cell_scales(sorted(df[color].astype(str).unique()))[0],
+        col = alt.Color(f"{color}:N", scale=colour_scale or cell_scales(sorted(df[color].astype(str).unique()))[0],
                         legend=cell_legend(1 if n < 5 else 2))
     else:
-        col = alt.value("#1f77b4")  # type: ignore[assignment]  # a constant colour instead of a field
+        col = alt.value("#0072B2")  # type: ignore[assignment]  # a constant colour instead of a field
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("n:Q", title="seeds"),
                alt.Tooltip("mean:Q", format=".4f"), alt.Tooltip("ci_lo:Q", title="95% CI low", format=".4f"),
                alt.Tooltip("ci_hi:Q", title="95% CI high", format=".4f")]
     if "delta" in df:
         tooltip += [alt.Tooltip("delta:Q", title="Δ vs baseline", format="+.4f"),
                     alt.Tooltip("p:Q", title="p", format=".3g"), alt.Tooltip("marker:N", title="verdict")]
-    xscale = alt.Scale(zero=False)
-    base = alt.Chart(df)
-    bars = base.mark_rule(strokeWidth=2).encode(x=alt.X("ci_lo:Q", title=x_title, scale=xscale, axis=x_axis()),
-                                                x2="ci_hi:Q", y=enc_y, color=col, tooltip=tooltip)
-    dots = base.mark_point(filled=True, size=80).encode(
-        x=alt.X("mean:Q", title=x_title, scale=xscale), y=enc_y, color=col, tooltip=tooltip)
-    text = base.mark_text(align="left", dx=8, dy=-8, fontSize=11).encode(
-        x="mean:Q", y=enc_y, text=alt.Text("marker:N"))
-    layers = [bars, dots, text]
-    if baseline is not None and pd.notna(baseline):
-        layers.insert(0, base.mark_rule(strokeDash=[5, 4], color="#888").encode(x="baseline:Q"))
-    n_rows = max(1, len(sort)) if not facet else max(1, df[y].nunique())
-    chart = alt.layer(*layers).properties(height=max(120, min(900, 26 * n_rows)))
-    if facet:
-        chart = chart.facet(column=alt.Column(f"{facet}:N", title=facet))
-        chart = chart.resolve_scale(x="shared", y="independent" if y == "cell" else "shared")
-    return chart.interactive(bind_y=False) if not facet else chart
+    ref = baseline if baseline is not None and pd.notna(baseline) else None
+    if not facet:
+        rows = df.copy()
+        rows["_row"] = rows[y].astype(str) if y == "cell" else rows["cell"].astype(str)
+        rows = rows.set_index("_row", drop=False).loc[[r for r in dict.fromkeys(
+            sort if y == "cell" else rows["_row"])]].reset_index(drop=True)
+        return interval_chart(rows, row="_row", x="mean", lo="ci_lo", hi="ci_hi", x_title=x_title, colour=col,
+                              shape=shape, text="marker" if "marker" in rows else None, ref=ref, tooltip=tooltip)
+    panels = []
+    for value in dict.fromkeys(df[facet].astype(str)):
+        part = df[df[facet].astype(str) == value].copy()
+        part["_row"] = part[y].astype(str) if y == "cell" else part["cell"].astype(str)
+        panels.append(interval_chart(part.drop_duplicates("_row"), row="_row", x="mean", lo="ci_lo", hi="ci_hi",
+                                     x_title=x_title, colour=col, shape=shape,
+                                     text="marker" if "marker" in part else None, ref=ref, tooltip=tooltip)
+                      .properties(title=f"{facet} = {value}"))
+    return alt.vconcat(*panels).resolve_scale(x="independent")
 
 
 def delta_chart(df: pd.DataFrame, sort: list[str], x_title: str) -> alt.TopLevelMixin:
-    """Difference to the baseline with its interval (adjusted like the verdicts), colored by the verdict."""
-    enc_y = alt.Y("cell:N", title=None, sort=sort, axis=alt.Axis(labelLimit=0))
+    """Difference of each pair with its interval (adjusted like the verdicts), colored by the verdict: one
+    labelled row per pair, the axis set by the differences (an interval past it cut and marked)."""
     color = alt.Color("significance:N", scale=SIGNIFICANCE, legend=cell_legend(2))
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("delta:Q", title="Δ", format="+.4f"),
                alt.Tooltip("delta_lo:Q", title="CI low", format="+.4f"),
                alt.Tooltip("delta_hi:Q", title="CI high", format="+.4f"),
                alt.Tooltip("p:Q", title="p", format=".3g"), alt.Tooltip("marker:N", title="verdict")]
-    base = alt.Chart(df)
-    zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#888").encode(x="x:Q")
-    bars = base.mark_rule(strokeWidth=2).encode(
-        x=alt.X("delta_lo:Q", title=x_title, axis=x_axis()), x2="delta_hi:Q", y=enc_y, color=color, tooltip=tooltip)
-    dots = base.mark_point(filled=True, size=70).encode(x="delta:Q", y=enc_y, color=color, tooltip=tooltip)
-    return alt.layer(zero, bars, dots).properties(height=max(120, min(900, 26 * len(sort))))
+    rows = df.set_index("cell", drop=False).loc[list(dict.fromkeys(sort))].reset_index(drop=True)
+    return interval_chart(rows, row="cell", x="delta", lo="delta_lo", hi="delta_hi", x_title=x_title,
+                          colour=color, ref=0.0, ref_dash=False, tooltip=tooltip)
 
 
 # ---------------------------------------------------------------- trade-offs
@@ -265,8 +443,12 @@ def delta_chart(df: pd.DataFrame, sort: list[str], x_title: str) -> alt.TopLevel
 
 def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: str | None,
                  log_x: bool, x_better: str, domain: list[str] | None = None,
-                 styles: list[palette.CellStyle] | None = None) -> alt.TopLevelMixin:
+                 styles: list[palette.CellStyle] | None = None, channels: palette.Channels | None = None,
+                 key_of: dict[str, str] | None = None) -> alt.TopLevelMixin:
     """Quality (y, lower is better) against a cost; ``df`` has x, y, y_lo, y_hi, cell, front.
+
+    ``channels`` (a factorial grid's, abl.present.palette.grid_styles) with ``key_of`` (label -> cell key),
+    when the points are coloured by cell: colour for one axis, marker for the other(s), a legend each.
 
     Optional columns: ``x_lo``/``x_hi`` (the cost's min and max over a cell's
     seeds, drawn as a horizontal bar: a speed measured once per seed is a
@@ -276,9 +458,18 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
     """
     field = color or "cell"
     domain = domain or sorted(df[field].astype(str).unique())
-    pick = alt.selection_point(fields=[field], bind="legend")
-    col = alt.Color(f"{field}:N", scale=cell_scales(domain, styles)[0],
-                    legend=cell_legend(legend_columns(domain) if field == "cell" else 4))
+    factorial = field == "cell" and channels is not None and channels.factorial and key_of is not None
+    if factorial:
+        assert channels is not None and key_of is not None
+        df = with_levels(df, channels, key_of)
+        c_scale, _, s_scale = factor_scales(channels)
+        pick = alt.selection_point(fields=["colour_level"], bind="legend")
+        col = alt.Color("colour_level:N", title=channels.colour_axis, scale=c_scale,
+                        legend=cell_legend(1 if len(channels.colour_levels) < 5 else 2))
+    else:
+        pick = alt.selection_point(fields=[field], bind="legend")
+        col = alt.Color(f"{field}:N", scale=cell_scales(domain, styles)[0],
+                        legend=cell_legend(legend_columns(domain) if field == "cell" else 4))
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
                alt.Tooltip("y:Q", title=y_title, format=".4f"), alt.Tooltip("n:Q", title="runs"),
                alt.Tooltip("front:N", title="on the Pareto front")]
@@ -302,7 +493,11 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
     # past the nine colours a cell is told apart by its marker (abl.present.palette), so the Pareto front is
     # marked by a heavy outline and a larger point, not by a shape of its own
     shape: Any = alt.Undefined
-    if field == "cell":
+    if factorial:
+        assert channels is not None
+        shape = alt.Shape("form_level:N", title=channels.form_title, scale=s_scale,
+                          legend=cell_legend(1 if len(channels.form_levels) < 5 else 2))
+    elif field == "cell":
         looks = list(styles) if styles is not None else palette.distinct(len(domain))
         shape = alt.Shape("cell:N", scale=alt.Scale(domain=list(domain), range=[s.vega_shape for s in looks]),
                           legend=cell_legend(legend_columns(domain)))
@@ -321,6 +516,9 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
     step: Literal["step-after", "step-before"] = "step-after" if x_better == "lower" else "step-before"
     line = alt.Chart(front).mark_line(interpolate=step, color="#444", strokeDash=[6, 3]).encode(x=xs, y=ys)
     n_legend = -(-len(domain) // (legend_columns(domain) if field == "cell" else 4))
+    if factorial:
+        assert channels is not None
+        n_legend = 2 + -(-len(channels.colour_levels) // 2) + -(-len(channels.form_levels) // 2)
     return (alt.layer(line, err, *layers, pts).add_params(pick, alt.selection_interval(bind="scales"))
             .properties(height=_with_legend(n_legend + 2, extra=PARETO_EXTRA)))
 

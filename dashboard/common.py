@@ -338,14 +338,18 @@ def metric_title(name: str) -> str:
 # ---------------------------------------------------------------- one cell, one colour
 
 
+def cell_channels(sel: q.Selection) -> palette.Channels:
+    """How the selected experiments' cells are drawn (abl.present.palette.grid_styles, as ``abl report``
+    draws them): a factorial grid's axes each on one channel (colour, marker and line style), else one look
+    per cell by grid position; from what the runs recorded, over the whole experiments whatever the other
+    filters hide, so a cell keeps its look on every page and in the report."""
+    return load(q.grid_channels, q.Selection(experiments=sel.experiments))
+
+
 def cell_styles(sel: q.Selection) -> dict[str, palette.CellStyle]:
-    """Each cell's style (abl.present.palette) by its position in its grid: the cells of the selected
-    experiments in the order their grid files list them (``queries.grid_cell_order``; first-run order where
-    a grid file cannot be read), whatever the other filters hide, so a cell keeps its colour on every page
-    and in the report."""
-    whole = q.Selection(experiments=sel.experiments)
-    keys = load(q.grid_cell_order, whole)
-    out = palette.styles(keys)
-    for k in cell_table(sel)["cell_key"]:  # a cell outside the experiments' listing (none expected): after them
+    """Each cell's look (``cell_channels``); a cell outside the experiments' listing (none expected) after
+    them, one look each."""
+    out = dict(cell_channels(sel).styles)
+    for k in cell_table(sel)["cell_key"]:
         out.setdefault(k, palette.style(len(out)))
     return out

@@ -101,3 +101,19 @@ def verdicts(store: Store, sel: Selection, metric: str = "val_loss", *, baseline
     """
     return analyse_runs(verdict_runs(store, sel, metric), metric=metric, baseline=baseline, pairs=pairs, by=by,
                         bootstrap=bootstrap, correction=correction)
+
+
+def grid_channels(store: Store, sel: Selection):
+    """How the selected runs' cells are drawn (abl.present.palette.grid_styles, as ``abl report`` draws them):
+    one visual channel per axis of a factorial grid, from what the runs recorded (grid_varied, grid_paths,
+    grid_index), else one look per cell by grid position."""
+    from abl.present.palette import grid_styles
+
+    ids = selected_run_ids(store, sel)
+    if not ids:
+        return grid_styles([])
+    try:
+        runs = reader.read_runs(store.db, run_ids=ids, metrics=())
+    except StoreError as exc:  # the writer held the lock past the reader's retries, or no readable store
+        raise (StoreBusy if "lock" in str(exc).lower() else StoreUnavailable)(str(exc)) from None
+    return grid_styles(runs)

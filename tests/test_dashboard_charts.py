@@ -96,7 +96,8 @@ def test_curves_with_two_seeds_draw_seed_lines_not_bands(norms2, monkeypatch):
     spec = specs(at)[0]
     assert "area" not in marks(spec) and marks(spec).count("line") == 2  # seeds (faint), mean
     seed_layer = layers(spec)[0]
-    assert seed_layer["encoding"]["detail"]["field"] == "seed"
+    detail = seed_layer["encoding"]["detail"]  # a line per seed (of each cell, on a factorial grid)
+    assert "seed" in [d["field"] for d in (detail if isinstance(detail, list) else [detail])]
     assert seed_layer["encoding"]["opacity"]["value"] < 1  # faint (the unselected value is fainter still)
     assert any("bands are off" in c.value for c in at.caption)
     # the toggle brings the band back
@@ -113,24 +114,35 @@ def test_curves_with_three_seeds_draw_bands(norms3, monkeypatch):
 
 
 def test_curves_colours_legend_and_labels(norms2, monkeypatch):
+    """Issue 40 item 2: a factorial grid's curves take one channel per axis, colour for the norm and line
+    style for the block layout (abl.present.palette.grid_styles), a legend of 4 + 4 entries, not 13."""
     at = app(norms2, monkeypatch, "curves")
     for spec in specs(at):
-        color = layers(spec)[-1]["encoding"]["color"]
-        domain = color["scale"]["domain"]
-        assert len(domain) == len(set(domain)) == 13  # the default: every cell, up to MAX_COLOURS
-        # colour-blind-safe colours (abl.present.palette), a line style past them: 13 distinct looks
-        colours, dashes = color["scale"]["range"], layers(spec)[-1]["encoding"]["strokeDash"]["scale"]["range"]
-        assert set(colours) <= set(palette.COLOURS)
-        assert len({(c, tuple(d)) for c, d in zip(colours, dashes)}) == 13
+        enc = layers(spec)[-1]["encoding"]
+        color, dash = enc["color"], enc["strokeDash"]
+        assert color["field"] == "colour_level" and color["title"] == "model.norm"
+        assert dash["field"] == "form_level" and dash["title"] == "model.block"
+        assert color["scale"]["domain"] == norms_store.NORMS and dash["scale"]["domain"] == norms_store.BLOCKS
+        colours, dashes = color["scale"]["range"], dash["scale"]["range"]
+        assert len(set(colours)) == 4 and set(colours) <= set(palette.COLOURS)  # colour-blind safe
+        assert len({tuple(d) for d in dashes}) == 4
+        assert enc["detail"]["field"] == "cell"  # still one line per cell
+        data = next(d for d in spec["_data"].values() if "kind" in d)
+        mean = data[data["kind"] == "mean"].drop_duplicates("cell")
+        assert len(mean) == 13 and len({(a, b) for a, b in zip(mean["colour_level"], mean["form_level"])}) == 13
+        assert set(mean["cell"]) <= expected_labels()
         legend = color["legend"]
         assert legend["orient"] == "bottom" and legend["labelLimit"] == 0  # outside the plot, never cut
-        assert set(domain) <= expected_labels()
         x_axis = layers(spec)[-1]["encoding"]["x"]["axis"]
         assert x_axis["labelOverlap"] is True and x_axis["labelAngle"] == 0
 
 
 def _by_metric(at: AppTest) -> dict[str, dict]:
-    return {layers(sp)[-1]["encoding"]["y"]["title"]: sp for sp in specs(at)}
+    """The Curves page's charts by metric (their y titles are the catalogue's titles, "val loss [nats/token]")."""
+    from abl.analysis.metrics import metric
+
+    names = {metric(m).title: m for m in ("train_loss", "val_loss")}
+    return {names.get(t, t): sp for sp in specs(at) for t in [layers(sp)[-1]["encoding"]["y"]["title"]]}
 
 
 def test_val_loss_is_drawn_raw_and_the_axis_holds_every_final_value(norms2, monkeypatch):
@@ -185,12 +197,21 @@ def test_the_y_axis_spans_what_is_drawn_not_the_hidden_bands(norms2, monkeypatch
     assert lo <= float(band["lo"].min()) and hi >= float(band["hi"].max())
 
 
-def _colour_of(spec: dict) -> dict[str, str]:
+def _colour_of(spec: dict) -> dict[str, tuple]:
+    """Each cell's (colour, line style or marker) as a chart draws it: through the levels of a factorial
+    grid's channels."""
     for layer in layers(spec):
-        color = layer.get("encoding", {}).get("color", {})
-        if color.get("field") == "cell" and "range" in color.get("scale", {}):
-            return dict(zip(color["scale"]["domain"], color["scale"]["range"]))
-    raise AssertionError("no cell colour")
+        enc = layer.get("encoding", {})
+        color = enc.get("color", {})
+        form = enc.get("strokeDash") or enc.get("shape")
+        if color.get("field") == "colour_level" and "range" in color.get("scale", {}) and form:
+            colours = dict(zip(color["scale"]["domain"], color["scale"]["range"]))
+            forms = dict(zip(form["scale"]["domain"], form["scale"]["range"]))
+            data = max((d for d in spec["_data"].values() if "colour_level" in d), key=len)
+            return {c: (colours[a], forms.get(b) if isinstance(forms.get(b), str) else
+                        palette.VEGA_SHAPES[[tuple(x) for x in forms.values()].index(tuple(forms[b]))])
+                    for c, a, b in zip(data["cell"], data["colour_level"], data["form_level"])}
+    raise AssertionError("no colour per level")
 
 
 def test_one_cell_one_colour_on_every_page(norms2, monkeypatch):
@@ -199,12 +220,13 @@ def test_one_cell_one_colour_on_every_page(norms2, monkeypatch):
     curves = _colour_of(specs(app(norms2, monkeypatch, "curves"))[0])
     trade = _colour_of(specs(app(norms2, monkeypatch, "tradeoffs"))[0])
     assert set(curves) == set(trade) and len(curves) == 13
-    assert curves == trade
-    first = [f"norm={n}, block={b}" for n, b in norms_store.cells()]  # the grid's order, as the store ran it
-    looks = palette.styles(first)
-    labels = expected_labels()
-    assert {lbl: looks[lbl].colour for lbl in first if lbl in labels} == \
-        {lbl: c for lbl, c in curves.items() if lbl in first}
+    # the same colour and the same form index (line style on Curves, marker on Trade-offs) for every cell
+    assert {c: v[0] for c, v in curves.items()} == {c: v[0] for c, v in trade.items()}
+    assert {c: v[1] for c, v in curves.items()} == {c: v[1] for c, v in trade.items()}
+    assert len(set(curves.values())) == 13
+    for lbl, (colour, _) in curves.items():  # the norm's colour, by its place in the grid file
+        norm, _block = _cell_of(lbl)
+        assert colour == palette.COLOURS[norms_store.NORMS.index(norm)]
 
 
 def test_more_cells_than_colours_are_faceted_by_the_first_axis():
@@ -266,8 +288,11 @@ def test_tradeoffs_tell_every_cell_apart_past_the_nine_colours(norms2, monkeypat
         enc = pts["encoding"]
         colours = dict(zip(enc["color"]["scale"]["domain"], enc["color"]["scale"]["range"]))
         shapes = dict(zip(enc["shape"]["scale"]["domain"], enc["shape"]["scale"]["range"]))
-        assert enc["shape"]["field"] == "cell" and set(colours) == set(shapes) and len(colours) == 13
-        assert len({(colours[c], shapes[c]) for c in colours}) == 13  # no two cells look alike
+        # a factorial grid: colour for the norm, marker for the block layout (issue 40 item 2)
+        assert enc["color"]["field"] == "colour_level" and enc["shape"]["field"] == "form_level"
+        assert len(colours) == len(shapes) == 4
+        data = max((d for d in spec["_data"].values() if "colour_level" in d), key=len)  # the points, not the front
+        assert len({(colours[a], shapes[b]) for a, b in zip(data["colour_level"], data["form_level"])}) == 13
         assert "datum.front" in json.dumps(enc["strokeWidth"])  # the front: a heavier outline
 
 

@@ -109,13 +109,21 @@ def test_the_curves_page_colours_cells_by_grid_position(store, monkeypatch):
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     labels = {k: lbl for k, lbl in st.query("SELECT DISTINCT cell_key, label FROM runs").itertuples(index=False)}
-    want = {labels[k]: palette.style(i).colour for i, k in enumerate(grid_order)}
+    from abl.store.reader import read_runs
+
+    channels = palette.grid_styles(read_runs(st.db))  # from what the runs recorded, as the report draws them
+    assert list(channels.styles) == grid_order
+    if channels.factorial:  # one colour per level of the colour axis, in the order the grid file lists them
+        want = dict(zip(channels.colour_levels, palette.COLOURS))
+    else:
+        want = {labels[k]: palette.style(i).colour for i, k in enumerate(grid_order)}
     scales = [enc["scale"] for spec in at.get("vega_lite_chart")
               for enc in _encodings(json.loads(spec.proto.spec), "color") if "domain" in enc.get("scale", {})]
     assert scales, "the Curves page drew no chart with a colour per cell"
     for scale in scales:
         got = dict(zip(scale["domain"], scale["range"]))
-        assert got and all(want[_grid_label(lbl, want)] == colour for lbl, colour in got.items()), (got, want)
+        assert got and all(want[lbl if channels.factorial else _grid_label(lbl, want)] == colour
+                           for lbl, colour in got.items()), (got, want)
 
 
 def _encodings(spec: dict, channel: str) -> list[dict]:

@@ -16,7 +16,7 @@ import streamlit as st
 
 from abl.analysis import formats, stats
 from abl.analysis.metrics import shown_by_default
-from abl.analysis.verdicts import axis_effects, effect_section, health_text
+from abl.analysis.verdicts import EFFECTS_METHOD, axis_effects, effect_lines, health_text
 from abl.dashboard import charts, common
 from abl.dashboard import queries as q
 
@@ -133,8 +133,12 @@ summ["verdict"] = [by_a[k].verdict if k in by_a else ("baseline" if k == baselin
 summ["significance"] = ["baseline" if k == baseline else _significance(by_a.get(k)) for k in summ["cell_key"]]
 summ["marker"] = [summ_sig if k in by_a or k == baseline else "" for k, summ_sig in
                   zip(summ["cell_key"], summ["significance"])]
-# the rank is a tie rank (1 + the cells distinguishably better); letters: cells sharing one are not apart
+# the rank is a tie rank (1 + the cells distinguishably better); letters: cells sharing one are not apart. A
+# cell no test could rank (too few seeds) says so instead (charts.rank_text)
 summ["group"] = [by_row[k].group for k in summ["cell_key"]]
+summ["rank_text"] = [charts.rank_text(by_row[k].rank, by_row[k].tied, by_row[k].group, by_row[k].n,
+                                      getattr(by_row[k], "unranked", "") or by_row[k].status)
+                     for k in summ["cell_key"]]
 for col in ("rank", "delta", "p", "p_holm"):
     summ[col] = pd.to_numeric(summ[col], errors="coerce")
 base_mean = float(summ.loc[summ["cell_key"] == baseline, "mean"].iloc[0]) if baseline in set(summ["cell_key"]) \
@@ -144,6 +148,7 @@ summ["baseline"] = base_mean
 sort = list(summ["cell"])
 x_title = common.metric_title(metric)
 unit = "" if info.is_loss or not info.unit else f" [{info.unit}]"
+channels = common.cell_channels(sel)
 
 
 def value_fmt(x, signed: bool = False) -> str:
@@ -154,6 +159,96 @@ def value_fmt(x, signed: bool = False) -> str:
         return ("+" if signed and x > 0 else "") + formats.fmt_bytes(x)
     return formats.fmt(float(x), 4, signed=signed) if info.is_loss or abs(float(x)) < 1e3 else \
         (f"{float(x):+,.0f}" if signed else f"{float(x):,.0f}")
+
+
+# ---------------------------------------------------------------- the answer: each axis's main effect
+
+effects = []
+if mode != "pairs":  # the per-axis answer, as the CLI summary and abl compare lead with it
+    try:
+        effects = axis_effects(cell_inputs, (), metric, only=kwargs.get("by"))
+    except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not hide the cell tables
+        st.warning(f"per-axis analysis unavailable: {type(exc).__name__}: {exc}")
+if effects:
+    st.subheader(f"The answer: {info.label} per axis, {'lower' if lower_better else 'higher'} is better")
+for i, e in enumerate(effects):
+    headline = effect_lines([e], metric)
+    st.markdown(f"**{e.axis}** — verdict: {e.verdict()}")
+    if len(e.levels) < 2:
+        st.caption(e.note or "one level among the cells that learned")
+        continue
+    levels = charts.effect_rows(e)
+    # the axis's own channel (abl.present.palette.grid_styles): its levels in the colours (or markers) they
+    # have on every other page; else one colour
+    colour = shape = None
+    if channels.factorial and e.axis == channels.colour_axis:
+        known = [lv for lv in channels.colour_levels if lv in set(levels["level"])]
+        colour = charts.alt.Color("level:N", title=e.axis, legend=None, scale=charts.alt.Scale(
+            domain=known, range=[charts.palette.COLOURS[channels.colour_levels.index(lv) % len(
+                charts.palette.COLOURS)] for lv in known]))
+    elif channels.factorial and channels.form_axes == (e.axis,):
+        known = [lv for lv in channels.form_levels if lv in set(levels["level"])]
+        shape = charts.alt.Shape("level:N", title=e.axis, legend=None, scale=charts.alt.Scale(
+            domain=known, range=[charts.palette.VEGA_SHAPES[channels.form_levels.index(lv) % len(
+                charts.palette.VEGA_SHAPES)] for lv in known]))
+    tip = [charts.alt.Tooltip("level:N"), charts.alt.Tooltip("mean:Q", title="least-squares mean", format=".4f"),
+           charts.alt.Tooltip("lo:Q", title="interval low (Holm-adj.)", format=".4f"),
+           charts.alt.Tooltip("hi:Q", title="interval high (Holm-adj.)", format=".4f"),
+           charts.alt.Tooltip("n:Q", title="runs"), charts.alt.Tooltip("rank:N"),
+           charts.alt.Tooltip("verdict:N"), charts.alt.Tooltip("p_holm:Q", title="p (Holm)", format=".3g")]
+    chart = charts.interval_chart(levels, row="label", x="mean", lo="lo", hi="hi", x_title=x_title,
+                                  colour=colour, shape=shape, text="verdict", ref=levels["mean"].iloc[0],
+                                  tooltip=tip)
+    notes = [x for x in (e.interaction_text(), e.note,
+                         f"left out (did not learn or no value): {', '.join(e.left_out)}" if e.left_out else "")
+             if x]
+    charts.show(chart, levels.drop(columns=["label"]), f"effect_{e.axis}_{metric}", key=f"effect_{i}",
+                caption=headline[0] + ". Dots: least-squares means; bars: the Holm-adjusted interval of each "
+                        "level minus the best, drawn around the level (a bar that does not reach the best "
+                        "level's line: distinguishably worse). Rows: level · rank (letters), or why untested."
+                        + charts.off_axis_note(levels, "mean", "lo", "hi", levels["mean"].iloc[0])
+                        + ("" if not notes else " " + " ".join(notes)))
+
+# ---------------------------------------------------------------- per cell, folded
+
+can_decide = [c for c in analysis.comparisons if _significance(c) in (stats.BETTER, stats.WORSE, stats.SAME)]
+if comp.empty:
+    st.info("Nothing to compare: only one cell is selected.")
+else:
+    words = pd.Series([_significance(c) for c in analysis.comparisons]).value_counts()
+    why = "" if can_decide else f": none can decide ({words.index[0]})"
+    with st.expander(f"Per-cell comparisons: {what}{why}", expanded=not effects and bool(can_decide)):
+        comp["cell"] = [f"{a} − {b}" for a, b in zip(comp["a_label"], comp["b_label"])]
+        comp["cell"] = [f"{c} ({j})" if list(comp["cell"]).count(c) > 1 else c
+                        for j, c in enumerate(comp["cell"], 1)]  # every row its own label
+        comp["delta_lo"], comp["delta_hi"], comp["p"] = comp["ci_low"], comp["ci_high"], comp["p_value"]
+        comp["significance"] = [_significance(c) for c in analysis.comparisons]
+        comp["marker"] = comp["significance"]
+        decided = comp[comp["significance"].isin([stats.BETTER, stats.WORSE, stats.SAME]) & comp["delta"].notna()]
+        if decided.empty:
+            st.caption("No comparison here can decide (each needs at least "
+                       f"{stats.MIN_SEEDS} seeds per cell), so none is drawn; the table gives their figures.")
+        else:
+            charts.show(charts.delta_chart(decided, list(decided["cell"]), f"Δ {info.label}"),
+                        decided[["cell", "delta", "delta_lo", "delta_hi", "p", "p_adjusted", "test", "verdict"]],
+                        f"delta_{metric}", key="delta",
+                        caption=f"The comparisons that can decide ({len(decided)} of {len(comp)}). Bars: "
+                                f"{analysis.interval_header} interval of the difference. Colour: the verdict."
+                                + charts.off_axis_note(decided, "delta", "delta_lo", "delta_hi", 0.0))
+        comp_cols = ["cell", "delta", "ci_low", "ci_high", "p_adjusted", "significance", "n_a", "n_b", "p_value",
+                     "test", "mdd", "verdict"]
+        p_head = "Holm p" if use_holm else "p (no correction)"
+        common.text_table(pd.DataFrame({
+            "a − b": comp["cell"], f"Δ{unit}": [value_fmt(d, signed=True) for d in comp["delta"]],
+            analysis.interval_header: [f"[{value_fmt(lo, signed=True)}, {value_fmt(hi, signed=True)}]"
+                                       if pd.notna(lo) else "–" for lo, hi in zip(comp["ci_low"], comp["ci_high"])],
+            p_head: [stats.fmt_p(p) if pd.notna(p) else "–" for p in comp["p_adjusted"]],
+            "verdict": comp["significance"]}), key="cmp_comparisons")
+        st.download_button("Comparisons (CSV, every column)",
+                           data=lambda: comp[[c for c in comp_cols if c in comp]].to_csv(index=False),
+                           file_name=f"comparisons_{metric}.csv", mime="text/csv", on_click="ignore",
+                           icon=":material/download:")
+
 if group != NONE:
     others = [a for a in axes if a not in (group, facet)]
     summ["variant"] = summ[others].astype(str).agg(", ".join, axis=1) if others else summ[group].astype(str)
@@ -166,61 +261,17 @@ chart = charts.compare_chart(summ, y=y, y_title=None if y == "cell" else y, x_ti
                              facet=None if facet == NONE else facet, sort=y_sort, baseline=base_mean)
 n_seeds = f"{int(summ['n'].min())}–{int(summ['n'].max())}" if summ["n"].nunique() > 1 else str(int(summ["n"].iloc[0]))
 caption = (f"Dots: mean over seeds ({n_seeds} per cell, completed runs); bars: 95% CI of the mean "
-           f"(t-distribution, n−1 df). " + ("Dashed line: the baseline's mean; markers and colours: each cell's "
-                                            "verdict against the baseline. " if baseline else "")
-           + analysis.method)
-table_cols = ["rank", "cell", "group", *axes, "n", "mean", "std", "ci_lo", "ci_hi", "delta", "p", "p_holm", "verdict",
-              "health"]
+           f"(t-distribution, n−1 df). " + ("Dashed line: the baseline's mean; colours and words: each cell's "
+                                            "verdict against the baseline." if baseline else "")
+           + charts.off_axis_note(summ, "mean", "ci_lo", "ci_hi", base_mean))
+table_cols = ["rank", "rank_text", "cell", "group", *axes, "n", "mean", "std", "ci_lo", "ci_hi", "delta", "p",
+              "p_holm", "verdict", "health"]
 export = summ[[c for c in dict.fromkeys(table_cols + ["cell_key"]) if c in summ]]
-if mode != "pairs":  # the per-axis answer, as the CLI summary and abl compare lead with it
-    try:
-        effects = axis_effects(cell_inputs, (), metric, only=kwargs.get("by"))
-    except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not hide the cell tables
-        effects = []
-        st.warning(f"per-axis analysis unavailable: {type(exc).__name__}: {exc}")
-    section = effect_section(effects, info.label, metric)
-    if section:
-        st.subheader("Per axis: main effects, best level first")
-        st.markdown("\n".join(f"- {ln.strip()}" for ln in section[1:-1]))
-        st.caption(section[-1])
-
-st.subheader(f"Verdicts: {what}")
-if comp.empty:
-    st.info("Nothing to compare: only one cell is selected.")
-else:
-    comp["cell"] = [f"{a} − {b}" for a, b in zip(comp["a_label"], comp["b_label"])]
-    comp["delta_lo"], comp["delta_hi"], comp["p"] = comp["ci_low"], comp["ci_high"], comp["p_value"]
-    comp["significance"] = [_significance(c) for c in analysis.comparisons]
-    comp["marker"] = comp["significance"]
-    shown = comp[comp["delta"].notna()]
-    if not shown.empty:
-        charts.show(charts.delta_chart(shown, list(shown["cell"]), f"Δ {metric}"),
-                    shown[["cell", "delta", "delta_lo", "delta_hi", "p", "p_adjusted", "test", "verdict"]],
-                    f"delta_{metric}", key="delta", height=charts.rows_height(len(shown)),
-                    caption=f"Bars: {analysis.interval} interval of the difference. Color: the verdict. "
-                            f"{analysis.method}")
-    comp_cols = ["cell", "delta", "ci_low", "ci_high", "p_adjusted", "significance", "n_a", "n_b", "p_value", "test",
-                 "mdd", "verdict"]
-    # what fits a laptop's width: the pair, Δ with its interval, the adjusted p and the verdict's words; the raw
-    # p, the test, the MDD and the verdict's full sentence are in the CSV and the caption
-    p_head = "Holm p" if use_holm else "p (no correction)"
-    common.text_table(pd.DataFrame({
-        "a − b": comp["cell"], f"Δ{unit}": [value_fmt(d, signed=True) for d in comp["delta"]],
-        analysis.interval_header: [f"[{value_fmt(lo, signed=True)}, {value_fmt(hi, signed=True)}]"
-                                   for lo, hi in zip(comp["ci_low"], comp["ci_high"])],
-        p_head: [stats.fmt_p(p) if pd.notna(p) else "–" for p in comp["p_adjusted"]],
-        "verdict": comp["significance"]}), key="cmp_comparisons")
-    st.download_button("Comparisons (CSV, every column)", data=lambda: comp[comp_cols].to_csv(index=False),
-                       file_name=f"comparisons_{metric}.csv", mime="text/csv", on_click="ignore",
-                       icon=":material/download:")
-    st.caption(analysis.method)
-
-st.subheader(f"{info.label}: mean and 95% CI per cell, {'lower' if lower_better else 'higher'} is better")
-st.caption("Each cell's own interval, across its seeds: with few seeds it is wide (t with n−1 df), and it "
-           "says nothing about the difference between two cells run on the same seeds. The paired differences "
-           "above are the test.")
-charts.show(chart, export, f"compare_{metric}", key="compare", caption=caption,
-            height=charts.rows_height(len(y_sort), facets=facet != NONE))
+with st.expander(f"Per-cell means: {info.label}, mean and 95% CI per cell", expanded=not effects):
+    st.caption("Each cell's own interval, across its seeds: with few seeds it is wide (t with n−1 df), and it "
+               "says nothing about the difference between two cells run on the same seeds: the paired "
+               "comparisons are the test.")
+    charts.show(chart, export, f"compare_{metric}", key="compare", caption=caption)
 if q.is_speed(metric):
     hit = common.contended_runs(sel)
     if hit:
@@ -228,9 +279,9 @@ if q.is_speed(metric):
                    "measured on a quiet machine (the runs table flags them).", icon=":material/warning:")
 
 
-st.subheader("Table")
+st.subheader("Cells")
 cells_text = pd.DataFrame({
-    "rank": [("" if pd.isna(r) else f"{int(r)}") + (f" ({g})" if g else "") for r, g in zip(summ["rank"], summ["group"])],
+    "rank": summ["rank_text"],
     "cell": summ["cell"], "seeds": summ["n"].astype(int),
     f"mean{unit}": [value_fmt(m) for m in summ["mean"]],
     "95% CI": [f"[{value_fmt(lo)}, {value_fmt(hi)}]" if pd.notna(lo) else "–"
@@ -239,4 +290,7 @@ cells_text = pd.DataFrame({
 common.text_table(cells_text, key="cmp_table")
 st.download_button("This table (CSV, every column)", data=lambda: export.to_csv(index=False),
                    file_name=f"compare_{metric}.csv", mime="text/csv", on_click="ignore", icon=":material/download:")
-st.caption(f"{analysis.method} {len(summ)} cells, {int(summ['n'].sum())} completed runs.")
+st.caption(f"{len(summ)} cells, {int(summ['n'].sum())} completed runs.")
+
+# the statistics legend, once for the page
+st.caption("**How these were computed.** " + (EFFECTS_METHOD + " " if effects else "") + analysis.method)

@@ -173,18 +173,20 @@ def y_extent(metric: str, agg: pd.DataFrame, seeds: pd.DataFrame) -> tuple[float
 
 
 styles = common.cell_styles(sel)
+channels = common.cell_channels(sel)  # a factorial grid: colour for one axis, line style for the other(s)
 for metric in metrics:
     agg, seeds = curve_frames(metric)
-    st.subheader(metric)
+    st.subheader(common.metric_title(metric))
     if agg.empty:
         st.info(f"No {metric} rows for these cells yet.")
         continue
     chart = charts.curve_chart(agg[["cell", "step", "x", "mean", "lo", "hi", "n", *([facet] if facet else [])]],
-                               seeds if show_seeds else None, x_options[x_kind], metric,
+                               seeds if show_seeds else None, x_options[x_kind], common.metric_title(metric),
                                log_x=log_x, log_y=log_y, band=show_band,
                                x_format={"step": "d", "wall": ",.0f"}.get(x_kind, "~s"),
                                domain=[labels[k] for k in chosen], facet=facet,
-                               styles=[styles[k] for k in chosen], y_domain=y_extent(metric, agg, seeds))
+                               styles=[styles[k] for k in chosen], y_domain=y_extent(metric, agg, seeds),
+                               channels=channels, key_of={labels[k]: k for k in chosen})
     # the x column under its own name (step is there already)
     x_col = {"tokens": "tokens", "flops": "flops", "wall": "elapsed_s"}.get(x_kind)
     cols = ["cell", "cell_key", "step", *(["x"] if x_col else []), "mean", "std", "n", "lo", "hi"]
@@ -193,7 +195,7 @@ for metric in metrics:
         per_seed = seeds[["cell", "seed", "step", *(["x"] if x_col else []), "y"]]
         export = pd.concat([export.assign(kind="mean over seeds"),
                             per_seed.rename(columns={"x": x_col, "y": "mean"}).assign(kind="one seed")])
-    what = ["lines: mean over seeds (colour and line style: the cell)"]
+    what = [f"lines: mean over seeds ({channels.describe().replace('marker and line style', 'line style')})"]
     if show_seeds:
         what.append("thin faint lines: each seed")
     if show_band:
@@ -202,7 +204,8 @@ for metric in metrics:
                 caption="; ".join(what)
                         + (f"; train_loss smoothed: EMA {smoothing_of(metric):.2f}" if smoothing_of(metric)
                            else "; raw values (no smoothing)") + "; "
-                        "drag to pan, scroll to zoom, click a legend entry to highlight a cell")
+                        "drag to pan, scroll to zoom, click a legend entry to highlight "
+                        + ("a level" if channels.factorial else "a cell"))
     if q.is_speed(metric) and contended:
         hit = sorted({labels.get(k, k) for k in sub.loc[sub["run_id"].isin(contended), "cell_key"]})
         st.caption(f"⚠ {len(contended)} run(s) of these cells were {common.CONTENDED_NOTE}: " + "; ".join(hit))

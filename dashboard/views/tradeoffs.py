@@ -100,12 +100,13 @@ def points(cost: str) -> pd.DataFrame:
 
 
 styles = common.cell_styles(sel)
+channels = common.cell_channels(sel)  # a factorial grid: colour for one axis, marker for the other(s)
 plots = [(c, better_direction(c), False) for c in [*COSTS, *custom]]
 # one plot per row: side by side, a laptop-wide window leaves each plot too narrow for its legend
 for i, (cost, better, log_default) in enumerate(plots):
     with st.container():
         title = common.metric_title(cost)
-        st.subheader(f"{quality} vs {cost}")
+        st.subheader(f"{q.metric_info(quality).label} vs {q.metric_info(cost).label}")
         if cost not in names:
             st.info(f"No run of the selection records {cost} yet"
                     + (" (it is measured by the decode benchmark)." if cost.startswith("kv_") else "."))
@@ -135,16 +136,22 @@ for i, (cost, better, log_default) in enumerate(plots):
             domain = sorted(df["cell"].unique())
             looks = [styles[by_label[lbl]] for lbl in domain]
         df[color] = df[color].astype(str)
-        chart = charts.pareto_chart(df, "x", title, quality, color, log_x, better, domain=domain, styles=looks)
+        key_of = dict(zip(df["cell"].astype(str), df["cell_key"].astype(str)))
+        chart = charts.pareto_chart(df, "x", title, common.metric_title(quality), color, log_x, better,
+                                    domain=domain, styles=looks, channels=channels, key_of=key_of)
         export = df[[c for c in ["cell", "cell_key", "seed", *axes, "x", "x_lo", "x_hi", "y", "y_lo", "y_hi", "n",
                                  "front", "contended"]
                      if c in df]].rename(columns={"x": cost if scale == 1 else f"{cost}_MiB", "y": quality,
                                                   "x_lo": f"{cost}_min", "x_hi": f"{cost}_max"})
         front = df[df["front"]].sort_values("x", ascending=better == "lower")
         charts.show(chart, export, f"{quality}_vs_{cost}", key=f"tr_{cost}",
-                    caption=f"{'Higher' if better == 'higher' else 'Lower'} {cost} is better. "
-                            f"Pareto front ({len(front)} of {len(df)}: heavy outline, dashed line), cheapest first: "
-                            + " → ".join(front["cell"]) + ". Vertical bars: 95% CI of the mean across seeds"
+                    caption=f"{'Higher' if better == 'higher' else 'Lower'} {q.metric_info(cost).label} is better. "
+                            + (f"Pareto front ({len(front)} of {len(df)}: heavy outline, dashed line), cheapest "
+                               "first: " + " → ".join(front["cell"]) + "." if len(front) else
+                               f"No Pareto front: no point of the {len(df)} has a cost that can enter it.")
+                            + (f" {channels.describe().capitalize()}." if color == "cell" and channels.factorial
+                               else "")
+                            + " Vertical bars: 95% CI of the mean across seeds"
                             + ("; horizontal bars: min–max over seeds." if "x_lo" in df else ".")
                             + (" Speeds from runs on a quiet machine only; a cell with no such run is not on "
                                "the front." if "x_front" in df else "")

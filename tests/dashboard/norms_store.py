@@ -57,7 +57,8 @@ def build(folder: Path, seeds=SEEDS) -> Path:
             runs.append((run_id, EXPERIMENT, key, f"norm={norm}, block={block}", seed, "completed",
                          json.dumps(config(norm, block, seed, seeds)), started, started + timedelta(seconds=150),
                          "abc1234", "cpu", "ablations/norms.toml", json.dumps(GRID_PATHS),
-                         NORMS.index(norm) * len(BLOCKS) + BLOCKS.index(block)))
+                         NORMS.index(norm) * len(BLOCKS) + BLOCKS.index(block),
+                         json.dumps({"model.norm": norm, "model.block": block})))
             floor = 2.0 + 0.07 * i + 0.02 * seed
             contended = (norm, block, seed) in CONTENDED
             speed = (9000.0 + 150 * i + 90 * seed) * (0.55 if contended else 1.0)
@@ -76,8 +77,8 @@ def build(folder: Path, seeds=SEEDS) -> Path:
                                 ("contended", 1.0 if contended else 0.0)):
                 rows.append((run_id, STEPS, name, value))
     con.executemany("INSERT INTO runs (run_id, experiment, cell_key, label, seed, status, config, started, "
-                    "finished, git_commit, device, grid_file, grid_paths, grid_index) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
+                    "finished, git_commit, device, grid_file, grid_paths, grid_index, grid_varied) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs)
     con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?)", rows)
     con.close()
     return db
