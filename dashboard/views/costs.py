@@ -37,13 +37,13 @@ def _analyse(db: str, run_ids: tuple[str, ...], sig: tuple):
     costs.attach_predictions(cells, get_registry())
     rows = costs.cost_rows(cells)
     points = costs.scaling_points(cells)
-    return rows, points, costs.contention_note(runs), costs.measured_note(cells)
+    return rows, points, costs.contention_note(runs), costs.measured_note(cells), costs.compared_note(rows)
 
 
 runs = common.runs_table(sel)
 ctx = common.ctx()
 try:
-    rows, points, contention, measured_note = _analyse(ctx.store.db, tuple(runs["run_id"]), ctx.sig)
+    rows, points, contention, measured_note, skipped = _analyse(ctx.store.db, tuple(runs["run_id"]), ctx.sig)
 except Exception as exc:  # noqa: BLE001 - a busy or odd store is shown, not raised
     st.error(f"Could not read the runs for the cost check: {exc}")
     st.stop()
@@ -71,8 +71,13 @@ if outliers:
     st.warning(f"{len(outliers)} of {compared} compared checks disagree: "
                + "; ".join(f"{r['label']}: {r['figure']}" for r in outliers[:8])
                + (" ..." if len(outliers) > 8 else ""), icon=":material/warning:")
+elif skipped:  # never a green "all agree" over cells that were not compared
+    st.warning(f"Every compared check agrees ({compared} of {len(table)} checks), but {skipped}",
+               icon=":material/warning:")
 else:
     st.success(f"Every measured check agrees ({compared} of {len(table)} checks have a measurement).")
+if skipped and outliers:
+    st.warning(skipped, icon=":material/warning:")
 common.text_table(pd.DataFrame([{
     "figure": s["figure"], "cells": s["cells"], "agree": s["agree"], "disagree": s["disagree"],
     "not compared": s["not_compared"],

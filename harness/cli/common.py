@@ -16,10 +16,11 @@ import click
 
 def _add_plugins_dirs(ctx, param, value):
     """``--plugins-dir``, before or after the command: each folder joins ``ABL_PLUGINS_DIR``
-    (abl.contracts.plugin_manager loads every *.py file in it) before any plugin loads."""
+    (abl.contracts.plugin_manager loads every *.py file in it) before any plugin loads. Kept as typed (relative
+    if it was relative, to this folder, which the workers share): runs record the folder as the user gave it."""
     if value:
         existing = [p for p in os.environ.get("ABL_PLUGINS_DIR", "").split(os.pathsep) if p]
-        added = [str(Path(d).resolve()) for d in value]
+        added = [str(d) for d in value]
         os.environ["ABL_PLUGINS_DIR"] = os.pathsep.join(existing + [d for d in added if d not in existing])
     return value
 

@@ -16,10 +16,17 @@ Every component source is an ordinary plugin module registered with the same
 comma-separated allowlist of entry-point names (empty = built-ins only). The
 built-ins always load.
 ``ABL_TRACE_HOOKS=1`` prints every hook call, for debugging plugins.
+
+Each loaded plugin's origin is kept (``source``): the built-ins as "builtin" with abl's version, an entry
+point as its package and version, a plugins-folder file as the folder as it was given (relative if it was
+relative), the file's path inside it and the sha256 of the bytes that were executed. A run records the
+origin of each of its components (abl.store.provenance.plugin_records), so a reader of its figures can say
+which plugin to load when it is missing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.metadata as md
 import importlib.util
@@ -35,6 +42,8 @@ from .registry import Registry, RegistryError
 
 GROUP = "abl"
 SELF_DIST = "abl"
+# the kinds of origin ``source`` gives
+BUILTIN, PACKAGE, FILE, IN_PROCESS = "builtin", "package", "file", "in-process"
 
 # The built-in variants, one module per axis (llm's DEFAULT_PLUGINS habit).
 DEFAULT_PLUGINS: tuple[str, ...] = (
@@ -67,6 +76,7 @@ _loaded = False
 _light_loaded = False
 _rank: dict[str, int] = {}  # plugin name -> its place in the load order (built-ins first, in DEFAULT_PLUGINS order)
 _provenance: dict[str, tuple[str, str]] = {}  # plugin name -> (package, version)
+_sources: dict[str, dict[str, str]] = {}  # plugin name -> where it came from (``source``)
 _registry: Registry | None = None
 
 
@@ -104,6 +114,7 @@ def _load_default_plugins(modules: tuple[str, ...] = DEFAULT_PLUGINS) -> None:
         _rank[name] = DEFAULT_PLUGINS.index(module_name)
         _register(importlib.import_module(module_name), name=name)
         _provenance[name] = (SELF_DIST, version)
+        _sources[name] = {"kind": BUILTIN, "plugin": name, "package": SELF_DIST, "version": version}
 
 
 def _load_entry_points() -> None:
@@ -133,6 +144,8 @@ def _load_entry_points() -> None:
             ) from exc
         _register(obj, name=name)
         _provenance[name] = (package, version)
+        _sources[name] = {"kind": PACKAGE, "plugin": name, "package": package, "version": version,
+                          "entry_point": ep.name}
 
 
 def _load_plugin_dirs() -> None:
@@ -150,11 +163,15 @@ def _load_plugin_dirs() -> None:
                 raise PluginLoadError(f"plugin file {path.name} cannot be loaded as a module")
             module = importlib.util.module_from_spec(spec)
             try:
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()  # the bytes executed next
                 spec.loader.exec_module(module)
             except Exception as exc:
                 raise PluginLoadError(f"plugin file {path.name} failed to import: {exc!r}") from exc
             _register(module, name=name)
             _provenance[name] = (f"file {path.name}", "-")
+            # the folder as the user gave it (``--plugins-dir`` keeps it as typed), the file inside it
+            _sources[name] = {"kind": FILE, "plugin": name, "folder": d,
+                              "file": path.relative_to(folder).as_posix(), "sha256": digest}
 
 
 def load_plugins(light: bool = False) -> pluggy.PluginManager:
@@ -204,6 +221,14 @@ def call_register_hook(hook_name: str, what: str, make_register, light: bool = F
 
 def provenance(plugin_name: str) -> tuple[str, str]:
     return _provenance.get(plugin_name, ("(registered in-process)", "-"))
+
+
+def source(plugin_name: str) -> dict[str, str]:
+    """Where the loaded plugin ``plugin_name`` came from, as plain strings a run folder can keep:
+    ``kind`` (``BUILTIN``, ``PACKAGE``, ``FILE`` or ``IN_PROCESS``) and ``plugin``, plus ``package`` and
+    ``version`` (a built-in: abl and its version; an entry point: its distribution, and ``entry_point``),
+    or ``folder`` (as given to abl), ``file`` (its path inside the folder) and ``sha256`` (of its bytes)."""
+    return dict(_sources.get(plugin_name) or {"kind": IN_PROCESS, "plugin": plugin_name})
 
 
 def build_registry() -> Registry:

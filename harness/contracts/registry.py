@@ -386,6 +386,15 @@ def _parameter_names(fn: Callable) -> set[str]:
         return set()
 
 
+# what ``unknown_name_message`` says, read back (abl.store.provenance.plugin_hint names the missing plugin)
+UNKNOWN_NAME = re.compile(r"unknown (\w+) '([^']*)'")
+
+
+def unknown_names(text: str) -> list[tuple[str, str]]:
+    """(axis, name) of every unknown component a message of ``unknown_name_message`` names."""
+    return list(dict.fromkeys((axis, name) for axis, name in UNKNOWN_NAME.findall(text) if axis in AXES))
+
+
 def unknown_name_message(axis: str, name: Any, valid: list[str]) -> str:
     close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
     hint = f" Closest match: {close[0]!r}." if close else ""

@@ -29,7 +29,7 @@ from ..data import tokenstore
 from ..present import termlayout
 from ..store import database as store
 from ..store import rundir
-from ..store.provenance import git_commit, versions
+from ..store.provenance import git_commit, plugin_records, versions
 from ..store.workspace import Workspace
 from .admission import oom_kills
 from .executors import Job, LocalExecutor
@@ -218,6 +218,7 @@ def make_jobs(grid: Grid, todo: list[Cell], registry: Registry, ws: Workspace, e
                 "first_commit": first, "attempts": int(old.get("attempts", 0)) + 1,
                 "code_changed": bool(old.get("code_changed")) or first != commit,
                 "executor": executor.name, "versions": versions(cell, registry), "grid_file": grid.path,
+                "plugins": plugin_records(cell, registry),  # which plugin provided each component
                 "grid": cell.grid_record(grid.path),
                 # the worker's way to the store's folders: FLOP counts and tracked memory of model shapes
                 # measured before (abl.model.shapecache) are in its shapes folder

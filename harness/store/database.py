@@ -118,6 +118,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         CREATE INDEX run_settings_run ON run_settings (run_id)
     """),
+    (8, "which plugin provided each component", "ALTER TABLE runs ADD COLUMN plugins JSON"),
     (9, "speed measured alone", """
         CREATE TABLE speed_pass (
             run_id VARCHAR NOT NULL,
@@ -302,15 +303,15 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
     seed = config["seed"]
     if not isinstance(seed, int) or not INT32[0] <= seed <= INT32[1]:
         raise StoreError(f"{run_dir}: seed {seed!r} does not fit the store's INTEGER column")
-    grid = grid_record(meta.get("grid"))
+    grid, plugins = grid_record(meta.get("grid")), json.dumps(rundir.plugins_record(meta), sort_keys=True)
     con.execute("BEGIN TRANSACTION")
     try:
         con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
         con.execute(
             "INSERT INTO runs (run_id, experiment, cell_key, label, seed, status, config, started,"
             " finished, git_commit, versions, device, env, data_fingerprint, grid_file, notes, error,"
-            " attempts, code_changed, executor, grid_paths, grid_index, grid_varied)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " attempts, code_changed, executor, grid_paths, grid_index, grid_varied, plugins)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [run_id, config["experiment"], meta.get("cell_key"), meta.get("label"), config["seed"], state,
              json.dumps(stored_config, sort_keys=True), _ts(status.get("started")), _ts(status.get("finished")),
              meta.get("git_commit"), json.dumps(meta.get("versions", {}), sort_keys=True),
@@ -318,7 +319,7 @@ def ingest_run(con, run_dir: Path, status_override: str | None = None) -> str:
              meta.get("grid_file"), notes, error, meta.get("attempts", 1),
              bool(meta.get("code_changed", False)), meta.get("executor"),
              None if grid is None else json.dumps(grid["paths"]), None if grid is None else grid["index"],
-             None if grid is None else json.dumps(grid["varied"], sort_keys=True, default=str)],
+             None if grid is None else json.dumps(grid["varied"], sort_keys=True, default=str), plugins],
         )
         write_settings(con, run_id, stored_config)
         con.execute("DELETE FROM metrics WHERE run_id = ?", [run_id])

@@ -89,6 +89,116 @@ def versions(cell: Cell, registry: Registry) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------- plugins
+
+
+def component_keys(components: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(key, axis, name) of every component a config's ``components`` names: ``"axis:name"`` per axis, and
+    for a hybrid each mixer its ``layer_mixers`` pattern names (axis ``mixer``)."""
+    out: list[tuple[str, str, str]] = []
+    for axis, spec in components.items():
+        specs = spec if axis == "layer_mixers" and isinstance(spec, list) else [spec]
+        for one in specs:
+            name = one.get("name") if isinstance(one, dict) else None
+            if isinstance(name, str):
+                kind = "mixer" if axis == "layer_mixers" else axis
+                out.append((f"{kind}:{name}", kind, name))
+    return list(dict.fromkeys(out))
+
+
+def plugin_records(cell: Cell, registry: Registry) -> dict[str, dict[str, str]]:
+    """Which plugin provided each component of a cell, ``"axis:name"`` -> its origin
+    (abl.contracts.plugin_manager.source: "builtin" and abl's version, a package and its version, or a
+    plugins-folder file as the folder was given, its path inside it and its sha256). meta.json keeps it
+    (``plugins``) and the store after ingest, so a reader without the plugin can name it."""
+    from ..contracts.plugin_manager import source
+
+    return {key: source(registry.get(axis, name).plugin) for key, axis, name in component_keys(cell.components)}
+
+
+def describe_plugin(record: dict[str, Any]) -> str:
+    """A stored origin (``plugin_records``) for a reader: "plugin file F in folder D (sha256 abcdef123456)",
+    "package P V (entry point E)", "abl V's built-in plugin N"."""
+    kind = record.get("kind")
+    if kind == "file":
+        return (f"plugin file {record.get('file')} in folder {record.get('folder')} "
+                f"(sha256 {str(record.get('sha256') or '?')[:12]})")
+    if kind == "package":
+        return f"package {record.get('package')} {record.get('version')} (entry point {record.get('entry_point')})"
+    if kind == "builtin":
+        return f"abl {record.get('version')}'s built-in plugin {record.get('plugin')}"
+    return f"plugin {record.get('plugin') or '?'} (registered in-process, by the program that ran it)"
+
+
+def how_to_load(record: dict[str, Any] | None) -> str:
+    """What makes a stored run's plugin available again, in words a user can act on."""
+    kind = (record or {}).get("kind")
+    if kind == "file":
+        return f"load it with --plugins-dir {record['folder']}"
+    if kind == "package":
+        return f"install the package: pip install '{record['package']}=={record['version']}'"
+    if kind == "builtin":
+        return (f"it is built into abl {record.get('version')}, not into this abl ({package_version('abl') or '?'}): "
+                "use that version")
+    if record:
+        return "it was registered in-process by the program that ran it, and cannot be loaded by name"
+    return ("its run recorded no plugin origin (run before abl recorded them): load its plugins folder with "
+            "--plugins-dir DIR or install its package")
+
+
+def missing_plugin(key: str, record: dict[str, Any] | None) -> str:
+    """One sentence on a component of a stored run that no loaded plugin provides: which plugin provided it
+    when the run ran, and how to load it (``key``: "axis:name")."""
+    axis, _, name = key.partition(":")
+    where = f" (provided by {describe_plugin(record)} when it ran)" if record else ""
+    return f"{axis} {name!r}{where} is not loaded: {how_to_load(record)}"
+
+
+def plugin_hint(message: str, db_option: str | None = None, source: str | None = None) -> str:
+    """``message`` (a user error), plus, for each unknown component it names (abl.contracts.registry.
+    unknown_names), which plugin provided it to the runs in the store (``missing_plugin``), or, where no run
+    recorded it, how a plugin's component is loaded. The store: ``db_option`` (``--db``), else the
+    ``experiment.db`` of the grid file ``source``, else the default store."""
+    from ..contracts.registry import unknown_names
+    from .workspace import DEFAULT_DB
+
+    unknown = unknown_names(message)
+    if not unknown:
+        return message
+    db = db_option or _grid_db(source) or DEFAULT_DB
+    try:
+        from .reader import recorded_plugins
+
+        recorded = recorded_plugins(db)
+    except Exception:  # noqa: BLE001 - a hint never hides the error it adds to
+        recorded = {}
+    notes = []
+    for axis, name in unknown:
+        key = f"{axis}:{name}"
+        if key in recorded:
+            notes.append(f"The runs in {db} got {axis} {name!r} from {describe_plugin(recorded[key])}: "
+                         f"{how_to_load(recorded[key])}. Named by experiment instead of grid file, the stored "
+                         "runs are read without it.")
+        else:
+            notes.append(f"If {axis} {name!r} comes from a plugin, load it: --plugins-dir DIR for a plugins "
+                         "folder, or install its package.")
+    return message + "\n" + "\n".join(notes)
+
+
+def _grid_db(source: str | None) -> str:
+    """The ``experiment.db`` a grid file names ("" when it is no readable grid file or names none)."""
+    import tomllib
+
+    if not source or not source.endswith(".toml"):
+        return ""
+    try:
+        with open(source, "rb") as f:
+            db = tomllib.load(f).get("experiment", {}).get("db")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return db if isinstance(db, str) else ""
+
+
 # ---------------------------------------------------------------- device
 
 

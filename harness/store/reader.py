@@ -60,6 +60,9 @@ class StoredRun:
     settings: dict = field(default_factory=dict)  # every flattened setting, path -> value
     final: dict = field(default_factory=dict)  # metric name -> final value (abl.analysis.metrics)
     curves: dict = field(default_factory=dict)  # metric name -> [(step, value)], the names asked for
+    # "axis:name" -> which plugin provided that component (abl.store.provenance.plugin_records); empty for a
+    # run recorded before runs kept it
+    plugins: dict = field(default_factory=dict)
 
     @property
     def tokens_per_step(self) -> int:
@@ -94,7 +97,7 @@ _COLUMNS: dict[str, Any] = {
     "config": None, "git_commit": None, "versions": None, "device": None, "env": None,
     "data_fingerprint": None, "grid_file": None, "notes": None, "error": None, "started": None,
     "finished": None, "attempts": None, "executor": None, "grid_paths": None, "grid_index": None,
-    "grid_varied": None,
+    "grid_varied": None, "plugins": None,
 }
 
 
@@ -118,7 +121,8 @@ def _record(row: dict[str, Any]) -> StoredRun:
         data_fingerprint=row["data_fingerprint"] or "unknown", grid_file=row["grid_file"] or "",
         notes=row["notes"] or "", error=row["error"], started=row["started"], finished=row["finished"],
         attempts=row["attempts"] if row["attempts"] is not None else 1, executor=row["executor"],
-        grid_paths=[str(p) for p in paths], grid_index=row["grid_index"], grid_varied=_json(row["grid_varied"], {}))
+        grid_paths=[str(p) for p in paths], grid_index=row["grid_index"], grid_varied=_json(row["grid_varied"], {}),
+        plugins=_json(row["plugins"], {}))
 
 
 def read_runs(db_path: str | Path, *, experiment: str | None = None, run_ids: Sequence[str] | None = None,
@@ -213,5 +217,23 @@ def experiments(db_path: str | Path) -> list[str]:
         if "runs" not in _tables(con):
             return []
         return [r[0] for r in con.execute("SELECT DISTINCT experiment FROM runs ORDER BY 1").fetchall()]
+    finally:
+        con.close()
+
+
+def recorded_plugins(db_path: str | Path) -> dict[str, dict]:
+    """Which plugin provided each component, as the store's runs recorded it (``StoredRun.plugins``),
+    ``"axis:name"`` -> origin, the latest run's where runs differ; empty without a store or records."""
+    if not Path(db_path).is_file():
+        return {}
+    con = store.connect(db_path, read_only=True)
+    try:
+        if "runs" not in _tables(con) or "plugins" not in _columns(con, "runs"):
+            return {}
+        out: dict[str, dict] = {}
+        for (text,) in con.execute("SELECT plugins FROM runs WHERE plugins IS NOT NULL "
+                                   "ORDER BY started NULLS FIRST, run_id").fetchall():
+            out.update(_json(text, {}))
+        return out
     finally:
         con.close()

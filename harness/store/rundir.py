@@ -3,8 +3,9 @@
 Files (the folders are the source of truth; the store is rebuilt from them):
 
 - ``config.json``: the resolved cell config; ``meta.json``: the attempts'
-  bookkeeping. Both written by the ``abl run`` parent before launch
-  (``prepare``);
+  bookkeeping, and which plugin provided each component (``plugins``,
+  abl.store.provenance.plugin_records). Both written by the ``abl run`` parent
+  before launch (``prepare``);
 - ``status.json``: ``{"status": one of abl.contracts.status.STATUSES, ...}``, written atomically by
   the worker as it starts and ends, and by the parent when a worker died
   without saying how;
@@ -87,6 +88,17 @@ def prepare(run_dir: Path, config: dict[str, Any], meta: dict[str, Any]) -> Path
     write_json(run_dir / META, meta)
     (run_dir / STATUS).unlink(missing_ok=True)
     return run_dir
+
+
+def plugins_record(meta: Any) -> dict[str, dict[str, str]]:
+    """meta.json's ``plugins`` (abl.store.provenance.plugin_records: ``"axis:name"`` -> where its plugin came
+    from), the entries of the recorded shape only (a run folder is untrusted input: string keys, each a dict
+    of strings); empty for a folder written before runs recorded them."""
+    record = meta.get("plugins") if isinstance(meta, dict) else None
+    if not isinstance(record, dict):
+        return {}
+    return {key: {k: v for k, v in origin.items() if isinstance(k, str) and isinstance(v, str)}
+            for key, origin in record.items() if isinstance(key, str) and isinstance(origin, dict)}
 
 
 def log_tail(run_dir: Path, n: int = 12) -> str:

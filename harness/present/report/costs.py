@@ -31,9 +31,15 @@ def attach_predictions(cells: list[Cell], registry) -> None:
     from ...contracts.registry import RegistryError
     from ...contracts.config import cell_from_config
     from ...model.costmodel import missing_costs, predict
+    from ...store.provenance import missing_plugin
 
     for c in cells:
         r = c.runs[0]
+        c.not_loaded = not_loaded(r, registry)
+        if c.not_loaded:  # its cost functions are in a plugin not loaded here: the runs' own figures, or none
+            c.predict_error = "; ".join(missing_plugin(key, origin) for key, origin in c.not_loaded.items())
+            c.predicted = stored_predictions(c)
+            continue
         try:
             cell = cell_from_config(r.config, registry)
             vocab = r.env.get("vocab_size") or None
@@ -44,6 +50,27 @@ def attach_predictions(cells: list[Cell], registry) -> None:
             c.predict_error = str(exc).splitlines()[0]
         except Exception as exc:  # noqa: BLE001 - a report still comes out, with the reason
             c.predict_error = f"{type(exc).__name__}: {exc}"
+
+
+# the checks' predictions a run records itself (abl.train.measure.measure_costs): prediction key -> metric
+STORED_PREDICTIONS = {"n_params": "n_params_predicted", "flops_per_step": "flops_per_step_predicted"}
+
+
+def not_loaded(run: StoredRun, registry) -> dict[str, dict]:
+    """The components of a stored run that no loaded plugin provides, ``"axis:name"`` -> the origin its
+    run recorded (abl.store.provenance.plugin_records; ``{}`` for a run recorded before runs kept it)."""
+    from ...store.provenance import component_keys
+
+    return {key: run.plugins.get(key) or {} for key, axis, name in component_keys(run.config.get("components") or {})
+            if (axis, name) not in registry.components}
+
+
+def stored_predictions(cell: Cell) -> dict | None:
+    """The predictions the cell's completed runs recorded as they ran (``STORED_PREDICTIONS``, with the plugin
+    loaded), averaged over them, as ``cost_source`` "recorded"; None when they recorded none."""
+    figures = {key: _mean([r.final.get(metric) for r in cell.completed]) for key, metric in STORED_PREDICTIONS.items()}
+    figures = {k: v for k, v in figures.items() if v is not None}
+    return {**figures, "cost_source": "recorded"} if figures else None
 
 
 def cost_source(cell: Cell) -> str:
@@ -98,7 +125,9 @@ def cost_rows(cells: list[Cell]) -> list[dict[str, Any]]:
             pred = c.predicted.get(pred_key) if c.predicted else None
             meas = measured(c, meas_key)
             ratio, verdict = agreement(pred, meas, required)
-            if pred is None and c.predict_error:
+            if pred is None and c.not_loaded:
+                verdict = f"not compared: {c.predict_error}"
+            elif pred is None and c.predict_error:
                 verdict = f"not predicted: {c.predict_error}"
             elif meas_key == "peak_tensor_bytes" and meas is not None and any(
                     r.env.get("kernels") == "triton" for r in c.completed):
@@ -106,8 +135,44 @@ def cost_rows(cells: list[Cell]) -> list[dict[str, Any]]:
                            "than the torch reference path the prediction models")
             rows.append({"cell_key": c.key, "label": c.label, "figure": pred_key, "predicted": pred,
                          "source": cost_source(c), "measured": meas, "measured_as": meas_key, "ratio": ratio,
-                         "agreement": verdict})
+                         "agreement": verdict, "not_loaded": c.predict_error if c.not_loaded else ""})
     return rows
+
+
+def is_compared(row: dict[str, Any]) -> bool:
+    """Did this check compare a prediction with a measurement (it agrees or it disagrees)?"""
+    return str(row["agreement"]).startswith(("agrees", "DISAGREES"))
+
+
+def compared_note(rows: list[dict[str, Any]]) -> str:
+    """How many cells the checks compared, and why the others were not: "k of n cells compared on every
+    check; m not (or only in part) because <plugin> is not loaded: <how to load it>"; "" when every cell was.
+    A summary that says every check agrees says this beside it, so a skipped cell is never silent."""
+    by_cell: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_cell.setdefault(r["cell_key"], []).append(r)
+    full = [k for k, rs in by_cell.items() if all(is_compared(r) for r in rs)]
+    if len(full) == len(by_cell):
+        return ""
+    plugin: dict[str, list[str]] = {}  # why (a plugin not loaded) -> the cells
+    other: dict[str, list[str]] = {}  # the other reasons: no measurement, no prediction, Triton kernels
+    for key, rs in by_cell.items():
+        if key in full:
+            continue
+        if rs[0].get("not_loaded"):
+            plugin.setdefault(rs[0]["not_loaded"], []).append(rs[0]["label"])
+            continue
+        for r in rs:
+            if not is_compared(r):
+                why = str(r["agreement"]).split(":")[0].removeprefix("not compared").strip() or "not compared"
+                other.setdefault(f"{r['figure']} {why}", []).append(r["label"])
+    parts = [f"{len(full)} of {len(by_cell)} cells compared on every check"]
+    for why, labels in plugin.items():
+        parts.append(f"{len(labels)} not (or only where the runs recorded a prediction) because {why} "
+                     f"[{', '.join(labels)}]")
+    for why, labels in other.items():
+        parts.append(f"{len(set(labels))} with {why} [{', '.join(dict.fromkeys(labels))}]")
+    return "; ".join(parts) + "."
 
 
 def cost_summary(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -37,6 +37,8 @@ class Cell:
     predicted: dict | None = None  # abl.model.costmodel.predict's figures; cost_source "measured" without a cost function
     predict_error: str = ""
     cost_missing: list[str] = field(default_factory=list)  # components without a cost function ("norm 'x'")
+    # components no loaded plugin provides, "axis:name" -> the origin its runs recorded (report.costs.not_loaded)
+    not_loaded: dict = field(default_factory=dict)
 
     @property
     def completed(self) -> list[StoredRun]:

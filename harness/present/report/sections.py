@@ -43,6 +43,7 @@ from .conditions import (
 from .costs import (
     CONTENDED_MARK,
     attach_predictions,
+    compared_note,
     contended_runs,
     contention_note,
     cost_rows,
@@ -373,9 +374,11 @@ def predicted_vs_measured_section(ctx: Context) -> None:
     else:
         doc.p(f"Every compared check agrees ({sum(s['compared'] for s in summary)} of {len(rows)} checks have "
               "both a prediction and a measurement).")
+    if skipped := compared_note(rows):  # never "all agree" alone when cells were not compared
+        doc.p(skipped)
     doc.details(f"every check, one row per cell and figure ({len(rows)} rows)", *cost_table,
                 "the full table is in report.json (predicted_vs_measured)")
-    errs = sorted({c.predict_error for c in cells if c.predict_error})
+    errs = sorted({c.predict_error for c in cells if c.predict_error and not c.not_loaded})  # those: above
     for e in errs:
         doc.p("Not predicted: " + e)
     png = plot_predicted_vs_measured(rows, cond)
