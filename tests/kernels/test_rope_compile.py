@@ -6,7 +6,7 @@ layout on a contiguous tensor, the cell runs the default "interleaved" layout on
 The old kernel's interleaved path loaded and stored the pairs at stride 2, 2 bytes at a time.
 ``abl.kernels.compilecheck`` now fails a 16-bit RoPE launch with aligned rows that compiles to scalar
 2-byte global accesses. Like tests/kernels/test_compilecheck.py, this runs the compiler in a subprocess
-without ``TRITON_INTERPRET``.
+without ``TRITON_INTERPRET``, with the pinned triton and, in CI, the GPU machines' triton 3.6.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from .test_compilecheck import _can_compile_sm90, _run
+from .test_compilecheck import _can_compile_sm90, _run, _tritons
 
 CELL = textwrap.dedent("""
     import json, sys
@@ -47,11 +47,12 @@ CELL = textwrap.dedent("""
 """)
 
 
-def test_the_cell_launch_is_vectorised_and_the_old_interleaved_kernel_is_caught():
-    why = _can_compile_sm90(None)
+@pytest.mark.parametrize("pythonpath", _tritons(), ids=lambda p: "pinned triton" if p is None else "second triton")
+def test_the_cell_launch_is_vectorised_and_the_old_interleaved_kernel_is_caught(pythonpath):
+    why = _can_compile_sm90(pythonpath)
     if why:
         pytest.skip(f"this triton cannot compile for sm_90 here: {why}")
-    r = _run(["-c", CELL], None, timeout=600)
+    r = _run(["-c", CELL], pythonpath, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     for layout in ("interleaved", "half"):
