@@ -33,6 +33,12 @@ store) and of a store (the first cell of a shape counts its FLOPs and tracks
 its memory) fall on the first cell, and are reported as ``first_cell``.
 Timings on a shared machine are noisy; compare runs made in one session, as
 ratios.
+
+``grid`` is the figure ``abl run`` ends with (abl.run.busy): the grid's wall
+time from the first launch to the last end, the sum of its cells' training-step
+time, and the device's busy share (NVML utilisation on CUDA where available;
+otherwise the share of the wall time some cell was in its training loop, said
+as such in ``grid["line"]``).
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ def run_harness_bench(steps: int = 200, overrides: list[str] | None = None,
         ws = Workspace.at(Path(tmp) / "bench.duckdb")  # a scratch store and its folders
         db, runs = ws.db, ws.runs
         t0 = time.perf_counter()
-        engine = LocalExecutor()
+        engine = LocalExecutor(speed_pass="never")  # the grid's own figures: no speed pass after it
         engine.prestart()  # as abl run does: the zygote imports while the token store is built
         failed = run_grid(grid, registry, db, runs, executor=engine, console=Console(quiet=True))
         grid_wall = time.perf_counter() - t0
@@ -88,15 +94,16 @@ def run_harness_bench(steps: int = 200, overrides: list[str] | None = None,
         ends = sorted((rundir.read_json(runs / c.run_id / rundir.STATUS)["finished"], c.run_id)
                       for c in grid.cells)
     first = _split(grid.cells[0], by_run[ends[0][1]], grid_wall - (ends[-1][0] - ends[0][0]))
+    whole = engine.grid_figure or {}  # what abl run ends with (abl.run.busy): wall, steps' time, busy share
     if len(ends) == 1:
-        return first
+        return {**first, "grid": whole}
     steady = [_split(grid.cells[0], by_run[rid], end - prev_end)
               for (prev_end, _), (end, rid) in zip(ends, ends[1:])]
     out = {k: statistics.median(s[k] for s in steady) for k in first
            if isinstance(first[k], float) and all(isinstance(s.get(k), float) for s in steady)}
     out.update(cell=first["cell"], steps=first["steps"], untimed_steps=first["untimed_steps"],
                compile_s=first["compile_s"], cells=len(ends), grid_wall_s=grid_wall,
-               overhead=1 - out["steps_s"] / out["cell_wall_s"], first_cell=first)
+               overhead=1 - out["steps_s"] / out["cell_wall_s"], first_cell=first, grid=whole)
     return out
 
 

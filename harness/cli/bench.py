@@ -143,3 +143,5 @@ def harness(steps, overrides, cells, as_json):
                f"{100 * out['evaluations_s'] / out['cell_wall_s']:5.1f}%)")
     click.echo(f"overhead (wall time outside the training steps): {100 * out['overhead']:.1f}%; "
                f"besides the grid's evaluations: {100 * out['overhead_besides_evaluations']:.1f}%")
+    if out.get("grid", {}).get("line"):  # what abl run ends with (abl.run.busy)
+        click.echo(out["grid"]["line"])

@@ -143,6 +143,8 @@ class Executor:
     slots = 1
     use_gpus = False
     free_gpus: list[int] = []
+    # the whole grid's figure once its cells have ended (abl.run.busy.GridFigure.as_dict; set by the runner)
+    grid_figure: dict[str, Any] | None = None
 
     def prestart(self) -> None:
         """Start anything slow before the cells are ready (the local executor's zygote); optional."""

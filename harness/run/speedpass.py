@@ -175,16 +175,18 @@ def run_speed_pass(jobs: list[Any], executor: Any, db_path: Path, console: Any =
 
 
 def after_grid(executor: Any, jobs: list[Any], db_path: Path, console: Any) -> dict[str, Any] | None:
-    """What ``abl run`` prints once its cells have ended: the whole grid's figure (abl.run.busy), then the
-    speed pass's lines. Returns the figure as a dict (None when no cell started)."""
+    """What ``abl run`` prints once its cells have ended: the whole grid's figure (abl.run.busy, kept as the
+    executor's ``grid_figure`` too), then the speed pass's lines. Returns the figure as a dict (None when no
+    cell started)."""
     from .busy import grid_figure
 
     figure = grid_figure(jobs, executor)
     if figure is not None:
         console.print(figure.line(), soft_wrap=True, markup=False)
+        executor.grid_figure = {**figure.as_dict(), "line": figure.line()}
     for line in run_speed_pass(jobs, executor, db_path, console):
         console.print(line, soft_wrap=True, markup=False)
-    return None if figure is None else figure.as_dict()
+    return executor.grid_figure if figure is not None else None
 
 
 # ---------------------------------------------------------------- the timing child
