@@ -209,3 +209,35 @@ def test_a_negative_time_limit_is_refused_like_any_train_setting(tmp_path):
     grid.write_text(tiny_grid_text(train={"timeout_s": -1}))
     r = run_abl(["run", str(grid), "--dry-run", "--db", str(tmp_path / "x.duckdb")])
     assert r.returncode == 2 and "train.timeout_s" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_sigterm_while_plugin_code_is_stuck_in_native_code_exits_130_with_the_clean_ups_run(tmp_path):
+    """SIGTERM and SIGALRM blocked in the main thread stand for native code that never gives the interpreter
+    back: the Python handler cannot run, so the watchdog learns of the signal from the wakeup fd and ends
+    the process with 130 after the clean-ups."""
+    marker = tmp_path / "cleaned"
+    code = f"""
+import signal, sys, time
+from abl.run import guard
+guard.STOP_GRACE_S = 1.0
+guard.stop_on_signals()
+guard.at_hard_exit(lambda: open({str(marker)!r}, "w").close())
+with guard.time_limit("the test step", 300):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGALRM, signal.SIGTERM}})
+    print("stuck", flush=True)
+    time.sleep(120)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "stuck"
+        started = time.time()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert time.time() - started < 30
+    assert "stopped by SIGTERM while the test step was stuck in native code" in err, err
+    assert marker.exists()

@@ -20,9 +20,11 @@ SIGTERM too, from the first line of ``abl run`` on (``stop_on_signals``).
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import threading
+import time
 import types
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +35,8 @@ from ..contracts.status import signal_name
 # after the limit, how long a step stuck in native code has to give the interpreter back before the
 # watchdog ends the process
 NATIVE_GRACE_S = 30.0
+# after SIGTERM or SIGINT, how long a step stuck in native code has before the watchdog ends the process (exit 130)
+STOP_GRACE_S = 5.0
 # the parent's default limit for one step of plugin work before any cell starts (abl run --plugin-timeout)
 DEFAULT_PLUGIN_TIMEOUT_S = 600.0
 
@@ -117,42 +121,77 @@ def set_plugin_timeout(seconds: float) -> None:
     plugin_timeout_s = float(seconds)
 
 
+def _hard_exit(line: str, code: int) -> None:
+    """From the watchdog thread: say why, run the registered clean-ups (the store's lock), and end the process."""
+    print(line, file=sys.stderr, flush=True)
+    for fn in list(_hard_exits):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - the exit must happen whatever a clean-up does
+            pass
+    os._exit(code)
+
+
 @contextmanager
 def time_limit(what: str, seconds: float | None = None) -> Iterator[None]:
     """Run the block under a limit of ``seconds`` (default: ``plugin_timeout_s``; <= 0: none); raises
     ``PluginTimeout`` past it.
 
-    Main thread only (SIGALRM is delivered there); in another thread, or inside another limit, the
-    block runs as it is."""
+    A watchdog thread stands by while the block runs: when the main thread is stuck in native code, no
+    signal handler can run, so the watchdog ends the process itself: ``NATIVE_GRACE_S`` past the limit
+    (exit 2), or ``STOP_GRACE_S`` after a SIGTERM or SIGINT that the main thread did not act on (exit
+    130). It learns of the signals from Python's wakeup fd (``signal.set_wakeup_fd``), written by the C
+    handler whatever the main thread does.
+
+    Main thread only (SIGALRM and the handlers run there); in another thread, or inside another limit,
+    the block runs as it is."""
     seconds = plugin_timeout_s if seconds is None else seconds
-    if not seconds or seconds <= 0 or threading.current_thread() is not threading.main_thread() \
-            or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+    if threading.current_thread() is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
         yield
         return
+    limited = bool(seconds and seconds > 0)
     done = threading.Event()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
 
     def on_alarm(signum, frame):
         raise PluginTimeout(message(what, seconds, where(frame)))
 
     def watchdog() -> None:
-        if done.wait(seconds + NATIVE_GRACE_S):
-            return
-        print(f"error: {message(what, seconds, 'native code that did not give the interpreter back')}",
-              file=sys.stderr, flush=True)
-        for fn in list(_hard_exits):
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - the exit must happen whatever a clean-up does
-                pass
-        os._exit(2)
+        deadline = time.monotonic() + seconds + NATIVE_GRACE_S if limited else None
+        stop_at, stopped_by = None, ""
+        while not done.is_set():
+            ends = [t for t in (deadline, stop_at) if t is not None]
+            wait = min(0.5, max(0.0, min(ends) - time.monotonic())) if ends else 0.5
+            ready, _, _ = select.select([wake_r], [], [], wait)
+            if done.is_set():
+                return
+            if ready:
+                got = [b for b in os.read(wake_r, 64) if b in (signal.SIGTERM, signal.SIGINT)]
+                if got and stop_at is None:
+                    stop_at, stopped_by = time.monotonic() + STOP_GRACE_S, signal_name(got[0])
+            now = time.monotonic()
+            if stop_at is not None and now >= stop_at:
+                _hard_exit(f"stopped by {stopped_by} while {what} was stuck in native code (plugin code that "
+                           f"did not give the interpreter back); nothing was trained", 130)
+            if deadline is not None and now >= deadline:
+                _hard_exit(f"error: {message(what, seconds, 'native code that did not give the interpreter back')}",
+                           2)
 
-    previous = signal.signal(signal.SIGALRM, on_alarm)
+    previous = signal.signal(signal.SIGALRM, on_alarm) if limited else None
+    previous_fd = signal.set_wakeup_fd(wake_w)
     thread = threading.Thread(target=watchdog, name="abl-plugin-watchdog", daemon=True)
     thread.start()
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    if limited:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        if limited:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
         done.set()
-        signal.signal(signal.SIGALRM, previous)
+        signal.set_wakeup_fd(previous_fd)
+        thread.join(2.0)
+        os.close(wake_r)
+        os.close(wake_w)
