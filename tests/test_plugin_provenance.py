@@ -229,3 +229,24 @@ def test_the_costs_page_counts_the_cells_it_did_not_compare(plugin_store, monkey
     assert not at.success  # no green "every check agrees" over a cell it could not compare
     warnings = "\n".join(str(w.value) for w in at.warning)
     assert "1 of 2 cells compared on every check" in warnings and f"plugin file {name} in folder plug" in warnings
+
+
+def test_the_cost_check_counts_every_cell_it_did_not_compare_and_says_why():
+    from abl.present.report.costs import compared_note
+
+    def row(cell, figure, agreement, not_loaded=""):
+        return {"cell_key": cell, "label": cell.upper(), "figure": figure, "agreement": agreement,
+                "not_loaded": not_loaded}
+
+    full = [row("a", "n_params", "agrees (exact)"), row("a", "flops_per_step", "DISAGREES (outside 5%)")]
+    assert compared_note(full) == ""  # every cell compared: nothing to add to the summary
+    note = compared_note(full + [
+        row("b", "n_params", "agrees (exact)"),
+        row("b", "train_peak_bytes", "not compared: the run used the Triton kernels, which keep less"),
+        row("c", "n_params", "not measured"),
+        row("d", "n_params", "not compared: x", not_loaded="mixer 'm' (...) is not loaded: load it with --plugins-dir p"),
+    ])
+    assert note.startswith("1 of 4 cells compared on every check; ")
+    assert "1 not (or only where the runs recorded a prediction) because mixer 'm'" in note and "[D]" in note
+    assert "train_peak_bytes not compared (the run used the Triton kernels) [B]" in note
+    assert "n_params not measured [C]" in note

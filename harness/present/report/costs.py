@@ -164,7 +164,8 @@ def compared_note(rows: list[dict[str, Any]]) -> str:
             continue
         for r in rs:
             if not is_compared(r):
-                why = str(r["agreement"]).split(":")[0].removeprefix("not compared").strip() or "not compared"
+                head, _, detail = str(r["agreement"]).partition(": ")  # "not measured", "not compared: why"
+                why = f"{head} ({detail.split(',')[0]})" if head == "not compared" and detail else head
                 other.setdefault(f"{r['figure']} {why}", []).append(r["label"])
     parts = [f"{len(full)} of {len(by_cell)} cells compared on every check"]
     for why, labels in plugin.items():
