@@ -241,3 +241,54 @@ with guard.time_limit("the test step", 300):
     assert time.time() - started < 30
     assert "stopped by SIGTERM while the test step was stuck in native code" in err, err
     assert marker.exists()
+
+
+class _Display:
+    def __init__(self):
+        self.printed = []
+
+    def update(self, job):
+        pass
+
+    def print(self, text):
+        self.printed.append(text)
+
+
+class _Executor:
+    def __init__(self):
+        self.calls = []
+
+    def stop(self, job):
+        self.calls.append("stop")
+
+    def kill(self, job):
+        self.calls.append("kill")
+
+
+def test_the_watch_stops_a_cell_at_its_limit_kills_it_after_the_grace_and_warns_of_a_stall_once(
+        tiny_cell, tmp_path, monkeypatch):
+    from abl.run import runner
+    from abl.run.executors import Job
+
+    now = [1000.0]
+    monkeypatch.setattr(runner.time, "time", lambda: now[0])
+    quiet = tiny_cell(train={"timeout_s": 0, "stall_warning_s": 30})
+    job = Job(cell=quiet, run_dir=tmp_path / "a", index=0, started=1000.0)
+    display, executor = _Display(), _Executor()
+    events = runner.CellEvents(tmp_path / "x.duckdb", tmp_path, {}, {}, display)
+    for t in (1010.0, 1031.0, 1100.0, 5000.0):
+        now[0] = t
+        events.watch(job, executor)
+    stalls = [p for p in display.printed if "no progress reported for" in p]
+    assert len(stalls) == 1 and "31s" in stalls[0] and "no time limit" in stalls[0], display.printed
+    assert executor.calls == []  # a stall alone never stops a cell
+
+    limited = tiny_cell(train={"timeout_s": 60, "stall_warning_s": 0})
+    job = Job(cell=limited, run_dir=tmp_path / "b", index=1, started=1000.0)
+    executor = _Executor()
+    for t, calls in ((1059.0, []), (1061.0, ["stop"]), (1065.0, ["stop"]),
+                     (1061.0 + runner.STOP_GRACE_S + 1, ["stop", "kill"]), (1200.0, ["stop", "kill"])):
+        now[0] = t
+        events.watch(job, executor)
+        assert executor.calls == calls, (t, executor.calls)
+    assert any("ran past train.timeout_s = 60 s" in p for p in display.printed)
