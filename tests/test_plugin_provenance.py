@@ -194,10 +194,12 @@ def test_a_plugins_runs_are_reported_and_compared_after_its_folder_is_removed(pl
     assert "mixer=local_mqa" in r.stdout and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("command", ["report", "compare"])
+@pytest.mark.parametrize("command", ["report", "compare", "run"])
 def test_a_grid_file_naming_the_missing_plugin_names_it_and_how_to_load_it(plugin_store, command):
     tmp, name, _ = plugin_store
+    before = sorted(p.name for p in (tmp / "runs").iterdir())
     r = run_abl([command, "g.toml", "--db", "abl.duckdb"], cwd=tmp)
+    assert sorted(p.name for p in (tmp / "runs").iterdir()) == before
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr
     assert "unknown mixer 'local_mqa'" in r.stderr

@@ -40,6 +40,12 @@ def fail(message: str) -> None:
         from ..grid.validation import one_per_problem
 
         message = "\n".join(one_per_problem(message.split("\n")))
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:  # an unknown component: which plugin the command's store recorded for it, how to load it
+        from ..store.provenance import plugin_hint
+
+        params = ctx.params
+        message = plugin_hint(message, params.get("db_path"), params.get("source") or params.get("grid_file"))
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
 

@@ -67,9 +67,7 @@ def command(source, db_path, metrics, baseline, pairs, by, bootstrap, correction
         _show(chosen, baseline=baseline, pairs=pairs, by=by, bootstrap=bootstrap, correction=correction,
               detect=detect, presentation=presentation)
     except user_errors() + (ReportError, VerdictError) as exc:
-        from ..store.provenance import plugin_hint
-
-        fail(plugin_hint(str(exc), db_path, source))  # an unknown component: which plugin the runs had
+        fail(str(exc))
 
 
 @dataclass

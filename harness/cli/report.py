@@ -84,9 +84,7 @@ def command(source, db_path, out_dir, fmt, baseline, overrides):
                            baseline=baseline, grid_raw=raw, missing_runs=missing)
         path = write_report(rep, out, fmt)
     except errors as exc:
-        from ..store.provenance import plugin_hint
-
-        fail(plugin_hint(str(exc), db_path, source))  # an unknown component: which plugin the runs had
+        fail(str(exc))
     except OSError as exc:  # a full disk, a folder that cannot be made
         fail(f"cannot write the report into {out}: {exc.strerror or exc}")
     click.echo(f"wrote {path}")

@@ -172,17 +172,17 @@ def plugin_hint(message: str, db_option: str | None = None, source: str | None =
         recorded = recorded_plugins(db)
     except Exception:  # noqa: BLE001 - a hint never hides the error it adds to
         recorded = {}
-    notes = []
+    notes: list[str] = []
     for axis, name in unknown:
         key = f"{axis}:{name}"
         if key in recorded:
             notes.append(f"The runs in {db} got {axis} {name!r} from {describe_plugin(recorded[key])}: "
                          f"{how_to_load(recorded[key])}. Named by experiment instead of grid file, the stored "
                          "runs are read without it.")
-        else:
+        elif "Closest match" not in message:  # not a near-miss of a loaded name: maybe a plugin's
             notes.append(f"If {axis} {name!r} comes from a plugin, load it: --plugins-dir DIR for a plugins "
                          "folder, or install its package.")
-    return message + "\n" + "\n".join(notes)
+    return "\n".join([message, *notes])
 
 
 def _grid_db(source: str | None) -> str:
