@@ -7,10 +7,14 @@
 #   selftest.txt    its tables and progress, as a terminal shows them
 #   grids.txt       the norms and precision grids' summaries, train.kernels = triton and torch
 #   big.txt         the >= 100M-parameter bf16 cell (scripts/gpu_big.toml)
+#   packing.txt     stage packing (not run by default): the flagship norms grid packed (cells per GPU
+#                   chosen from their predicted memory) and serial (--cells-per-gpu 1), each in a fresh
+#                   store under its own limit: their "whole grid done:" lines (wall time, training-step
+#                   time, busy share) and nvidia-smi's mean utilisation during each (issue 37)
 #   abl.duckdb      the store: selftest rows, kernel bench rows, every run's metrics
 #   status.txt      each stage's exit status and wall time
 #
-# Usage: bash scripts/gpu_run.sh [STAGE...]    STAGE: selftest, grids (= norms precision), big
+# Usage: bash scripts/gpu_run.sh [STAGE...]    STAGE: selftest, grids (= norms precision), big, packing
 #        (default: selftest grids big)
 #        bash scripts/gpu_run.sh probe         the GPU probe alone (python -m abl.bench.probe; docs/gpu.md,
 #        "The probe"): seven stages, each under its own time limit (abl.bench.probe.LIMITS, 465 s in
@@ -24,6 +28,7 @@
 #   ABL_GPU_SELFTEST_ARGS more options for abl selftest (e.g. --quick, if the full one outruns a call)
 #   ABL_GPU_STAGE_TIMEOUT seconds each stage may run before it is stopped (default 0: no limit); a
 #                         stopped stage is recorded in status.txt (exit 124) and the next one runs
+#   ABL_GPU_PACKING_TIMEOUT seconds each of the packing stage's two runs may take (default 240)
 #   ABL_GPU_TINY=1        tiny sizes (the CPU test): selftest --quick, one cell of each grid
 #                         with a few steps, the big cell shrunk
 set -uo pipefail
@@ -42,10 +47,11 @@ WORK=$(mktemp -d -t abl-gpu.XXXXXX)
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(selftest grids big)
 for s in "${STAGES[@]}"; do
-    case $s in selftest|grids|norms|precision|big) ;;
+    case $s in selftest|grids|norms|precision|big|packing) ;;
         probe) [ ${#STAGES[@]} -eq 1 ] || {
             echo "error: probe runs alone (its 8 files are all a call brings back)" >&2; exit 2; } ;;
-        *) echo "error: unknown stage '$s' (selftest, grids, norms, precision, big, probe)" >&2; exit 2;; esac
+        *) echo "error: unknown stage '$s' (selftest, grids, norms, precision, big, packing, probe)" >&2
+           exit 2;; esac
 done
 mkdir -p "$OUT"
 DB=$WORK/abl.duckdb
@@ -129,6 +135,39 @@ for s, n in LIMITS.items(): print(s, n, n - GRACE_S)') || { status "probe: canno
             fi
             status "probe $name: exit $rc in $((SECONDS - t0)) s (limit $limit s)"
         done <<< "$limits"
+        ;;
+    packing)
+        # issue 37: the flagship grid with several cells per GPU and with one, each run whole in a fresh store;
+        # abl run's "whole grid done:" line gives the wall time, the cells' training-step time and the busy share
+        # (NVML where nvidia-ml-py is installed); nvidia-smi's own samples are averaged here beside it
+        extra=()
+        if [ "$TINY" = 1 ]; then
+            extra=(--cells 1-2 --set 'experiment.seeds=[0]' --set train.steps=2 --set train.eval_every=2
+                   --set train.eval_batches=1 --set train.batch_size=2 --set model.context=32
+                   --set model.d_model=32 --set model.n_layers=1)
+        fi
+        for mode in packed serial; do
+            opts=(--speed-pass never); [ "$mode" = serial ] && opts+=(--cells-per-gpu 1)
+            [ "$mode" = packed ] && [ "$TINY" = 1 ] && opts+=(--workers 2)  # the CPU test: two cells at once
+            echo "== abl run norms, $mode (${opts[*]})" >> "$OUT/packing.txt"
+            smi=
+            if command -v nvidia-smi >/dev/null; then
+                nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 \
+                    > "$WORK/util-$mode.txt" 2>/dev/null &
+                smi=$!
+            fi
+            t0=$SECONDS
+            timeout -k 10 "${ABL_GPU_PACKING_TIMEOUT:-240}" "${ABL[@]}" run norms --db "$WORK/packing-$mode.duckdb" \
+                --runs-dir "$WORK/packing-$mode-runs" "${opts[@]}" "${extra[@]}" >> "$OUT/packing.txt" 2>&1
+            rc=$?
+            if [ -n "$smi" ]; then
+                kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+                awk -v m="$mode" '$1 ~ /^[0-9]+$/ {s += $1; n++}
+                    END {if (n) printf "nvidia-smi: %s: GPU utilisation %.0f%% (mean of %d samples, every 0.5 s, all GPUs)\n",
+                         m, s / n, n}' "$WORK/util-$mode.txt" >> "$OUT/packing.txt"
+            fi
+            status "packing $mode: exit $rc in $((SECONDS - t0)) s (limit ${ABL_GPU_PACKING_TIMEOUT:-240} s)"
+        done
         ;;
     big)
         extra=()

@@ -403,8 +403,11 @@ def test_tradeoffs_page_pareto_fronts(fixture_store):
     at = app("tradeoffs")
     assert [t.value for t in at.title] == ["Trade-offs"]
     heads = {s.value for s in at.subheader}
-    assert heads == {"val_loss vs tokens_per_s", "val_loss vs peak_mem_bytes", "val_loss vs kv_bytes_per_token",
-                     "val_loss vs n_params"}
+    from abl.analysis.metrics import metric
+
+    # readable names from the metric catalogue, not raw ones (issue 40 item 11)
+    assert heads == {f"{metric('val_loss').label} vs {metric(c).label}"
+                     for c in ("tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token", "n_params")}
     costs = ("tokens_per_s", "peak_mem_bytes", "kv_bytes_per_token", "n_params")
     recorded = [c for c in costs if fixture_store.sql("SELECT 1 FROM metrics WHERE name = ? LIMIT 1", [c])]
     for c in set(costs) - set(recorded):

@@ -83,3 +83,22 @@ def test_too_many_levels_for_a_channel_fall_back_to_one_look_per_cell():
     runs = [run(f"n{i}", f"b{j}", i * 10 + j) for i in range(9) for j in range(9)]
     ch = palette.grid_styles(runs)
     assert not ch.factorial and len({(s.colour, s.marker) for s in ch.styles.values()}) == 64
+
+
+def test_the_report_draws_a_factorial_grid_with_the_same_channels():
+    from abl.present.figures import cell_styles
+
+    runs = norms_runs()
+    cells = [SimpleNamespace(key=k, runs=[r for r in runs if r.cell_key == k])
+             for k in dict.fromkeys(r.cell_key for r in runs)]
+    looks = palette.grid_styles(runs).styles
+    drawn = cell_styles(cells)
+    assert [d["color"] for d in drawn] == [looks[c.key].colour for c in cells]
+    assert [(d["marker"], d["ls"]) for d in drawn] == [(looks[c.key].marker, looks[c.key].mpl_ls) for c in cells]
+    assert len({(d["color"], d["marker"]) for d in drawn}) == 13
+    assert len({d["color"] for d in drawn}) == 4  # one colour per norm
+    # a one-axis grid: one look per cell by position, as before
+    one = [SimpleNamespace(key=f"c{i}", runs=[SimpleNamespace(
+        experiment="e", cell_key=f"c{i}", grid_file="g", grid_index=i, grid_paths=["model.norm"],
+        grid_varied={"model.norm": f"n{i}"}, config={})]) for i in range(5)]
+    assert cell_styles(one) == cell_styles(5)

@@ -218,6 +218,7 @@ else:
     words = pd.Series([_significance(c) for c in analysis.comparisons]).value_counts()
     why = "" if can_decide else f": none can decide ({words.index[0]})"
     with st.expander(f"Per-cell comparisons: {what}{why}", expanded=not effects and bool(can_decide)):
+        st.caption(f"Comparisons: {what}.")
         comp["cell"] = [f"{a} − {b}" for a, b in zip(comp["a_label"], comp["b_label"])]
         comp["cell"] = [f"{c} ({j})" if list(comp["cell"]).count(c) > 1 else c
                         for j, c in enumerate(comp["cell"], 1)]  # every row its own label

@@ -5,6 +5,7 @@ overlap, the conditions footer below everything. Imports only abl.present.palett
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from typing import Any
 
 from . import palette
@@ -32,11 +33,23 @@ LINE_STYLES = palette.LINE_STYLES
 MARKERS = palette.MARKERS
 
 
-def cell_styles(n: int) -> list[dict[str, Any]]:
-    """The (colour, line style, marker) of the cells at grid positions 0..n-1 (abl.present.palette: the
-    dashboard draws each cell in the same style): Paul Tol's muted colours, then the next line style and
-    marker past them."""
-    return [{"color": s.colour, "ls": s.mpl_ls, "marker": s.marker} for s in palette.distinct(n)]
+def _as_dict(s: palette.CellStyle) -> dict[str, Any]:
+    return {"color": s.colour, "ls": s.mpl_ls, "marker": s.marker}
+
+
+def cell_styles(cells: int | Sequence[Any]) -> list[dict[str, Any]]:
+    """The (colour, line style, marker) of each cell, as the dashboard draws it (abl.present.palette).
+
+    ``cells``: the report's cells (objects with ``key`` and ``runs``, the stored runs): a factorial grid gets
+    one channel per axis (colour for one axis, marker and line style for the other(s),
+    ``palette.grid_styles`` over what the runs recorded), any other one look per cell by grid position. An
+    int ``n``: the looks of grid positions 0..n-1 (a figure whose series are not cells of a grid)."""
+    if isinstance(cells, int):
+        return [_as_dict(s) for s in palette.distinct(cells)]
+    looks = dict(palette.grid_styles([r for c in cells for r in (getattr(c, "runs", None) or [])]).styles)
+    for c in cells:  # a cell with no run (none expected): after the others, a look of its own
+        looks.setdefault(str(c.key), palette.style(len(looks)))
+    return [_as_dict(looks[str(c.key)]) for c in cells]
 
 
 def legend_outside(fig, axes, extra: list | None = None) -> None:

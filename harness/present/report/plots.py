@@ -89,7 +89,7 @@ def loss_curves_figure(cells: list[Cell], footer: str):
     axes = dict(zip(panels, grid.flat))
     for ax in list(grid.flat)[len(panels):]:
         fig.delaxes(ax)
-    styles = cell_styles(len(cells))
+    styles = cell_styles(cells)  # one channel per axis of a factorial grid, as the dashboard
     bands = sections.bands_by_default([len(c.completed) for c in cells])
     any_contended = False
     for c, st in zip(cells, styles):
@@ -182,7 +182,7 @@ def quality_vs_cost_figure(cells: list[Cell], stat_rows: list[dict], footer: str
     axes = list(grid[0])
     by_key = {s["cell_key"]: s for s in stat_rows}
     bands = sections.bands_by_default([len(c.completed) for c in cells])
-    styles = cell_styles(len(cells))
+    styles = cell_styles(cells)  # one channel per axis of a factorial grid, as the dashboard
     any_contended = False
     for c, st in zip(cells, styles):
         s = by_key[c.key]

@@ -1,0 +1,229 @@
+"""Issue 40 item 1: the Compare page leads with the answer, and every interval chart can be read.
+
+On a norms-shaped store (13 cells x 2 seeds, tests/dashboard/norms_store.py) with seed noise that makes the
+2-seed t(1) intervals of the cells wide: each axis's main effect is a forest plot above the per-cell figures;
+every row of every interval chart is labelled (one row per label, a fixed height per row, labels never
+thinned); the x axis is set by what is drawn and an interval that runs past it is cut at the edge and marked;
+the statistics legend is printed once; a cell that no test could rank (2 seeds) says so instead of a rank.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import ROOT
+
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install 'abl[dashboard]'")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).parent / "dashboard"))
+import norms_store  # noqa: E402
+
+from abl.dashboard import charts  # noqa: E402
+
+APP = ROOT / "dashboard" / "app.py"
+
+
+def _noisy(folder: Path, seeds=(0, 1)) -> Path:
+    """The norms store with seed-to-seed noise in the final val_loss (a 2-seed cell's t(1) interval is then
+    many times the spread of the cells' means)."""
+    import duckdb
+
+    db = norms_store.build(folder, seeds=seeds)
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE metrics SET value = value + CASE WHEN run_id LIKE '%s1' THEN 0.35 "
+                "WHEN run_id LIKE '%s2' THEN -0.1 ELSE 0.0 END * (1 + (hash(run_id) % 5) / 10.0) "
+                "WHERE name = 'val_loss' AND step = 200")
+    con.close()
+    return db
+
+
+@pytest.fixture(scope="module")
+def noisy2(tmp_path_factory) -> Path:
+    return _noisy(tmp_path_factory.mktemp("noisy2"))
+
+
+@pytest.fixture(scope="module")
+def noisy3(tmp_path_factory) -> Path:
+    return _noisy(tmp_path_factory.mktemp("noisy3"), seeds=(0, 1, 2))
+
+
+def app(db: Path, monkeypatch, **state) -> AppTest:
+    monkeypatch.setenv("ABL_DB", str(db))
+    monkeypatch.setenv("ABL_RUNS_DIR", str(db.parent / "runs"))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    for k, v in state.items():
+        at.session_state[k] = v
+    at.switch_page("views/compare.py")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def specs(at: AppTest) -> list[dict]:
+    from streamlit import dataframe_util
+
+    out = []
+    for el in at.get("vega_lite_chart"):
+        spec = json.loads(el.proto.spec)
+        spec["_data"] = {d.name: dataframe_util.convert_arrow_bytes_to_pandas_df(d.data.data)
+                         for d in el.proto.datasets}
+        out.append(spec)
+    return out
+
+
+def interval_panels(spec: dict) -> list[dict]:
+    """The layered interval charts of a spec (one, or one per panel of a vconcat)."""
+    return [p for p in spec.get("vconcat", [spec]) if "layer" in p]
+
+
+def check_every_row(panel: dict, data: pd.DataFrame) -> int:
+    """Every row labelled and drawn inside the axis, or cut at the edge with a triangle there; returns rows."""
+    layers = panel["layer"]
+    point = next(m for m in layers if m["mark"]["type"] == "point" and "filter" not in json.dumps(
+        m.get("transform", [])))
+    y = point["encoding"]["y"]
+    assert y["axis"]["labelOverlap"] is False and y["axis"]["labelLimit"] == 0  # no label thinned or cut
+    assert panel["height"] == {"step": charts.ROW_PX} and charts.ROW_PX >= 24  # a row per label
+    rows = data[y["field"]].astype(str)
+    assert rows.is_unique and (rows.str.len() > 0).all()
+    assert list(y["sort"]) == list(rows)  # every row is on the axis, in order
+    lo_edge, hi_edge = point["encoding"]["x"]["scale"]["domain"]
+    x = point["encoding"]["x"]["field"]
+    assert ((data[x] >= lo_edge) & (data[x] <= hi_edge)).all()  # every point on the axis
+    rule = next(m for m in layers if m["mark"]["type"] == "rule" and m["encoding"].get("x2"))
+    lo_col, hi_col = rule["encoding"]["x"]["field"], rule["encoding"]["x2"]["field"]
+    assert (lo_col, hi_col) == ("lo_drawn", "hi_drawn")
+    for _, r in data.iterrows():
+        for end, edge, off in (("lo", lo_edge, "off_lo"), ("hi", hi_edge, "off_hi")):
+            drawn = r[f"{end}_drawn"]
+            if pd.isna(drawn):
+                continue
+            assert lo_edge - 1e-12 <= drawn <= hi_edge + 1e-12
+            assert bool(r[off]) == (abs(drawn - edge) < 1e-12 and r[off]), r.to_dict()
+    marks = {m["mark"].get("shape"): m for m in layers if m["mark"]["type"] == "point" and "shape" in m["mark"]}
+    assert {"triangle-left", "triangle-right"} <= set(marks)
+    assert "datum.off_lo" in json.dumps(marks["triangle-left"]["transform"])
+    assert "datum.off_hi" in json.dumps(marks["triangle-right"]["transform"])
+    return len(data)
+
+
+def _data_of(spec: dict, panel: dict) -> pd.DataFrame:
+    name = panel["layer"][-1].get("data", {}).get("name") or spec.get("data", {}).get("name")
+    frames = [d for d in spec["_data"].values() if "lo_drawn" in d]
+    if name in spec["_data"]:
+        return spec["_data"][name]
+    # a vconcat: each panel's rows are its own dataset
+    return next(d for d in frames if set(d["_row"]) == set(panel["layer"][-1]["encoding"]["y"]["sort"])) \
+        if "_row" in frames[0] else frames[0]
+
+
+def test_the_answer_comes_first_as_a_forest_plot_per_axis(noisy2, monkeypatch):
+    at = app(noisy2, monkeypatch)
+    heads = [s.value for s in at.subheader]
+    assert heads[0].startswith("The answer:")
+    verdicts = [m.value for m in at.markdown if m.value.startswith("**model.")]
+    assert [v.split("**")[1] for v in verdicts] == ["model.block", "model.norm"]  # the verdict line of each axis
+    all_specs = specs(at)
+    forests = [s for s in all_specs if any("level" in d for d in s["_data"].values())]
+    assert len(forests) == 2
+    for spec in forests:
+        data = next(d for d in spec["_data"].values() if "level" in d)
+        assert check_every_row(spec, data) == 4  # four levels, four labelled rows
+        assert all("·" in lbl for lbl in data["label"])  # each row: level · rank (letters), or why not ranked
+    # per-cell figures are folded below the answer
+    labels = [e.label for e in at.expander]
+    assert any(lbl.startswith("Per-cell comparisons") for lbl in labels)
+    assert any(lbl.startswith("Per-cell means") for lbl in labels)
+
+
+def test_every_interval_row_is_labelled_and_inside_the_axis_or_marked(noisy2, monkeypatch):
+    """Before: the per-cell chart labelled 4 of 8 rows, and the t(1) intervals of 2-seed cells set an axis
+    on which the differences between the means could not be seen."""
+    at = app(noisy2, monkeypatch, cmp_baseline=None)
+    n_rows = cut = 0
+    for spec in specs(at):
+        for panel in interval_panels(spec):
+            data = _data_of(spec, panel)
+            n_rows += check_every_row(panel, data)
+            cut += int((data["off_lo"] | data["off_hi"]).sum())
+    assert n_rows >= 13 + 8
+    assert cut > 0  # the noisy 2-seed cells' intervals run off the axis, and are marked there
+    per_cell = next(d for s in specs(at) for d in s["_data"].values() if "ci_lo" in d and "lo_drawn" in d)
+    means = per_cell["mean"]
+    lo, hi = charts.interval_domain(means, per_cell["ci_lo"], per_cell["ci_hi"], [per_cell["baseline"].iloc[0]])
+    spread = means.max() - means.min()
+    assert hi - lo <= 3 * spread  # the axis is the means', not the t(1) intervals'
+    assert (per_cell["ci_hi"] - per_cell["ci_lo"]).max() > hi - lo  # which are wider than the axis
+
+
+def test_three_comparisons_get_three_rows():
+    """Before: with 3 comparisons every row collapsed onto one line and the labels printed over each other."""
+    df = pd.DataFrame({"cell": ["a − b", "a − c", "b − c"], "delta": [0.02, 0.45, 0.2],
+                       "delta_lo": [-1.5, 0.3, -0.1], "delta_hi": [2.0, 0.6, 0.5],
+                       "p": [0.5, 0.01, 0.2], "marker": ["x", "y", "z"],
+                       "significance": ["not distinguishable", "worse", "not distinguishable"]})
+    spec = charts.delta_chart(df, list(df["cell"]), "Δ val loss").to_dict()
+    frame = next(pd.DataFrame(d) for d in spec["datasets"].values() if d and "lo_drawn" in d[0])
+    assert check_every_row(spec, frame) == 3
+    lo, hi = spec["layer"][-1]["encoding"]["x"]["scale"]["domain"]
+    assert lo > -1.0 and hi < 1.5  # set by the differences (0 .. 0.45), not by a t(1) interval (-1.5 .. 2.0)
+    assert frame.loc[0, "off_lo"] and frame.loc[0, "off_hi"] and not frame.loc[1, "off_hi"]
+    with pytest.raises(ValueError):  # two rows under one label would be drawn on one line: refused
+        charts.interval_chart(pd.concat([df, df.head(1)]), row="cell", x="delta", lo="delta_lo", hi="delta_hi",
+                              x_title="Δ")
+
+
+def test_the_statistics_legend_is_printed_once(noisy2, monkeypatch):
+    at = app(noisy2, monkeypatch)
+    texts = [c.value for c in at.caption] + [m.value for m in at.markdown]
+    assert sum("Holm correction" in t or "no comparison has a p-value" in t or "comparisons that can be decided" in t
+               for t in texts if t.startswith("**How these were computed.**")) == 1
+    assert sum("Test: paired t-test" in t for t in texts) == 1
+    assert sum("Per axis: each swept axis's main effect" in t for t in texts) == 1
+
+
+def _rank_column(at: AppTest) -> list[str]:
+    from html.parser import HTMLParser
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.rows, self.cell = [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                self.rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.cell is not None:
+                self.rows[-1].append(self.cell.strip())
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    tables = []
+    for md in at.markdown:
+        if "abl-text-table" in md.value:
+            p = Cells()
+            p.feed(md.value)
+            tables.append(pd.DataFrame(p.rows[1:], columns=p.rows[0]))
+    cells = next(t for t in tables if "seeds" in t.columns and "rank" in t.columns)
+    return list(cells["rank"])
+
+
+def test_cells_no_test_could_rank_say_so_instead_of_a_rank(noisy2, noisy3, monkeypatch):
+    """Before: at 2 seeds all 13 cells ranked '1=' (no pair was tested) and 'none' read as tied for best."""
+    ranks = _rank_column(app(noisy2, monkeypatch))
+    assert len(ranks) == 13 and all(r.startswith("untested") for r in ranks), ranks
+    ranks3 = _rank_column(app(noisy3, monkeypatch))
+    assert any(r[:1].isdigit() for r in ranks3), ranks3  # 3 seeds: tested, ranked
