@@ -340,7 +340,7 @@ def test_packed_and_serial_grids_give_identical_final_losses_and_the_speed_pass_
                       str(tmp_path / "serial-runs"), "--workers", "1", "--speed-pass", "always"])
     assert serial.returncode == 0, serial.stderr + serial.stdout
     for out in (packed.stdout, serial.stdout):
-        assert "whole grid: 4 cell(s) in" in out and "their training steps" in out
+        assert "whole grid done: 4 cell(s) in" in out and "their training steps" in out
         assert "cells training" in out and "not a device utilisation" in out  # the CPU's figure, said as such
     assert "speed pass" not in packed.stdout
     assert serial.stdout.count("speed pass: timing") == 2  # one per shape (2 norms), not one per run (4)
@@ -374,4 +374,24 @@ def test_bench_harness_reports_the_whole_grid_figure():
     assert g["cells"] == 2 and 0 < g["grid_wall_s"] <= out["grid_wall_s"]
     assert 0 < g["grid_steps_s"] < g["grid_wall_s"]
     assert 0 < g["busy_fraction"] <= 1 and g["busy_source"] == "loop" and g["devices"] == "cpu"
-    assert g["line"].startswith("whole grid: 2 cell(s)")
+    assert g["line"].startswith("whole grid done: 2 cell(s)")
+
+
+@pytest.mark.slow
+def test_the_gpu_commands_packing_stage_runs_packed_and_serial(tmp_path):
+    """scripts/gpu_run.sh packing at tiny sizes on the CPU: both runs, each with its whole-grid line, in packing.txt."""
+    import os
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), ABL_GPU_INSTALL="0", ABL_GPU_TINY="1", ABL_GPU_PYTHON=sys.executable,
+               TMPDIR=str(tmp_path), TRITON_INTERPRET="1")
+    r = subprocess.run(["bash", str(root / "scripts" / "gpu_run.sh"), "packing"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=900, check=False)
+    status = (out / "status.txt").read_text() if (out / "status.txt").exists() else ""
+    assert r.returncode == 0, status + r.stdout[-2000:] + r.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["env.txt", "packing.txt", "status.txt"]
+    lines = status.strip().splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["packing packed", "packing serial"] and "exit 0" in lines[1]
+    text = (out / "packing.txt").read_text()
+    assert text.count("whole grid done: 2 cell(s)") == 2

@@ -153,9 +153,9 @@ class GridFigure:
             busy = (f"cells training {self.busy:.0%} of the wall time (the share of it in which some cell was in "
                     f"its training loop, on {where}; not a device utilisation)")
         packed = f"; up to {self.packed} cells per GPU at once" if self.packed > 1 else ""
-        return (f"whole grid: {self.cells} cell(s) in {self.wall_s:.1f} s wall; their training steps "
+        return (f"whole grid done: {self.cells} cell(s) in {self.wall_s:.1f} s wall; their training steps "
                 f"{self.steps_s:.1f} s in all ({self.steps_s / self.wall_s:.2f}x the wall time); {busy}{packed}"
-                if self.wall_s > 0 else f"whole grid: {self.cells} cell(s), no wall time")
+                if self.wall_s > 0 else f"whole grid done: {self.cells} cell(s), no wall time")
 
     def as_dict(self) -> dict[str, Any]:
         return {"cells": self.cells, "grid_wall_s": self.wall_s, "grid_steps_s": self.steps_s,
