@@ -220,9 +220,12 @@ def _dry_run(full, grid, registry, ws: Workspace, engine: _Engine, detect: float
     else:
         _print_cells(grid, numbers_of(full), whole=len(grid.cells) == len(full.cells))
     if engine.kind == "local" and any(c.train.compile for c in grid.cells):
+        from ..run.guard import time_limit
         from ..run.payback import planned_payback_notes
 
-        for note in planned_payback_notes(grid.cells, registry, ws.shapes, slots=engine.workers or 1):
+        with time_limit("the compile payback notes (the components' cost functions)"):
+            notes = planned_payback_notes(grid.cells, registry, ws.shapes, slots=engine.workers or 1)
+        for note in notes:
             click.echo(f"note: {note}")
     if detect is not None:
         from ..present.summary import print_detect
