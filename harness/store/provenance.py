@@ -132,11 +132,12 @@ def describe_plugin(record: dict[str, Any]) -> str:
 
 def how_to_load(record: dict[str, Any] | None) -> str:
     """What makes a stored run's plugin available again, in words a user can act on."""
-    kind = (record or {}).get("kind")
+    record = record or {}
+    kind = record.get("kind")
     if kind == "file":
-        return f"load it with --plugins-dir {record['folder']}"
+        return f"load it with --plugins-dir {record.get('folder', '?')}"
     if kind == "package":
-        return f"install the package: pip install '{record['package']}=={record['version']}'"
+        return f"install the package: pip install '{record.get('package', '?')}=={record.get('version', '?')}'"
     if kind == "builtin":
         return (f"it is built into abl {record.get('version')}, not into this abl ({package_version('abl') or '?'}): "
                 "use that version")
