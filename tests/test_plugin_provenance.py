@@ -252,3 +252,18 @@ def test_the_cost_check_counts_every_cell_it_did_not_compare_and_says_why():
     assert "1 not (or only where the runs recorded a prediction) because mixer 'm'" in note and "[D]" in note
     assert "train_peak_bytes not compared (the run used the Triton kernels) [B]" in note
     assert "n_params not measured [C]" in note
+
+
+def test_the_run_detail_page_shows_which_plugin_provided_each_component(plugin_store, monkeypatch):
+    testing = pytest.importorskip("streamlit.testing.v1", reason="streamlit is in the dashboard extra")
+    tmp, name, digest = plugin_store
+    run = next(r for r in read_runs(tmp / "abl.duckdb") if "mixer:local_mqa" in r.plugins)
+    monkeypatch.setenv("ABL_DB", str(tmp / "abl.duckdb"))
+    monkeypatch.setenv("ABL_RUNS_DIR", str(tmp / "runs"))
+    at = testing.AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=120)
+    at.switch_page("views/run_detail.py")
+    at.query_params["run"] = run.run_id
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    text = "\n".join(str(m.value) for m in at.markdown)
+    assert f"plugin file {name} in folder plug (sha256 {digest[:12]})" in text and "mixer:local_mqa" in text

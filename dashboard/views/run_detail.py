@@ -187,6 +187,13 @@ with tab_env:
     with c2:
         st.markdown("**Versions** (packages and components)")
         st.json(json.loads(row["versions"]) if isinstance(row.get("versions"), str) else (row.get("versions") or {}))
+    plugins = json.loads(row["plugins"]) if isinstance(row.get("plugins"), str) else {}
+    if plugins:  # which plugin provided each component when it ran (abl.store.provenance.plugin_records)
+        from abl.store.provenance import describe_plugin
+
+        st.markdown("**Plugins** (which plugin provided each component when the run ran)")
+        common.text_table(pd.DataFrame({"component": list(plugins),
+                                        "from": [describe_plugin(o) for o in plugins.values()]}), key="detail_plugins")
 
 with tab_files:
     folder = ctx.store.run_dir(run_id)
