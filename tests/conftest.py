@@ -143,3 +143,29 @@ def tiny_cell(registry):
         return expand(tiny_grid_raw(**sections), registry, source="tiny.toml").cells[index]
 
     return make
+
+
+def write_completed_runs(cells, runs_dir, grid_file: str, value_of, extra=lambda cell: {}) -> None:
+    """Run folders of completed runs for ``cells`` without training: config, meta (with the grid record),
+    status, and whole metrics (every step's train loss, then ``val_loss`` = ``value_of(cell)`` and
+    ``extra(cell)`` at the last step), as a worker leaves them; ``abl.store.database.ingest_dirs`` takes them."""
+    import json
+    import time
+
+    now = time.time()
+    for i, cell in enumerate(cells):
+        d = Path(runs_dir) / cell.run_id
+        d.mkdir(parents=True, exist_ok=True)
+        final = value_of(cell)
+        (d / "config.json").write_text(json.dumps(cell.config))
+        (d / "meta.json").write_text(json.dumps({"cell_key": cell.cell_key, "label": cell.label,
+                                                 "git_commit": "abc123", "grid_file": grid_file,
+                                                 "grid": cell.grid_record(grid_file)}))
+        (d / "info.json").write_text(json.dumps({"device": "cpu (test)", "data_fingerprint": "f" * 64}))
+        (d / "status.json").write_text(json.dumps({"status": "completed", "started": now + i,
+                                                   "finished": now + i + 1}))
+        lines = [{"step": 0, "n_params": 1000.0}]
+        lines += [{"step": s, "train_loss": final + 1.0 / s} for s in range(1, cell.train.steps + 1)]
+        lines += [{"step": cell.train.steps, "val_loss": final, "wall_s": 1.0, "peak_mem_bytes": 1e6,
+                   **extra(cell)}]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))

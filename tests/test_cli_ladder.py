@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import math
-import time
 
 import numpy as np
 from click.testing import CliRunner
 
 from abl.cli import cli
 from abl.model.costmodel import predict
-from conftest import tiny_grid_text
+from conftest import tiny_grid_text, write_completed_runs
 
 LADDER = """
 [ladder]
@@ -24,24 +22,10 @@ def _write_runs(grid_path, runs_dir, loss_of, registry):
     from abl.grid.gridfile import load_grid
 
     g = load_grid(grid_path, registry)
-    now = time.time()
-    for i, cell in enumerate(g.cells):
-        d = runs_dir / cell.run_id
-        d.mkdir(parents=True)
-        compute = predict(cell, registry)["train_flops_per_token"] * cell.train.steps * cell.train.batch_size \
-            * cell.model.context
-        (d / "config.json").write_text(json.dumps(cell.config))
-        (d / "meta.json").write_text(json.dumps({"cell_key": cell.cell_key, "label": cell.label,
-                                                 "git_commit": "abc123", "grid_file": str(grid_path),
-                                                 "grid": cell.grid_record(str(grid_path))}))
-        (d / "info.json").write_text(json.dumps({"device": "cpu (test)", "data_fingerprint": "f" * 64}))
-        (d / "status.json").write_text(json.dumps({"status": "completed", "started": now + i,
-                                                   "finished": now + i + 1}))
-        final = loss_of(cell, compute)
-        lines = [{"step": 0, "n_params": 1000.0}]
-        lines += [{"step": s, "train_loss": final + 1.0 / s} for s in range(1, cell.train.steps + 1)]
-        lines += [{"step": cell.train.steps, "val_loss": final, "flops": compute, "wall_s": 1.0, "peak_mem_bytes": 1e6}]
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    compute = {c.run_id: predict(c, registry)["train_flops_per_token"] * c.train.steps * c.train.batch_size
+               * c.model.context for c in g.cells}
+    write_completed_runs(g.cells, runs_dir, str(grid_path), lambda c: loss_of(c, compute[c.run_id]),
+                         extra=lambda c: {"flops": compute[c.run_id]})
     return g
 
 
