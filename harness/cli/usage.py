@@ -122,7 +122,8 @@ def of_another_command(group: click.Group, ctx: click.Context, err: click.NoSuch
 
 def two_words(name: str, cmd: click.Command, args: Sequence[str]) -> click.UsageError | None:
     """An option whose value is one ``KEY=VALUE`` word (its metavar says so), given as two words
-    (``--set train.steps 3``): the line with them joined. None when there is none."""
+    (``--set train.steps 3``): the line with them joined. None when there is none (a value without
+    ``=`` and no second word is the option's own error: expected KEY=VALUE)."""
     words = option_words(cmd)
     for i, a in enumerate(args):
         if a == "--":
@@ -134,11 +135,10 @@ def two_words(name: str, cmd: click.Command, args: Sequence[str]) -> click.Usage
         if "=" in value:
             continue
         nxt = args[i + 2] if i + 2 < len(args) else None
-        if nxt is not None and not nxt.startswith("-") and not nxt.endswith(".toml"):
-            fix = f"{a} {shlex.quote(value + '=' + nxt)}"
-            told = f"{a} {shlex.quote(value)} {shlex.quote(nxt)}"
-        else:
-            fix, told = f"{a} {shlex.quote(value)}=VALUE", f"{a} {shlex.quote(value)}"
-        return MisplacedOption(f"{a} takes one word, {opt.metavar}, and got {told}: write {fix} "
+        if nxt is None or nxt.startswith("-") or nxt.endswith(".toml"):
+            continue  # no second word: the option's own check says what it expected
+        fix = f"{a} {shlex.quote(value + '=' + nxt)}"
+        told = f"{a} {shlex.quote(value)} {shlex.quote(nxt)}"
+        return MisplacedOption(f"{a} takes one word, {opt.metavar}, and got two, {told}: write {fix} "
                                f"(abl {name} --help)")
     return None
