@@ -23,7 +23,7 @@ if str(ROOT) not in sys.path:
 sys.path.insert(0, str(Path(__file__).parent / "dashboard"))
 import norms_store  # noqa: E402
 
-from abl.dashboard import charts  # noqa: E402
+from abl.dashboard import charts, intervals  # noqa: E402
 
 APP = ROOT / "dashboard" / "app.py"
 
@@ -89,7 +89,7 @@ def check_every_row(panel: dict, data: pd.DataFrame) -> int:
         m.get("transform", [])))
     y = point["encoding"]["y"]
     assert y["axis"]["labelOverlap"] is False and y["axis"]["labelLimit"] == 0  # no label thinned or cut
-    assert panel["height"] == {"step": charts.ROW_PX} and charts.ROW_PX >= 24  # a row per label
+    assert panel["height"] == {"step": intervals.ROW_PX} and intervals.ROW_PX >= 24  # a row per label
     rows = data[y["field"]].astype(str)
     assert rows.is_unique and (rows.str.len() > 0).all()
     assert list(y["sort"]) == list(rows)  # every row is on the axis, in order
@@ -156,7 +156,7 @@ def test_every_interval_row_is_labelled_and_inside_the_axis_or_marked(noisy2, mo
     assert cut > 0  # the noisy 2-seed cells' intervals run off the axis, and are marked there
     per_cell = next(d for s in specs(at) for d in s["_data"].values() if "ci_lo" in d and "lo_drawn" in d)
     means = per_cell["mean"]
-    lo, hi = charts.interval_domain(means, per_cell["ci_lo"], per_cell["ci_hi"], [per_cell["baseline"].iloc[0]])
+    lo, hi = intervals.interval_domain(means, per_cell["ci_lo"], per_cell["ci_hi"], [per_cell["baseline"].iloc[0]])
     spread = means.max() - means.min()
     assert hi - lo <= 3 * spread  # the axis is the means', not the t(1) intervals'
     assert (per_cell["ci_hi"] - per_cell["ci_lo"]).max() > hi - lo  # which are wider than the axis
@@ -175,7 +175,7 @@ def test_three_comparisons_get_three_rows():
     assert lo > -1.0 and hi < 1.5  # set by the differences (0 .. 0.45), not by a t(1) interval (-1.5 .. 2.0)
     assert frame.loc[0, "off_lo"] and frame.loc[0, "off_hi"] and not frame.loc[1, "off_hi"]
     with pytest.raises(ValueError):  # two rows under one label would be drawn on one line: refused
-        charts.interval_chart(pd.concat([df, df.head(1)]), row="cell", x="delta", lo="delta_lo", hi="delta_hi",
+        intervals.interval_chart(pd.concat([df, df.head(1)]), row="cell", x="delta", lo="delta_lo", hi="delta_hi",
                               x_title="Δ")
 
 

@@ -10,6 +10,7 @@ tested. Comparisons: every cell against a baseline, chosen pairs, or every
 pair of cells that differ in one setting only (e.g. model.ffn).
 """
 
+import altair as alt
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -17,8 +18,9 @@ import streamlit as st
 from abl.analysis import formats, stats
 from abl.analysis.metrics import shown_by_default
 from abl.analysis.verdicts import EFFECTS_METHOD, axis_effects, effect_lines, health_text
-from abl.dashboard import charts, common
+from abl.dashboard import charts, common, intervals
 from abl.dashboard import queries as q
+from abl.present import palette
 
 NONE = "(none)"
 PREFERRED = shown_by_default()  # the metric catalogue's (abl.analysis.metrics), a plugin's metrics too
@@ -134,9 +136,9 @@ summ["significance"] = ["baseline" if k == baseline else _significance(by_a.get(
 summ["marker"] = [summ_sig if k in by_a or k == baseline else "" for k, summ_sig in
                   zip(summ["cell_key"], summ["significance"])]
 # the rank is a tie rank (1 + the cells distinguishably better); letters: cells sharing one are not apart. A
-# cell no test could rank (too few seeds) says so instead (charts.rank_text)
+# cell no test could rank (too few seeds) says so instead (abl.dashboard.intervals.rank_text)
 summ["group"] = [by_row[k].group for k in summ["cell_key"]]
-summ["rank_text"] = [charts.rank_text(by_row[k].rank, by_row[k].tied, by_row[k].group, by_row[k].n,
+summ["rank_text"] = [intervals.rank_text(by_row[k].rank, by_row[k].tied, by_row[k].group, by_row[k].n,
                                       getattr(by_row[k], "unranked", "") or by_row[k].status)
                      for k in summ["cell_key"]]
 for col in ("rank", "delta", "p", "p_holm"):
@@ -177,26 +179,26 @@ for i, e in enumerate(effects):
     if len(e.levels) < 2:
         st.caption(e.note or "one level among the cells that learned")
         continue
-    levels = charts.effect_rows(e)
+    levels = intervals.effect_rows(e)
     # the axis's own channel (abl.present.palette.grid_styles): its levels in the colours (or markers) they
     # have on every other page; else one colour
     colour = shape = None
     if channels.factorial and e.axis == channels.colour_axis:
         known = [lv for lv in channels.colour_levels if lv in set(levels["level"])]
-        colour = charts.alt.Color("level:N", title=e.axis, legend=None, scale=charts.alt.Scale(
-            domain=known, range=[charts.palette.COLOURS[channels.colour_levels.index(lv) % len(
-                charts.palette.COLOURS)] for lv in known]))
+        colour = alt.Color("level:N", title=e.axis, legend=None, scale=alt.Scale(
+            domain=known, range=[palette.COLOURS[channels.colour_levels.index(lv) % len(
+                palette.COLOURS)] for lv in known]))
     elif channels.factorial and channels.form_axes == (e.axis,):
         known = [lv for lv in channels.form_levels if lv in set(levels["level"])]
-        shape = charts.alt.Shape("level:N", title=e.axis, legend=None, scale=charts.alt.Scale(
-            domain=known, range=[charts.palette.VEGA_SHAPES[channels.form_levels.index(lv) % len(
-                charts.palette.VEGA_SHAPES)] for lv in known]))
-    tip = [charts.alt.Tooltip("level:N"), charts.alt.Tooltip("mean:Q", title="least-squares mean", format=".4f"),
-           charts.alt.Tooltip("lo:Q", title="interval low (Holm-adj.)", format=".4f"),
-           charts.alt.Tooltip("hi:Q", title="interval high (Holm-adj.)", format=".4f"),
-           charts.alt.Tooltip("n:Q", title="runs"), charts.alt.Tooltip("rank:N"),
-           charts.alt.Tooltip("verdict:N"), charts.alt.Tooltip("p_holm:Q", title="p (Holm)", format=".3g")]
-    chart = charts.interval_chart(levels, row="label", x="mean", lo="lo", hi="hi", x_title=x_title,
+        shape = alt.Shape("level:N", title=e.axis, legend=None, scale=alt.Scale(
+            domain=known, range=[palette.VEGA_SHAPES[channels.form_levels.index(lv) % len(
+                palette.VEGA_SHAPES)] for lv in known]))
+    tip = [alt.Tooltip("level:N"), alt.Tooltip("mean:Q", title="least-squares mean", format=".4f"),
+           alt.Tooltip("lo:Q", title="interval low (Holm-adj.)", format=".4f"),
+           alt.Tooltip("hi:Q", title="interval high (Holm-adj.)", format=".4f"),
+           alt.Tooltip("n:Q", title="runs"), alt.Tooltip("rank:N"),
+           alt.Tooltip("verdict:N"), alt.Tooltip("p_holm:Q", title="p (Holm)", format=".3g")]
+    chart = intervals.interval_chart(levels, row="label", x="mean", lo="lo", hi="hi", x_title=x_title,
                                   colour=colour, shape=shape, text="verdict", ref=levels["mean"].iloc[0],
                                   tooltip=tip)
     notes = [x for x in (e.interaction_text(), e.note,
@@ -206,7 +208,7 @@ for i, e in enumerate(effects):
                 caption=headline[0] + ". Dots: least-squares means; bars: the Holm-adjusted interval of each "
                         "level minus the best, drawn around the level (a bar that does not reach the best "
                         "level's line: distinguishably worse). Rows: level · rank (letters), or why untested."
-                        + charts.off_axis_note(levels, "mean", "lo", "hi", levels["mean"].iloc[0])
+                        + intervals.off_axis_note(levels, "mean", "lo", "hi", levels["mean"].iloc[0])
                         + ("" if not notes else " " + " ".join(notes)))
 
 # ---------------------------------------------------------------- per cell, folded
@@ -235,7 +237,7 @@ else:
                         f"delta_{metric}", key="delta",
                         caption=f"The comparisons that can decide ({len(decided)} of {len(comp)}). Bars: "
                                 f"{analysis.interval_header} interval of the difference. Colour: the verdict."
-                                + charts.off_axis_note(decided, "delta", "delta_lo", "delta_hi", 0.0))
+                                + intervals.off_axis_note(decided, "delta", "delta_lo", "delta_hi", 0.0))
         comp_cols = ["cell", "delta", "ci_low", "ci_high", "p_adjusted", "significance", "n_a", "n_b", "p_value",
                      "test", "mdd", "verdict"]
         p_head = "Holm p" if use_holm else "p (no correction)"
@@ -264,7 +266,7 @@ n_seeds = f"{int(summ['n'].min())}–{int(summ['n'].max())}" if summ["n"].nuniqu
 caption = (f"Dots: mean over seeds ({n_seeds} per cell, completed runs); bars: 95% CI of the mean "
            f"(t-distribution, n−1 df). " + ("Dashed line: the baseline's mean; colours and words: each cell's "
                                             "verdict against the baseline." if baseline else "")
-           + charts.off_axis_note(summ, "mean", "ci_lo", "ci_hi", base_mean))
+           + intervals.off_axis_note(summ, "mean", "ci_lo", "ci_hi", base_mean))
 table_cols = ["rank", "rank_text", "cell", "group", *axes, "n", "mean", "std", "ci_lo", "ci_hi", "delta", "p",
               "p_holm", "verdict", "health"]
 export = summ[[c for c in dict.fromkeys(table_cols + ["cell_key"]) if c in summ]]
