@@ -100,7 +100,7 @@ def test_the_dry_run_says_what_the_seeds_can_decide(tmp_path, monkeypatch):
     r = CliRunner().invoke(cli, ["run", str(ROOT / "ablations" / "norms.toml"), "--dry-run"])
     assert r.exit_code == 0, r.output
     line = next(x for x in r.output.splitlines() if x.startswith("design:"))
-    assert "seeds [0, 1]" in line and "model.norm: levels 1.9 σ apart (not none" in line and "model.block" in line
+    assert "seeds [0, 1]" in line and "model.norm: levels 1.8 σ apart (not none" in line and "model.block" in line
     r = CliRunner().invoke(cli, ["run", str(ROOT / "ablations" / "ffn.toml"), "--dry-run",
                                  "--set", "experiment.seeds=[0,1]"])  # one axis: 2 runs per level
     assert r.exit_code == 0 and "model.ffn: no verdict at 2 seed(s)" in r.output

@@ -23,6 +23,7 @@ from ..contracts.config import solved_paths
 from ..contracts.status import COMPLETED
 from . import comparable, metrics, stats
 from .formats import fmt, fmt_bytes, fmt_fraction, fmt_speed
+from .stats.engine import order_by_mean
 from .tables import settings_of
 from .units import TOKENS_PER_S
 
@@ -425,7 +426,10 @@ def axis_effects(cells: Sequence[stats.CellInput], paths: Sequence[str] = (), me
     # one answer per question, chosen by the design: a factorial grid's axis is answered by the model pooled
     # over the other axes (paired by seed); a one-axis grid's levels are its cells, and each pair of them is
     # answered by the test of the two cells alone (paired t across seeds), which does not borrow a variance
-    # from steadier pairs as the pooled model would
+    # from steadier pairs as the pooled model would: separate paired t-tests, not the pooled error term, are
+    # the pairwise comparisons that keep their error rate when the pairs' variances differ (Maxwell 1980,
+    # "Pairwise multiple comparisons in repeated measures designs", J. Educational Statistics 5(3); here
+    # with Holm 1979 over the pairs)
     effects = [paired_answer(cells, e) or e if e.design == "one-axis" and e.contrasts else e for e in effects]
     return [e for e in effects if not only or e.axis == only]
 
@@ -496,10 +500,11 @@ def reconcile(cells: Sequence[stats.CellInput], analysis: stats.Analysis,
             if c.p_adjusted is not None or stats.verdict_word(c.verdict) == stats.TOO_FEW:
                 c.role, c.model = stats.DIAGNOSTIC_ROLE, answer
                 if c.p_adjusted is not None:  # "too few seeds to decide" stays: it is no verdict either
-                    c.verdict = f"{stats.DIAGNOSTIC} ({c.test}; the per-axis verdicts answer)"
+                    c.verdict = f"{stats.DIAGNOSTIC} (no verdict: the per-axis model answers)"
         for r in analysis.cells:
             if r.rank is not None or r.unranked:
-                r.rank, r.group, r.tied, r.position, r.unranked = None, "", False, r.position, "per axis"
+                r.rank, r.group, r.tied, r.unranked = None, "", False, "per axis"
+        order_by_mean(analysis.cells, analysis.lower_is_better)
         return
     by_key = {c.key: c for c in cells}
     copied = [f.name for f in fields(stats.ComparisonRow) if f.name not in ("a", "b", "a_label", "b_label",
@@ -523,12 +528,17 @@ def reconcile(cells: Sequence[stats.CellInput], analysis: stats.Analysis,
                 c.ci_raw_low, c.ci_raw_high = flip(x.ci_raw_high), flip(x.ci_raw_low)
                 if x.verdict in (stats.BETTER, stats.WORSE):
                     c.verdict = stats.WORSE if x.verdict == stats.BETTER else stats.BETTER
+        if any(level.get(c.a) is not None and level.get(c.b) is not None for c in analysis.comparisons):
+            n = sum(x.p_adjusted is not None for x in e.contrasts)
+            analysis.holm_over = (f"the {n} pair{'s' if n != 1 else ''} of {e.axis}'s levels that can be decided "
+                                  "(the axis is the question; the baseline only picks the rows shown)")
         rank = {lv.level: lv for lv in e.levels}
         for r in analysis.cells:
             lv = rank.get(level.get(r.key, ""))
             if lv is not None and not r.status:
                 r.rank = lv.rank or None
                 r.group, r.tied, r.unranked = lv.group, lv.tied, lv.unranked
+        order_by_mean(analysis.cells, analysis.lower_is_better)
 
 
 EFFECTS_METHOD = ("Per axis: each swept axis's main effect, pooled over the other axes and paired by seed: an OLS "
@@ -538,28 +548,54 @@ EFFECTS_METHOD = ("Per axis: each swept axis's main effect, pooled over the othe
                   "interaction with another axis is its F-test, named when p < 0.05.")
 
 
+def to_best(e: stats.AxisEffect, level: str) -> stats.ComparisonRow | None:
+    """The contrast of ``level`` against the axis's best level, oriented level − best (Δ, its interval at the
+    verdict's level, p (Holm), MDD, verdict: "worse" when the level is distinguishably worse); None for the
+    best level itself or when the pair was not tested."""
+    from dataclasses import replace
+
+    best = e.best
+    if best is None or level == best.level:
+        return None
+    c = next((c for c in e.contrasts if {str(c.a), str(c.b)} == {str(level), str(best.level)}), None)
+    if c is None or str(c.a) == str(level):
+        return c
+    flip = (lambda v: None if v is None else -v)  # noqa: E731
+    word = {stats.BETTER: stats.WORSE, stats.WORSE: stats.BETTER}.get(c.verdict, c.verdict)
+    return replace(c, a=c.b, b=c.a, a_label=c.b_label, b_label=c.a_label, n_a=c.n_b, n_b=c.n_a,
+                   delta=flip(c.delta), ci_low=flip(c.ci_high), ci_high=flip(c.ci_low),
+                   ci_raw_low=flip(c.ci_raw_high), ci_raw_high=flip(c.ci_raw_low), verdict=word)
+
+
 def effect_lines(effects: Sequence[stats.AxisEffect], metric: str = "val_loss") -> list[str]:
     """Per axis, the answer first: one line with the best level, the verdict and the one model that gave it;
-    beneath it, the levels best first (rank or why untested, letters, mean) and the best level's lead over the
-    runner-up (Δ, its interval and p at the verdict's level, MDD); interactions and notes when they matter."""
+    beneath it one line per level, best first: rank (or why untested) with letters, mean, and its difference
+    to the best level with the interval and p at the verdict's level (Holm), MDD and verdict (a forest plot in
+    words); interactions and notes when they matter."""
     out = []
     for e in effects:
-        h, best = e.headline(), e.best
-        if best is None or h is None:
+        best = e.best
+        if best is None or e.headline() is None:
             out.append(f"{e.axis}: {e.note or 'one level among the cells that learned'}")
             continue
         out.append(f"{e.axis}: best {best.level}; verdict: {e.verdict()}"
                    + (f" ({e.model})" if e.model else ""))
         mean = "least-squares mean" if e.design == "factorial" else "mean"
-        out.append(f"    levels, best first (rank, letters, {display_name(metric)} {mean}): "
-                   + " · ".join(f"{lv.level} {lv.rank_text} {fmt(lv.mean)}" for lv in e.levels))
-        sign = 1 if h.a == best.level else -1
-        delta = None if h.delta is None else sign * h.delta
-        lo, hi = (h.ci_low, h.ci_high) if sign == 1 else (
-            None if h.ci_high is None else -h.ci_high, None if h.ci_low is None else -h.ci_low)
-        ci = "" if lo is None else f", CI (Holm-adj.) [{fmt(lo, signed=True)}, {fmt(hi, signed=True)}]"
-        out.append(f"    {best.level} − {e.levels[1].level}: Δ {fmt(delta, signed=True)}{ci}, "
-                   f"p (Holm) {stats.fmt_p(h.p_adjusted)}" + ("" if h.mdd is None else f", MDD {fmt(h.mdd)}"))
+        width = max(len(str(lv.level)) for lv in e.levels)
+        rank_w = max(len(lv.rank_text) for lv in e.levels)
+        for lv in e.levels:
+            c = to_best(e, lv.level)
+            if lv is best:
+                tail = f"best level ({display_name(metric)} {mean})"
+            elif c is None:
+                tail = "not tested against the best level"
+            elif c.p_adjusted is None:
+                tail = f"Δ {fmt(c.delta, signed=True)} to the best; {c.verdict}"
+            else:
+                tail = (f"Δ {fmt(c.delta, signed=True)} to the best, CI (Holm-adj.) [{fmt(c.ci_low, signed=True)}, "
+                        f"{fmt(c.ci_high, signed=True)}], p (Holm) {stats.fmt_p(c.p_adjusted)}"
+                        + ("" if c.mdd is None else f", MDD {fmt(c.mdd)}") + f": {c.verdict}")
+            out.append(f"    {str(lv.level):<{width}}  {lv.rank_text:<{rank_w}}  {fmt(lv.mean)}  {tail}")
         for extra in (e.interaction_text(), e.note,
                       f"left out (did not learn or no value): {', '.join(e.left_out)}" if e.left_out else ""):
             if extra:
@@ -586,6 +622,8 @@ def effects_json(effects: Sequence[stats.AxisEffect]) -> list[dict[str, Any]]:
 
     return [{"axis": e.axis, "best": e.best.level if e.best else None, "verdict": e.verdict(),
              "model": e.model, "design": e.design,
-             "levels": [asdict(lv) for lv in e.levels], "contrasts": [c.as_dict() for c in e.contrasts],
+             "levels": [{**asdict(lv), "rank_text": lv.rank_text,
+                         "to_best": (lambda c: None if c is None else c.as_dict())(to_best(e, lv.level))}
+                        for lv in e.levels], "contrasts": [c.as_dict() for c in e.contrasts],
              "interactions": [asdict(i) for i in e.interactions], "blocks": e.blocks, "df_resid": e.df_resid,
              "left_out": e.left_out, "note": e.note, "method": EFFECTS_METHOD} for e in effects]

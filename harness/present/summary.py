@@ -318,7 +318,8 @@ def csv_rows(view: View) -> list[dict[str, Any]]:
     rows = []
     by_key = {c.key: c for c in view.cells}
     for r in view.ranked():
-        row: dict[str, Any] = {"number": view.numbers[r.key], "label": r.label, "rank": r.rank, "group": r.group, "seeds": r.n,
+        row: dict[str, Any] = {"number": view.numbers[r.key], "label": r.label, "rank": r.rank, "group": r.group,
+                               "unranked": r.unranked, "seeds": r.n,
                                "runs": sum(by_key[r.key].statuses.values()) if r.key in by_key else r.n,
                                f"{view.metric}_mean": r.mean, f"{view.metric}_std": r.std,
                                f"{view.metric}_ci_low": r.ci_low, f"{view.metric}_ci_high": r.ci_high}

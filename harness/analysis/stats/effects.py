@@ -218,36 +218,52 @@ def detectable_by_design(cells: Sequence[CellInput], axes: Sequence[str], *, alp
                          power: float = POWER) -> dict[str, DesignPower]:
     """Before any run: per axis, the smallest true difference between two of its levels, in residual
     standard deviations (sigma), that the design detects with probability ``power`` for every pair of
-    levels that can get a verdict, each pair tested at alpha / m (m pairs: Holm's strictest step). Exact
+    levels that can get a verdict, each pair tested at alpha / m (m: the pairs that can get a verdict, the
+    family Holm runs over; its strictest step). For a factorial design the test is the pooled model's
+    contrast; for a one-axis design it is each pair's own test, as the verdicts are (the paired t by seed,
+    whose differences have sd sigma * sqrt(2); the two-sample t where the seeds differ). Exact
     power of the model's contrast t-test from the noncentral t (``power_t``); the standard error of a
     contrast depends only on the design, se = sigma * sqrt(c' (X'X)^-1 c). A pair gets no verdict when one
     of its levels has fewer than MIN_SEEDS runs, and no pair does when the model has fewer than
     MIN_SEEDS - 1 residual degrees of freedom. The cells' values are not read: only their settings and seeds."""
-    from scipy.optimize import brentq
-
     rng = np.random.default_rng(0)
     cells = [CellInput(c.key, c.label, {s: float(rng.normal()) for s in c.values}, c.data_key,
                        settings=c.settings) for c in cells]
     df, kept, _ = _frame(cells, axes)
     out = {a: DesignPower(None) for a in axes}
     for i, axis in enumerate(kept):
-        res, _, _ = _model(df, len(kept), i)
+        res, blocks, _ = _model(df, len(kept), i)
         me, counts = _name(i), df[_name(i)].value_counts().to_dict()
         out[axis].short = [_levels_of(lv) for lv, n in counts.items() if n < MIN_SEEDS]
-        if _deficient(res) or not res.df_resid >= MIN_SEEDS - 1:
+        # the pairs that can get a verdict: Holm runs over them alone (engine.analyse, _one_axis)
+        pairs = [(a, b) for a, b in itertools.combinations(sorted(counts), 2) if min(counts[a], counts[b]) >= MIN_SEEDS]
+        if not [b for b in blocks if b != "seed"]:
+            # one axis: each pair of levels is answered by its two cells' own test (abl.analysis.verdicts.
+            # paired_answer), paired t by seed (the difference of two runs has sd sigma * sqrt(2) under the
+            # additive model) or, where the seeds differ, the two-sample t
+            seeds = {lv: set(df.loc[df[me] == lv, "seed"]) for lv in counts}
+            if not pairs:
+                out[axis].short = [_levels_of(lv) for lv in counts]
+                continue
+            for a, b in pairs:
+                if seeds[a] == seeds[b]:
+                    n = len(seeds[a])
+                    se, d = math.sqrt(2 / n), float(n - 1)
+                else:
+                    se, d = math.sqrt(1 / counts[a] + 1 / counts[b]), float(counts[a] + counts[b] - 2)
+                k = min_detectable(se, d, alpha / len(pairs), power)
+                out[axis].sigmas = max(out[axis].sigmas or 0.0, k or 0.0)
+            continue
+        if _deficient(res) or not res.df_resid >= MIN_SEEDS - 1 or not pairs:
             out[axis].short = [_levels_of(lv) for lv in counts]
             continue
         names, cov = list(res.params.index), np.asarray(res.normalized_cov_params)
-        pairs = list(itertools.combinations(sorted(counts), 2))
         df_r, a_m = float(res.df_resid), alpha / len(pairs)
         for a, b in pairs:
-            if min(counts[a], counts[b]) < MIN_SEEDS:
-                continue
             vec = _contrast(names, me, a, b)
             se = float(np.sqrt(vec @ cov @ vec))
-            approx = min_detectable(se, df_r, a_m, power) or 1.0  # the t-quantile form: the root lies near
-            k = float(brentq(lambda x, se=se, d=df_r, a=a_m: power_t(x, se, d, a) - power, approx / 4, approx * 2))
-            out[axis].sigmas = max(out[axis].sigmas or 0.0, k)
+            k = min_detectable(se, df_r, a_m, power)  # exact: the noncentral t's root (power.min_detectable)
+            out[axis].sigmas = max(out[axis].sigmas or 0.0, k or 0.0)
     return out
 
 
@@ -274,8 +290,8 @@ def _one_axis(df: Any, axes: Sequence[str], i: int, *, alpha: float, lower_is_be
     effect.design = "factorial" if others else "one-axis"
     effect.model = (f"pooled over {', '.join(others) or 'nothing'}"
                     + (", paired by seed" if "seed" in effect.blocks else ", not paired by seed")
-                    + " (OLS with " + " and ".join([*others, *(["seed"] if "seed" in effect.blocks else [])])
-                    + " as blocks; Holm over the level pairs)")
+                    + ": OLS with " + " and ".join([*others, *(["seed"] if "seed" in effect.blocks else [])])
+                    + " as blocks, Holm over the level pairs")
     if df["data"].nunique() > 1:
         effect.note = "the cells differ in data order (dataset, context or batch size): seeds are not shared blocks"
     if unpaired:  # seeds not shared across the levels: no pairing by seed
@@ -384,13 +400,19 @@ def seeds_for_axis(e: AxisEffect, effect: float, *, power: float = POWER, max_se
     """Seeds for the main-effect contrast between the two least-run levels of ``e``'s axis to detect a true
     difference ``effect`` with probability ``power`` at the model's residual sd, tested at alpha / m for
     the m pairs of levels (Holm's strictest step). Each level's runs and the residual df grow in
-    proportion to the seeds (same grid); power from the noncentral t (``power_t``). None without a
-    residual sd or beyond ``max_seeds``."""
+    proportion to the seeds (same grid); power from the noncentral t (``power_t``). A one-axis grid answered
+    by each pair's paired t (abl.analysis.verdicts.paired_answer): that test, se = sigma * sqrt(2 / k), k - 1
+    df. None without a residual sd or beyond ``max_seeds``."""
     if not e.sigma or not e.seeds or len(e.levels) < 2 or effect == 0:
         return None
     runs = sorted(lv.n / e.seeds for lv in e.levels)[:2]  # runs per seed of the two sparsest levels
     total = sum(lv.n for lv in e.levels) / e.seeds
     m = len(e.levels) * (len(e.levels) - 1) // 2
+    if e.design == "one-axis" and e.model.startswith("paired t"):  # each pair's own paired t (verdicts.paired_answer)
+        for k in range(MIN_SEEDS, max_seeds + 1):
+            if power_t(effect, e.sigma * math.sqrt(2 / k), k - 1, e.alpha / m) >= power:
+                return k
+        return None
     for k in range(2, max_seeds + 1):
         df = total * k - (e.n_params - e.seeds + k)  # the seed block has k levels
         se = e.sigma * math.sqrt(1 / (runs[0] * k) + 1 / (runs[1] * k))

@@ -165,6 +165,9 @@ class Analysis:
     correction: str
     bootstrap: bool
     lower_is_better: bool
+    # what Holm corrected over when it is not this table's own rows ("" when it is): a one-axis grid's rows
+    # take the axis's answer, Holm over every pair of its levels (abl.analysis.verdicts.reconcile)
+    holm_over: str = ""
 
     @property
     def method(self) -> str:
@@ -177,6 +180,8 @@ class Analysis:
         tested = sum(c.p_adjusted is not None for c in self.comparisons)
         if self.correction != HOLM:
             corr = "no multiple-comparison correction"
+        elif self.holm_over:
+            corr = f"Holm correction over {self.holm_over}"
         elif not any(c.p_value is not None for c in self.comparisons):
             corr = "no comparison has a p-value, so none is corrected (Holm)"
         else:
@@ -303,6 +308,7 @@ def analyse(cells: Sequence[CellInput], comparisons: Sequence[tuple[Hashable, Ha
                           f"{UNTESTED} (the only cell with {MIN_SEEDS}+ seeds)")
     ranked = sorted(testable, key=lambda r: float(r.mean or 0.0) * (1 if lower_is_better else -1))
     _tie_groups(ranked, by_key, alpha=alpha, correction=correction, bootstrap=bootstrap, confidence=confidence)
+    order_by_mean(rows, lower_is_better)
     comps: list[ComparisonRow] = []
     for a, b in comparisons:
         for k in (a, b):
@@ -339,6 +345,17 @@ def analyse(cells: Sequence[CellInput], comparisons: Sequence[tuple[Hashable, Ha
         cr.mdd = min_detectable(cr.se, cr.df, cr.level)
         cr.verdict = _verdict(cr.delta or 0.0, cr.p_adjusted, alpha, lower_is_better)
     return Analysis(rows, comps, alpha, correction, bootstrap, lower_is_better)
+
+
+def order_by_mean(rows: Sequence[CellRow], lower_is_better: bool) -> None:
+    """Positions for the tables' order (``CellRow.order_key``): ranked cells first in the order of their means,
+    then the cells with results but no rank, in the order of theirs."""
+    sign = 1 if lower_is_better else -1
+    ranked = sorted((r for r in rows if r.rank is not None), key=lambda r: sign * float(r.mean or 0.0))
+    rest = sorted((r for r in rows if r.rank is None and r.mean is not None and not r.status),
+                  key=lambda r: sign * float(r.mean or 0.0))
+    for i, r in enumerate([*ranked, *rest], 1):
+        r.position = i
 
 
 def verdict_level(cr: ComparisonRow, alpha: float) -> float:

@@ -232,12 +232,17 @@ def axes_section(ctx: Context) -> None:
     for e in effects:
         h = e.headline()
         for lv in e.levels:
-            rows.append([e.axis, lv.level, lv.rank_text, lv.group or "-", stats.fmt(lv.mean), lv.n,
-                         e.verdict() if lv is e.best else ""])
+            c = verdicts.to_best(e, lv.level)  # the level against the best one: a forest plot's row in figures
+            rows.append([e.axis, lv.level, lv.rank_text, stats.fmt(lv.mean), lv.n,
+                         "-" if c is None else cell_signed(c.delta), "-" if c is None else cell_ci(c.ci_low, c.ci_high),
+                         "-" if c is None else stats.fmt_p(c.p_adjusted), "-" if c is None else stats.fmt(c.mdd),
+                         "best level" if lv is e.best else "-" if c is None else c.verdict])
         if h is not None and e.interaction_text():
-            rows.append([e.axis, "", "", "", "", "", e.interaction_text()])
-    ctx.doc.table(["axis", "level", "rank", "letters", "mean (least-squares in a factorial grid)", "runs",
-                   "verdict"], rows, f"the statistics legend is below the comparison table. {ctx.cond}")
+            rows.append([e.axis, "", "", "", "", "", "", "", "", e.interaction_text()])
+    ctx.doc.table(["axis", "level", "rank", "mean (least-squares in a factorial grid)", "runs", "Δ to the best",
+                   "CI (Holm-adj.)", "p (Holm)", "MDD", "verdict against the best"], rows,
+                  f"each axis's levels, best first; the verdict line above names the model; the statistics legend "
+                  f"is below the comparison table. {ctx.cond}")
 
 
 def comparison_section(ctx: Context) -> None:
