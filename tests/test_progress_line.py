@@ -64,6 +64,8 @@ def test_bars_keep_every_varied_value_at_80_columns():
         assert re.search(TIMER + r"\s+" + TIMER + r"\s*$", line), line  # both timers whole
         assert f"[{job.index + 1}/{len(all_jobs)}]" in line and "120 loss 3.412" in line, line
         check_keeps_levels(line, job)
+    # one form for the whole grid: the axis names on every line or on none
+    assert len({"mixer=" in line for line in lines}) == 1, lines
 
 
 def test_a_finished_cells_line_gives_its_final_loss_at_80_columns():

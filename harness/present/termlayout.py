@@ -122,15 +122,16 @@ def distinct_width(levels: Sequence[str], floor: int = 5) -> int:
 
 
 def fit_varied(parts: Sequence[tuple[str, str]], room: int, levels: Sequence[Sequence[str]] | None = None,
-               sep: str = ", ") -> str:
+               sep: str = ", ", names: bool | None = None) -> str:
     """A cell's varied values (``(axis, value)`` pairs, in the grid's order) in ``room`` characters,
     without losing any: ``norm=rmsnorm, block=post`` whole when it fits; else the values alone
     (``rmsnorm, post``); else each value cut from the middle, the longest first, but never below the
     width that keeps it apart from the other levels of its axis (``levels``, one list per part; without
-    them, 3 characters). Where even that does not fit, the result is longer than ``room``: the caller's
-    column cuts its end, but every level stays readable up to there."""
+    them, 5 characters). Where even that does not fit, the result is longer than ``room``: the caller's
+    column cuts its end, but every level stays readable up to there. ``names`` False drops the axis
+    names even where they would fit (the same form on every line of a grid whose longest label needs it)."""
     full = sep.join(f"{a}={v}" if a else v for a, v in parts)
-    if len(full) <= room or not parts:
+    if (len(full) <= room and names is not False) or not parts:
         return full
     values = [v for _, v in parts]
     if len(sep.join(values)) <= room:

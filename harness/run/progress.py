@@ -79,12 +79,18 @@ def axis_levels(jobs: list[Job]) -> dict[str, list[str]]:
     return out
 
 
-def fitted_label(cell: Any, room: int, levels: dict[str, list[str]] | None = None) -> str:
+def fitted_label(cell: Any, room: int, levels: dict[str, list[str]] | None = None,
+                 names: bool | None = None) -> str:
     """The cell's label in ``room`` characters, every varied value kept (abl.present.termlayout.fit_varied)."""
     parts = varied_parts(cell)
     if not parts:
         return str(cell.label)
-    return fit_varied(parts, room, [(levels or {}).get(a) or [v] for a, v in parts])
+    return fit_varied(parts, room, [(levels or {}).get(a) or [v] for a, v in parts], names=names)
+
+
+def longest_label(levels: dict[str, list[str]]) -> int:
+    """The length of the grid's longest whole label (``axis=value, ...``, each axis at its longest level)."""
+    return sum(len(a) + 1 + max((len(v) for v in vs), default=0) for a, vs in levels.items()) + 2 * (len(levels) - 1)
 
 
 def _loss_text(job: Job) -> str:
@@ -232,6 +238,10 @@ class BarProgress:
         info_w = self.NARROW_INFO_W if self.narrow else self.INFO_W
         fixed = info_w + 2 * self.TIME_W + (self.BAR_W + 1 if bar else 0) + 3
         self.desc_w = max(16, width - fixed - 1)
+        # one form for the whole grid, bars and end lines: the axis names only where every label keeps them
+        widest = len(f"{'' if self.narrow else '  '}[{total}/{total}]  seed=") + 6
+        self.names: bool | None = None if not self.levels or \
+            longest_label(self.levels) <= self.desc_w - widest else False
         columns: list[Any] = [TextColumn("{task.description}", table_column=Column(
             width=self.desc_w, no_wrap=True, overflow="ellipsis"))]
         if bar:
@@ -258,7 +268,7 @@ class BarProgress:
         head = f"{'' if self.narrow else '  '}[{job.index + 1}/{self.total}] "
         tail = f" seed={job.cell.seed}"
         room = (self.desc_w if width is None else width) - len(head) - len(tail)
-        return head + fitted_label(job.cell, room, self.levels) + tail
+        return head + fitted_label(job.cell, room, self.levels, names=self.names) + tail
 
     def _info(self, job: Job) -> str:
         if job.train_loss is None:
