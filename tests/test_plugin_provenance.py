@@ -267,3 +267,26 @@ def test_the_run_detail_page_shows_which_plugin_provided_each_component(plugin_s
     assert not at.exception, [e.message for e in at.exception]
     text = "\n".join(str(m.value) for m in at.markdown)
     assert f"plugin file {name} in folder plug (sha256 {digest[:12]})" in text and "mixer:local_mqa" in text
+
+
+def test_the_report_names_the_plugins_and_warns_when_one_changed_between_runs(plugin_store, tmp_path):
+    tmp, name, digest = plugin_store
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp / "runs", copy / "runs")
+    edited = next(d for d in sorted((copy / "runs").iterdir())
+                  if "mixer:local_mqa" in json.loads((d / "meta.json").read_text())["plugins"])
+    meta = json.loads((edited / "meta.json").read_text())
+    meta["plugins"]["mixer:local_mqa"]["sha256"] = "0" * 64  # the plugin file was edited before this run
+    (edited / "meta.json").write_text(json.dumps(meta))
+    from abl.store import database
+
+    database.ingest_dirs(copy / "abl.duckdb", sorted((copy / "runs").iterdir()))
+    for db, warned in ((tmp / "abl.duckdb", False), (copy / "abl.duckdb", True)):
+        r = run_abl(["report", "plug", "--db", str(db), "--out", str(tmp_path / f"rep{warned}")], cwd=tmp)
+        assert r.returncode == 0, r.stdout + r.stderr
+        md = (tmp_path / f"rep{warned}" / "report.md").read_text()
+        assert "Components from plugins that are not built in: mixer 'local_mqa' from plugin file" in md
+        assert f"{name} in folder plug (sha256 {digest[:12]})" in md
+        assert ("WARNING: the runs got mixer 'local_mqa' from 2 different plugins or versions" in md) is warned
+        assert ("sha256 000000000000" in md) is warned
+        assert "norm 'rmsnorm' from" not in md  # the built-ins are not listed

@@ -13,6 +13,7 @@ it.
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import platform
 import subprocess
 import time
@@ -153,6 +154,34 @@ def missing_plugin(key: str, record: dict[str, Any] | None) -> str:
     axis, _, name = key.partition(":")
     where = f" (provided by {describe_plugin(record)} when it ran)" if record else ""
     return f"{axis} {name!r}{where} is not loaded: {how_to_load(record)}"
+
+
+def plugin_lines(records: list[dict[str, dict[str, Any]]]) -> list[str]:
+    """What a report says of the plugins behind its runs (``records``: each run's ``plugins``): one line naming
+    every component that is not built in with its origin, and a warning for each component whose runs got it
+    from different plugins or versions (a plugin file edited between runs: a new sha256, its run id the same)."""
+    seen: dict[str, dict[str, dict[str, Any]]] = {}  # "axis:name" -> {origin as JSON: origin}
+    for rec in records:
+        for key, origin in rec.items():
+            seen.setdefault(key, {})[json.dumps(origin, sort_keys=True)] = origin
+    out = []
+    third = {key: origins for key, origins in seen.items()
+             if any(o.get("kind") != "builtin" for o in origins.values())}
+    if third:
+        out.append("Components from plugins that are not built in: " + "; ".join(
+            f"{_named(key)} from {' / '.join(describe_plugin(o) for o in origins.values())}"
+            for key, origins in sorted(third.items())) + ".")
+    for key, origins in sorted(seen.items()):
+        if len(origins) > 1:
+            out.append(f"WARNING: the runs got {_named(key)} from {len(origins)} different plugins or "
+                       f"versions ({'; '.join(describe_plugin(o) for o in origins.values())}): a difference between "
+                       "its runs may come from the plugin's code.")
+    return out
+
+
+def _named(key: str) -> str:
+    axis, _, name = key.partition(":")
+    return f"{axis} {name!r}"
 
 
 def plugin_hint(message: str, db_option: str | None = None, source: str | None = None) -> str:

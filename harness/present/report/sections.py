@@ -30,6 +30,7 @@ from ...analysis.formats import fmt_decode_cache, fmt_speed
 from ...analysis.health import DID_NOT_LEARN_MARGIN
 from ...contracts.status import COMPLETED
 from ...model.costmodel import MEMORY_BAND
+from ...store.provenance import plugin_lines
 from ...store.reader import StoredRun
 from ..figures import fig_to_png, pyplot
 from .conditions import (
@@ -179,6 +180,8 @@ def conditions_section(ctx: Context) -> None:
               "come from the environment rather than the variant.")
     if contention:
         doc.p("WARNING: " + contention)
+    for line in plugin_lines([r.plugins for r in shown_runs]):  # which plugins, and one edited between runs
+        doc.p(line)
     env = report_environment()
     doc.table(list(env), [list(env.values())], "where this report was made (predicted costs are computed here)")
 
