@@ -97,8 +97,11 @@ def command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, 
     train.checkpoint_every is set), failed and diverged ones re-run only with
     --retry failed.
     """
+    import signal
+
     from ..run import guard
 
+    previous = signal.getsignal(signal.SIGTERM)
     guard.stop_on_signals()  # SIGTERM at any point: the clean-up and exit 130 of a Ctrl-C, no lock left
     guard.set_plugin_timeout(plugin_timeout)
     try:
@@ -106,14 +109,16 @@ def command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, 
                  slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
                  only, cell_numbers, wide, fmt, cells_per_gpu=cells_per_gpu, speed_pass=speed_pass)
     except KeyboardInterrupt:  # before the store's lock was taken (_run_locked handles it after)
-        import signal
-
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         click.echo("stopped before any cell started", err=True)
         exit_now(130)
     except guard.PluginTimeout as exc:
         fail(str(exc))
+    finally:  # a caller in the same process (a test's CliRunner) gets its own handling back
+        if signal.getsignal(signal.SIGTERM) is guard.raise_stopped and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        guard.set_plugin_timeout(guard.DEFAULT_PLUGIN_TIMEOUT_S)
 
 
 def _command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
