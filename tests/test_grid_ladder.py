@@ -19,7 +19,7 @@ def test_each_grid_point_at_every_size_with_its_token_budget(registry):
     raw["ladder"] = {"sizes": SIZES, "tokens_per_param": 2}
     grid = expand(raw, registry)
     assert len(grid.cells) == 4
-    assert grid.grid_paths == ["model.d_model", "model.n_layers", "model.norm"]
+    assert grid.grid_paths == ["model.d_model", "model.norm"]  # the size axis named by its distinct key
     by = {(c.model.d_model, c.model.n_layers, c.varied["model.norm"]): c for c in grid.cells}
     assert set(by) == {(32, 1, "rmsnorm"), (32, 1, "layernorm"), (48, 2, "rmsnorm"), (48, 2, "layernorm")}
     for cell in grid.cells:
@@ -51,6 +51,8 @@ def test_without_a_token_rule_every_size_trains_the_grid_steps_and_lr_per_size(r
     ({"sizes": SIZES, "lr": "sweep"}, "ladder.lr must be one of"),
     ({"sizes": [{**SIZES[0], "lr": 1e-3}, SIZES[1]]}, "per-size"),
     ({"sizes": [SIZES[0], SIZES[0]]}, "identical"),
+    ({"sizes": [{"d_model": 32, "n_layers": 1}, {"d_model": 32, "n_layers": 2}, {"d_model": 48, "n_layers": 1}]},
+     "differ in one key at every size"),
     ({"sizes": SIZES, "steps": 3}, "unknown key"),
 ])
 def test_a_bad_ladder_is_refused_with_its_reason(registry, ladder, words):

@@ -274,7 +274,7 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
                 errs += [f"{source}: cell [{grid_label(varied)}]: {m}" for m in e]
                 break
             assert cell is not None
-            cell.grid_paths, cell.grid_index = (ladder.paths if ladder else []) + list(paths), index
+            cell.grid_paths, cell.grid_index = ([ladder.axis] if ladder else []) + list(paths), index
             if cell.run_id in seen:  # two grid points resolving to the same run
                 continue
             seen.add(cell.run_id)
@@ -295,7 +295,7 @@ def expand(raw: dict, registry: Registry, source: str = "<grid>", max_cells: int
         raise ConfigError(f"{source}: the grid is empty (every cell was excluded)")
     if max_cells is not None and len(cells) > max_cells:
         raise ConfigError(f"{source}: the grid has {len(cells)} runs, more than --max-cells={max_cells}")
-    grid = Grid(path=source, raw=raw, cells=cells, grid_paths=(ladder.paths if ladder else []) + paths)
+    grid = Grid(path=source, raw=raw, cells=cells, grid_paths=([ladder.axis] if ladder else []) + paths)
     if ladder:
         grid.notes.append(f"ladder: {ladder.rule()}")
     return grid

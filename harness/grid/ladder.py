@@ -45,8 +45,14 @@ class Ladder:
 
     @property
     def paths(self) -> list[str]:
-        """The model paths the sizes set, in the first size's order (the tied axis's paths)."""
+        """The model paths the sizes set, in the first size's order (they vary together)."""
         return [f"model.{k}" for k in self.sizes[0]]
+
+    @property
+    def axis(self) -> str:
+        """The one path that names the size axis: the first key whose value differs between every two sizes.
+        The analysis takes it as one factor (the others vary with it and would make the model deficient)."""
+        return next(f"model.{k}" for k in self.sizes[0] if len({repr(s[k]) for s in self.sizes}) == len(self.sizes))
 
     def rule(self) -> str:
         tokens = (f"{self.tokens_per_param:g} tokens per non-embedding parameter" if self.tokens_per_param
@@ -94,6 +100,9 @@ def parse_ladder(raw: dict, registry: Registry) -> tuple[Ladder | None, list[str
         models.append({k: size[k] for k in keys})
     if len({tuple(sorted(m.items(), key=str)) for m in models}) < len(models):
         errs.append("ladder.sizes has two identical sizes")
+    elif not errs and not any(len({repr(m[k]) for m in models}) == len(models) for k in first):
+        errs.append("ladder.sizes must differ in one key at every size (e.g. a d_model that grows): that key "
+                    "names the size axis")
     tpp = table.get("tokens_per_param")
     if tpp is not None and (isinstance(tpp, bool) or not isinstance(tpp, (int, float)) or not tpp > 0
                             or not math.isfinite(tpp)):
