@@ -284,6 +284,14 @@ def test_the_speed_pass_times_each_packed_shape_once_and_stores_its_figures(tmp_
         assert r.final["val_loss"] == 3.0  # the loss figures are the runs' own
         assert r.speed_pass["timed_steps"] == 20 and r.speed_pass["reason"] == "its cells shared a GPU"
     assert "tokens/s (alone) and MFU (alone)" in lines[0]
+    # the dashboard reads them as metrics too (abl.store.readonly: the speed pass's rows beside the metrics)
+    from abl.dashboard import queries as q
+
+    dash = q.Store(str(db), str(tmp_path / "runs"))
+    assert {"alone_tokens_per_s", "alone_mfu", "val_loss"} <= set(q.metric_names(dash, q.Selection()))
+    fin = q.finals(dash, q.Selection(), ["alone_mfu", "val_loss"]).set_index("run_id")
+    assert fin["alone_mfu"].to_dict() == {c.run_id: 0.25 for c in cells}
+    assert fin["val_loss"].to_dict() == {c.run_id: 3.0 for c in cells}
     # never: nothing; always: every shape even unpacked
     timed.clear()
     assert speedpass.run_speed_pass(jobs, SimpleNamespace(local=True, speed_pass="never"), db) == []
@@ -358,6 +366,20 @@ def test_packed_and_serial_grids_give_identical_final_losses_and_the_speed_pass_
     assert all(r.speed_pass["timed_steps"] == speedpass.TIMED_STEPS for r in stored)
     if len(stored) < 4:
         assert "no figures (the machine was busy during the pass" in serial.stdout
+    # where a pass stored figures, abl compare and abl report show them, marked as the speed pass's
+    import time
+
+    from abl.store import database as store
+
+    store.store_speed_pass(tmp_path / "serial.duckdb", [
+        [rid, "shape", rid, 1234.0, 0.125, 5, 20, "cpu", time.time(), "test"] for rid in b])
+    compare = run_abl(["compare", "packing", "--db", str(tmp_path / "serial.duckdb")])
+    assert compare.returncode == 0, compare.stderr
+    assert "tokens/s (alone) 1,234" in compare.stdout and "MFU (alone) 12.5%" in compare.stdout
+    report = run_abl(["report", "packing", "--db", str(tmp_path / "serial.duckdb"), "--out", str(tmp_path / "rep")])
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "tokens/s (alone)" in text and "MFU (alone)" in text and "by the speed pass after the grid" in text
 
 
 @pytest.mark.slow

@@ -32,6 +32,7 @@ import pandas as pd
 
 from abl.contracts.status import RUNNING
 from . import rundir
+from .reader import SPEED_PASS_METRICS
 from abl.store.workspace import DEFAULT_DB, Workspace
 
 # A page render shares one read-only connection, but holds it at most this long
@@ -133,7 +134,8 @@ class Store:
         """Run one statement read-only: on the session's connection, else on its own.
 
         ``{metrics}`` in ``sql`` stands for the metrics table, with the rows
-        of running cells taken from their run folders when ``live`` has any.
+        of running cells taken from their run folders when ``live`` has any,
+        and the speed pass's figures (abl.run.speedpass) as metric rows.
         """
         sess = getattr(_local, "session", None)
         if sess is not None and sess["db"] == self.db:
@@ -149,10 +151,12 @@ class Store:
         registered = False
         try:
             src = "metrics"
+            if "{metrics}" in sql and _has_table(con, "speed_pass"):  # abl.run.speedpass's figures, as metrics
+                src = f"(SELECT run_id, step, name, value FROM metrics UNION ALL {SPEED_PASS_ROWS})"
             if live:
                 con.register("live_metrics", live.frame)
                 registered = True
-                src = ("(SELECT run_id, step, name, value FROM metrics WHERE run_id NOT IN "
+                src = (f"(SELECT run_id, step, name, value FROM {src} WHERE run_id NOT IN "
                        "(SELECT DISTINCT run_id FROM live_metrics) "
                        "UNION ALL SELECT run_id, step, name, value FROM live_metrics)")
             return con.execute(sql.replace("{metrics}", src), list(params or [])).df()
@@ -232,3 +236,16 @@ def live_snapshot(store: Store, run_ids: Sequence[str] | None = None) -> Live:
 
 def _folder_status(run_dir: Path) -> str | None:
     return (rundir.read_status(run_dir) or {}).get("status")
+
+
+# the speed pass's figures (abl.run.speedpass, the store's speed_pass table) as metric rows of the runs they
+# cover, at each run's last step, named as abl.store.reader names them (``SPEED_PASS_METRICS``)
+SPEED_PASS_ROWS = " UNION ALL ".join(
+    f"SELECT s.run_id, (SELECT max(m.step) FROM metrics m WHERE m.run_id = s.run_id) AS step, '{name}' AS name, "
+    f"s.{column} AS value FROM speed_pass s WHERE s.{column} IS NOT NULL"
+    for column, name in SPEED_PASS_METRICS.items())
+
+
+def _has_table(con, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'main' AND table_name = ?",
+                            [name]).fetchall()[0][0])

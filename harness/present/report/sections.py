@@ -334,6 +334,8 @@ def predicted_vs_measured_section(ctx: Context) -> None:
     note = measured_note(cells)
     src = ["source"] if note else []
     prow = []
+    # the speed pass's figures (abl.run.speedpass), where it timed the cells' shapes alone after a packed grid
+    alone = [m for m in catalogue.MEASURED_ALONE if any(measured(c, m) is not None for c in cells)]
     for c in cells:
         pr = c.predicted or {}
         hot = any(sections.is_contended(r.final) for r in c.completed)
@@ -343,16 +345,21 @@ def predicted_vs_measured_section(ctx: Context) -> None:
                      cell_bytes(pr.get("static_bytes")), cell_bytes(pr.get("activation_bytes_per_step")),
                      fmt_decode_cache(pr.get("kv_cache_bytes_per_token"), pr.get("state_bytes_per_sequence")),
                      fmt_speed(measured(c, "tokens_per_s"), unit=False) + mark,  # one precision: whole tokens/s
-                     cell_pct(model_flops_utilization(c)) + mark] + ([cost_source(c)] if note else []))
+                     cell_pct(model_flops_utilization(c)) + mark]
+                    + [fmt_speed(measured(c, m), unit=False) if m == "alone_tokens_per_s" else cell_pct(measured(c, m))
+                       for m in alone] + ([cost_source(c)] if note else []))
     doc.table(["cell", "params", "non-emb. params", "train FLOPs/step", "useful FLOPs/step",
                "params+grads+AdamW", "activations/step", "decode cache", "tokens/s (measured)",
-               "MFU (measured)", *src], prow,
+               "MFU (measured)", *[catalogue.metric(m).label for m in alone], *src], prow,
               "predicted from the components' cost functions (harness/model/costmodel.py) at each cell's batch size, "
               "context and precision" + (", or measured where the source says so (below)" if note else "")
               + "; tokens/s: median over steps, mean over seeds; MFU: useful (model) FLOPs "
               "per token x tokens/s / the device peak the run recorded (on CPU measured at start-up with a "
               f"large matmul)." + (f" {CONTENDED_MARK}: a seed of the cell ran on a contended machine."
-                                   if contention else "") + f" {cond}")
+                                   if contention else "")
+              + (" (alone): the cell's shape timed with the device to itself by the speed pass after the grid "
+                 "(abl.run.speedpass: the median of a fixed number of steps after warm-up); never marked "
+                 "contended." if alone else "") + f" {cond}")
     if note:
         doc.p(note)
     if contention:
