@@ -26,7 +26,7 @@ class AblGroup(click.Group):
 
     _plugins_loaded = False
 
-    def parse_args(self, ctx, args):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         try:
             return super().parse_args(ctx, list(args))
         except click.NoSuchOption as exc:
@@ -40,7 +40,7 @@ class AblGroup(click.Group):
                 raise problem
         return name, cmd, rest
 
-    def invoke(self, ctx):
+    def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except click.NoSuchOption as exc:
