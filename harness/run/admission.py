@@ -330,6 +330,18 @@ def default_cells_per_gpu(needs: list[Need], free_by_gpu: dict[int, int] | None)
     return int(max(1, min(MAX_DEFAULT_CELLS_PER_GPU, room // largest)))
 
 
+def placement_for(gpus: list[int], cells_per_gpu: int | None, needs: list[Need],
+                  free_by_gpu: dict[int, int] | None) -> tuple["Placement", str]:
+    """The local executor's placement of cells on ``gpus`` by their needs, up to ``cells_per_gpu`` per GPU
+    (None: ``default_cells_per_gpu``), and a sentence saying so."""
+    cap = cells_per_gpu or default_cells_per_gpu(needs, free_by_gpu)
+    how = "--cells-per-gpu" if cells_per_gpu else "chosen from the cells' predicted peaks"
+    note = (f"up to {cap} cell(s) per GPU ({how}), while their predicted peaks and {fmt(GPU_RESERVE_BYTES)} kept "
+            f"free fit each GPU's free memory" if free_by_gpu else
+            f"up to {cap} cell(s) per GPU ({how}; free memory unknown)")
+    return Placement(gpus, cap=cap, free=free_by_gpu, needs={n.cell.run_id: n.per_process for n in needs}), note
+
+
 class Placement:
     """Which GPU each starting cell goes to: per device, by the cells' predicted needs.
 

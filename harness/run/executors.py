@@ -232,13 +232,10 @@ def zygote_enabled() -> bool:
 class LocalExecutor(Executor):
     """Cells as worker processes on this machine: ``workers`` at once, or on CUDA as many as the GPUs hold.
 
-    On CUDA the cells are placed per GPU by their predicted memory
-    (abl.run.admission.Placement): up to ``cells_per_gpu`` on one GPU (None:
-    ``default_cells_per_gpu``, from the cell sizes), and ``workers`` at once in
-    all when given. A cell that shared its GPU is marked ``contended``
-    (abl.run.speedpass.mark_packed): its speed figures are not its own. While
-    the cells run, each GPU's utilisation is sampled through NVML where it is
-    installed (abl.run.busy).
+    On CUDA the cells are placed per GPU by their predicted memory, up to
+    ``cells_per_gpu`` on one (abl.run.admission.Placement); one that shared its
+    GPU is marked ``contended`` (abl.run.speedpass.mark_packed). While they
+    run, NVML samples the GPUs' utilisation where it is installed (abl.run.busy).
 
     A one-process cell's worker is forked from a zygote that has torch and the
     plugins imported already (abl.run.zygote), so a cell does not pay seconds of
@@ -330,21 +327,14 @@ class LocalExecutor(Executor):
             self.close()
 
     def plan_devices(self, needs: list[Any], free_by_gpu: dict[int, int] | None) -> None:
-        """Place the cells by their needs (each GPU's free memory less the reserve), up to
-        ``cells_per_gpu`` per GPU or, without it, ``default_cells_per_gpu``'s choice."""
-        from .admission import GPU_RESERVE_BYTES, Placement, default_cells_per_gpu, fmt
+        """Place the cells by their needs (abl.run.admission.placement_for); without ``workers``, as many
+        run at once as the GPUs hold."""
+        from .admission import placement_for
 
-        if not self.use_gpus:
-            return
-        cap = self.cells_per_gpu or default_cells_per_gpu(needs, free_by_gpu)
-        self.placement = Placement(self.gpus, cap=cap, free=free_by_gpu,
-                                   needs={n.cell.run_id: n.per_process for n in needs})
-        if not self.workers:
-            self.slots = max(1, len(self.gpus) * cap)
-        how = "--cells-per-gpu" if self.cells_per_gpu else "chosen from the cells' predicted peaks"
-        self.placement_note = (f"up to {cap} cell(s) per GPU ({how}), while their predicted peaks and "
-                               f"{fmt(GPU_RESERVE_BYTES)} kept free fit each GPU's free memory"
-                               if free_by_gpu else f"up to {cap} cell(s) per GPU ({how}; free memory unknown)")
+        if self.use_gpus:
+            self.placement, self.placement_note = placement_for(self.gpus, self.cells_per_gpu, needs, free_by_gpu)
+            if not self.workers:
+                self.slots = max(1, len(self.gpus) * self.placement.cap)
 
     def can_launch(self, job: Job) -> bool:
         if len(self.running) >= self.slots:
@@ -352,10 +342,10 @@ class LocalExecutor(Executor):
         return not self.use_gpus or self.placement.choose(job.cell.run_id, job.cell.train.devices) is not None
 
     def _place(self, job: Job) -> None:
-        """Take the job's GPUs, and count the cells sharing a GPU with it and with the ones it joins."""
-        gpus = self.placement.choose(job.cell.run_id, job.cell.train.devices)
-        if gpus is None:  # can_launch said yes: only a direct launch gets here; the emptiest GPUs then
-            gpus = sorted(self.gpus, key=lambda g: len(self.placement.on[g]))[:job.cell.train.devices]
+        """Take the job's GPUs (a direct launch that can_launch did not clear: the emptiest), and count the
+        cells sharing a GPU with it and with the ones it joins."""
+        gpus = self.placement.choose(job.cell.run_id, job.cell.train.devices) or sorted(
+            self.gpus, key=lambda g: len(self.placement.on[g]))[:job.cell.train.devices]
         self.placement.take(job.cell.run_id, gpus)
         job.gpus = gpus
         self.free_gpus = [g for g in self.gpus if not self.placement.on[g]]

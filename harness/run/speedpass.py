@@ -202,7 +202,8 @@ def measure(run_dir: Path) -> dict[str, Any]:
     from ..data.tokenstore import bind
     from ..train.loop import begin, prepare, train_loop
     from ..train.measure import mfu
-    from .worker import _shape_cache, prepare_kernels
+    from ..store.workspace import Workspace
+    from .worker import prepare_kernels
 
     bind(run_dir)
     prepare_kernels(run_dir)
@@ -211,7 +212,8 @@ def measure(run_dir: Path) -> dict[str, Any]:
     steps = WARMUP_STEPS + TIMED_STEPS
     cell = dataclasses.replace(cell, train=dataclasses.replace(
         cell.train, steps=steps, eval_every=steps, eval_batches=1, checkpoint_every=0))
-    run = prepare(cell, registry, _shape_cache(run_dir))
+    ws = Workspace.of_run_dir(run_dir)  # the store's shapes folder: FLOP counts measured before, as the worker
+    run = prepare(cell, registry, ws.shapes if ws is not None else None)
     try:
         sink = rundir.NullSink()
         _, costs = begin(run, sink, None)

@@ -1,4 +1,5 @@
-"""The DuckDB store: schema, numbered migrations, ingest of run folders, queries.
+"""The DuckDB store: opening and migrating it (the schema's steps: abl.store.migrations), ingest of run folders,
+queries.
 
 Only one process writes the database: the ``abl run`` parent (or ``abl
 ingest``). Workers write run folders (see harness/store/rundir.py); the folders are
@@ -27,114 +28,8 @@ from ..contracts.config import ConfigError, canonical_config, run_id_of
 from ..contracts.status import COMPLETED, INCOMPLETE, QUEUED
 from ..contracts.status import settle_gone
 from . import rundir
+from .migrations import MIGRATIONS  # the numbered schema steps ``migrate`` applies
 
-# Each migration runs once, in order, inside a transaction; never edit one
-# that has shipped: append a new one.
-MIGRATIONS: list[tuple[int, str, str]] = [
-    (1, "runs and metrics", """
-        CREATE TABLE runs (
-            run_id VARCHAR PRIMARY KEY,
-            experiment VARCHAR NOT NULL,
-            cell_key VARCHAR,
-            label VARCHAR,
-            seed INTEGER,
-            status VARCHAR NOT NULL,
-            config JSON,
-            started TIMESTAMP,
-            finished TIMESTAMP,
-            git_commit VARCHAR,
-            versions JSON,
-            device VARCHAR,
-            env JSON,
-            data_fingerprint VARCHAR,
-            grid_file VARCHAR,
-            notes VARCHAR,
-            error VARCHAR
-        );
-        CREATE TABLE metrics (
-            run_id VARCHAR NOT NULL,
-            step INTEGER NOT NULL,
-            name VARCHAR NOT NULL,
-            value DOUBLE
-        );
-        CREATE INDEX metrics_run ON metrics (run_id, name);
-    """),
-    (3, "resume bookkeeping", """
-        ALTER TABLE runs ADD COLUMN attempts INTEGER DEFAULT 1;
-        ALTER TABLE runs ADD COLUMN code_changed BOOLEAN DEFAULT false;
-        ALTER TABLE runs ADD COLUMN executor VARCHAR
-    """),
-    (5, "kernel benchmarks", """
-        CREATE TABLE bench (
-            bench_id VARCHAR NOT NULL,
-            created TIMESTAMP,
-            op VARCHAR NOT NULL,
-            provider VARCHAR NOT NULL,
-            shape VARCHAR,
-            dtype VARCHAR,
-            pass VARCHAR,
-            p20 DOUBLE,
-            p50 DOUBLE,
-            p80 DOUBLE,
-            gbps DOUBLE,
-            tflops DOUBLE,
-            peak_fraction DOUBLE,
-            peak_basis VARCHAR,
-            device VARCHAR,
-            versions JSON,
-            git_commit VARCHAR,
-            timing VARCHAR,
-            notes VARCHAR
-        );
-        CREATE INDEX bench_op ON bench (op, provider)
-    """),
-    (6, "selftest reports", """
-        CREATE TABLE selftest (
-            selftest_id VARCHAR NOT NULL,
-            created TIMESTAMP,
-            section VARCHAR NOT NULL,
-            name VARCHAR NOT NULL,
-            status VARCHAR NOT NULL,
-            value DOUBLE,
-            unit VARCHAR,
-            reference DOUBLE,
-            detail VARCHAR,
-            data JSON,
-            device VARCHAR,
-            quick BOOLEAN,
-            versions JSON,
-            git_commit VARCHAR
-        );
-        CREATE INDEX selftest_id ON selftest (selftest_id, section)
-    """),
-    (7, "what the grid knew", """
-        ALTER TABLE runs ADD COLUMN grid_paths JSON;
-        ALTER TABLE runs ADD COLUMN grid_index INTEGER;
-        ALTER TABLE runs ADD COLUMN grid_varied JSON;
-        CREATE TABLE run_settings (
-            run_id VARCHAR NOT NULL,
-            path VARCHAR NOT NULL,
-            value JSON
-        );
-        CREATE INDEX run_settings_run ON run_settings (run_id)
-    """),
-    (8, "which plugin provided each component", "ALTER TABLE runs ADD COLUMN plugins JSON"),
-    (9, "speed measured alone", """
-        CREATE TABLE speed_pass (
-            run_id VARCHAR NOT NULL,
-            shape VARCHAR NOT NULL,
-            timed_run VARCHAR,
-            tokens_per_s DOUBLE,
-            mfu DOUBLE,
-            warmup_steps INTEGER,
-            timed_steps INTEGER,
-            device VARCHAR,
-            created TIMESTAMP,
-            reason VARCHAR
-        );
-        CREATE INDEX speed_pass_run ON speed_pass (run_id)
-    """),
-]
 
 class StoreError(Exception):
     """The database cannot be opened or migrated (reported to the user)."""
@@ -533,6 +428,7 @@ def append_rows(db_path: str | Path, table: str, columns: Iterable[str], rows: I
         con.executemany(f'INSERT INTO "{table}" ({cols}) VALUES ({", ".join("?" for _ in columns)})', values)
     finally:
         con.close()
+
 
 # the speed pass's figures (abl.run.speedpass): one row per run of a shape timed alone on its device
 SPEED_PASS_COLUMNS = ("run_id", "shape", "timed_run", "tokens_per_s", "mfu", "warmup_steps", "timed_steps",
