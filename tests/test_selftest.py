@@ -47,6 +47,10 @@ def test_selftest_quick_json_passes_on_cpu_and_lists_every_kernel_op(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert out["passed"] and out["failed"] == 0 and out["quick"]
+    # how long each section took here (the environment's probe first, then the sections in order)
+    assert list(out["timings_s"]) == ["environment", "kernels", "determinism", "auto", "peaks", "bench", "training"]
+    assert all(v >= 0 for v in out["timings_s"].values()) and out["timings_s"]["training"] > 0
+    assert "sections took" in r.stderr
     kernels = out["sections"]["kernels"]
     for op in OPS:  # every op, forward and backward, each with its error and bound
         for pass_ in ("fwd", "bwd"):

@@ -35,6 +35,7 @@ import importlib
 import json
 import math
 import subprocess
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -75,6 +76,8 @@ class Report:
     quick: bool
     environment: dict[str, Any]
     checks: list[Check]
+    # wall seconds each section took here (environment: from the call to the first check)
+    timings_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[Check]:
@@ -83,7 +86,7 @@ class Report:
     def as_json(self) -> dict[str, Any]:
         return {"selftest_id": self.selftest_id, "created": self.created.isoformat(), "device": self.device,
                 "quick": self.quick, "passed": not self.failed, "failed": len(self.failed),
-                "environment": self.environment,
+                "environment": self.environment, "timings_s": self.timings_s,
                 "sections": {s: [_check_json(c) for c in self.checks if c.section == s] for s in SECTIONS}}
 
 
@@ -355,7 +358,16 @@ def run_selftest(device: torch.device, quick: bool, log: Callable[[str], None] =
     from .selftest_kernels import check_kernels
     from .selftest_training import run_training, training_checks
 
+    timings: dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def lap(section: str) -> None:  # the section just finished took since the last lap
+        now = time.perf_counter()
+        timings[section] = round(now - clock[0], 2)
+        clock[0] = now
+
     env, checks = environment(device)
+    lap("environment")
     log("kernels: every op against its fp32 ground truth")
     rows, why = check_kernels(device, quick, log)
     if why:
@@ -365,18 +377,23 @@ def run_selftest(device: torch.device, quick: bool, log: Callable[[str], None] =
                             "pass" if r["ok"] else "fail", r["error"], "rel. error", r["tolerance"], r["detail"],
                             {"op": r["op"], "pass": r["pass"], "shape": r["shape"], "dtype": r["dtype"],
                              "torch_error": r.get("torch_error"), "fixed_bound": r.get("fixed")}))
+    lap("kernels")
     log("determinism: each op's backward repeated")
     checks += determinism_checks(device, quick, log)
+    lap("determinism")
     log("auto: the kernel choices for train.kernels = auto")
     try:
         checks += auto_checks(device, cache_dir, log)
     except Exception as exc:  # noqa: BLE001 - information: the other sections still run
         checks.append(Check("auto", "train.kernels = auto", "fail", detail=f"raised {type(exc).__name__}: {exc}"))
+    lap("auto")
     log("peaks: matmul and copy")
     measured = measure_peaks(device, quick)
     checks += peak_checks(device, measured)
+    lap("peaks")
     log("bench: abl bench kernels")
     checks += bench_checks(device, quick, measured, log)
+    lap("bench")
     log("training: short cells")
     cells, skipped = run_training(device, quick, log)
     for r in cells:
@@ -396,8 +413,10 @@ def run_selftest(device: torch.device, quick: bool, log: Callable[[str], None] =
                             c["tolerance"], c["detail"]))
     for combo, reason in skipped:
         checks.append(Check("training", combo, "skip", detail=reason))
+    lap("training")
+    log("sections took " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     return Report(uuid.uuid4().hex[:16], datetime.now(UTC).replace(tzinfo=None), device_name(device),
-                  quick, env, checks)
+                  quick, env, checks, timings)
 
 
 SELFTEST_COLUMNS = ("selftest_id", "created", "section", "name", "status", "value", "unit", "reference",

@@ -75,7 +75,10 @@ def command(quick, as_json, db_path, device):
         print_report(report, SECTIONS)
     verdict = (f"{len(report.failed)} check(s) FAILED" if report.failed
                else f"all {sum(c.status == 'pass' for c in report.checks)} checks passed")
-    click.echo(f"abl selftest on {report.device}: {verdict}; JSON {json_path}; "
+    took = f"{time.perf_counter() - t0:.0f} s"
+    if report.timings_s:  # the sections' share of it
+        took += f" ({', '.join(f'{k} {v:.0f} s' for k, v in report.timings_s.items())})"
+    click.echo(f"abl selftest{' --quick' if quick else ''} on {report.device}: {verdict} in {took}; JSON {json_path}; "
                f"{len(report.checks)} rows in {db_path} (table selftest)", err=as_json)
     if report.failed:
         sys.exit(1)
