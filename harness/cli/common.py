@@ -33,6 +33,14 @@ def plugins_dir_option(f):
                         help="Also load every *.py file in this folder as a plugin (repeatable).")(f)
 
 
+def read_db_option(f):
+    """The ``--db`` option of the commands that read a store (compare, report, ladder)."""
+    from ..store.workspace import DEFAULT_DB
+
+    return click.option("--db", "db_path", default=None,
+                        help=f"DuckDB file to read (default: experiment.db of the grid, else {DEFAULT_DB}).")(f)
+
+
 def fail(message: str) -> None:
     """A user error: a clear message, exit status 2, no traceback. The same problem found in
     several cells (``cell [LABEL]: ...`` lines) is one line naming them (abl.grid.validation)."""

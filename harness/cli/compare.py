@@ -13,14 +13,13 @@ from typing import Any
 
 import click
 
-from ..store.workspace import DEFAULT_DB, Workspace
-from .common import fail, load_registry, plugins_dir_option, user_errors
+from ..store.workspace import Workspace
+from .common import fail, load_registry, plugins_dir_option, read_db_option, user_errors
 
 
 @click.command("compare")
 @click.argument("source", metavar="EXPERIMENT_OR_GRID")
-@click.option("--db", "db_path", default=None,
-              help=f"DuckDB file to read (default: experiment.db of the grid, else {DEFAULT_DB}).")
+@read_db_option
 @click.option("--metric", "metrics", multiple=True,
               help="Metric(s) to compare (repeatable; default: the grid's experiment.summary, else val_loss).")
 @click.option("--baseline", default=None, help="Compare every cell with this one (label, 1-based index or "

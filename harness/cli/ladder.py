@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import click
 
-from ..store.workspace import DEFAULT_DB, Workspace
-from .common import fail, load_registry, plugins_dir_option, user_errors
+from ..store.workspace import Workspace
+from .common import fail, load_registry, plugins_dir_option, read_db_option, user_errors
 
 
 @click.command("ladder")
 @click.argument("source", metavar="EXPERIMENT_OR_GRID")
-@click.option("--db", "db_path", default=None,
-              help=f"DuckDB file to read (default: experiment.db of the grid, else {DEFAULT_DB}).")
+@read_db_option
 @click.option("--metric", default="val_loss", show_default=True, help="The loss compared at each size.")
 @click.option("--size", "size_paths", multiple=True, metavar="PATH",
               help="A setting that makes the sizes (repeatable; default: the grid's [ladder] keys, else the "

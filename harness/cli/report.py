@@ -7,14 +7,13 @@ from pathlib import Path
 
 import click
 
-from ..store.workspace import DEFAULT_DB, Workspace
-from .common import fail, load_registry, plugins_dir_option, user_errors
+from ..store.workspace import Workspace
+from .common import fail, load_registry, plugins_dir_option, read_db_option, user_errors
 
 
 @click.command("report")
 @click.argument("source", metavar="GRID_FILE_OR_EXPERIMENT")
-@click.option("--db", "db_path", default=None,
-              help=f"DuckDB file to read (default: experiment.db of the grid, else {DEFAULT_DB}).")
+@read_db_option
 @click.option("--out", "out_dir", default=None,
               help="Folder to write the report into (default: reports/<experiment>/ beside the database).")
 @click.option("--format", "fmt", type=click.Choice(["md", "html"]), default="md", show_default=True,
