@@ -16,7 +16,7 @@ import pytest
 from scipy import stats as sps
 from statsmodels.stats.power import TTestPower
 
-from abl.analysis import stats, verdicts
+from abl.analysis import answers, stats, verdicts
 
 
 def _cell(key, vals, **levels):
@@ -51,7 +51,7 @@ def test_a_one_axis_grid_answers_each_pair_once_by_its_paired_t():
         assert c.p_adjusted == pytest.approx(holm[frozenset((c.a, c.b))])
     # the per-cell table (each cell against the baseline A) shows the same verdict for the same pair
     an = stats.analyse(cells, stats.against_baseline([c.key for c in cells], "A"))
-    verdicts.reconcile(cells, an, [e])
+    answers.reconcile(cells, an, [e])
     level = {"A": "a", "B": "b", "C": "c"}
     for row in an.comparisons:
         x = next(c for c in e.contrasts if {c.a, c.b} == {level[row.a], level[row.b]})
@@ -75,7 +75,7 @@ def test_a_factorial_grids_per_cell_rows_are_diagnostics_not_second_verdicts():
     assert {e.design for e in effects} == {"factorial"}
     assert effects[0].model.startswith("pooled over block, paired by seed")
     an = stats.analyse(cells, stats.against_baseline([c.key for c in cells], "rms-pre"))
-    verdicts.reconcile(cells, an, effects)
+    answers.reconcile(cells, an, effects)
     for row in an.comparisons:
         assert row.role == stats.DIAGNOSTIC_ROLE and row.verdict.startswith(stats.DIAGNOSTIC)
         assert stats.verdict_word(row.verdict) == stats.DIAGNOSTIC  # the dashboard's word for it
@@ -140,7 +140,7 @@ def test_every_rendered_row_follows_the_legend(tmp_path):
              for k, d, n in (("a", 0.0, 4), ("b", 0.05, 4), ("c", 0.4, 2), ("d", 0.01, 4), ("e", -0.2, 4))]
     an = stats.analyse(cells, stats.against_baseline([c.key for c in cells], "a"))
     effects = verdicts.axis_effects(cells, ["x"])
-    verdicts.reconcile(cells, an, effects)
+    answers.reconcile(cells, an, effects)
     _rows_agree(an)
     for e in effects:
         _rows_agree(stats.Analysis([], e.contrasts, e.alpha, stats.HOLM, False, True))

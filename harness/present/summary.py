@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import click
 
-from ..analysis import stats, verdicts
+from ..analysis import answers, stats, verdicts
 from ..analysis.health import MAX_LOAD_PER_CORE, MIN_CPU_UTIL
 from ..analysis.metrics import MEASURED_ALONE, is_speed  # speed figures show their spread; a contended run marks them
 from ..analysis.metrics import metric as catalogue_entry
@@ -186,7 +186,7 @@ def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | No
     effects = [] if pairs else verdicts.axis_effects(cells, paths, first, only=by)
     # one verdict per pair: the per-cell rows agree with (one-axis grid) or stand as diagnostics beside
     # (factorial grid) the per-axis answer; named pairs are their own question
-    verdicts.reconcile(cells, analysis, effects)
+    answers.reconcile(cells, analysis, effects)
     return View(title=title, metric=first, cells=cells, numbers={c.key: i for i, c in enumerate(cells, 1)},
                 tables=tables, extra=extra, figures=figures(runs, extra), lr=_lrs(runs), effects=effects)
 

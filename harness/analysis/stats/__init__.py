@@ -45,7 +45,7 @@ objects but do not import pandas; nothing here knows torch. May import
 from __future__ import annotations
 
 from .bootstrap import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, bootstrap_diff
-from .corrections import HOLM, NO_CORRECTION, holm
+from .corrections import HOLM, NO_CORRECTION, holm, verdict_level
 from .effects import (
     AxisEffect,
     DesignPower,
@@ -81,7 +81,6 @@ from .engine import (
     compare,
     compare_cells,
     letters,
-    verdict_level,
     verdict_word,
 )
 from ..formats import fmt, fmt_p

@@ -13,7 +13,7 @@ by the other axes' levels, as a randomized complete block design does
 (Montgomery, "Design and Analysis of Experiments", 8th ed. 2013, ch. 4 and
 5). The levels of the axis are compared pairwise by t-tests of the model's
 contrasts, Holm-adjusted over the pairs (Holm 1979), with intervals at the
-level each Holm step tested (``engine.holm_interval``), so the verdict and
+level each Holm step tested (``corrections.holm_interval``), so the verdict and
 the interval never disagree. Each level's figure is its least-squares mean:
 the model's prediction averaged over a balanced grid of the other factors.
 
@@ -39,8 +39,8 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
-from .corrections import holm
-from .engine import BETTER, SAME, TOO_FEW, WORSE, CellInput, ComparisonRow, holm_interval, letters, verdict_level
+from .corrections import holm, holm_interval, verdict_level
+from .engine import BETTER, SAME, TOO_FEW, WORSE, CellInput, ComparisonRow, letters
 from .power import MIN_SEEDS, POWER, min_detectable, power_t
 from .ttest import ALPHA
 

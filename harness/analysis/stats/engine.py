@@ -37,7 +37,7 @@ from typing import Any, Hashable, Mapping, Sequence
 import numpy as np
 
 from .bootstrap import BOOTSTRAP_RESAMPLES, bootstrap_diff
-from .corrections import HOLM, NO_CORRECTION, holm
+from .corrections import HOLM, NO_CORRECTION, holm, holm_interval, verdict_level
 from .power import MIN_SEEDS, POWER, min_detectable
 from .ttest import ALPHA, CONFIDENCE, Summary, exact_difference, paired, summarize, welch_test
 
@@ -195,7 +195,8 @@ class Analysis:
                 f"row's test detects with power {POWER:.0%} at the verdict's level; {DIAGNOSTIC}: a per-cell "
                 "test shown beside the answer another model gives (no verdict of its own); rank: 1 + the cells "
                 f"distinguishably better (every pair of cells with {MIN_SEEDS}+ seeds tested, Holm), = marks a "
-                f"tie, cells sharing a letter are not distinguishable, {UNTESTED}: too few seeds for a rank; "
+                f"tie, cells sharing a letter are not distinguishable, {UNTESTED}: too few seeds for a rank, "
+                "per axis: a factorial grid ranks each axis's levels, not its cells; "
                 "cells that did not learn are not ranked or tested.")
 
     @property
@@ -356,42 +357,6 @@ def order_by_mean(rows: Sequence[CellRow], lower_is_better: bool) -> None:
                   key=lambda r: sign * float(r.mean or 0.0))
     for i, r in enumerate([*ranked, *rest], 1):
         r.position = i
-
-
-def verdict_level(cr: ComparisonRow, alpha: float) -> float:
-    """The level a row's verdict is decided at: with Holm, the level Holm's step tested it at,
-    alpha * p / p_Holm (Holm 1979; between alpha / m and alpha), which is also its interval's level; alpha
-    when the p-values are not adjusted (or the p-value is 0: an exact difference)."""
-    p, pa = cr.p_value, cr.p_adjusted
-    if p is None or pa is None or not p > 0 or not pa > 0:
-        return alpha
-    return min(alpha, alpha * p / pa)
-
-
-def holm_interval(cr: ComparisonRow, by_key: Mapping, alpha: float, bootstrap: bool) -> None:
-    """The interval at the level Holm's procedure tested ``cr`` at (Holm 1979): alpha_i = alpha * p / p_Holm.
-
-    Without the monotonicity step p_Holm = (m - i + 1) p, so alpha_i = alpha / (m - i + 1), Holm's own
-    step level; with it, alpha_i is smaller still. Either way the interval excludes 0 iff p < alpha_i iff
-    p_Holm < alpha: the interval and the verdict cannot disagree."""
-    p, pa = cr.p_value, cr.p_adjusted
-    if p is None or pa is None or cr.ci_low is None or not p > 0 or not pa > 0:
-        return
-    level = alpha * p / pa
-    if bootstrap:
-        a, b = by_key[cr.a], by_key[cr.b]
-        ca, cb = summarize(a.values).values, summarize(b.values).values
-        is_paired = a.data_key == b.data_key and set(ca) == set(cb)
-        bs = bootstrap_diff(ca, cb, paired=is_paired, confidence=1 - level)
-        cr.ci_low, cr.ci_high = bs["diff_lo"], bs["diff_hi"]
-    elif cr.se and cr.df:
-        from scipy import stats as sps
-
-        hw = float(sps.t.ppf(1 - level / 2, cr.df)) * cr.se
-        cr.ci_low, cr.ci_high = (cr.delta or 0.0) - hw, (cr.delta or 0.0) + hw
-    else:
-        return
-    cr.ci_level = 1 - level
 
 
 def _tie_groups(ranked: list[CellRow], by_key: Mapping, *, alpha: float, correction: str, bootstrap: bool,

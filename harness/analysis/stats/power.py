@@ -36,7 +36,7 @@ def min_detectable(se: float | None, df: float | None, alpha: float = ALPHA, pow
     at this standard error and df. Exact: the root of ``power_t`` (the noncentral t, scipy), bracketed by the
     usual approximation (t_{1-alpha/2, df} + t_{power, df}) * se, which it slightly exceeds at small df. For
     a paired test this is statsmodels' ``TTestPower().solve_power`` times the sd of the differences.
-    ``alpha`` is the level the verdict uses (Holm's step level: abl.analysis.stats.engine.verdict_level).
+    ``alpha`` is the level the verdict uses (Holm's step level: abl.analysis.stats.corrections.verdict_level).
     None without a variance estimate."""
     from scipy import stats as sps
     from scipy.optimize import brentq

@@ -123,11 +123,12 @@ def cell_statistics(cells: list[Cell], baseline: Cell, alpha: float = stats.ALPH
     """One dict per cell: the final ``metric`` over seeds, learning health, and the comparison with
     ``baseline`` (abl.analysis.stats.analyse: the same engine and defaults as the run summary, abl compare and
     the dashboard). ``effects``: the per-axis answers of the same runs (abl.analysis.verdicts.axis_effects);
-    the rows are made to agree with them (abl.analysis.verdicts.reconcile: one verdict per pair)."""
+    the rows are made to agree with them (abl.analysis.answers.reconcile: one verdict per pair)."""
     inputs = _inputs(cells, metric)
     analysis = stats.analyse(inputs, stats.against_baseline([c.key for c in cells], baseline.key), alpha=alpha,
                              bootstrap=bootstrap, lower_is_better=catalogue.lower_is_better(metric))
-    from ...analysis.verdicts import flag_different_targets, reconcile
+    from ...analysis.answers import reconcile
+    from ...analysis.verdicts import flag_different_targets
 
     flag_different_targets([r for c in cells for r in c.runs], metric, analysis)
     reconcile(inputs, analysis, effects or [])

@@ -218,8 +218,8 @@ def axis_answers(cells: list[Cell], metric: str, grid_raw: dict | None) -> tuple
 def axes_section(ctx: Context) -> None:
     """3a. Per axis: each swept axis's main effect (abl.analysis.verdicts.axis_effects), the answer the CLI
     summary and the dashboard lead with: per axis the verdict line (best level, the verdict, the one model
-    that gave it), then its levels with rank (or why untested), letters and mean."""
-    from ...analysis import verdicts
+    that gave it), then its levels with rank (or why untested), mean, and the difference to the best level."""
+    from ...analysis import answers, verdicts
 
     if ctx.effects_error:
         ctx.doc.p(ctx.effects_error)
@@ -235,7 +235,7 @@ def axes_section(ctx: Context) -> None:
     for e in effects:
         h = e.headline()
         for lv in e.levels:
-            c = verdicts.to_best(e, lv.level)  # the level against the best one: a forest plot's row in figures
+            c = answers.to_best(e, lv.level)  # the level against the best one: a forest plot's row in figures
             rows.append([e.axis, lv.level, lv.rank_text, stats.fmt(lv.mean), lv.n,
                          "-" if c is None else cell_signed(c.delta), "-" if c is None else cell_ci(c.ci_low, c.ci_high),
                          "-" if c is None else stats.fmt_p(c.p_adjusted), "-" if c is None else stats.fmt(c.mdd),

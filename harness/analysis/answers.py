@@ -1,0 +1,148 @@
+"""One answer per question: which model's verdict answers a comparison, and the per-cell rows made to agree.
+
+For each question a user asks of a grid (an axis's levels, or named pairs) there is one verdict, from one
+model named on its line, chosen by the grid's design:
+
+- a factorial grid's axis: its main effect, pooled over the other axes and paired by seed (the OLS model of
+  abl.analysis.stats.effects); the per-cell comparisons are diagnostics beside it, never a second verdict;
+- a one-axis grid's pair of levels: the two cells' own paired t across seeds (Welch where the seeds differ),
+  Holm over the level pairs (``paired_answer``); the per-cell rows against a baseline show those verdicts
+  (the baseline is a display choice, the axis is the question);
+- named pairs (``--pairs``): each pair's own test, Holm over the pairs named.
+
+``reconcile`` applies the rule to a per-cell analysis; ``to_best`` gives a level's contrast with the best
+level (a forest plot's row). abl.analysis.verdicts renders every table from them.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from . import stats
+from .stats.engine import order_by_mean
+
+
+def paired_answer(cells: Sequence[stats.CellInput], e: stats.AxisEffect) -> stats.AxisEffect | None:
+    """A one-axis grid's answer: every pair of its levels (one cell each) by the per-cell test, paired t across
+    seeds (Welch where the seeds or the data order differ), Holm over the pairs that can be decided, ranks
+    and letters from those tests (abl.analysis.stats.analyse over every pair of the cells). None when a level
+    is not one cell (then the pooled model stays the answer)."""
+    from dataclasses import replace
+
+    used = [c for c in cells if not c.health.flagged and c.values]
+    level = {c.key: _level(c, e.axis) for c in used}
+    if len(set(level.values())) != len(used) or len(used) < 2:
+        return None
+    an = stats.analyse(used, [], alpha=e.alpha, lower_is_better=e.lower_is_better)
+    best_first = sorted(an.cells, key=lambda r: (r.order_key, float(r.mean or 0.0) * (1 if e.lower_is_better
+                                                                                     else -1)))
+    an = stats.analyse(used, [(a.key, b.key) for i, a in enumerate(best_first) for b in best_first[i + 1:]],
+                       alpha=e.alpha, lower_is_better=e.lower_is_better)
+    contrasts = [replace(c, a=level[c.a], b=level[c.b], a_label=level[c.a], b_label=level[c.b])
+                 for c in an.comparisons]
+    tests = {c.test.split(" (")[0] for c in contrasts if c.test != "none"}
+    how = ("paired t across seeds" if tests == {"paired t"} else
+           "Welch t (the levels ran different seeds)" if tests == {"Welch t"} else
+           "paired t across seeds, Welch t where the seeds differ")
+    decided = sum(c.p_adjusted is not None for c in contrasts)
+    out = replace(e, levels=[stats.LevelRow(level[r.key], float(r.mean or 0.0), r.n, r.rank or 0, r.group, r.tied,
+                                            r.unranked if r.rank is None else "") for r in best_first],
+                  contrasts=contrasts, interactions=[], blocks=["seed"] if tests == {"paired t"} else [],
+                  model=f"{how}, each pair of levels on its own; Holm over the {decided} pair"
+                        f"{'s' if decided != 1 else ''} that can be decided")
+    for c in out.contrasts:
+        c.model = out.model
+    return out
+
+
+def _level(c: stats.CellInput, axis: str) -> str:
+    from .stats.effects import axis_levels
+
+    return axis_levels([c], axis)[c.key]
+
+
+def reconcile(cells: Sequence[stats.CellInput], analysis: stats.Analysis,
+              effects: Sequence[stats.AxisEffect]) -> None:
+    """One verdict per pair: the per-cell ``analysis`` (each cell against the baseline, or ``--by``) made to
+    agree with the per-axis answers ``effects`` of the same runs.
+
+    - One-axis grid (its answer is the per-cell test of each pair of levels, ``paired_answer``): a row whose
+      two cells are a pair of the axis's levels takes that answer's figures and verdict (Holm over the
+      axis's level pairs: the baseline is a display choice, the question is the axis), and the cells take
+      its ranks.
+    - Factorial grid (each axis answered by the model pooled over the other axes): the per-cell rows are
+      diagnostics, their figures under their test's name and no verdict of their own (``role`` "diagnostic",
+      ``verdict`` starting with DIAGNOSTIC), and the cells are not ranked (the levels are).
+    Every row gets ``model``, the one-line name of the model whose verdict answers it."""
+    from dataclasses import fields
+
+    own = ("paired t across seeds (Welch where the seeds differ), Holm over the "
+           f"{sum(c.p_adjusted is not None for c in analysis.comparisons)} comparisons that can be decided")
+    for c in analysis.comparisons:
+        c.model = own
+    done = [e for e in effects if e.contrasts]
+    factorial = [e for e in done if e.design == "factorial"]
+    if factorial:
+        answer = "; ".join(f"{e.axis}: {e.model}" for e in factorial)
+        for c in analysis.comparisons:
+            if c.p_adjusted is not None or stats.verdict_word(c.verdict) == stats.TOO_FEW:
+                c.role, c.model = stats.DIAGNOSTIC_ROLE, answer
+                if c.p_adjusted is not None:  # "too few seeds to decide" stays: it is no verdict either
+                    c.verdict = f"{stats.DIAGNOSTIC} (no verdict: the per-axis model answers)"
+        for r in analysis.cells:
+            if r.rank is not None or r.unranked:
+                r.rank, r.group, r.tied, r.unranked = None, "", False, "per axis"
+        order_by_mean(analysis.cells, analysis.lower_is_better)
+        return
+    by_key = {c.key: c for c in cells}
+    copied = [f.name for f in fields(stats.ComparisonRow) if f.name not in ("a", "b", "a_label", "b_label",
+                                                                            "n_a", "n_b", "note")]
+    for e in done:
+        level = {c.key: _level(c, e.axis) for c in cells if e.axis in c.settings}
+        pairs = {(x.a, x.b): x for x in e.contrasts}
+        for c in analysis.comparisons:
+            la, lb = level.get(c.a), level.get(c.b)
+            if c.a not in by_key or c.b not in by_key or stats.verdict_word(c.verdict) in (
+                    stats.DID_NOT_LEARN, stats.NOT_COMPARABLE):
+                continue
+            x, sign = (pairs[(la, lb)], 1) if (la, lb) in pairs else (pairs.get((lb, la)), -1)
+            if x is None:
+                continue
+            for name in copied:
+                setattr(c, name, getattr(x, name))
+            if sign == -1:
+                flip = (lambda v: None if v is None else -v)
+                c.delta, c.ci_low, c.ci_high = flip(x.delta), flip(x.ci_high), flip(x.ci_low)
+                c.ci_raw_low, c.ci_raw_high = flip(x.ci_raw_high), flip(x.ci_raw_low)
+                if x.verdict in (stats.BETTER, stats.WORSE):
+                    c.verdict = stats.WORSE if x.verdict == stats.BETTER else stats.BETTER
+        if any(level.get(c.a) is not None and level.get(c.b) is not None for c in analysis.comparisons):
+            n = sum(x.p_adjusted is not None for x in e.contrasts)
+            analysis.holm_over = (f"the {n} pair{'s' if n != 1 else ''} of {e.axis}'s levels that can be decided "
+                                  "(the axis is the question; the baseline only picks the rows shown)")
+        rank = {lv.level: lv for lv in e.levels}
+        for r in analysis.cells:
+            lv = rank.get(level.get(r.key, ""))
+            if lv is not None and not r.status:
+                r.rank = lv.rank or None
+                r.group, r.tied, r.unranked = lv.group, lv.tied, lv.unranked
+        order_by_mean(analysis.cells, analysis.lower_is_better)
+
+
+def to_best(e: stats.AxisEffect, level: str) -> stats.ComparisonRow | None:
+    """The contrast of ``level`` against the axis's best level, oriented level − best (Δ, its interval at the
+    verdict's level, p (Holm), MDD, verdict: "worse" when the level is distinguishably worse); None for the
+    best level itself or when the pair was not tested."""
+    from dataclasses import replace
+
+    best = e.best
+    if best is None or level == best.level:
+        return None
+    c = next((c for c in e.contrasts if {str(c.a), str(c.b)} == {str(level), str(best.level)}), None)
+    if c is None or str(c.a) == str(level):
+        return c
+    flip = (lambda v: None if v is None else -v)  # noqa: E731
+    word = {stats.BETTER: stats.WORSE, stats.WORSE: stats.BETTER}.get(c.verdict, c.verdict)
+    return replace(c, a=c.b, b=c.a, a_label=c.b_label, b_label=c.a_label, n_a=c.n_b, n_b=c.n_a,
+                   delta=flip(c.delta), ci_low=flip(c.ci_high), ci_high=flip(c.ci_low),
+                   ci_raw_low=flip(c.ci_raw_high), ci_raw_high=flip(c.ci_raw_low), verdict=word)
