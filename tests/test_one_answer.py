@@ -198,3 +198,17 @@ def test_a_one_axis_designs_figure_is_the_power_of_its_paired_t():
         pq = next(c for c in e.contrasts if {c.a, c.b} == {"p", "q"})
         hits += pq.verdict in (stats.BETTER, stats.WORSE)
     assert hits / reps >= 0.8 - 3 * np.sqrt(0.16 / reps)
+
+
+def test_a_diagnostic_never_hides_that_a_pair_is_not_comparable():
+    """A factorial grid's per-cell row flagged 'not comparable' (scored on other validation targets) keeps
+    that verdict: only test verdicts become diagnostics."""
+    rng = np.random.default_rng(2)
+    cells = [_cell(f"{n}-{b}", {s: 2.0 + rng.normal(0, 0.01) for s in range(3)}, norm=n, block=b)
+             for n in ("rms", "ln") for b in ("pre", "post")]
+    effects = verdicts.axis_effects(cells, ["norm", "block"])
+    an = stats.analyse(cells, stats.against_baseline([c.key for c in cells], "rms-pre"))
+    an.comparisons[0].verdict = verdicts.NOT_COMPARABLE
+    answers.reconcile(cells, an, effects)
+    assert an.comparisons[0].verdict == verdicts.NOT_COMPARABLE and an.comparisons[0].role == stats.VERDICT
+    assert all(c.role == stats.DIAGNOSTIC_ROLE for c in an.comparisons[1:])

@@ -85,8 +85,9 @@ def reconcile(cells: Sequence[stats.CellInput], analysis: stats.Analysis,
     if factorial:
         answer = "; ".join(f"{e.axis}: {e.model}" for e in factorial)
         for c in analysis.comparisons:
-            if c.p_adjusted is not None or stats.verdict_word(c.verdict) == stats.TOO_FEW:
-                c.role, c.model = stats.DIAGNOSTIC_ROLE, answer
+            word = stats.verdict_word(c.verdict)
+            if word in (stats.BETTER, stats.WORSE, stats.SAME, stats.TOO_FEW):  # not "did not learn" or
+                c.role, c.model = stats.DIAGNOSTIC_ROLE, answer                   # "not comparable": facts stay
                 if c.p_adjusted is not None:  # "too few seeds to decide" stays: it is no verdict either
                     c.verdict = f"{stats.DIAGNOSTIC} (no verdict: the per-axis model answers)"
         for r in analysis.cells:
