@@ -218,7 +218,7 @@ def curve_chart(mean: pd.DataFrame, seeds: pd.DataFrame | None, x_title: str, y_
                                        alt.Tooltip("x:Q", title=x_title, format=",.4~g"),
                                        alt.Tooltip("y:Q", title=y_title, format=".4f")]))
     layers.append(base.transform_filter("datum.kind == 'mean'")
-                  .mark_line(strokeWidth=2, **({} if factorial else {"point": alt.OverlayMarkDef(size=12, opacity=0.0)}))
+                  .mark_line(strokeWidth=2, point=alt.Undefined if factorial else alt.OverlayMarkDef(size=12, opacity=0.0))
                   .encode(
         x=x, y=alt.Y("mean:Q", title=y_title, scale=y_scale, axis=y_axis()), color=color, strokeDash=dash,
         opacity=faded, tooltip=tooltip, **per_cell))
@@ -278,7 +278,7 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str | None, x_title: str, c
             sort if y == "cell" else rows["_row"])]].reset_index(drop=True)
         return intervals.interval_chart(rows, row="_row", x="mean", lo="ci_lo", hi="ci_hi", x_title=x_title, colour=col,
                               shape=shape, text="marker" if "marker" in rows else None, ref=ref, tooltip=tooltip)
-    panels = []
+    panels: list[alt.LayerChart] = []
     for value in dict.fromkeys(df[facet].astype(str)):
         part = df[df[facet].astype(str) == value].copy()
         part["_row"] = part[y].astype(str) if y == "cell" else part["cell"].astype(str)

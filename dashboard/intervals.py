@@ -10,7 +10,7 @@ edge and marked there with a triangle pointing the way it runs on (the tooltip a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, cast
 
 import altair as alt
 import pandas as pd
@@ -67,7 +67,7 @@ def clip_intervals(df: pd.DataFrame, lo: str, hi: str, domain: tuple[float, floa
 def interval_chart(df: pd.DataFrame, *, row: str, x: str, lo: str, hi: str, x_title: str,
                    colour: Any = None, shape: Any = None, text: str | None = None,
                    ref: float | None = None, ref_dash: bool = True,
-                   tooltip: list | None = None) -> alt.TopLevelMixin:
+                   tooltip: list | None = None) -> alt.LayerChart:
     """One labelled row per line of ``df`` (``row``: its label, unique, every one drawn: a fixed height per
     row, labels never thinned), a point at ``x`` with its interval [``lo``, ``hi``]; the x axis set by what
     is drawn (``interval_domain``) and an interval that runs off it cut at the edge with a triangle there
@@ -101,10 +101,15 @@ def interval_chart(df: pd.DataFrame, *, row: str, x: str, lo: str, hi: str, x_ti
     point = base.mark_point(filled=True, size=90, opacity=1, stroke="#111", strokeWidth=0.6)
     layers.append(point.encode(x=enc_x, y=enc_y, color=colour, tooltip=tooltip,
                                **({"shape": shape} if shape is not None else {})))
-    if text:
-        layers.append(base.mark_text(align="left", dx=9, dy=-9, fontSize=11, color="#333").encode(
-            x=alt.X(f"{x}:Q", scale=scale), y=enc_y, text=alt.Text(f"{text}:N")))
-    return alt.layer(*layers).properties(height=alt.Step(ROW_PX))
+    if text:  # beside its point, on the side with room (right of a point in the left half, else left of it)
+        mid = (domain[0] + domain[1]) / 2
+        sides: tuple[tuple[str, Literal["left", "right"], int], ...] = (
+            (f"datum['{x}'] <= {mid!r}", "left", 9), (f"datum['{x}'] > {mid!r}", "right", -9))
+        for cond, align, dx in sides:
+            layers.append(base.transform_filter(cond).mark_text(align=align, dx=dx, dy=-9, fontSize=11,
+                                                                color="#333").encode(
+                x=alt.X(f"{x}:Q", scale=scale), y=enc_y, text=alt.Text(f"{text}:N")))
+    return cast(alt.LayerChart, alt.layer(*layers).properties(height=alt.Step(ROW_PX)))
 
 
 def off_axis_note(df: pd.DataFrame, x: str, lo: str, hi: str, ref: float | None = None) -> str:

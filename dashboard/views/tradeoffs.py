@@ -148,7 +148,7 @@ for i, (cost, better, log_default) in enumerate(plots):
                     caption=f"{'Higher' if better == 'higher' else 'Lower'} {q.metric_info(cost).label} is better. "
                             + (f"Pareto front ({len(front)} of {len(df)}: heavy outline, dashed line), cheapest "
                                "first: " + " → ".join(front["cell"]) + "." if len(front) else
-                               f"No Pareto front: no point of the {len(df)} has a cost that can enter it.")
+                               "No Pareto front.")
                             + (f" {channels.describe().capitalize()}." if color == "cell" and channels.factorial
                                else "")
                             + " Vertical bars: 95% CI of the mean across seeds"
