@@ -77,13 +77,15 @@ def speed_shape(cell: Cell) -> str:
 def shapes_to_time(jobs: list[Any], mode: str) -> dict[str, list[Any]]:
     """speed shape -> the completed jobs of it, for the shapes the pass times under ``mode``: ``auto`` the
     shapes with a completed cell that shared its GPU (``Job.packed`` > 1; a busy CPU stays busy for the pass,
-    so contention on the CPU alone never starts one), ``always`` every shape, ``never`` none."""
+    so contention on the CPU alone never starts one), ``always`` every shape, ``never`` none. Cells of
+    several processes (``train.devices`` > 1) are never timed: the pass trains in one process."""
     from ..contracts.status import COMPLETED
 
     if mode == "never":
         return {}
-    done = [j for j in jobs
-            if j.handle is not None and (rundir.read_status(j.run_dir) or {}).get("status") == COMPLETED]
+    done = [j for j in jobs  # one process per cell: a multi-device cell's DDP step is not one process's
+            if j.handle is not None and j.cell.train.devices <= 1
+            and (rundir.read_status(j.run_dir) or {}).get("status") == COMPLETED]
     by_shape: dict[str, list[Any]] = {}
     for j in done:
         by_shape.setdefault(speed_shape(j.cell), []).append(j)
