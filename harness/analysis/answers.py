@@ -48,8 +48,9 @@ def paired_answer(cells: Sequence[stats.CellInput], e: stats.AxisEffect) -> stat
     out = replace(e, levels=[stats.LevelRow(level[r.key], float(r.mean or 0.0), r.n, r.rank or 0, r.group, r.tied,
                                             r.unranked if r.rank is None else "") for r in best_first],
                   contrasts=contrasts, interactions=[], blocks=["seed"] if tests == {"paired t"} else [],
-                  model=f"{how}, each pair of levels on its own; Holm over the {decided} pair"
-                        f"{'s' if decided != 1 else ''} that can be decided")
+                  model=f"{how}, each pair of levels on its own; " + (
+                      f"Holm over the {decided} pair{'s' if decided != 1 else ''} that can be decided" if decided
+                      else f"no pair can be decided yet (fewer than {stats.MIN_SEEDS} seeds a side)"))
     for c in out.contrasts:
         c.model = out.model
     return out
