@@ -212,3 +212,35 @@ def test_a_diagnostic_never_hides_that_a_pair_is_not_comparable():
     answers.reconcile(cells, an, effects)
     assert an.comparisons[0].verdict == verdicts.NOT_COMPARABLE and an.comparisons[0].role == stats.VERDICT
     assert all(c.role == stats.DIAGNOSTIC_ROLE for c in an.comparisons[1:])
+
+
+def test_the_report_leads_with_the_answer_and_its_rows_follow_the_legend(tmp_path, monkeypatch):
+    """abl report on a factorial grid: the per-axis section before the comparison, each level's interval to the
+    best against its verdict, the per-cell rows as diagnostics with no rank, and the legend once."""
+    import test_axis_effects as ax
+    from test_report import parse_table
+
+    from abl.present.report.runs import load_runs
+    from abl.present.report.sections import build_report
+
+    monkeypatch.chdir(tmp_path)
+    grid, db, g = ax._store(tmp_path, ax.GRID, ax._norms_value)
+    runs = load_runs(db, run_ids=[c.run_id for c in g.cells])
+    rep = build_report(runs, source=str(grid), db_path=str(db), registry=None,
+                       order=list(dict.fromkeys(c.cell_key for c in g.cells)), grid_raw=g.raw)
+    md = rep.doc.markdown()
+    assert md.index("## Per axis") < md.index("## Comparison")
+    assert md.count("How to read the verdicts:") == 1 and md.count("Verdict: better or worse when") == 1
+    levels = parse_table(md, "| axis | level |")
+    assert levels
+    for row in levels:
+        if row["CI (Holm-adj.)"] in ("-", ""):
+            continue
+        lo, hi = (float(x) for x in row["CI (Holm-adj.)"].strip("[]").split(","))
+        word = row["verdict against the best"]
+        assert (lo > 0 or hi < 0) == (word in (stats.BETTER, stats.WORSE)), row
+        assert (float(row["p (Holm)"].lstrip("<")) < 0.05) == (word in (stats.BETTER, stats.WORSE)), row
+    for s in rep.stat_rows:
+        assert s["rank"] is None and s["rank_text"] in ("per axis", "-")
+        if not s["is_baseline"] and s["p_adjusted"] is not None:
+            assert s["role"] == stats.DIAGNOSTIC_ROLE and s["verdict"].startswith(stats.DIAGNOSTIC)
