@@ -76,3 +76,24 @@ def test_too_few_seeds_or_no_pairs_is_refused(tmp_path, registry):
     expand, read, train, _ = _setup(tmp_path, registry, seeds=(0, 1))
     with pytest.raises(ConfigError, match="at least 3"):
         run_until_decided(expand, read, train, budget=6, say=lambda s: None)
+
+
+def test_abl_run_until_decided_trains_rounds_and_answers_with_the_sequential_test(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from abl.cli import cli
+    from abl.store.reader import read_runs
+
+    monkeypatch.chdir(tmp_path)
+    grid = tmp_path / "g.toml"
+    grid.write_text(tiny_grid_text(experiment={"seeds": [0, 1, 2]}))
+    out = CliRunner().invoke(cli, ["run", str(grid), "--until-decided", "--budget", "4", "--db", "s/abl.duckdb"])
+    assert out.exit_code == 0, out.output
+    assert "until decided: 1 comparison(s)" in out.output
+    assert "(model.norm):" in out.output  # the one pair's answer
+    runs = read_runs(tmp_path / "s" / "abl.duckdb")
+    seeds = sorted({r.seed for r in runs})
+    assert seeds[:3] == [0, 1, 2] and len(runs) in (6, 8)
+    assert "Verdict," not in out.output  # no fixed-seed verdict beside the sequential answer
+    bad = CliRunner().invoke(cli, ["run", str(grid), "--until-decided", "--cells", "1", "--db", "s/abl.duckdb"])
+    assert bad.exit_code == 2 and "cannot be combined" in bad.output

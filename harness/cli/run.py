@@ -86,10 +86,17 @@ from .common import (
               help="The longest abl run waits on plugin code it runs itself before any cell starts (loading the "
                    "grid, the memory check, the cost estimate), per step; past it abl run stops (exit 2) naming "
                    "the code. 0: no limit. A cell's own limit is train.timeout_s.")
+@click.option("--until-decided", is_flag=True,
+              help="Add seeds only to the cells of comparisons still undecided (every pair of cells that differ "
+                   "in one swept setting), one seed per round, until each is decided or --budget is reached; "
+                   "a group-sequential test keeps the false-positive rate at 0.05 however often it looks.")
+@click.option("--budget", default=10, show_default=True, type=click.IntRange(3, 1000), metavar="SEEDS",
+              help="With --until-decided: the most seeds any cell gets.")
 @plugins_dir_option
 def command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
             slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
-            only, cell_numbers, wide, fmt, plugin_timeout, cells_per_gpu=None, speed_pass="auto"):
+            only, cell_numbers, wide, fmt, plugin_timeout, cells_per_gpu=None, speed_pass="auto",
+            until_decided=False, budget=10):
     """Expand GRID_FILE into cells, validate them all, then train those not yet completed.
 
     Running the same command again resumes the grid: completed cells are
@@ -107,7 +114,8 @@ def command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, 
     try:
         _command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
                  slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
-                 only, cell_numbers, wide, fmt, cells_per_gpu=cells_per_gpu, speed_pass=speed_pass)
+                 only, cell_numbers, wide, fmt, cells_per_gpu=cells_per_gpu, speed_pass=speed_pass,
+                 until_decided=until_decided, budget=budget)
     except KeyboardInterrupt:  # before the store's lock was taken (_run_locked handles it after)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -123,12 +131,15 @@ def command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, 
 
 def _command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells, executor, workers,
              slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address, detect, wait, force,
-             only, cell_numbers, wide, fmt, cells_per_gpu=None, speed_pass="auto"):
+             only, cell_numbers, wide, fmt, cells_per_gpu=None, speed_pass="auto", until_decided=False, budget=10):
     registry = load_registry()
     full, grid = _grids(grid_file, overrides, max_cells, only, cell_numbers, registry)
     ws = Workspace.resolve(db_path, grid, runs_dir)
     engine = _Engine(executor, workers, slurm_partition, slurm_time, slurm_cluster, gpus_per_cell, ray_address,
                      cells_per_gpu, speed_pass)
+    if until_decided and (only or cell_numbers or full.cells[0].train.lr_sweep or dry_run):
+        fail("--until-decided runs the whole grid and cannot be combined with --only, --cells, --dry-run or a "
+             "grid with train.lr_sweep")
     if dry_run:
         _dry_run(full, grid, registry, ws, engine, detect)
         return
@@ -140,9 +151,13 @@ def _command(grid_file, overrides, dry_run, db_path, runs_dir, retry, max_cells,
     problems = preflight.db_problems(ws.db) + preflight.runs_dir_problems(ws.runs)
     if problems:
         fail("\n".join(problems))
-    failures = _run_locked(grid, registry, ws, engine.make(ws), retry_failed=retry == "failed", force=force,
-                           wait=wait, detect=detect, presentation=Presentation(layout="wide" if wide else "auto",
-                                                                               fmt=fmt))
+    presentation = Presentation(layout="wide" if wide else "auto", fmt=fmt)
+    if until_decided:
+        failures = _until_decided(grid_file, overrides, max_cells, registry, ws, engine, budget,
+                                  retry_failed=retry == "failed", force=force, wait=wait, presentation=presentation)
+    else:
+        failures = _run_locked(grid, registry, ws, engine.make(ws), retry_failed=retry == "failed", force=force,
+                               wait=wait, detect=detect, presentation=presentation)
     if failures:
         click.echo(f"{failures} run(s) did not complete; see the table above", err=True)
         sys.exit(1)
@@ -244,8 +259,41 @@ def _dry_run(full, grid, registry, ws: Workspace, engine: _Engine, detect: float
                        "size the seeds from")
 
 
+def _until_decided(grid_file, overrides, max_cells, registry, ws: Workspace, engine: _Engine, budget: int, *,
+                   retry_failed: bool, force: bool, wait: bool, presentation) -> int:
+    """``--until-decided``: rounds of look, then train the next seed of the cells an undecided comparison
+    needs (abl.run.until_decided); each round runs as ``abl run`` does, without the fixed-seed summary,
+    whose p-values would not hold after looking this way. Returns the runs that did not complete."""
+    from ..grid.gridfile import load_grid
+    from ..run.until_decided import run_until_decided
+    from ..store.reader import read_runs
+
+    failures = 0
+
+    def expand(seeds):
+        extra = [] if seeds is None else [f"experiment.seeds={list(seeds)!r}"]
+        return load_grid(grid_file, registry, [*overrides, *extra], max_cells=max_cells)
+
+    def read(run_ids):
+        return read_runs(ws.db, run_ids=run_ids) if ws.db.exists() else []
+
+    def train(grid) -> None:
+        nonlocal failures
+        failures += _run_locked(grid, registry, ws, engine.make(ws), retry_failed=retry_failed, force=force,
+                                wait=wait, detect=None, presentation=presentation, summary=False)
+
+    try:
+        run_until_decided(expand, read, train, budget=budget, say=lambda line: click.echo(line))
+    except user_errors() as exc:
+        fail(str(exc))
+    click.echo(f"database: {ws.db}   run folders: {ws.runs}\nabl compare {grid_file} shows these runs' fixed-seed "
+               "tables: with seeds added until decided, read their p-values as descriptive; the answers are the "
+               "lines above")
+    return failures
+
+
 def _run_locked(grid, registry, ws: Workspace, engine, *, retry_failed: bool, force: bool, wait: bool,
-                detect: float | None, presentation) -> int:
+                detect: float | None, presentation, summary: bool = True) -> int:
     """Take the store's lock, check that the grid fits in memory, run it (an lr sweep in its two phases)
     and return the runs that did not complete. Bad input leaves no trace (exit 2); a full disk exits 1;
     Ctrl-C stops the cells, stores them and exits 130."""
@@ -269,6 +317,9 @@ def _run_locked(grid, registry, ws: Workspace, engine, *, retry_failed: bool, fo
         from ..run.runner import run_grid
 
         run = run_sweep if grid.cells[0].train.lr_sweep else run_grid  # an lr sweep: its two phases
+        if not summary:  # a round of --until-decided (never an lr sweep)
+            return run_grid(grid, registry, ws.db, ws.runs, executor=engine, retry_failed=retry_failed,
+                            console=console, presentation=presentation, summary=False)
         return run(grid, registry, ws.db, ws.runs, executor=engine, retry_failed=retry_failed, detect=detect,
                    console=console, presentation=presentation)
     except (*user_errors(), PluginTimeout) as exc:

@@ -103,7 +103,7 @@ def plan(cells: list[Cell], known: dict[str, str], retry_failed: bool = False
 
 def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, executor=None,
              retry_failed: bool = False, console: Console | None = None, detect: float | None = None,
-             presentation: termlayout.Presentation | None = None) -> int:
+             presentation: termlayout.Presentation | None = None, summary: bool = True) -> int:
     """Run every cell not yet completed (failed ones only with ``retry_failed``).
 
     In steps: check and tokenise every cell's data, then migrate the store
@@ -111,7 +111,8 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     and sort the cells (``reconcile``, ``plan``) and say so (``plan_sentence``);
     a job per cell to run (``make_jobs``); run them, storing and showing each
     cell as it starts and ends (``CellEvents``, ``execute``); then the summary
-    tables (``print_summaries``), as ``presentation`` says (default: tables on the console).
+    tables (``print_summaries``), as ``presentation`` says (default: tables on the console), unless
+    ``summary`` is False (a round of ``abl run --until-decided``, which answers with its own test).
 
     Returns the number of runs that did not complete in this invocation.
     """
@@ -137,7 +138,8 @@ def run_grid(grid: Grid, registry: Registry, db_path: Path, runs_dir: Path, exec
     from .speedpass import after_grid  # the whole grid's figure, and its packed shapes timed alone (issue 37)
 
     after_grid(executor, jobs, db_path, console)
-    print_summaries(console, db_path, runs_dir, grid, detect, presentation or termlayout.Presentation())
+    if summary:
+        print_summaries(console, db_path, runs_dir, grid, detect, presentation or termlayout.Presentation())
     return events.failures
 
 
