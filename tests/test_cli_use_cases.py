@@ -13,10 +13,10 @@ CLI = ROOT / "harness" / "cli"
 
 def test_each_command_is_declared_in_its_own_module():
     import abl.cli
-    from abl.cli import bench, compare, cost, dashboard, ingest, plugins, report, run, selftest
+    from abl.cli import bench, compare, cost, dashboard, ingest, ladder, plugins, report, run, selftest
 
     modules = {"run": run, "plugins": plugins, "ingest": ingest, "dashboard": dashboard, "cost": cost,
-               "report": report, "compare": compare, "bench": bench, "selftest": selftest}
+               "report": report, "compare": compare, "ladder": ladder, "bench": bench, "selftest": selftest}
     assert set(abl.cli.cli.commands) == set(modules)
     for name, module in modules.items():
         cmd = abl.cli.cli.commands[name]

@@ -1,7 +1,7 @@
 """The ``abl`` command line: the group, and one module per command with its options beside its body.
 
 Each command module (run, plugins, ingest, dashboard, cost, report, compare,
-bench, selftest) declares its click command (arguments, options, help) above
+ladder, bench, selftest) declares its click command (arguments, options, help) above
 the use case it runs: resolve the workspace (abl.store.workspace), run or
 read, and hand plain data to abl.present. What they share (``--plugins-dir``,
 user errors as exit status 2, the store's lock) is in common. Imports stay
