@@ -17,11 +17,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
+from ..contracts.status import COMPLETED
 from .stats.engine import BETTER, WORSE, CellInput, ComparisonRow, analyse
 
 LENGTH = re.compile(r"val_loss_x(\d+)")
 ACCURACY = re.compile(r"((?:probe_)?(?P<task>.+))_accuracy")
-COMPLETED = "completed"
 
 
 @dataclass

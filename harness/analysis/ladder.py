@@ -45,6 +45,7 @@ from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
+from ..contracts.status import COMPLETED
 from .stats.engine import BETTER, WORSE, Comparison, compare
 from .stats.ttest import ALPHA
 
@@ -295,7 +296,7 @@ def ladder_of_runs(runs: Sequence[object], metric: str, size_paths: Sequence[str
     with a finite value only; a variant's compute at a size is the median over its seeds."""
     raw: dict[str, dict[str, tuple[list[float], dict]]] = {}
     for r in runs:
-        if getattr(r, "status", None) != "completed":
+        if getattr(r, "status", None) != COMPLETED:
             continue
         final = getattr(r, "final", {}) or {}
         loss, compute = final.get(metric), final.get(compute_metric)

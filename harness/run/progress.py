@@ -26,6 +26,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Column
 
 from ..analysis import health
+from ..contracts.status import COMPLETED
 from ..present.termlayout import fit_varied
 from .executors import Job
 
@@ -297,7 +298,7 @@ class BarProgress:
         the terminal), status, final loss and wall time."""
         loss = _loss_text(job)
         rest = f": {status}{', ' + loss if loss else ''}, {fmt_duration(wall_s)}"
-        if status != "completed":
+        if status != COMPLETED:
             rest = f": {status} at step {job.step}/{job.cell.train.steps}{', ' + loss if loss else ''}, " \
                    f"{fmt_duration(wall_s)}"
         return self._desc(job, self.console.width - len(rest)).strip() + rest

@@ -21,6 +21,7 @@ from ..analysis.stats.engine import by_axis
 from ..analysis.stats.power import MIN_SEEDS
 from ..analysis.verdicts import cell_inputs, lower_is_better
 from ..contracts.config import ConfigError, Grid
+from ..contracts.status import COMPLETED
 
 
 @dataclass
@@ -137,7 +138,7 @@ def run_until_decided(expand: Callable[[list[int] | None], Grid], read: Callable
             break
         have = max(have, max(wanted.values()))
         grown = expand(seed_sequence(seeds, have))
-        done = {r.run_id for r in runs if r.status == "completed"}
+        done = {r.run_id for r in runs if r.status == COMPLETED}
         order = {s: i for i, s in enumerate(seed_sequence(seeds, have))}
         todo = [c for c in grown.cells
                 if c.cell_key in wanted and order[c.seed] < wanted[c.cell_key] and c.run_id not in done]
