@@ -65,3 +65,43 @@ def test_accuracy_against_the_no_recall_baseline_reads_above_or_not():
 def test_two_seeds_are_too_few_to_decide():
     out = within_cell(_runs(seeds=(0, 1)))
     assert out and all(w.answer().startswith("too few seeds") for w in out)
+
+
+def test_the_summary_answers_within_each_cell(tmp_path, monkeypatch, registry):
+    """abl compare (the run summary's view) answers extrapolation within each cell, once, in its words."""
+    import zlib
+
+    from click.testing import CliRunner
+
+    from abl.cli import cli
+    from abl.grid.gridfile import load_grid
+    from abl.store import database as store
+    from conftest import tiny_grid_text, write_completed_runs
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "g.toml"
+    path.write_text(tiny_grid_text(experiment={"seeds": [0, 1, 2]}))
+    grid = load_grid(path, registry)
+
+    def noise(cell, what):
+        return np.random.default_rng(zlib.crc32(f"{cell.label}{cell.seed}{what}".encode())).standard_normal()
+
+    def x(cell):
+        base = 3.0 + 0.02 * noise(cell, "b")
+        degrade = 0.5 if cell.model.norm == "rmsnorm" else 0.0
+        return {"val_loss_x1": base, "val_loss_x4": base + degrade + 0.01 * noise(cell, "x4")}
+
+    write_completed_runs(grid.cells, tmp_path / "runs", str(path), lambda c: 3.0 + 0.01 * noise(c, "v"), extra=x)
+    db = tmp_path / "abl.duckdb"
+    store.ingest_dirs(db, sorted((tmp_path / "runs").iterdir()))
+    out = CliRunner().invoke(cli, ["compare", str(path), "--db", str(db), "--wide"], terminal_width=200)
+    assert out.exit_code == 0, out.output
+    text = out.output
+    assert text.count("Within each cell") == 1
+    line = next(ln for ln in text.splitlines() if "norm=rmsnorm" in ln and "length x4 vs x1" in ln)
+    assert line.rstrip().endswith("degrades at 4x")
+    other = next(ln for ln in text.splitlines() if "norm=layernorm" in ln and "length x4 vs x1" in ln)
+    assert other.rstrip().endswith("not distinguishable")
+    narrow = CliRunner().invoke(cli, ["compare", str(path), "--db", str(db)], terminal_width=60)
+    assert narrow.exit_code == 0 and narrow.output.count("Within each cell") == 1
+    assert "degrades at 4x" in " ".join(narrow.output.split())

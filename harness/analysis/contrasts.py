@@ -129,3 +129,20 @@ def _unique(inputs: list[CellInput]) -> list[CellInput]:
     for c in inputs:
         seen.setdefault(c.key, c)
     return list(seen.values())
+
+
+def lines(items: Sequence[WithinCell]) -> list[str]:
+    """The within-cell answers as text: a title, then one line per cell and contrast (none: no lines)."""
+    if not items:
+        return []
+    from .formats import fmt_p
+
+    tested = sum(w.row.p_adjusted is not None for w in items)
+    out = [f"Within each cell (paired by seed; Holm over the {tested} contrasts tested):"]
+    for w in items:
+        r = w.row
+        figures = "" if r.delta is None else f"Δ {r.delta:+.4f}"
+        if r.ci_low is not None and r.ci_high is not None and r.p_adjusted is not None:
+            figures += f" [{r.ci_low:+.4f}, {r.ci_high:+.4f}], p (Holm) {fmt_p(r.p_adjusted)}"
+        out.append(f"  {w.label}  {w.contrast.name}: {figures + ': ' if figures else ''}{w.answer()}")
+    return out

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import click
 
-from ..analysis import answers, stats, verdicts
+from ..analysis import answers, contrasts, stats, verdicts
 from ..analysis.health import MAX_LOAD_PER_CORE, MIN_CPU_UTIL
 from ..analysis.metrics import MEASURED_ALONE, is_speed  # speed figures show their spread; a contended run marks them
 from ..analysis.metrics import metric as catalogue_entry
@@ -151,6 +151,7 @@ class View:
     figures: dict[Any, dict[str, Figure]]
     lr: dict | None
     effects: list = dataclasses.field(default_factory=list)  # stats.AxisEffect per swept axis: the headline
+    within: list = dataclasses.field(default_factory=list)  # abl.analysis.contrasts.WithinCell: within-cell answers
 
     @property
     def analysis(self) -> stats.Analysis:
@@ -188,7 +189,8 @@ def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | No
     # (factorial grid) the per-axis answer; named pairs are their own question
     answers.reconcile(cells, analysis, effects)
     return View(title=title, metric=first, cells=cells, numbers={c.key: i for i, c in enumerate(cells, 1)},
-                tables=tables, extra=extra, figures=figures(runs, extra), lr=_lrs(runs), effects=effects)
+                tables=tables, extra=extra, figures=figures(runs, extra), lr=_lrs(runs), effects=effects,
+                within=contrasts.within_cell(runs, order))
 
 
 def effect_lines(view: View) -> list[str]:
@@ -290,6 +292,12 @@ def stacked_lines(view: View, width: int) -> list[tuple[str, str]]:
             out += [("", ln) for ln in pack(items, width, ind)]
         if left:
             out += [("", ln) for ln in wrap(left, width, "  ", first="")]
+    within = contrasts.lines(view.within)
+    if within:
+        out.append(("", ""))
+        out += [("bold", ln) for ln in wrap(within[0], width, "")]
+        for line in within[1:]:
+            out += [("", ln) for ln in wrap(line, width, "      ", first="")]
     out.append(("", ""))
     out += [("dim", ln) for ln in wrap(legend(view), width, "")]
     return out
@@ -433,6 +441,8 @@ def show(console, view: View, presentation: Presentation | None = None) -> None:
         console.print(contended_note(view), style="yellow")
     for t in tables[1:]:
         print_wide(console, t)
+    for i, line in enumerate(contrasts.lines(view.within)):
+        console.print(Text(line, style="" if i else "bold"), soft_wrap=True)
     console.print(Text(legend(view), style="dim"))
 
 
