@@ -105,3 +105,9 @@ def test_the_summary_answers_within_each_cell(tmp_path, monkeypatch, registry):
     narrow = CliRunner().invoke(cli, ["compare", str(path), "--db", str(db)], terminal_width=60)
     assert narrow.exit_code == 0 and narrow.output.count("Within each cell") == 1
     assert "degrades at 4x" in " ".join(narrow.output.split())
+
+    report = CliRunner().invoke(cli, ["report", str(path), "--db", str(db), "--out", str(tmp_path / "rep")])
+    assert report.exit_code == 0, report.output
+    md = (tmp_path / "rep" / "report.md").read_text()
+    section = md[md.index("Length extrapolation"):]
+    assert "Within each cell" in section and "length x4 vs x1" in section and "degrades at 4x" in section

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ...analysis import metrics as catalogue
-from ...analysis import sections, stats
+from ...analysis import contrasts, sections, stats
 from ...analysis.formats import fmt_decode_cache, fmt_speed
 from ...analysis.health import DID_NOT_LEARN_MARGIN
 from ...contracts.status import COMPLETED
@@ -463,6 +463,8 @@ def extrapolation_section(ctx: Context) -> None:
                   "the context changes, so 2x - 1x is the model's gain or loss from the longer input. 1x differs "
                   "from the final val_loss, scored on the regular windows, by the text scored. '-': the position "
                   f"encoding cannot reach that length, or the run predates val_loss_x1 (the run notes say). {ctx.cond}")
+    for line in contrasts.lines([w for w in contrasts.within_cell(ctx.runs) if w.contrast.metric in EXTRAPOLATION]):
+        ctx.doc.p(line)  # the verdicts within each cell: the same as the summary's (abl.analysis.contrasts)
 
 
 def task_accuracy_section(ctx: Context) -> None:
