@@ -101,6 +101,19 @@ def test_the_whole_grid_eta_from_the_store_then_from_the_speed_measured(jobs, re
     assert eta == pytest.approx(10.0 + 20.0)  # the rest of the second cell and the whole third
 
 
+def test_the_whole_grid_eta_is_never_below_a_running_cells_own(jobs, registry):
+    """abl selftest --quick showed 'whole grid: ETA 12s' while its slow Triton cell said 'ETA 1m01s': the
+    pooled speed of fast cells hid the slow one."""
+    est = GridEstimate(jobs, registry, slots=2)
+    now = time.time()
+    fast, slow = jobs[0], jobs[1]
+    fast.started, fast.step = now - 1.0, 100
+    est.finish(fast, 1.0)  # a whole cell in 1 s
+    slow.started, slow.step = now - 30.0, 10  # 10 of 100 steps in 30 s: 270 s to go at its own rate
+    eta, _ = est.eta([slow], now=now)
+    assert eta == pytest.approx(270.0)
+
+
 def test_every_heartbeat_shows_the_whole_grid_eta(jobs, registry):
     out = io.StringIO()
     est = GridEstimate(jobs, registry, slots=1, prior={"flops": [1.0]})

@@ -7,7 +7,8 @@ work done over the cells' own wall time, start-up included: at start, from the
 earlier completed runs in the store (the median of their rate); once cells run,
 from this invocation's cells (finished, and running ones up to their last
 step). The remaining work, spread over the cells run at once, over that speed
-is the ETA. No speed known yet: no ETA, never a made-up one.
+is the ETA, and never less than the longest a running cell needs at its own step
+rate. No speed known yet: no ETA, never a made-up one.
 """
 
 from __future__ import annotations
@@ -80,7 +81,19 @@ class GridEstimate:
             return None, "after the first steps"
         left = [r for r in self.per_step if r not in self.finished]
         parallel = max(1, min(self.slots, len(left)))
-        return self.remaining(running) / (rate * parallel), source
+        return max(self.remaining(running) / (rate * parallel), self.longest_running(running, now)), source
+
+    def longest_running(self, running: list[Any], now: float | None = None) -> float:
+        """The longest remaining time of a running cell at its own step rate (start-up included): the grid
+        cannot end before it, whatever the pooled speed says (a Triton-interpreter cell among fast torch
+        cells runs far below their pooled FLOP rate)."""
+        now = time.time() if now is None else now
+        out = 0.0
+        for job in running:
+            rid = job.cell.run_id
+            if rid in self.steps and rid not in self.finished and job.step > 0 and now > job.started:
+                out = max(out, (self.steps[rid] - job.step) * (now - job.started) / job.step)
+        return out
 
     def start_line(self) -> str:
         from .progress import fmt_duration
