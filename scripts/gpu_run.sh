@@ -11,10 +11,12 @@
 #                   chosen from their predicted memory) and serial (--cells-per-gpu 1), each in a fresh
 #                   store under its own limit: their "whole grid done:" lines (wall time, training-step
 #                   time, busy share) and nvidia-smi's mean utilisation during each (issue 37)
+#   ladder.txt      stage ladder (not run by default): scripts/gpu_ladder.toml, GELU and SwiGLU at three sizes
+#                   with cells packed on the GPU, then abl ladder's verdicts along the sizes (issue 41)
 #   abl.duckdb      the store: selftest rows, kernel bench rows, every run's metrics
 #   status.txt      each stage's exit status and wall time
 #
-# Usage: bash scripts/gpu_run.sh [STAGE...]    STAGE: selftest, grids (= norms precision), big, packing
+# Usage: bash scripts/gpu_run.sh [STAGE...]    STAGE: selftest, grids (= norms precision), big, packing, ladder
 #        (default: selftest grids big)
 #        bash scripts/gpu_run.sh probe         the GPU probe alone (python -m abl.bench.probe; docs/gpu.md,
 #        "The probe"): seven stages, each under its own time limit (abl.bench.probe.LIMITS, 465 s in
@@ -29,6 +31,8 @@
 #   ABL_GPU_STAGE_TIMEOUT seconds each stage may run before it is stopped (default 0: no limit); a
 #                         stopped stage is recorded in status.txt (exit 124) and the next one runs
 #   ABL_GPU_PACKING_TIMEOUT seconds each of the packing stage's two runs may take (default 240)
+#   ABL_GPU_LADDER_TIMEOUT  seconds the ladder stage's grid may take (default 300); abl ladder then reads
+#                           what it stored
 #   ABL_GPU_TINY=1        tiny sizes (the CPU test): selftest --quick, one cell of each grid
 #                         with a few steps, the big cell shrunk
 set -uo pipefail
@@ -47,10 +51,10 @@ WORK=$(mktemp -d -t abl-gpu.XXXXXX)
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(selftest grids big)
 for s in "${STAGES[@]}"; do
-    case $s in selftest|grids|norms|precision|big|packing) ;;
+    case $s in selftest|grids|norms|precision|big|packing|ladder) ;;
         probe) [ ${#STAGES[@]} -eq 1 ] || {
             echo "error: probe runs alone (its 8 files are all a call brings back)" >&2; exit 2; } ;;
-        *) echo "error: unknown stage '$s' (selftest, grids, norms, precision, big, packing, probe)" >&2
+        *) echo "error: unknown stage '$s' (selftest, grids, norms, precision, big, packing, ladder, probe)" >&2
            exit 2;; esac
 done
 mkdir -p "$OUT"
@@ -168,6 +172,20 @@ for s, n in LIMITS.items(): print(s, n, n - GRACE_S)') || { status "probe: canno
             fi
             status "packing $mode: exit $rc in $((SECONDS - t0)) s (limit ${ABL_GPU_PACKING_TIMEOUT:-240} s)"
         done
+        ;;
+    ladder)
+        extra=()
+        if [ "$TINY" = 1 ]; then  # the CPU test: one step per size, small batches
+            extra=(--set ladder.tokens_per_param=0.0001 --set train.batch_size=2 --set model.context=32
+                   --set train.eval_batches=1 --set train.warmup_steps=0 --set train.precision=fp32
+                   --set train.device=cpu)
+        fi
+        t0=$SECONDS
+        timeout -k 10 "${ABL_GPU_LADDER_TIMEOUT:-300}" "${ABL[@]}" run scripts/gpu_ladder.toml --db "$DB" \
+            --speed-pass never "${extra[@]}" >> "$OUT/ladder.txt" 2>&1
+        rc=$?
+        status "ladder: exit $rc in $((SECONDS - t0)) s (limit ${ABL_GPU_LADDER_TIMEOUT:-300} s)"
+        "${ABL[@]}" ladder scripts/gpu_ladder.toml --db "$DB" --at 1e18 "${extra[@]}" >> "$OUT/ladder.txt" 2>&1
         ;;
     big)
         extra=()

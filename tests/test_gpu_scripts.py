@@ -149,3 +149,20 @@ def test_gpu_prepare_fails_without_duckdb_but_not_without_an_optional_wheel(tmp_
     assert r.returncode != 0 and "duckdb" in r.stderr
     r, kept = _prepare(tmp_path, FAKE_MISSING="fla-core")
     assert r.returncode == 0 and "skipped fla-core: no wheel" in r.stdout and "duckdb" in kept
+
+
+@pytest.mark.slow
+def test_gpu_run_script_ladder_stage_runs_on_cpu(tmp_path):
+    """The ladder stage (issue 41): the GPU ladder's grid at tiny sizes, then abl ladder's verdicts."""
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), ABL_GPU_INSTALL="0", ABL_GPU_TINY="1", ABL_GPU_PYTHON=sys.executable,
+               TMPDIR=str(tmp_path))
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "ladder"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=1200, check=False)
+    status = (out / "status.txt").read_text() if (out / "status.txt").exists() else ""
+    assert r.returncode == 0, status + r.stdout[-2000:] + r.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["abl.duckdb", "env.txt", "ladder.txt", "status.txt"]
+    text = (out / "ladder.txt").read_text()
+    assert "ladder: exit 0" in status
+    assert "val_loss along the ladder" in text and "ffn=gelu vs ffn=swiglu" in " ".join(text.split())
