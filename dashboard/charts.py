@@ -271,20 +271,37 @@ def compare_chart(df: pd.DataFrame, y: str, y_title: str | None, x_title: str, c
         tooltip += [alt.Tooltip("delta:Q", title="Δ vs baseline", format="+.4f"),
                     alt.Tooltip("p:Q", title="p", format=".3g"), alt.Tooltip("marker:N", title="verdict")]
     ref = baseline if baseline is not None and pd.notna(baseline) else None
+
+    def labelled(part: pd.DataFrame) -> pd.DataFrame:
+        """One row per cell, labelled: by cell, or (grouped) by the group's value and then the cell, the
+        cells of one group next to each other in ``sort``'s order of the groups."""
+        part = part.copy()
+        if y == "cell":
+            part["_row"] = part["cell"].astype(str)
+            order = [r for r in dict.fromkeys(sort) if r in set(part["_row"])]
+        else:
+            rank = {v: i for i, v in enumerate(sort)}
+            other = part[color if color and color in part else "cell"].astype(str)
+            part["_row"] = part[y].astype(str).where(other == part[y].astype(str),
+                                                     part[y].astype(str) + " · " + other)
+            if not part["_row"].is_unique:
+                part["_row"] = part[y].astype(str) + " · " + part["cell"].astype(str)
+            part = part.sort_values(y, key=lambda v: v.astype(str).map(rank), kind="stable")
+            order = list(part["_row"])
+        return part.drop_duplicates("_row").set_index("_row", drop=False).loc[order].reset_index(drop=True)
+
     if not facet:
-        rows = df.copy()
-        rows["_row"] = rows[y].astype(str) if y == "cell" else rows["cell"].astype(str)
-        rows = rows.set_index("_row", drop=False).loc[[r for r in dict.fromkeys(
-            sort if y == "cell" else rows["_row"])]].reset_index(drop=True)
-        return intervals.interval_chart(rows, row="_row", x="mean", lo="ci_lo", hi="ci_hi", x_title=x_title, colour=col,
-                              shape=shape, text="marker" if "marker" in rows else None, ref=ref, tooltip=tooltip)
+        rows = labelled(df)
+        return intervals.interval_chart(rows, row="_row", x="mean", lo="ci_lo", hi="ci_hi", x_title=x_title,
+                                        colour=col, shape=shape, text="marker" if "marker" in rows else None,
+                                        ref=ref, tooltip=tooltip)
     panels: list[alt.LayerChart] = []
     for value in dict.fromkeys(df[facet].astype(str)):
-        part = df[df[facet].astype(str) == value].copy()
-        part["_row"] = part[y].astype(str) if y == "cell" else part["cell"].astype(str)
-        panels.append(intervals.interval_chart(part.drop_duplicates("_row"), row="_row", x="mean", lo="ci_lo", hi="ci_hi",
-                                     x_title=x_title, colour=col, shape=shape,
-                                     text="marker" if "marker" in part else None, ref=ref, tooltip=tooltip)
+        part = labelled(df[df[facet].astype(str) == value])
+        panels.append(intervals.interval_chart(part, row="_row", x="mean", lo="ci_lo", hi="ci_hi",
+                                               x_title=x_title, colour=col, shape=shape,
+                                               text="marker" if "marker" in part else None, ref=ref,
+                                               tooltip=tooltip)
                       .properties(title=f"{facet} = {value}"))
     return alt.vconcat(*panels).resolve_scale(x="independent")
 

@@ -227,3 +227,21 @@ def test_cells_no_test_could_rank_say_so_instead_of_a_rank(noisy2, noisy3, monke
     assert len(ranks) == 13 and all(r.startswith("untested") for r in ranks), ranks
     ranks3 = _rank_column(app(noisy3, monkeypatch))
     assert any(r[:1].isdigit() for r in ranks3), ranks3  # 3 seeds: tested, ranked
+
+
+def test_grouped_and_faceted_cells_keep_a_labelled_row_each(noisy2, monkeypatch):
+    at = app(noisy2, monkeypatch)
+    next(s for s in at.selectbox if s.label == "Group by").set_value("model.norm")
+    at.run()
+    next(s for s in at.selectbox if s.label == "Facet by").set_value("model.block")
+    at.run()
+    assert not at.exception and not at.error
+    spec = next(s for s in specs(at) if "vconcat" in s)
+    panels = interval_panels(spec)
+    assert [p["title"] for p in panels] == [f"model.block = {b}" for b in norms_store.BLOCKS]
+    rows = 0
+    for panel in panels:
+        names = [panel.get("data", {}).get("name")] + [m.get("data", {}).get("name") for m in panel["layer"]]
+        data = next(spec["_data"][n] for n in names if n in spec["_data"] and "lo_drawn" in spec["_data"][n])
+        rows += check_every_row(panel, data)
+    assert rows == 13
