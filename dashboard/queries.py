@@ -91,6 +91,20 @@ def verdict_runs(store: Store, sel: Selection, metric: str) -> list[reader.Store
         raise (StoreBusy if "lock" in str(exc).lower() else StoreUnavailable)(str(exc)) from None
 
 
+def within_cell(store: Store, sel: Selection) -> list:
+    """The selected runs' within-cell answers (abl.analysis.contrasts: length x_k vs x1, accuracy vs the
+    no-recall baseline), as the summary and the report give them."""
+    from abl.analysis.contrasts import within_cell as answers
+
+    ids = selected_run_ids(store, sel)
+    if not ids:
+        return []
+    try:
+        return answers(reader.read_runs(store.db, run_ids=ids))
+    except StoreError as exc:
+        raise (StoreBusy if "lock" in str(exc).lower() else StoreUnavailable)(str(exc)) from None
+
+
 def verdicts(store: Store, sel: Selection, metric: str = "val_loss", *, baseline: str | None = None,
              pairs: Sequence[str] = (), by: str | None = None, bootstrap: bool = False,
              correction: str = HOLM) -> tuple[list[CellInput], Analysis, str]:

@@ -295,5 +295,19 @@ st.download_button("This table (CSV, every column)", data=lambda: export.to_csv(
                    file_name=f"compare_{metric}.csv", mime="text/csv", on_click="ignore", icon=":material/download:")
 st.caption(f"{len(summ)} cells, {int(summ['n'].sum())} completed runs.")
 
+within = common.load(q.within_cell, sel)
+if within:
+    st.subheader("Within each cell")
+    st.caption("Questions one cell answers about itself, paired by seed (both figures come from the same run): "
+               "length extrapolation (the loss at k times the trained context minus 1x) and accuracy against "
+               "the task's no-recall baseline; Holm over every contrast shown.")
+    common.text_table(pd.DataFrame({
+        "cell": [w.label for w in within], "contrast": [w.contrast.name for w in within],
+        "Δ": [value_fmt(w.row.delta, signed=True) for w in within],
+        "CI (Holm-adj.)": [f"[{value_fmt(w.row.ci_low, signed=True)}, {value_fmt(w.row.ci_high, signed=True)}]"
+                           if w.row.ci_low is not None else "–" for w in within],
+        "p (Holm)": [stats.fmt_p(w.row.p_adjusted) for w in within],
+        "answer": [w.answer() for w in within]}), key="cmp_within")
+
 # the statistics legend, once for the page
 st.caption("**How these were computed.** " + (EFFECTS_METHOD + " " if effects else "") + analysis.method)
