@@ -240,7 +240,7 @@ def test_the_dashboard_leads_with_the_same_per_axis_lines(tmp_path, monkeypatch)
 
     from streamlit.testing.v1 import AppTest
 
-    from abl.analysis.verdicts import analyse_runs, axis_effects, effect_section
+    from abl.analysis.verdicts import analyse_runs, axis_effects
     from abl.present.summary import load
 
     monkeypatch.chdir(tmp_path)
@@ -253,9 +253,13 @@ def test_the_dashboard_leads_with_the_same_per_axis_lines(tmp_path, monkeypatch)
     assert not at.exception, [e.message for e in at.exception]
     text = "\n".join(str(x.value) for x in [*at.markdown, *at.caption, *at.subheader])
     cells, _, _ = analyse_runs(load(db, experiment="norms-axes"))
-    section = effect_section(axis_effects(cells, (), "val_loss"), "val loss")
-    assert "Per axis: main effects, best level first" in text and "model.block: best pre" in text
-    assert all(ln.strip() in text for ln in section[1:-1])
+    effects = axis_effects(cells, (), "val_loss")
+    # the page leads with the answer: each axis's verdict, the same words as the summary's per-axis lines
+    assert "The answer: val loss per axis" in text
+    assert {e.axis for e in effects} == {"model.norm", "model.block"}
+    for e in effects:
+        assert f"**{e.axis}** — verdict: {e.verdict()}" in text
+    assert "**model.block** — verdict: pre is better than sandwich" in text
 
 
 def test_the_report_has_the_per_axis_section(tmp_path, monkeypatch):
