@@ -458,6 +458,9 @@ def test_costs_page_predicted_vs_measured(fixture_store):
     verdicts = set(table["agreement"])
     if any(v.startswith("DISAGREES") for v in verdicts):
         assert "disagree" in text_of(at)
+    elif "not measured" in verdicts:  # never a green "all agree" over checks that were not compared
+        assert not at.success
+        assert any("Every compared check agrees" in w.value and "but" in w.value for w in at.warning)
     else:
         assert [s.value for s in at.success]
     assert "Scaling fit" in {s.value for s in at.subheader}
@@ -701,11 +704,12 @@ def test_browser_renders_the_charts(server, tmp_path):
 
             page.get_by_role("link", name="Compare").click()
             page.get_by_role("heading", name="Compare").wait_for(timeout=60_000)
-            page.wait_for_function(RENDERED_CHARTS, arg=2, timeout=60_000)
-            visible(page, "Welch's t-test")
             visible(page, "Baseline cell")
+            # the answer leads; per-cell charts that cannot decide stay folded (issue 40, item 1)
+            page.wait_for_function(RENDERED_CHARTS, arg=1, timeout=60_000)
+            visible(page, "Welch's t-test")
             assert page.locator('[data-testid="stException"]').count() == 0
-            assert page.locator('[data-testid="stVegaLiteChart"]').count() == 2
+            assert page.locator('[data-testid="stVegaLiteChart"]').count() >= 1  # the charts that can decide here
             page.wait_for_timeout(1000)  # let vega finish its transitions
             shots.append(tmp_path / "compare.png")
             page.screenshot(path=str(shots[-1]), full_page=True)
@@ -714,7 +718,7 @@ def test_browser_renders_the_charts(server, tmp_path):
             with page.expect_download(timeout=60_000) as dl:
                 page.locator(".st-key-dl_csv_compare button").first.click()
             csv = Path(dl.value.path()).read_text()
-            assert csv.splitlines()[0].startswith(("cell,", "rank,cell,")) and len(csv.splitlines()) == 4  # header + 3 cells
+            assert csv.splitlines()[0].startswith(("cell,", "rank,cell,", "rank,rank_text,cell,")) and len(csv.splitlines()) == 4  # header + 3 cells
             assert dl.value.suggested_filename == "compare_val_loss.csv"
             with page.expect_download(timeout=60_000) as dl:
                 page.locator(".st-key-dl_png_compare button").first.click()
