@@ -123,7 +123,19 @@ def with_levels(df: pd.DataFrame, channels: palette.Channels, key_of: dict[str, 
     keys = out[field].astype(str).map(key_of)
     out["colour_level"] = keys.map(channels.colour_of)
     out["form_level"] = keys.map(channels.form_of)
+    if channels.faceted:  # the panel: the cell's levels of the axes beyond colour and marker
+        out["facet_level"] = keys.map(channels.facet_of)
     return out
+
+
+FACET_WIDTH, FACET_HEIGHT = 320, 240
+
+
+def level_facet(channels: palette.Channels) -> alt.Facet:
+    """One panel per level (or combination of levels) of a factorial grid's axes beyond colour and marker,
+    in grid order, titled by those axes."""
+    return alt.Facet("facet_level:N", title=channels.facet_title, sort=list(channels.facet_levels),
+                     header=alt.Header(labelLimit=0, labelFontSize=12))
 
 
 def cell_legend(columns: int = 1, **kw: Any) -> alt.Legend:
@@ -227,6 +239,9 @@ def curve_chart(mean: pd.DataFrame, seeds: pd.DataFrame | None, x_title: str, y_
         assert channels is not None
         n_legend = 2 + -(-len(channels.colour_levels) // 2) + -(-len(channels.form_levels) // 2)
     chart = alt.layer(*layers).add_params(pick, zoom)
+    if factorial and channels is not None and channels.faceted:  # a third axis and beyond: a panel per level
+        return chart.properties(width=FACET_WIDTH, height=FACET_HEIGHT).facet(
+            facet=level_facet(channels), columns=2).resolve_scale(x="shared", y="shared")
     if faceted:
         assert facet is not None
         return chart.properties(width=320, height=220).facet(
@@ -340,6 +355,7 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
     field = color or "cell"
     domain = domain or sorted(df[field].astype(str).unique())
     factorial = field == "cell" and channels is not None and channels.factorial and key_of is not None
+    panels = factorial and channels is not None and channels.faceted
     if factorial:
         assert channels is not None and key_of is not None
         df = with_levels(df, channels, key_of)
@@ -362,7 +378,18 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
                        else alt.Tooltip("contended:N"))
     xs = alt.X("x:Q", title=x_title, scale=_scale(log_x), axis=x_axis(",.4~s" if not log_x else ",.2~s"))
     ys = alt.Y("y:Q", title=y_title, scale=alt.Scale(zero=False), axis=y_axis())
-    base = alt.Chart(df)
+    front = df[df["front"]].sort_values("x")
+    step: Literal["step-after", "step-before"] = "step-after" if x_better == "lower" else "step-before"
+    if panels:  # a panel per level of the axes beyond two: one data set (a facet needs it), the whole front in
+        assert channels is not None  # every panel (the front is over every cell shown)
+        fronts = [front.assign(facet_level=lv) for lv in channels.facet_levels]
+        data = pd.concat([df.assign(part="point"), *[f.assign(part="front") for f in fronts]], ignore_index=True)
+        base = alt.Chart(data).transform_filter("datum.part == 'point'")
+        line = alt.Chart(data).transform_filter("datum.part == 'front'").mark_line(
+            interpolate=step, color="#444", strokeDash=[6, 3]).encode(x=xs, y=ys)
+    else:
+        base = alt.Chart(df)
+        line = alt.Chart(front).mark_line(interpolate=step, color="#444", strokeDash=[6, 3]).encode(x=xs, y=ys)
     err = base.mark_rule(opacity=0.5).encode(x=xs, y=alt.Y("y_lo:Q", title=y_title, scale=alt.Scale(zero=False)),
                                               y2="y_hi:Q", color=col,
                                               opacity=alt.condition(pick, alt.value(0.5), alt.value(0.08)))
@@ -393,15 +420,16 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
             x=xs, y=ys, stroke=alt.Stroke("speed:N", title=None, legend=alt.Legend(orient="top"),
                                           scale=alt.Scale(domain=["contended"], range=[CONTENDED_COLOUR])),
             tooltip=tooltip).transform_calculate(speed="'contended'"))
-    front = df[df["front"]].sort_values("x")
-    step: Literal["step-after", "step-before"] = "step-after" if x_better == "lower" else "step-before"
-    line = alt.Chart(front).mark_line(interpolate=step, color="#444", strokeDash=[6, 3]).encode(x=xs, y=ys)
     n_legend = -(-len(domain) // (legend_columns(domain) if field == "cell" else 4))
     if factorial:
         assert channels is not None
         n_legend = 2 + -(-len(channels.colour_levels) // 2) + -(-len(channels.form_levels) // 2)
-    return (alt.layer(line, err, *layers, pts).add_params(pick, alt.selection_interval(bind="scales"))
-            .properties(height=_with_legend(n_legend + 2, extra=PARETO_EXTRA)))
+    chart = alt.layer(line, err, *layers, pts).add_params(pick, alt.selection_interval(bind="scales"))
+    if panels:
+        assert channels is not None
+        return chart.properties(width=FACET_WIDTH, height=FACET_HEIGHT).facet(
+            facet=level_facet(channels), columns=2).resolve_scale(x="shared", y="shared")
+    return chart.properties(height=_with_legend(n_legend + 2, extra=PARETO_EXTRA))
 
 
 # ---------------------------------------------------------------- kernels

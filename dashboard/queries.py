@@ -93,14 +93,20 @@ def verdict_runs(store: Store, sel: Selection, metric: str) -> list[reader.Store
 
 def within_cell(store: Store, sel: Selection) -> list:
     """The selected runs' within-cell answers (abl.analysis.contrasts: length x_k vs x1, accuracy vs the
-    no-recall baseline), as the summary and the report give them."""
+    no-recall baseline), as the summary and the report give them. Reads only the metrics those contrasts
+    compare (abl.analysis.contrasts.contrasts_of the selection's metric names), not every stored metric."""
+    from abl.analysis.contrasts import contrasts_of
     from abl.analysis.contrasts import within_cell as answers
 
     ids = selected_run_ids(store, sel)
     if not ids:
         return []
+    needed = sorted({n for c in contrasts_of(metric_names(store, sel)) for n in (c.metric, c.reference)})
+    if not needed:
+        return []
     try:
-        return answers(reader.read_runs(store.db, run_ids=ids))
+        return answers(reader.read_runs(store.db, run_ids=ids, metrics=needed),
+                       order=grid_cell_order(store, sel))
     except StoreError as exc:
         raise (StoreBusy if "lock" in str(exc).lower() else StoreUnavailable)(str(exc)) from None
 

@@ -48,7 +48,13 @@ if metric is None:  # no choice can be made (the choices were checked above)
 info = q.metric_info(metric)
 group = top[1].selectbox("Group by", [NONE, *axes], key="cmp_group",
                          help="One row per value of this axis; cells that differ in other axes are colored.")
-facet = top[2].selectbox("Facet by", [NONE, *[a for a in axes if a != group]], key="cmp_facet",
+channels = common.cell_channels(sel)
+# a factorial grid's axis beyond colour and marker (abl.present.palette.grid_styles) is a panel on every page:
+# here too, unless another is picked
+facet_options = [NONE, *[a for a in axes if a != group]]
+facet_default = channels.facet_axes[0] if len(channels.facet_axes) == 1 else NONE
+facet = top[2].selectbox("Facet by", facet_options, key="cmp_facet",
+                         index=facet_options.index(facet_default) if facet_default in facet_options else 0,
                          help="One panel per value of this axis.")
 with top[3]:
     use_holm = st.toggle("Holm correction", value=True, key="cmp_holm",
@@ -150,7 +156,6 @@ summ["baseline"] = base_mean
 sort = list(summ["cell"])
 x_title = common.metric_title(metric)
 unit = "" if info.is_loss or not info.unit else f" [{info.unit}]"
-channels = common.cell_channels(sel)
 
 
 def value_fmt(x, signed: bool = False) -> str:

@@ -1,9 +1,12 @@
 """Matplotlib helpers shared by the report's figures (abl.present.report) and the task-accuracy figure
-(abl.present.taskreport): a distinct style per cell, one legend outside the panels, tick labels that never
-overlap, the conditions footer below everything. Imports only abl.present.palette."""
+(abl.present.taskreport): a distinct style per cell (for a factorial grid one channel per axis and a panel
+per level of the axes beyond two, abl.present.palette), one legend outside the panels (a column per axis
+for a factorial grid), tick labels that never overlap, the conditions footer below everything. Imports
+only abl.present.palette."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Sequence
 from typing import Any
@@ -33,7 +36,8 @@ LINE_STYLES = palette.LINE_STYLES
 MARKERS = palette.MARKERS
 
 
-def _as_dict(s: palette.CellStyle) -> dict[str, Any]:
+def style_dict(s: palette.CellStyle) -> dict[str, Any]:
+    """A look as matplotlib keyword values: colour, line style, marker."""
     return {"color": s.colour, "ls": s.mpl_ls, "marker": s.marker}
 
 
@@ -45,15 +49,65 @@ def cell_styles(cells: int | Sequence[Any]) -> list[dict[str, Any]]:
     ``palette.grid_styles`` over what the runs recorded), any other one look per cell by grid position. An
     int ``n``: the looks of grid positions 0..n-1 (a figure whose series are not cells of a grid)."""
     if isinstance(cells, int):
-        return [_as_dict(s) for s in palette.distinct(cells)]
-    looks = dict(palette.grid_styles([r for c in cells for r in (getattr(c, "runs", None) or [])]).styles)
-    for c in cells:  # a cell with no run (none expected): after the others, a look of its own
+        return [style_dict(s) for s in palette.distinct(cells)]
+    looks = cell_channels(cells).styles
+    return [style_dict(looks[str(c.key)]) for c in cells]
+
+
+def cell_channels(cells: Sequence[Any]) -> palette.Channels:
+    """How the report draws ``cells`` (objects with ``key`` and ``runs``): ``palette.grid_styles`` over what
+    their runs recorded, as the dashboard does; a cell with no run (none expected) gets a look of its own
+    after the others."""
+    channels = palette.grid_styles([r for c in cells for r in (getattr(c, "runs", None) or [])])
+    looks = dict(channels.styles)
+    for c in cells:
         looks.setdefault(str(c.key), palette.style(len(looks)))
-    return [_as_dict(looks[str(c.key)]) for c in cells]
+    return dataclasses.replace(channels, styles=looks)
 
 
-def legend_outside(fig, axes, extra: list | None = None) -> None:
-    """One legend for the figure, below the panels (never over the data): every label once."""
+def facet_groups(cells: Sequence[Any], channels: palette.Channels) -> list[tuple[str, list[int]]]:
+    """The panels of a figure: (the panel's level text of the axes beyond colour and marker, the indices
+    of its cells), in grid order; one panel ("", every cell) when the grid has no such axis."""
+    if not channels.faceted:
+        return [("", list(range(len(cells))))]
+    groups: dict[str, list[int]] = {lv: [] for lv in channels.facet_levels}
+    for i, c in enumerate(cells):  # a cell the channels do not know (no run): the first panel
+        groups.setdefault(channels.facet_of.get(str(c.key), channels.facet_levels[0]), []).append(i)
+    return [(lv, idx) for lv, idx in groups.items() if idx]
+
+
+def axis_handles(channels: palette.Channels) -> list[list[Any]]:
+    """The legend of a factorial grid, by axis: [the colour axis's title, one entry per level] and [the
+    marker axis's title, one entry per level]: a legend entry per level of each axis, not per cell."""
+    from matplotlib.lines import Line2D
+
+    def title(text: str) -> Any:
+        return Line2D([], [], ls="none", label=text)
+
+    colours = [title(channels.colour_axis)] + [
+        Line2D([], [], color=palette.CellStyle(0, i, 0).colour, lw=2.5, label=lv)
+        for i, lv in enumerate(channels.colour_levels)]
+    forms = [title(channels.form_title)] + [
+        Line2D([], [], color="0.3", lw=1.2, ls=palette.CellStyle(0, 0, i).mpl_ls,
+               marker=palette.CellStyle(0, 0, i).marker, ms=5, label=lv)
+        for i, lv in enumerate(channels.form_levels)]
+    return [colours, forms]
+
+
+def legend_outside(fig, axes, extra: list | None = None, channels: palette.Channels | None = None) -> None:
+    """One legend for the figure, below the panels (never over the data): every label once. A factorial
+    grid's ``channels``: a column per axis (its title, then each level's colour or marker and line style)
+    instead of an entry per cell, then ``extra``."""
+    if channels is not None and channels.factorial:
+        columns = [*axis_handles(channels), *([list(extra)] if extra else [])]
+        rows = max(len(col) for col in columns)
+        handles = [h for col in columns for h in col + [_blank() for _ in range(rows - len(col))]]
+        leg = fig.legend(handles, [h.get_label() for h in handles], loc="upper center",
+                         bbox_to_anchor=(0.5, 0.0), bbox_transform=fig.transFigure, ncol=len(columns),
+                         fontsize=8, frameon=False)
+        for text in [leg.get_texts()[i * rows] for i in range(2)]:
+            text.set_fontweight("bold")  # the axis's name heads its column
+        return
     handles, labels = [], []
     for ax in axes:
         for h, lbl in zip(*ax.get_legend_handles_labels()):
@@ -148,9 +202,16 @@ def add_footer(fig, footer: str) -> None:
              ha="left", va="top")
 
 
-def finish_figure(fig, axes, footer: str, extra: list | None = None):
-    """One legend below the panels, tick labels apart, the footer below everything."""
-    legend_outside(fig, axes, extra)
+def _blank() -> Any:
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], ls="none", label=" ")
+
+
+def finish_figure(fig, axes, footer: str, extra: list | None = None, channels: palette.Channels | None = None):
+    """One legend below the panels (by axis for a factorial grid's ``channels``), tick labels apart, the
+    footer below everything."""
+    legend_outside(fig, axes, extra, channels)
     thin_ticks(fig)
     add_footer(fig, footer)
     return fig

@@ -9,9 +9,11 @@ report, and after the grid file is moved or deleted. A ninth cell starts again a
 next line style and the next marker.
 
 A factorial grid (two swept axes or more) gets one visual channel per axis (``grid_styles``): colour for
-the axis with the most levels (the first in the grid file on a tie), marker and line style for the others
-(their combinations, in grid order), so "which norm" is read from the colour and "which block layout" from
-the marker, instead of telling thirteen colours apart. What a cell's level of each axis is comes from what
+the axis with the most levels (the first in the grid file on a tie), marker and line style for the one with
+the most levels among the others, and a panel (facet) per level, or combination of levels, of any axis
+beyond those two, with the same colour and marker mapping in every panel; so "which norm" is read from the
+colour, "which block layout" from the marker and "which position encoding" from the panel, instead of
+telling thirteen colours apart. What a cell's level of each axis is comes from what
 its runs recorded (``grid_varied``, else its config at the recorded ``grid_paths``), never from re-reading a
 grid file. When an axis has more levels than a channel has looks, the grid falls back to one look per cell.
 
@@ -164,20 +166,34 @@ class Channels:
     form_of: dict[str, str] = field(default_factory=dict)
     colour_levels: tuple[str, ...] = ()
     form_levels: tuple[str, ...] = ()
+    # the axes beyond the colour's and the marker's (a third swept axis and more): one panel per level (or
+    # combination of levels), ``facet_of`` each cell's panel, ``facet_levels`` the panels in grid order
+    facet_axes: tuple[str, ...] = ()
+    facet_of: dict[str, str] = field(default_factory=dict)
+    facet_levels: tuple[str, ...] = ()
 
     @property
     def factorial(self) -> bool:
         return bool(self.colour_axis)
 
     @property
+    def faceted(self) -> bool:
+        return bool(self.facet_axes)
+
+    @property
     def form_title(self) -> str:
         return ", ".join(self.form_axes)
 
+    @property
+    def facet_title(self) -> str:
+        return ", ".join(self.facet_axes)
+
     def describe(self) -> str:
-        """One sentence for a caption: what the colour and the marker say."""
+        """One sentence for a caption: what the colour, the marker and the panels say."""
         if not self.factorial:
             return "colour, line style and marker: the cell"
-        return f"colour: {self.colour_axis}; marker and line style: {self.form_title}"
+        return (f"colour: {self.colour_axis}; marker and line style: {self.form_title}"
+                + (f"; one panel per {self.facet_title}" if self.faceted else ""))
 
 
 def level_text(value: Any) -> str:
@@ -238,17 +254,23 @@ def grid_styles(runs: Sequence[Any]) -> Channels:
         return per_cell
     ordered = {a: list(dict.fromkeys(levels[k][a] for k in order)) for a in axes}
     colour_axis = max(axes, key=lambda a: (len(ordered[a]), -axes.index(a)))
-    form_axes = tuple(a for a in axes if a != colour_axis)
+    rest = [a for a in axes if a != colour_axis]
+    form_axis = max(rest, key=lambda a: (len(ordered[a]), -rest.index(a)))
+    form_axes = (form_axis,)
+    facet_axes = tuple(a for a in rest if a != form_axis)  # in the grid's order
     forms = list(dict.fromkeys(tuple(levels[k][a] for a in form_axes) for k in order))
     if len(ordered[colour_axis]) > len(COLOURS) or len(forms) > min(len(VEGA_DASHES), len(MARKERS)):
         return per_cell  # more levels than the channel has looks: one look per cell, as for one axis
-    looks, colour_of, form_of = {}, {}, {}
+    looks, colour_of, form_of, facet_of = {}, {}, {}, {}
     for i, k in enumerate(order):
         form = tuple(levels[k][a] for a in form_axes)
         looks[k] = CellStyle(i, ordered[colour_axis].index(levels[k][colour_axis]), forms.index(form))
         colour_of[k] = levels[k][colour_axis]
         form_of[k] = ", ".join(form)
-    if len({(s.hue, s.form) for s in looks.values()}) < len(looks):
+        facet_of[k] = ", ".join(f"{a}={levels[k][a]}" for a in facet_axes)
+    if len({(s.hue, s.form, facet_of[k]) for k, s in looks.items()}) < len(looks):
         return per_cell  # two cells the axes do not tell apart (an axis the grid did not record)
     return Channels(looks, colour_axis, form_axes, colour_of, form_of, tuple(ordered[colour_axis]),
-                    tuple(", ".join(f) for f in forms))
+                    tuple(", ".join(f) for f in forms), facet_axes,
+                    facet_of if facet_axes else {}, tuple(dict.fromkeys(facet_of[k] for k in order))
+                    if facet_axes else ())

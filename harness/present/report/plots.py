@@ -12,7 +12,16 @@ import math
 from ...analysis import metrics as catalogue
 from ...analysis import sections, stats
 from ...model.costmodel import MEMORY_BAND
-from ..figures import cell_styles, fig_to_png, finish_figure, plain_ticks, pyplot, si_ticks
+from ..figures import (
+    cell_channels,
+    facet_groups,
+    fig_to_png,
+    finish_figure,
+    plain_ticks,
+    pyplot,
+    si_ticks,
+    style_dict,
+)
 from .costs import CONTENDED_MARK, measured
 from ...store.reader import StoredRun
 from .runs import Cell
@@ -83,19 +92,29 @@ def loss_curves_figure(cells: list[Cell], footer: str):
     differ between the cells. Seeds are drawn faintly, the mean over seeds boldly; no CI band."""
     plt = pyplot()
     panels, _ = loss_curve_panels(cells)
-    rows, cols = (2, 2) if len(panels) == 4 else (1, len(panels))
-    fig, grid = plt.subplots(rows, cols, figsize=(4.3 * cols + 0.5, 3.6 * rows + 0.6), squeeze=False,
-                             layout="constrained")
-    axes = dict(zip(panels, grid.flat))
-    for ax in list(grid.flat)[len(panels):]:
-        fig.delaxes(ax)
-    styles = cell_styles(cells)  # one channel per axis of a factorial grid, as the dashboard
+    channels = cell_channels(cells)  # one channel per axis of a factorial grid, as the dashboard
+    groups = facet_groups(cells, channels)  # a row of panels per level of a third axis and beyond
+    if len(groups) == 1:
+        rows, cols = (2, 2) if len(panels) == 4 else (1, len(panels))
+        fig, grid = plt.subplots(rows, cols, figsize=(4.3 * cols + 0.5, 3.6 * rows + 0.6), squeeze=False,
+                                 layout="constrained")
+        rows_of = [dict(zip(panels, grid.flat))]
+        for ax in list(grid.flat)[len(panels):]:
+            fig.delaxes(ax)
+    else:  # the same panel of every row on the same axes, so the rows compare
+        fig, grid = plt.subplots(len(groups), len(panels), figsize=(4.3 * len(panels) + 0.5,
+                                                                    3.3 * len(groups) + 0.6),
+                                 squeeze=False, layout="constrained", sharex="col", sharey="col")
+        rows_of = [dict(zip(panels, row)) for row in grid]
+    row_of = {i: g for g, (_, idx) in enumerate(groups) for i in idx}
+    styles = [style_dict(channels.styles[str(c.key)]) for c in cells]
     bands = sections.bands_by_default([len(c.completed) for c in cells])
     any_contended = False
-    for c, st in zip(cells, styles):
+    for i, (c, st) in enumerate(zip(cells, styles)):
         runs = c.completed or c.runs
         if not runs:
             continue
+        axes = rows_of[row_of[i]]
         line = {"color": st["color"], "ls": st["ls"]}
         tps = runs[0].tokens_per_step
         fpt = _flops_per_token(c)
@@ -135,13 +154,15 @@ def loss_curves_figure(cells: list[Cell], footer: str):
                          "val loss at equal tokens (mean; seeds faint)", "tokens", val),
               "flops": ("val loss at equal training FLOPs (predicted)", catalogue.label("flops"), val),
               "wall": ("val loss at equal wall time (each seed)", catalogue.label("wall_s"), val)}
-    for name, ax in axes.items():
-        t, xl, yl = titles[name]
-        ax.set(title=t, xlabel=xl, ylabel=yl)
-        ax.grid(alpha=0.3)
-        if name in ("train", "tokens", "flops"):  # counts in the thousands and up: 8k 9k 10k, not 8000 9000 10000
-            si_ticks(ax.xaxis)
-    return finish_figure(fig, list(axes.values()), footer, [_contended_handle()] if any_contended else None)
+    for (level, _), axes in zip(groups, rows_of):
+        for name, ax in axes.items():
+            t, xl, yl = titles[name]
+            ax.set(title=t + (f"\n{level}" if level else ""), xlabel=xl, ylabel=yl)
+            ax.grid(alpha=0.3)
+            if name in ("train", "tokens", "flops"):  # counts in the thousands and up: 8k 9k 10k, not 8000 9000 10000
+                si_ticks(ax.xaxis)
+    return finish_figure(fig, [ax for axes in rows_of for ax in axes.values()], footer,
+                         [_contended_handle()] if any_contended else None, channels)
 
 
 def plot_loss_curves(cells: list[Cell], footer: str) -> bytes:
@@ -177,14 +198,18 @@ def quality_vs_cost_figure(cells: list[Cell], stat_rows: list[dict], footer: str
         return None
     metric = stat_rows[0].get("metric", "val_loss") if stat_rows else "val_loss"
     plt = pyplot()
-    fig, grid = plt.subplots(1, len(keep), figsize=(max(8.0, 4.4 * len(keep) + 0.6), 4.6), squeeze=False,
-                             layout="constrained")
-    axes = list(grid[0])
+    channels = cell_channels(cells)  # one channel per axis of a factorial grid, as the dashboard
+    groups = facet_groups(cells, channels)  # a row of panels per level of a third axis and beyond
+    fig, grid = plt.subplots(len(groups), len(keep), figsize=(max(8.0, 4.4 * len(keep) + 0.6),
+                                                              4.6 + 3.4 * (len(groups) - 1)),
+                             squeeze=False, layout="constrained", sharex="col", sharey="col")
+    row_of = {i: g for g, (_, idx) in enumerate(groups) for i in idx}
     by_key = {s["cell_key"]: s for s in stat_rows}
     bands = sections.bands_by_default([len(c.completed) for c in cells])
-    styles = cell_styles(cells)  # one channel per axis of a factorial grid, as the dashboard
+    styles = [style_dict(channels.styles[str(c.key)]) for c in cells]
     any_contended = False
-    for c, st in zip(cells, styles):
+    for i, (c, st) in enumerate(zip(cells, styles)):
+        axes = list(grid[row_of[i]])
         s = by_key[c.key]
         if s["mean"] is None:
             continue
@@ -207,11 +232,13 @@ def quality_vs_cost_figure(cells: list[Cell], stat_rows: list[dict], footer: str
                     ax.plot([rx], [y], "x" if hot else st["marker"], color=st["color"], alpha=0.35,
                             ms=5 if hot else 4)
     ylabel = f"final {catalogue.metric(metric).title} " + ("(mean, 95% CI)" if bands else "(mean; seeds faint)")
-    for ax, (name, _) in zip(axes, keep):
-        ax.set(xlabel=name, ylabel=ylabel)
-        ax.grid(alpha=0.3)
+    for (level, _), row in zip(groups, grid):
+        for ax, (name, _) in zip(row, keep):
+            ax.set(xlabel=name, ylabel=ylabel, title=level)
+            ax.grid(alpha=0.3)
     fig.suptitle("quality vs cost")
-    return finish_figure(fig, axes, footer, [_contended_handle()] if any_contended else None)
+    return finish_figure(fig, list(grid.flat), footer, [_contended_handle()] if any_contended else None,
+                         channels)
 
 
 def plot_quality_vs_cost(cells: list[Cell], stat_rows: list[dict], footer: str) -> bytes | None:

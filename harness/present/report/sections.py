@@ -12,8 +12,9 @@
 6. predicted (abl.model.costmodel) against measured costs, disagreements
    flagged, never hidden;
 7. a scaling-law fit (abl.analysis.scaling) when the cells span enough model
-   sizes; then length extrapolation (val_loss_x1/x2/x4, when recorded), task
-   accuracy (abl.present.taskreport) and the run notes.
+   sizes; then length extrapolation (val_loss_x1/x2/x4, when recorded) and the
+   answers within each cell (the run summary's, abl.present.report.within),
+   task accuracy (abl.present.taskreport) and the run notes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ...analysis import metrics as catalogue
-from ...analysis import contrasts, sections, stats
+from ...analysis import sections, stats
 from ...analysis.formats import fmt_decode_cache, fmt_speed
 from ...analysis.health import DID_NOT_LEARN_MARGIN
 from ...contracts.status import COMPLETED
@@ -68,7 +69,6 @@ from .plots import (
 )
 from .plugin_metrics import plugin_metrics_section
 from .runs import (
-    EXTRAPOLATION,
     Cell,
     ReportError,
     cell_statistics,
@@ -77,6 +77,7 @@ from .runs import (
     label_cells,
     pick_baseline,
 )
+from .within import extrapolation_section, within_cell_section
 
 
 @dataclass
@@ -139,6 +140,7 @@ def build_report(runs: list[StoredRun], *, source: str, db_path: str, registry, 
     predicted_vs_measured_section(ctx)
     fit, pts, fit_note = scaling_section(ctx)
     extrapolation_section(ctx)
+    within_cell_section(ctx)  # the summary's within-cell answers (abl.analysis.contrasts), once
     task_accuracy_section(ctx)
     plugin_metrics_section(ctx)  # the metrics a plugin declares shown by default (hook register_metrics)
     run_notes_section(ctx)
@@ -439,32 +441,6 @@ def scaling_section(ctx: Context) -> tuple[Any, list, str]:
     elif pts:
         doc.p(f"No scaling fit: {fit_note}.")
     return fit, pts, fit_note
-
-
-def extrapolation_section(ctx: Context) -> None:
-    """Length extrapolation (``eval.extrapolation``), when any completed run recorded it: per cell the mean
-    over seeds at 1x, 2x and 4x the trained context, on the same targets, and the change from 1x."""
-    cells = ctx.cells
-    if not any(r.final.get(m) is not None for c in cells for r in c.completed for m in EXTRAPOLATION):
-        return
-    ctx.doc.h(2, "Length extrapolation")
-    rows = []
-    for c in cells:
-        mean = {m: (sum(vs) / len(vs) if vs else None) for m in EXTRAPOLATION
-                for vs in [[r.final[m] for r in c.completed if r.final.get(m) is not None]]}
-        x1 = mean["val_loss_x1"]
-        rows.append([c.label, len(c.completed), *[stats.fmt(mean[m]) for m in EXTRAPOLATION],
-                     *[cell_signed(mean[m] - x1) if mean[m] is not None and x1 is not None else "-"
-                       for m in EXTRAPOLATION[1:]]])
-    ctx.doc.table(["cell", "seeds", *[catalogue.label(m) for m in EXTRAPOLATION],
-                   *[f"{m.rsplit('_x', 1)[1]}x - 1x" for m in EXTRAPOLATION[1:]]], rows,
-                  "mean over completed seeds of the validation loss (nats/token) on the same target tokens at "
-                  "every length, with 1, 2 and 4 times the trained context before them (abl.model.decode); only "
-                  "the context changes, so 2x - 1x is the model's gain or loss from the longer input. 1x differs "
-                  "from the final val_loss, scored on the regular windows, by the text scored. '-': the position "
-                  f"encoding cannot reach that length, or the run predates val_loss_x1 (the run notes say). {ctx.cond}")
-    for line in contrasts.lines([w for w in contrasts.within_cell(ctx.runs) if w.contrast.metric in EXTRAPOLATION]):
-        ctx.doc.p(line)  # the verdicts within each cell: the same as the summary's (abl.analysis.contrasts)
 
 
 def task_accuracy_section(ctx: Context) -> None:
