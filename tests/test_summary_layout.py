@@ -348,3 +348,17 @@ def test_detect_line_wraps_at_columns(tmp_path, monkeypatch, capsys, columns):
     assert "--detect 0.01" in out and "2 completed seeds" in " ".join(out.split())
     assert max(len(line) for line in out.splitlines()) <= columns, out
     assert len(out.splitlines()) >= 2  # the sentence is longer than one line at these widths
+
+
+@pytest.mark.parametrize("layout", ["wide", "stacked", "markdown"])
+def test_a_comparison_table_with_no_row_that_can_decide_is_one_line_not_an_empty_table(tmp_path, layout):
+    """At 2 seeds no per-cell comparison can decide: the summary says so in one line under the table's
+    title, with no header of an empty table (a new user's run of the flagship printed one)."""
+    g, db = make_store(tmp_path, "norms", ["experiment.seeds=[0, 1]"])
+    if layout == "markdown":
+        text = _compare(["norms", "--db", str(db), "--format", "md"])
+    else:
+        text = summary_text(db, g, 200, layout=layout)
+    assert "not listed: too few seeds to decide" in text
+    header = re.compile(r"(┃|\|)\s*a\s*(┃|\|)\s*b\s*(┃|\|)")
+    assert not header.search(text), text

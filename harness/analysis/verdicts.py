@@ -378,10 +378,16 @@ def legend(analysis: stats.Analysis, effects: Sequence[stats.AxisEffect] = ()) -
 
 def comparisons_table(analysis: stats.Analysis, title: str, caption: str | None = None):
     """The comparisons that can decide, one row each (``shown_comparisons``); ``caption``: the legend or a
-    note (the legend is printed once per summary, not under every table)."""
+    note (the legend is printed once per summary, not under every table). With no row that can decide: the
+    title and the sentence on the rows left out, as text."""
     from rich.table import Table
 
     rows, left = shown_comparisons(analysis)
+    if not rows:  # nothing can decide: a line under the title, not the header of an empty table
+        from rich.text import Text
+
+        return Text.assemble((title, "italic"), "\n", " ".join(x for x in (left, caption or "") if x)
+                             or "no comparison")
     table = Table(title=title, title_justify="left", caption=" ".join(x for x in (left, caption or "") if x) or None,
                   caption_justify="left")
     for col in ("a", "b", "Δ = a − b", analysis.interval_header, "p", "p (Holm)" if analysis.correction == stats.HOLM else "p (adj.)",

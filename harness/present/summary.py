@@ -398,14 +398,15 @@ def as_md(view: View) -> str:
     for m, an, what in view.tables:
         lines += [f"### {table_title(view, m, an, what)}", ""]
         rows_shown, left = verdicts.shown_comparisons(an)
-        table(["a", "b", "Δ = a − b", an.interval_header, "p", "p (Holm)" if an.correction == stats.HOLM else "p (adj.)",
-               "test", "MDD", "verdict"],
-              [[f"#{view.numbers.get(c.a)} {c.a_label}", f"#{view.numbers.get(c.b)} {c.b_label}",
-                verdicts.fmt(c.delta, signed=True),
-                "-" if c.ci_low is None else
-                f"[{verdicts.fmt(c.ci_low, signed=True)}, {verdicts.fmt(c.ci_high, signed=True)}]",
-                stats.fmt_p(c.p_value), stats.fmt_p(c.p_adjusted), c.test, verdicts.fmt(c.mdd), c.verdict]
-               for c in rows_shown])
+        if rows_shown:  # no header of an empty table: the sentence below says why nothing is listed
+            table(["a", "b", "Δ = a − b", an.interval_header, "p", "p (Holm)" if an.correction == stats.HOLM else "p (adj.)",
+                   "test", "MDD", "verdict"],
+                  [[f"#{view.numbers.get(c.a)} {c.a_label}", f"#{view.numbers.get(c.b)} {c.b_label}",
+                    verdicts.fmt(c.delta, signed=True),
+                    "-" if c.ci_low is None else
+                    f"[{verdicts.fmt(c.ci_low, signed=True)}, {verdicts.fmt(c.ci_high, signed=True)}]",
+                    stats.fmt_p(c.p_value), stats.fmt_p(c.p_adjusted), c.test, verdicts.fmt(c.mdd), c.verdict]
+                   for c in rows_shown])
         if left:
             lines += [left, ""]
     lines += [legend(view), ""]
