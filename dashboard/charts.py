@@ -131,10 +131,21 @@ def with_levels(df: pd.DataFrame, channels: palette.Channels, key_of: dict[str, 
 FACET_WIDTH, FACET_HEIGHT = 320, 240
 
 
-def level_facet(channels: palette.Channels) -> alt.Facet:
+def facet_levels(channels: palette.Channels | None, df: pd.DataFrame) -> list[str]:
+    """The panels a chart of ``df`` (with ``with_levels``' columns) draws: the levels of a factorial grid's
+    axes beyond colour and marker that its rows have, in grid order; none (one plot) when fewer than two
+    are drawn."""
+    if channels is None or not channels.faceted or "facet_level" not in df:
+        return []
+    present = set(df["facet_level"].dropna())
+    shown = [lv for lv in channels.facet_levels if lv in present]
+    return shown if len(shown) > 1 else []
+
+
+def level_facet(channels: palette.Channels, levels: list[str]) -> alt.Facet:
     """One panel per level (or combination of levels) of a factorial grid's axes beyond colour and marker,
     in grid order, titled by those axes."""
-    return alt.Facet("facet_level:N", title=channels.facet_title, sort=list(channels.facet_levels),
+    return alt.Facet("facet_level:N", title=channels.facet_title, sort=list(levels),
                      header=alt.Header(labelLimit=0, labelFontSize=12))
 
 
@@ -239,9 +250,11 @@ def curve_chart(mean: pd.DataFrame, seeds: pd.DataFrame | None, x_title: str, y_
         assert channels is not None
         n_legend = 2 + -(-len(channels.colour_levels) // 2) + -(-len(channels.form_levels) // 2)
     chart = alt.layer(*layers).add_params(pick, zoom)
-    if factorial and channels is not None and channels.faceted:  # a third axis and beyond: a panel per level
+    panels = facet_levels(channels, mean) if factorial else []
+    if panels:  # a third axis and beyond: a panel per level
+        assert channels is not None
         return chart.properties(width=FACET_WIDTH, height=FACET_HEIGHT).facet(
-            facet=level_facet(channels), columns=2).resolve_scale(x="shared", y="shared")
+            facet=level_facet(channels, panels), columns=2).resolve_scale(x="shared", y="shared")
     if faceted:
         assert facet is not None
         return chart.properties(width=320, height=220).facet(
@@ -355,10 +368,11 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
     field = color or "cell"
     domain = domain or sorted(df[field].astype(str).unique())
     factorial = field == "cell" and channels is not None and channels.factorial and key_of is not None
-    panels = factorial and channels is not None and channels.faceted
+    panels: list[str] = []
     if factorial:
         assert channels is not None and key_of is not None
         df = with_levels(df, channels, key_of)
+        panels = facet_levels(channels, df)
         c_scale, _, s_scale = factor_scales(channels)
         pick = alt.selection_point(fields=["colour_level"], bind="legend")
         col = alt.Color("colour_level:N", title=channels.colour_axis, scale=c_scale,
@@ -382,7 +396,7 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
     step: Literal["step-after", "step-before"] = "step-after" if x_better == "lower" else "step-before"
     if panels:  # a panel per level of the axes beyond two: one data set (a facet needs it), the whole front in
         assert channels is not None  # every panel (the front is over every cell shown)
-        fronts = [front.assign(facet_level=lv) for lv in channels.facet_levels]
+        fronts = [front.assign(facet_level=lv) for lv in panels]
         data = pd.concat([df.assign(part="point"), *[f.assign(part="front") for f in fronts]], ignore_index=True)
         base = alt.Chart(data).transform_filter("datum.part == 'point'")
         line = alt.Chart(data).transform_filter("datum.part == 'front'").mark_line(
@@ -428,7 +442,7 @@ def pareto_chart(df: pd.DataFrame, x: str, x_title: str, y_title: str, color: st
     if panels:
         assert channels is not None
         return chart.properties(width=FACET_WIDTH, height=FACET_HEIGHT).facet(
-            facet=level_facet(channels), columns=2).resolve_scale(x="shared", y="shared")
+            facet=level_facet(channels, panels), columns=2).resolve_scale(x="shared", y="shared")
     return chart.properties(height=_with_legend(n_legend + 2, extra=PARETO_EXTRA))
 
 

@@ -284,3 +284,29 @@ def test_the_reports_within_cell_answers_are_the_summarys(report):
     assert "copy accuracy vs its no-recall baseline" in md and "length x4 vs x1" in md
     for line in summary[1:]:  # the same figures and words, under the report's label for the cell
         assert line.split("  ", 2)[-1] in md
+
+
+def test_a_panel_only_for_the_levels_drawn():
+    """tests/dashboard/tiny_grid.toml's third axis (train.diverge_loss) has one cell at 1.0, which diverged:
+    Trade-offs draws no point of it, so no panel of its own (a panel with nothing but the front in it), and
+    with one level left, one plot."""
+    import pandas as pd
+
+    from types import SimpleNamespace
+
+    from abl.dashboard import charts
+
+    runs = [SimpleNamespace(experiment="e", cell_key="-".join(c), grid_file="g.toml", grid_index=i,
+                            grid_paths=PATHS, grid_varied=dict(zip(PATHS, c)), config={})
+            for i, c in enumerate(cells())]
+    ch = palette.grid_styles(runs)
+    key_of = {"-".join(c): "-".join(c) for c in cells()}
+    rope = [k for k in key_of if k.endswith("-rope")]
+    df = pd.DataFrame({"cell": rope, "x": [1000.0 + 10 * i for i in range(len(rope))], "y": 3.0, "y_lo": 2.9,
+                       "y_hi": 3.1, "n": 3, "front": [True] + [False] * (len(rope) - 1)})
+    one = charts.pareto_chart(df, "x", "tokens/s", "loss", None, False, "higher", channels=ch, key_of=key_of)
+    assert "facet" not in one.to_dict() and "layer" in one.to_dict()
+    both = pd.concat([df, df.assign(cell=[k.replace("-rope", "-alibi") for k in rope])], ignore_index=True)
+    two = charts.pareto_chart(both, "x", "tokens/s", "loss", None, False, "higher", channels=ch,
+                              key_of=key_of).to_dict()
+    assert two["facet"]["sort"] == ["model.position=rope", "model.position=alibi"]
