@@ -67,3 +67,17 @@ def test_runs_without_sizes_are_refused_with_a_reason(tmp_path, monkeypatch):
     out = CliRunner().invoke(cli, ["ladder", "nosuch-experiment", "--db", str(tmp_path / "none.duckdb")])
     assert out.exit_code == 2
     assert "Traceback" not in out.output
+
+
+def test_ladder_and_compare_resolve_a_source_alike(tmp_path, monkeypatch):
+    """One resolver (abl.cli.resolve) for both commands: the same message for a missing grid file and for a
+    store that is not there."""
+    monkeypatch.chdir(tmp_path)
+    db = str(tmp_path / "none.duckdb")
+    for source, words in (("missing.toml", "missing.toml: no such grid file"),
+                          ("nosuch-experiment", "no database at")):
+        outs = [CliRunner().invoke(cli, [cmd, source, "--db", db]) for cmd in ("ladder", "compare")]
+        for out in outs:
+            assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+            assert words in " ".join(out.output.split()), out.output
+        assert outs[0].output == outs[1].output

@@ -1,20 +1,16 @@
 """``abl compare``: compare the stored runs of an experiment or grid, nothing trained.
 
-The use case: resolve the workspace, read the runs (abl.store.reader: a grid
-file's cells, of an lr sweep its phase 2 as the store's tuning chose it; or an
-experiment's runs), build the view (abl.present.summary.build, on
-abl.analysis.verdicts) and print it.
+The use case: resolve the runs (abl.cli.resolve: a grid file's cells, of an lr
+sweep its phase 2 as the store's tuning chose it; or an experiment's runs),
+build the view (abl.present.summary.build, on abl.analysis.verdicts) and print it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import click
 
-from ..store.workspace import Workspace
-from .common import fail, load_registry, plugins_dir_option, read_db_option, user_errors
+from .common import fail, plugins_dir_option, read_db_option, user_errors
+from .resolve import Compared, compared
 
 
 @click.command("compare")
@@ -62,62 +58,14 @@ def command(source, db_path, metrics, baseline, pairs, by, bootstrap, correction
         fail(f"give --json or --format {fmt}, not both (--json is --format json)")
     presentation = Presentation(layout="wide" if wide else "auto", fmt="json" if as_json else fmt)
     try:
-        chosen = _compared(source, db_path, overrides, list(metrics))
+        chosen = compared(source, db_path, overrides, list(metrics))
         _show(chosen, baseline=baseline, pairs=pairs, by=by, bootstrap=bootstrap, correction=correction,
               detect=detect, presentation=presentation)
     except user_errors() + (ReportError, VerdictError) as exc:
         fail(str(exc))
 
 
-@dataclass
-class _Compared:
-    """What ``abl compare`` compares: the runs, their metrics and title, the cells' order, the grid's paths
-    and its baseline (an experiment's runs have none of the last three)."""
-
-    runs: list[Any]
-    metrics: list[str]
-    title: str
-    order: list[str] | None = None
-    paths: list[str] = field(default_factory=list)
-    baseline: str | None = None
-
-
-def _compared(source: str, db_path: str | None, overrides, metrics: list[str]) -> _Compared:
-    """The runs a grid file (its cells as they resolve now) or an experiment name stands for.
-    Raises a user error (ConfigError, ReportError, StoreError, ...) for bad input."""
-    from ..grid.gridfile import load_grid, names_grid_file
-    from ..present.report.runs import ReportError
-    from ..store.database import verify_store
-    from ..store.reader import experiments, read_runs
-
-    if names_grid_file(source):
-        registry = load_registry()
-        grid = load_grid(source, registry, list(overrides))
-        exp = grid.cells[0].experiment
-        ws = Workspace.resolve(db_path, grid)
-        verify_store(ws.db)  # a damaged store: one clear message before anything is read
-        metrics = metrics or list(exp.summary)
-        from ..run.lr_sweep import compared_grid
-
-        grid = compared_grid(grid, registry, ws.db)  # an lr sweep's phase 2, as the store's tuning chose it
-        runs = read_runs(ws.db, run_ids=[c.run_id for c in grid.cells]) if grid.cells else []
-        if not runs:
-            raise ReportError(f"no run of {source} as it resolves now is in {ws.db}: abl run {source} first")
-        # with train.lr under a sweep, the paths keep it: each variant's label says its lr
-        return _Compared(runs, metrics, exp.name, order=list(dict.fromkeys(c.cell_key for c in grid.cells)),
-                         paths=list(grid.grid_paths), baseline=exp.baseline or None)
-    if source.endswith(".toml"):
-        raise ReportError(f"{source}: no such grid file")
-    ws = Workspace.resolve(db_path)
-    verify_store(ws.db)  # a damaged store: one clear message before any read
-    runs = read_runs(ws.db, experiment=source)
-    if not runs:
-        raise ReportError(f"no runs of experiment {source!r} in {ws.db}; experiments there: "
-                          f"{', '.join(experiments(ws.db)) or 'none'}")
-    return _Compared(runs, metrics or ["val_loss"], source)
-
-
-def _show(chosen: _Compared, *, baseline, pairs, by, bootstrap, correction, detect, presentation) -> None:
+def _show(chosen: Compared, *, baseline, pairs, by, bootstrap, correction, detect, presentation) -> None:
     """The view of ``chosen`` (abl.present.summary.build), printed as ``presentation`` says; with
     ``detect``, the seeds per cell that would detect that effect."""
     from ..analysis import verdicts

@@ -1,6 +1,6 @@
 """``abl ladder``: does the tiny-scale answer hold as the model grows? Per pair of variants along a size ladder.
 
-The use case: resolve the workspace, read the runs (abl.store.reader) of a grid file with a ``[ladder]``
+The use case: resolve the runs (abl.cli.resolve, as abl compare does) of a grid file with a ``[ladder]``
 (abl.grid.ladder) or of an experiment whose runs sweep sizes, group them into variants and sizes, and
 print abl.analysis.ladder's verdicts: the ordering at each size, where the loss-compute fits cross, the
 predicted difference at ``--at`` FLOPs.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import click
 
-from ..store.workspace import Workspace
-from .common import fail, load_registry, plugins_dir_option, read_db_option, user_errors
+from .common import fail, plugins_dir_option, read_db_option, user_errors
+from .resolve import compared
 
 
 @click.command("ladder")
@@ -34,35 +34,21 @@ def command(source, db_path, metric, size_paths, target, overrides):
     fits cross is given with a bootstrap interval over seeds (or "no crossing in range").
     """
     from ..analysis.ladder import LadderError
+    from ..present.report.runs import ReportError
 
     try:
         runs, paths = _runs(source, db_path, overrides, list(size_paths))
         _show(runs, metric, paths, target)
-    except user_errors() + (LadderError,) as exc:
+    except user_errors() + (LadderError, ReportError) as exc:
         fail(str(exc))
 
 
 def _runs(source: str, db_path: str | None, overrides, size_paths: list[str]):
-    from ..grid.gridfile import load_grid, names_grid_file
-    from ..store.database import verify_store
-    from ..store.reader import experiments, read_runs
-
-    if names_grid_file(source):
-        grid = load_grid(source, load_registry(), list(overrides))
-        ws = Workspace.resolve(db_path, grid)
-        verify_store(ws.db)
-        runs = read_runs(ws.db, run_ids=[c.run_id for c in grid.cells])
-        ladder = grid.raw.get("ladder") or {}
-        size_paths = size_paths or [f"model.{k}" for k in (ladder.get("sizes") or [{}])[0] if k != "lr"]
-        if not runs:
-            fail(f"no run of {source} is in {ws.db}: abl run {source} first")
-    else:
-        ws = Workspace.resolve(db_path)
-        verify_store(ws.db)
-        runs = read_runs(ws.db, experiment=source)
-        if not runs:
-            fail(f"no runs of experiment {source!r} in {ws.db}; experiments there: "
-                 f"{', '.join(experiments(ws.db)) or 'none'}")
+    """The runs ``source`` stands for (abl.cli.resolve, as ``abl compare`` reads them) and the settings that
+    make their sizes: ``size_paths``, else the grid's [ladder] keys, else the swept d_model / n_layers."""
+    chosen = compared(source, db_path, overrides, [])
+    runs = chosen.runs
+    size_paths = size_paths or [f"model.{k}" for k in (chosen.ladder.get("sizes") or [{}])[0] if k != "lr"]
     if not size_paths:
         swept = {p for r in runs for p in r.grid_varied}
         size_paths = [p for p in ("model.d_model", "model.n_layers") if p in swept]
