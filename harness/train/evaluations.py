@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 
 from ..contracts.config import Cell, EvalConfig
+from ..contracts.named_hooks import collect_named, first_line
 from ..contracts.precision import Precision
 from ..contracts.registry import Registry
 from ..data.corpus import Batches, targets_fingerprint
@@ -75,24 +76,15 @@ def _plugin_evaluations() -> dict[str, Evaluation]:
     """Every evaluation the plugins register (hook ``register_evaluations``), in load order; read once."""
     global _from_plugins
     if _from_plugins is None:
-        from ..contracts.plugin_manager import PluginLoadError, call_register_hook
-
-        out: dict[str, Evaluation] = {}
-
-        def make_register(plugin: str, package: str, version: str):
-            def register(name: str, fn: EvalFn, metrics: tuple[str, ...] = (), doc: str = "") -> None:
-                if not isinstance(name, str) or not name or not callable(fn):
-                    raise PluginLoadError(f"plugin {plugin!r} registers an evaluation without a name and a function")
-                if name in out:
-                    raise PluginLoadError(f"post-training evaluation {name!r} is registered twice: by plugin "
-                                          f"{out[name].plugin!r} and by plugin {plugin!r}")
-                first = (doc or fn.__doc__ or "").strip().split("\n")[0]
-                out[name] = Evaluation(name, fn, tuple(metrics), first, plugin, package, version)
-            return register
-
-        call_register_hook("register_evaluations", "post-training evaluations", make_register)
-        _from_plugins = out
+        _from_plugins = collect_named("register_evaluations", "post-training evaluations",
+                                      "post-training evaluation", "function", _entry)
     return _from_plugins
+
+
+def _entry(name: str, fn: EvalFn, metrics: tuple[str, ...] = (), doc: str = "", *, plugin: str, package: str,
+           version: str) -> Evaluation:
+    """A plugin's ``register(name, fn, metrics=(), doc="")`` as an Evaluation."""
+    return Evaluation(name, fn, tuple(metrics), first_line(doc or fn.__doc__), plugin, package, version)
 
 
 def registered() -> dict[str, Evaluation]:
@@ -113,8 +105,7 @@ def register_evaluation(name: str, metrics: tuple[str, ...]) -> Callable[[EvalFn
     def register(fn: EvalFn) -> EvalFn:
         if name in registered():
             raise ValueError(f"post-training evaluation {name!r} is registered twice")
-        doc = (fn.__doc__ or "").strip().split("\n")[0]
-        EVALUATIONS[name] = Evaluation(name, fn, tuple(metrics), doc)
+        EVALUATIONS[name] = Evaluation(name, fn, tuple(metrics), first_line(fn.__doc__))
         return fn
 
     return register
