@@ -224,9 +224,69 @@ def _rank_column(at: AppTest) -> list[str]:
 def test_cells_no_test_could_rank_say_so_instead_of_a_rank(noisy2, noisy3, monkeypatch):
     """Before: at 2 seeds all 13 cells ranked '1=' (no pair was tested) and 'none' read as tied for best."""
     ranks = _rank_column(app(noisy2, monkeypatch))
-    assert len(ranks) == 13 and all(r.startswith("untested") for r in ranks), ranks
-    ranks3 = _rank_column(app(noisy3, monkeypatch))
-    assert any(r[:1].isdigit() for r in ranks3), ranks3  # 3 seeds: tested, ranked
+    # a factorial grid ranks its axes' levels (the forest plots, where a 2-run level reads "untested"), never
+    # its cells, at any seed count: at 2 seeds no cell reads "1=" (issue 40 item 3)
+    assert len(ranks) == 13 and all(r == "per axis" for r in ranks), ranks
+    at3 = app(noisy3, monkeypatch)
+    ranks3 = _rank_column(at3)
+    # 3 seeds, factorial grid: the axes' levels are ranked (the forest plots), the cells are not, as in the
+    # terminal summary (abl.analysis.answers.reconcile: one answer per question)
+    assert len(ranks3) == 13 and all(r == "per axis" for r in ranks3), ranks3
+
+
+def _cells_table(at: AppTest) -> pd.DataFrame:
+    from html.parser import HTMLParser
+
+    rows: list[list[str]] = []
+
+    class Cells(HTMLParser):
+        cell = None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                rows.append([])
+            elif tag in ("td", "th"):
+                self.cell = ""
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self.cell is not None:
+                rows[-1].append(self.cell.strip())
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell += data
+
+    for md in at.markdown:
+        if "abl-text-table" in md.value:
+            rows.clear()
+            Cells().feed(md.value)
+            t = pd.DataFrame(rows[1:], columns=rows[0])
+            if "seeds" in t.columns and "rank" in t.columns:
+                return t
+    raise AssertionError("no cells table")
+
+
+def test_the_cells_table_gives_no_second_verdict_beside_the_per_axis_answer(tmp_path, monkeypatch):
+    """Before: on a factorial grid whose cells ran 3 seeds, the Cells table called cells better or worse than
+    the baseline and ranked them against each other by another Holm family: a cell that the verdict column
+    called worse than the baseline was ranked above it. The summary and abl compare call those rows
+    diagnostics and rank per axis; so does the page, with the same words."""
+    from abl.present.summary import build, load
+
+    db = _noisy(tmp_path, seeds=(0, 1, 2))
+    table = _cells_table(app(db, monkeypatch))
+    assert set(table["rank"]) == {"per axis"}, table
+    assert not {"better", "worse", "not distinguishable"} & set(table["verdict"]), table
+    view = build(load(db, experiment=norms_store.EXPERIMENT), metrics=["val_loss"], title="t")
+    words = {r.verdict for r in view.tables[0][1].comparisons}
+    assert all(w.startswith(stats_diagnostic()) or "too few" in w for w in words), words
+
+
+def stats_diagnostic() -> str:
+    from abl.analysis import stats
+
+    return stats.DIAGNOSTIC
 
 
 def test_grouped_and_faceted_cells_keep_a_labelled_row_each(noisy2, monkeypatch):

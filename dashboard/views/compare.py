@@ -10,12 +10,14 @@ tested. Comparisons: every cell against a baseline, chosen pairs, or every
 pair of cells that differ in one setting only (e.g. model.ffn).
 """
 
+import copy
+
 import altair as alt
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from abl.analysis import formats, stats
+from abl.analysis import answers, formats, stats
 from abl.analysis.metrics import shown_by_default
 from abl.analysis.verdicts import EFFECTS_METHOD, axis_effects, effect_lines, health_text
 from abl.dashboard import charts, common, intervals
@@ -112,6 +114,18 @@ except Exception as exc:  # an axis along which no two cells differ alone, ...
     st.warning(str(exc))
     st.stop()
 
+effects = []
+if mode != "pairs":  # the per-axis answer, as the CLI summary and abl compare lead with it
+    try:
+        effects = axis_effects(cell_inputs, (), metric, only=kwargs.get("by"))
+    except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not hide the cell tables
+        st.warning(f"per-axis analysis unavailable: {type(exc).__name__}: {exc}")
+# one verdict per pair, as the summary, abl compare and the report give it (abl.analysis.answers.reconcile):
+# a one-axis grid's rows take each level pair's answer; a factorial grid's per-cell rows are diagnostics and
+# its cells are ranked per axis, not against each other. On a copy: the loaded analysis is cached
+analysis = copy.deepcopy(analysis)
+answers.reconcile(cell_inputs, analysis, effects)
+
 lower_better = analysis.lower_is_better
 rows = [r for r in analysis.cells if r.n]
 summ = pd.DataFrame({
@@ -170,12 +184,6 @@ def value_fmt(x, signed: bool = False) -> str:
 
 # ---------------------------------------------------------------- the answer: each axis's main effect
 
-effects = []
-if mode != "pairs":  # the per-axis answer, as the CLI summary and abl compare lead with it
-    try:
-        effects = axis_effects(cell_inputs, (), metric, only=kwargs.get("by"))
-    except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not hide the cell tables
-        st.warning(f"per-axis analysis unavailable: {type(exc).__name__}: {exc}")
 if effects:
     st.subheader(f"The answer: {info.label} per axis, {'lower' if lower_better else 'higher'} is better")
 for i, e in enumerate(effects):
