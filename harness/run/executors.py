@@ -1,4 +1,4 @@
-"""Executors: where cells run. Every cell is its own worker process.
+"""Executors: where cells run. Every cell runs in a worker process (a warm one may run several in turn).
 
 All executors share one shape: the parent launches a worker per cell
 (``python -m abl.run.worker RUN_DIR``, or torchrun around it for a multi-device
@@ -34,6 +34,7 @@ from typing import Any, Callable
 from ..contracts.config import Cell
 from ..pyexec import child_env, python
 from ..store import rundir
+from .warm import Launchers, use_warm, zygote_enabled  # noqa: F401 - zygote_enabled: its old home
 
 
 @dataclass
@@ -224,12 +225,7 @@ class Executor:
                     on_done(job)
 
 
-def zygote_enabled() -> bool:
-    """Workers fork from a pre-imported zygote (abl.run.zygote) unless ``ABL_ZYGOTE=0``."""
-    return os.environ.get("ABL_ZYGOTE", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-class LocalExecutor(Executor):
+class LocalExecutor(Launchers, Executor):
     """Cells as worker processes on this machine: ``workers`` at once, or on CUDA as many as the GPUs hold.
 
     On CUDA the cells are placed per GPU by their predicted memory, up to
@@ -241,7 +237,9 @@ class LocalExecutor(Executor):
     plugins imported already (abl.run.zygote), so a cell does not pay seconds of
     imports; a multi-device cell runs under torchrun as its own process tree.
     If the zygote cannot start or fork, workers are spawned as fresh
-    processes (and ``ABL_ZYGOTE=0`` asks for that).
+    processes (and ``ABL_ZYGOTE=0`` asks for that). With warm workers
+    (abl.run.warm; ``--warm-workers``, by default where the cells run on CUDA)
+    a worker process per slot trains cell after cell instead.
     """
 
     name = "local"
@@ -264,54 +262,8 @@ class LocalExecutor(Executor):
         self.placement_note = ""
         self.sampler: Any = None  # abl.run.busy.Sampler while the cells run
         self.zygote: Any = None
-        self.use_zygote = zygote_enabled()
+        self.use_zygote, self.use_warm = zygote_enabled(), use_warm(self.use_gpus)
         self.zygote_note = ""
-
-    def _zygote_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if not self.use_gpus:  # Triton decides at import whether it interprets; on a CPU it must
-            env.setdefault("TRITON_INTERPRET", "1")
-        return env
-
-    def prestart(self) -> None:
-        """Start the zygote now without waiting for it: its imports (torch, the plugins) overlap the
-        parent's own start-up (the memory check, the token store) instead of following it (issue 27, 3)."""
-        if not self.use_zygote or self.zygote is not None:
-            return
-        from .zygote import Zygote
-
-        try:
-            self.zygote = Zygote(self._zygote_env(), wait=False)
-        except OSError as exc:
-            self.use_zygote, self.zygote_note = False, f"workers spawned fresh: {exc}"
-
-    def close(self) -> None:
-        """No more cells: a zygote still importing is stopped, a ready one exits after its children."""
-        if self.zygote is None:
-            return
-        if self.zygote.is_ready:
-            self.zygote.close()
-        else:
-            self.zygote.kill()
-        self.zygote = None
-
-    def _zygote(self):
-        """The running zygote (started early by ``prestart``, else on first use), ready to fork;
-        None when workers must be spawned."""
-        if not self.use_zygote:
-            return None
-        from .zygote import Zygote, ZygoteError
-
-        try:
-            if self.zygote is not None:
-                self.zygote.ready()
-                if self.zygote.alive:
-                    return self.zygote
-            self.zygote = Zygote(self._zygote_env())
-        except (ZygoteError, OSError) as exc:
-            self.use_zygote, self.zygote_note = False, f"workers spawned fresh: {exc}"
-            return None
-        return self.zygote
 
     def run(self, jobs: list[Job], on_progress: Callable[[Job], None], on_done: Callable[[Job], None],
             poll_s: float = 0.2, on_launch: Callable[[Job], None] | None = None,
@@ -360,16 +312,10 @@ class LocalExecutor(Executor):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
         if job.threads is not None:
             env["OMP_NUM_THREADS"] = str(job.threads)
-        zygote = self._zygote() if job.cell.train.devices <= 1 else None
-        if zygote is not None:
-            from .zygote import ZygoteError
-
-            try:
-                job.handle = zygote.spawn(job.run_dir, env)
-                job.started = time.time()
-                return
-            except ZygoteError as exc:  # spawn this one and the rest
-                self.use_zygote, self.zygote_note = False, f"workers spawned fresh: {exc}"
+        job.handle = self.start_one_process(job.run_dir, env) if job.cell.train.devices <= 1 else None
+        if job.handle is not None:
+            job.started = time.time()
+            return
         log = open(job.run_dir / rundir.LOG, "ab")
         job.handle = subprocess.Popen(
             worker_command(job.run_dir, job.cell.train.devices), stdout=log, stderr=log,

@@ -84,6 +84,17 @@ def _on_signal(signum, frame):
     raise Killed(f"stopped by signal {name}")
 
 
+def reset_globals() -> None:
+    """Forget the last cell's signal and start-up state: a warm worker (abl.run.warm) runs the next one."""
+    global _signalled, _startup
+    _signalled, _startup = None, None
+
+
+def signalled() -> str | None:
+    """The name of the first signal that reached this worker's cell, if any."""
+    return _signalled
+
+
 class _Started:
     """Wraps the metrics sink: the first row written marks the end of start-up."""
 
