@@ -10,6 +10,7 @@ summary as ``--wide`` / ``--format`` say).
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -29,6 +30,12 @@ from .common import (
     take_store_lock,
     user_errors,
 )
+
+
+def _set_warm_workers(value: str | None) -> None:
+    """--warm-workers reaches the local executor as ABL_WARM_WORKERS (abl.run.warm.warm_mode)."""
+    if value is not None:
+        os.environ["ABL_WARM_WORKERS"] = value
 
 
 @click.command("run")
@@ -58,6 +65,12 @@ from .common import (
               help="local: after the grid, time each shape alone on its device (a few steps after warm-up) and "
                    "show its tokens/s and MFU as '(alone)' beside the packed figures: auto when cells shared a GPU "
                    "(their speed is marked contended), always, or never.")
+@click.option("--warm-workers", type=click.Choice(["auto", "on", "off"]), default=None, expose_value=False,
+              callback=lambda ctx, param, value: _set_warm_workers(value),
+              help="local: one worker process per slot trains cell after cell (torch imported and, on CUDA, the "
+                   "context made once; a cell that crashes, is stopped or runs out of memory ends its worker and "
+                   "the next cell gets a fresh one), instead of a process per cell. auto (default): on where the "
+                   "cells run on CUDA, off on a CPU, where each cell is forked from the pre-imported zygote.")
 @click.option("--slurm-partition", default=None, help="slurm: partition.")
 @click.option("--slurm-time", default=60, show_default=True, type=click.IntRange(1), help="slurm: minutes per cell.")
 @click.option("--slurm-cluster", type=click.Choice(["slurm", "local"]), default="slurm", show_default=True,
