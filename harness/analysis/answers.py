@@ -8,7 +8,10 @@ model named on its line, chosen by the grid's design:
 - a one-axis grid's pair of levels: the two cells' own paired t across seeds (Welch where the seeds differ),
   Holm over the level pairs (``paired_answer``); the per-cell rows against a baseline show those verdicts
   (the baseline is a display choice, the axis is the question);
-- named pairs (``--pairs``): each pair's own test, Holm over the pairs named.
+- named pairs (``--pairs``): each pair's own test, Holm over the pairs named;
+- a ladder's size axis (abl.grid.ladder: a tied outer axis) is no question asked ("the bigger model has the
+  lower loss"): it stays a block of the model, and its line names the sizes run, with no verdict
+  (``size_axes``, ``sizes_run``); ``abl ladder`` asks whether the variants' ordering holds across them.
 
 ``reconcile`` applies the rule to a per-cell analysis; ``to_best`` gives a level's contrast with the best
 level (a forest plot's row). abl.analysis.verdicts renders every table from them.
@@ -148,3 +151,42 @@ def to_best(e: stats.AxisEffect, level: str) -> stats.ComparisonRow | None:
     return replace(c, a=c.b, b=c.a, a_label=c.b_label, b_label=c.a_label, n_a=c.n_b, n_b=c.n_a,
                    delta=flip(c.delta), ci_low=flip(c.ci_high), ci_high=flip(c.ci_low),
                    ci_raw_low=flip(c.ci_raw_high), ci_raw_high=flip(c.ci_raw_low), verdict=word)
+
+
+def size_axes(cells: Sequence[stats.CellInput], paths: Sequence[str]) -> list[str]:
+    """The size axes among ``paths``: a ladder's tied outer axis (abl.grid.ladder). The grid records it as
+    the first of its paths, the size key that differs at every size, and records every size key among a
+    cell's swept settings (``varied``): a path with a recorded swept setting beside it that is no grid path
+    and takes one value per level (a ladder's other size keys) is a size axis. A ``[grid]`` sweep records
+    nothing beside its paths: it stays the user's question (so does a ladder of one key, which is recorded
+    as a sweep of that key)."""
+    out = []
+    for p in paths:
+        if not all(p in c.varied for c in cells):
+            continue
+        for k in set.intersection(*(set(c.varied) for c in cells)) - set(paths):
+            per_level: dict[str, set[str]] = {}
+            for c in cells:
+                per_level.setdefault(repr(c.varied[p]), set()).add(repr(c.varied[k]))
+            if len(per_level) > 1 and all(len(v) == 1 for v in per_level.values()):
+                out.append(p)
+                break
+    return out
+
+
+def _sizes(cells: Sequence[stats.CellInput], axis: str) -> list[str]:
+    """The values the cells recorded at ``axis``, smallest first (in the cells' order where not numbers)."""
+    seen = list(dict.fromkeys(c.varied[axis] for c in cells if axis in c.varied))
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in seen):
+        seen.sort()
+    return [f"{v:g}" if isinstance(v, float) else str(v) for v in seen]
+
+
+def sizes_run(cells: Sequence[stats.CellInput], e: stats.AxisEffect) -> stats.AxisEffect:
+    """The size axis ``e`` without a verdict: no levels, contrasts or interactions, a note naming the sizes
+    run, smallest first (the other axes' answers keep it as a block of their model)."""
+    from dataclasses import replace
+
+    return replace(e, levels=[], contrasts=[], interactions=[], design="",
+                   note=f"the ladder's sizes, smallest first: {', '.join(_sizes(cells, e.axis))} (no verdict: a bigger model's lower "
+                        "loss is no question asked; abl ladder says whether each ordering holds across the sizes)")

@@ -22,7 +22,7 @@ from typing import Any, Hashable, Protocol, Sequence
 from ..contracts.config import solved_paths
 from ..contracts.status import COMPLETED
 from . import comparable, metrics, stats
-from .answers import paired_answer, to_best
+from .answers import paired_answer, size_axes, sizes_run, to_best
 from .formats import fmt, fmt_bytes, fmt_fraction, fmt_speed
 from .tables import settings_of
 from .units import TOKENS_PER_S
@@ -101,7 +101,8 @@ def cell_inputs(runs: Sequence[RunLike], metric: str = "val_loss",
             key=k, label=rs[0].label or k[:8], values=values,
             data_key=data_key(done[0]) if done else None,
             health=_health(done) if metric_is_loss(metric) else stats.Health(),
-            settings=settings(rs[0].config), statuses=_count(r.status for r in rs)))
+            settings=settings(rs[0].config), statuses=_count(r.status for r in rs),
+            varied=dict(getattr(rs[0], "grid_varied", None) or {})))
     return out
 
 
@@ -437,6 +438,8 @@ def axis_effects(cells: Sequence[stats.CellInput], paths: Sequence[str] = (), me
     # "Pairwise multiple comparisons in repeated measures designs", J. Educational Statistics 5(3); here
     # with Holm 1979 over the pairs)
     effects = [paired_answer(cells, e) or e if e.design == "one-axis" and e.contrasts else e for e in effects]
+    sizes = size_axes(cells, axes)  # a ladder's size axis is no question asked: its sizes, no verdict
+    effects = [sizes_run(cells, e) if e.axis in sizes else e for e in effects]
     return [e for e in effects if not only or e.axis == only]
 
 

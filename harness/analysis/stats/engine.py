@@ -83,6 +83,7 @@ class CellInput:
     health: Health = field(default_factory=Health)
     settings: dict = field(default_factory=dict)  # flattened config (for --by); optional
     statuses: dict = field(default_factory=dict)  # run status -> count (every run of the cell)
+    varied: dict = field(default_factory=dict)  # the grid's record of its swept settings (grid_varied); optional
 
 
 @dataclass
