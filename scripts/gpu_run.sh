@@ -10,7 +10,8 @@
 #   packing.txt     stage packing (not run by default): the flagship norms grid packed (cells per GPU
 #                   chosen from their predicted memory) and serial (--cells-per-gpu 1), each in a fresh
 #                   store under its own limit: their "whole grid done:" lines (wall time, training-step
-#                   time, busy share) and nvidia-smi's mean utilisation during each (issue 37)
+#                   time, busy share) and nvidia-smi's mean utilisation during each (issue 37); on a GPU
+#                   a third run, cold: packed with --warm-workers off (a process per cell, not warm workers)
 #   ladder.txt      stage ladder (not run by default): scripts/gpu_ladder.toml, GELU and SwiGLU at three sizes
 #                   with cells packed on the GPU, then abl ladder's verdicts along the sizes (issue 41)
 #   abl.duckdb      the store: selftest rows, kernel bench rows, every run's metrics
@@ -30,7 +31,9 @@
 #   ABL_GPU_SELFTEST_ARGS more options for abl selftest (e.g. --quick, if the full one outruns a call)
 #   ABL_GPU_STAGE_TIMEOUT seconds each stage may run before it is stopped (default 0: no limit); a
 #                         stopped stage is recorded in status.txt (exit 124) and the next one runs
-#   ABL_GPU_PACKING_TIMEOUT seconds each of the packing stage's two runs may take (default 240)
+#   ABL_GPU_PACKING_TIMEOUT seconds each of the packing stage's runs may take (default 240)
+#   ABL_GPU_PACKING_MODES   the packing stage's runs, of packed serial cold (default: all three where
+#                           nvidia-smi is, else packed serial)
 #   ABL_GPU_LADDER_TIMEOUT  seconds the ladder stage's grid may take (default 300); abl ladder then reads
 #                           what it stored
 #   ABL_GPU_TINY=1        tiny sizes (the CPU test): selftest --quick, one cell of each grid
@@ -150,8 +153,13 @@ for s, n in LIMITS.items(): print(s, n, n - GRACE_S)') || { status "probe: canno
                    --set train.eval_batches=1 --set train.batch_size=2 --set model.context=32
                    --set model.d_model=32 --set model.n_layers=1)
         fi
-        for mode in packed serial; do
+        # on a GPU a third run, packed with --warm-workers off (a process per cell, forked from the zygote),
+        # measures what the warm workers (on by default on CUDA) save; on a CPU both are the zygote's
+        modes="packed serial"
+        command -v nvidia-smi >/dev/null && modes="packed serial cold"
+        for mode in ${ABL_GPU_PACKING_MODES:-$modes}; do
             opts=(--speed-pass never); [ "$mode" = serial ] && opts+=(--cells-per-gpu 1)
+            [ "$mode" = cold ] && opts+=(--warm-workers off)
             [ "$mode" = packed ] && [ "$TINY" = 1 ] && opts+=(--workers 2)  # the CPU test: two cells at once
             echo "== abl run norms, $mode (${opts[*]})" >> "$OUT/packing.txt"
             smi=

@@ -234,3 +234,24 @@ def test_a_warm_worker_serves_only_cells_of_its_device_set(monkeypatch, tmp_path
     assert b is not a and len(started) == 2
     c = pool.start(tmp_path, {"CUDA_VISIBLE_DEVICES": "2"})  # a third device set: an idle worker makes room
     assert len(started) == 3 and len(pool.workers) == 2 and a.closed and c.key == "2"
+
+
+@pytest.mark.slow
+def test_a_hung_cell_in_a_warm_worker_is_stopped_at_its_time_limit_and_the_next_cell_gets_a_fresh_worker(tmp_path):
+    from test_cell_timeout import HANG_PLUGIN
+
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "hang.py").write_text(HANG_PLUGIN)
+    grid = tmp_path / "g.toml"
+    grid.write_text(tiny_grid_text(experiment={"name": "warm"}, model={"d_model": 16, "n_heads": 2},
+                                   train={"steps": 3, "eval_every": 3, "threads": 1, "timeout_s": 40},
+                                   grid={"model.norm": ["rmsnorm", "hang_in_worker", "layernorm"]}))
+    runs = tmp_path / "runs"
+    r = run_abl(["--plugins-dir", str(plugins), "run", str(grid), "--db", str(tmp_path / "x.duckdb"),
+                 "--runs-dir", str(runs), "--workers", "1", "--warm-workers", "on"], timeout=400)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    got = cells(runs)
+    assert [c[1]["status"] for c in got] == ["completed", "failed", "completed"], got
+    assert "timed out" in got[1][1]["error"] and "train.timeout_s = 40 s" in got[1][1]["error"]
+    assert got[0][1]["pid"] == got[1][1]["pid"] != got[2][1]["pid"]  # stopped with its worker; a fresh one next

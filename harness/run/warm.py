@@ -210,7 +210,6 @@ def serve() -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
-    os.close(devnull)
     preload()
     base = capture()
     for line in requests:
@@ -221,6 +220,7 @@ def serve() -> int:
             replies.write(json.dumps({"id": None, "error": f"bad request: {exc}"}) + "\n")
             return 2
         code = run_cell(run_dir, env, base)
+        os.dup2(devnull, 2)  # its start-up messages went to the first cell's log; nothing more goes there
         replies.write(json.dumps({"id": req.get("id"), "code": code}) + "\n")
         if code not in KEEP or worker.signalled() is not None:
             return code
