@@ -152,6 +152,8 @@ def effect_rows(effect: Any) -> pd.DataFrame:
         c = next((c for c in effect.contrasts if {str(c.a), str(c.b)} == {str(lv.level), str(best.level)}), None)
         lo = hi = None
         word = "best level" if lv is best else stats.verdict_word(None if c is None else c.verdict)
+        if c is not None and lv is not best and str(c.a) != str(lv.level):  # the contrast is best − level:
+            word = {stats.BETTER: stats.WORSE, stats.WORSE: stats.BETTER}.get(word, word)  # read it from the level
         if c is not None and lv is not best and c.ci_low is not None and c.ci_high is not None:
             sign = 1.0 if str(c.a) == str(lv.level) else -1.0  # the interval of level − best
             a, b = sign * float(c.ci_low), sign * float(c.ci_high)

@@ -305,3 +305,24 @@ def test_grouped_and_faceted_cells_keep_a_labelled_row_each(noisy2, monkeypatch)
         data = next(spec["_data"][n] for n in names if n in spec["_data"] and "lo_drawn" in spec["_data"][n])
         rows += check_every_row(panel, data)
     assert rows == 13
+
+
+def test_each_forest_row_reads_from_its_own_level(noisy3, monkeypatch):
+    """A forest plot's row is a level against the best one: its words say what the level is ("vs post: worse"
+    on the pre row). Before, the row copied the contrast's own orientation (best − level: "better"), so the
+    pre row read "vs post: better" while its interval sat to the right of post's line."""
+    at = app(noisy3, monkeypatch)
+    forests = [s for s in specs(at) if any("level" in d for d in s["_data"].values())]
+    assert forests
+    seen = set()
+    for spec in forests:
+        data = next(d for d in spec["_data"].values() if "level" in d)
+        for _, row in data.iterrows():
+            if row["verdict"] == "best level":
+                continue
+            word = row["verdict"].split(": ", 1)[1]
+            seen.add(word)
+            assert word != "better", row.to_dict()  # no level is distinguishably better than the best one
+            if word == "worse":
+                assert row["lo"] > data.loc[data["verdict"] == "best level", "mean"].iloc[0], row.to_dict()
+    assert "worse" in seen, seen
