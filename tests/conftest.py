@@ -169,3 +169,55 @@ def write_completed_runs(cells, runs_dir, grid_file: str, value_of, extra=lambda
         lines += [{"step": cell.train.steps, "val_loss": final, "wall_s": 1.0, "peak_mem_bytes": 1e6,
                    **extra(cell)}]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+# ---------------------------------------------------------------- shared fixtures: plugins folders, stored runs
+
+# a norm without cost=: Dynamic Tanh (Zhu et al. 2025, arXiv:2503.10622, eq. 1) without its shift
+NO_COST_NORM_PLUGIN = '''
+import torch
+import torch.nn as nn
+
+from abl import Param, hookimpl
+
+
+class DyT(nn.Module):
+    def __init__(self, dim, alpha_init=0.5):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(alpha_init))
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return torch.tanh(self.alpha * x) * self.weight
+
+
+@hookimpl
+def register_components(register):
+    register("norm", "dyt_nocost", DyT, params={"alpha_init": Param(0.5, min=0.0)})
+'''
+
+
+def write_plugins(folder, files: dict) -> Path:
+    """A plugins folder (``abl --plugins-dir``) made at ``folder`` holding ``files`` (file name -> text)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.fixture
+def no_cost_plugin_dir(tmp_path):
+    """A plugins folder with one norm, ``dyt_nocost``, that declares no cost function."""
+    return write_plugins(tmp_path / "plug", {"dyt_nocost.py": NO_COST_NORM_PLUGIN})
+
+
+def stored_run(cell_key: str, seed: int, final: dict, config: dict | None = None, **fields):
+    """A completed abl.store.reader.StoredRun of cell ``cell_key`` without a store: run id ``<cell_key><seed>``,
+    experiment "e", labelled by its cell key; ``fields`` set any other field (label, data_fingerprint, ...)."""
+    from abl.contracts.status import COMPLETED
+    from abl.store.reader import StoredRun
+
+    values = {"run_id": f"{cell_key}{seed}", "experiment": "e", "label": cell_key, "status": COMPLETED,
+              "config": config or {}, "data_fingerprint": "f", **fields}
+    return StoredRun(cell_key=cell_key, seed=seed, final=final, **values)

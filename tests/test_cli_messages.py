@@ -26,40 +26,9 @@ ffn = "swigl"
 "model.block" = ["pre", "post"]
 """
 
-# a norm without cost=: Dynamic Tanh (Zhu et al. 2025, arXiv:2503.10622, eq. 1) without its shift
-NO_COST_PLUGIN = '''
-import torch
-import torch.nn as nn
-
-from abl import Param, hookimpl
-
-
-class DyT(nn.Module):
-    def __init__(self, dim, alpha_init=0.5):
-        super().__init__()
-        self.alpha = nn.Parameter(torch.tensor(alpha_init))
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return torch.tanh(self.alpha * x) * self.weight
-
-
-@hookimpl
-def register_components(register):
-    register("norm", "dyt_nocost", DyT, params={"alpha_init": Param(0.5, min=0.0)})
-'''
-
 TINY = ["--set", "model.d_model=32", "--set", "model.n_layers=2", "--set", "model.n_heads=4",
         "--set", "model.context=32", "--set", "train.batch_size=2", "--set", "experiment.seeds=[0]",
         "--set", 'grid.model.block=["pre"]']
-
-
-@pytest.fixture
-def plugin_dir(tmp_path):
-    folder = tmp_path / "plug"
-    folder.mkdir()
-    (folder / "dyt_nocost.py").write_text(NO_COST_PLUGIN)
-    return folder
 
 
 def test_a_problem_every_cell_shares_is_one_line(tmp_path):
@@ -122,11 +91,11 @@ def test_a_db_in_a_new_folder_says_new_store(tmp_path):
     assert again.exit_code == 0 and "new store" not in again.output
 
 
-def test_plugins_dir_is_accepted_after_the_command(plugin_dir):
-    r = run_abl(["plugins", "--json", "--plugins-dir", str(plugin_dir)])
+def test_plugins_dir_is_accepted_after_the_command(no_cost_plugin_dir):
+    r = run_abl(["plugins", "--json", "--plugins-dir", str(no_cost_plugin_dir)])
     assert r.returncode == 0, r.stderr
     assert ("norm", "dyt_nocost") in {(row["axis"], row["name"]) for row in json.loads(r.stdout)}
-    r = run_abl(["run", "norms", "--dry-run", "--plugins-dir", str(plugin_dir),
+    r = run_abl(["run", "norms", "--dry-run", "--plugins-dir", str(no_cost_plugin_dir),
                  "--set", 'grid.model.norm=["dyt_nocost"]', *TINY])
     assert r.returncode == 0, r.stderr
 
@@ -135,23 +104,23 @@ def _run_ids(output: str) -> set[str]:
     return set(re.findall(r"\b[0-9a-f]{16}\b", output))
 
 
-def test_a_plugins_cells_never_join_the_shipped_experiment(plugin_dir):
+def test_a_plugins_cells_never_join_the_shipped_experiment(no_cost_plugin_dir):
     shipped = run_abl(["run", "norms", "--dry-run", "--set", 'grid.model.norm=["rmsnorm"]', *TINY])
-    mixed = run_abl(["run", "norms", "--dry-run", "--plugins-dir", str(plugin_dir),
+    mixed = run_abl(["run", "norms", "--dry-run", "--plugins-dir", str(no_cost_plugin_dir),
                      "--set", 'grid.model.norm=["rmsnorm", "dyt_nocost"]', *TINY])
     assert shipped.returncode == 0 and mixed.returncode == 0, shipped.stderr + mixed.stderr
     # the rmsnorm cell of the mixed grid is another run: its experiment is not the shipped 'norms'
     assert not _run_ids(shipped.stdout) & _run_ids(mixed.stdout)
     assert "experiment 'norms+dyt_nocost'" in mixed.stderr and "apart from the shipped 'norms'" in mixed.stderr
     # naming the experiment is the user's choice, and then it holds
-    named = run_abl(["run", "norms", "--dry-run", "--plugins-dir", str(plugin_dir), "--set", "experiment.name=norms",
+    named = run_abl(["run", "norms", "--dry-run", "--plugins-dir", str(no_cost_plugin_dir), "--set", "experiment.name=norms",
                      "--set", 'grid.model.norm=["rmsnorm", "dyt_nocost"]', *TINY])
     assert named.returncode == 0 and _run_ids(shipped.stdout) <= _run_ids(named.stdout)
     assert "apart from the shipped" not in named.stderr
 
 
-def test_abl_cost_measures_a_component_without_a_cost_function(plugin_dir):
-    r = run_abl(["cost", "norms", "--json", "--plugins-dir", str(plugin_dir),
+def test_abl_cost_measures_a_component_without_a_cost_function(no_cost_plugin_dir):
+    r = run_abl(["cost", "norms", "--json", "--plugins-dir", str(no_cost_plugin_dir),
                  "--set", 'grid.model.norm=["rmsnorm", "dyt_nocost"]', *TINY])
     assert r.returncode == 0, r.stderr
     rows = {row["cell"].split(",")[0]: row for row in json.loads(r.stdout)}
@@ -163,7 +132,7 @@ def test_abl_cost_measures_a_component_without_a_cost_function(plugin_dir):
     # own check does (abl.model.costmodel.CHECKS: 5%)
     assert meas["flops_per_step"] == pytest.approx(pred["flops_per_step"], rel=0.05)
     assert meas["train_peak_bytes"] == pytest.approx(pred["train_peak_bytes"], rel=0.25)
-    text = run_abl(["cost", "norms", "--plugins-dir", str(plugin_dir),
+    text = run_abl(["cost", "norms", "--plugins-dir", str(no_cost_plugin_dir),
                     "--set", 'grid.model.norm=["rmsnorm", "dyt_nocost"]', *TINY])
     assert text.returncode == 0, text.stderr
     assert "measured" in text.stdout and "norm 'dyt_nocost' declare(s) no cost function" in text.stdout

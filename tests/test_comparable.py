@@ -5,9 +5,9 @@ whose tokens differ; val_bpb does. abl.analysis.comparable, applied in abl.analy
 from __future__ import annotations
 
 import pytest
+from conftest import stored_run
 
 from abl.analysis import comparable, verdicts
-from abl.store.reader import StoredRun
 
 
 def config(tok, vocab=None, ffn="gelu"):
@@ -21,9 +21,8 @@ def runs(cells):
     out = []
     for key, cfg, loss, bpb in cells:
         for s in range(4):
-            out.append(StoredRun(run_id=f"{key}{s}", experiment="e", cell_key=key, label=key, seed=s,
-                                 status="completed", config=cfg, data_fingerprint=f"fp-{key}",
-                                 final={"val_loss": loss + s / 100, "val_bpb": bpb + s / 97}))
+            out.append(stored_run(key, s, {"val_loss": loss + s / 100, "val_bpb": bpb + s / 97}, cfg,
+                                  data_fingerprint=f"fp-{key}"))
     return out
 
 

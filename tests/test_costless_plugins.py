@@ -92,28 +92,6 @@ def test_measuring_for_admission_allocates_no_memory_of_the_cell(costless):
     assert MEMORY_BAND[0] <= need.predicted / twin["train_peak_bytes"] <= MEMORY_BAND[1]
 
 
-NO_COST_PLUGIN = '''
-import torch
-import torch.nn as nn
-
-from abl import Param, hookimpl
-
-
-class DyT(nn.Module):
-    def __init__(self, dim, alpha_init=0.5):
-        super().__init__()
-        self.alpha = nn.Parameter(torch.tensor(alpha_init))
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return torch.tanh(self.alpha * x) * self.weight
-
-
-@hookimpl
-def register_components(register):
-    register("norm", "dyt_nocost", DyT, params={"alpha_init": Param(0.5, min=0.0)})
-'''
-
 BIG_GRID = """[experiment]
 name = "big"
 seeds = [0]
@@ -130,20 +108,12 @@ batch_size = 32
 """
 
 
-@pytest.fixture
-def plugin_dir(tmp_path):
-    folder = tmp_path / "plug"
-    folder.mkdir()
-    (folder / "dyt_nocost.py").write_text(NO_COST_PLUGIN)
-    return folder
-
-
-def test_abl_run_refuses_a_costless_cell_that_cannot_fit(tmp_path, plugin_dir):
+def test_abl_run_refuses_a_costless_cell_that_cannot_fit(tmp_path, no_cost_plugin_dir):
     grid = tmp_path / "big.toml"
     grid.write_text(BIG_GRID)
     db = tmp_path / "x.duckdb"
     free = admission.ram_free_bytes()
-    r = run_abl(["--plugins-dir", str(plugin_dir), "run", str(grid), "--db", str(db)], cwd=tmp_path)
+    r = run_abl(["--plugins-dir", str(no_cost_plugin_dir), "run", str(grid), "--db", str(db)], cwd=tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
     out = r.stdout + r.stderr
     assert free is not None and "2 cell(s) need more memory" in out, out  # was 1: the costless one went through

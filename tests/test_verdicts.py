@@ -389,7 +389,7 @@ def test_the_summary_shows_the_grids_metrics_and_tests_each_loss():
     from rich.console import Console
 
     from abl.present.summary import render
-    from abl.store.reader import StoredRun
+    from conftest import stored_run
 
     runs = []
     for pos, x2 in (("rope", 2.6), ("alibi", 2.1), ("learned", None)):
@@ -397,9 +397,7 @@ def test_the_summary_shows_the_grids_metrics_and_tests_each_loss():
             final = {"val_loss": 2.0 + 0.01 * seed + (0.05 if pos == "learned" else 0), "kv_bytes_per_token": 512.0}
             if x2 is not None:
                 final["val_loss_x2"] = x2 + 0.02 * math.sin(seed + len(pos))
-            runs.append(StoredRun(run_id=f"{pos}{seed}", experiment="e", cell_key=pos, label=f"position={pos}",
-                                  seed=seed, status="completed", config={"model": {"position": pos}},
-                                  data_fingerprint="f", final=final))
+            runs.append(stored_run(pos, seed, final, {"model": {"position": pos}}, label=f"position={pos}"))
     console = Console(record=True, width=300)
     analyses = render(console, runs, metrics=["val_loss", "val_loss_x2", "kv_bytes_per_token"], title="position")
     text = console.export_text()
