@@ -9,7 +9,7 @@ import sys
 
 import duckdb
 import pytest
-from conftest import ROOT, run_abl
+from conftest import ROOT, run_abl, write_plugins
 
 # a third-party executor: every cell as a plain subprocess of the worker, two at once; it declares its capabilities
 EXECUTOR_PLUGIN = '''
@@ -99,11 +99,7 @@ max_bytes = 100000
 
 @pytest.fixture
 def plugin_dir(tmp_path):
-    folder = tmp_path / "plugins"
-    folder.mkdir()
-    (folder / "two_at_once.py").write_text(EXECUTOR_PLUGIN)
-    (folder / "param_rms.py").write_text(METRIC_PLUGIN)
-    return folder
+    return write_plugins(tmp_path / "plugins", {"two_at_once.py": EXECUTOR_PLUGIN, "param_rms.py": METRIC_PLUGIN})
 
 
 def test_the_built_ins_come_through_the_hooks_and_abl_plugins_lists_where_each_came_from(plugin_dir):
