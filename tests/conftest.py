@@ -171,6 +171,22 @@ def write_completed_runs(cells, runs_dir, grid_file: str, value_of, extra=lambda
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
+def completed_store(grid_path, registry, value_of, extra=lambda cell: {}, results=None):
+    """The grid file at ``grid_path`` loaded, its cells written as completed runs without training
+    (``write_completed_runs``: ``val_loss`` = ``value_of(cell)``, ``extra(cell)`` beside it) under
+    ``results``/runs (default: a results folder beside the grid file) and ingested into ``results``/abl.duckdb.
+    Returns (the grid, the store's path)."""
+    from abl.grid.gridfile import load_grid
+    from abl.store import database as store
+
+    grid = load_grid(grid_path, registry)
+    results = Path(results) if results is not None else Path(grid_path).parent / "results"
+    write_completed_runs(grid.cells, results / "runs", str(grid_path), value_of, extra=extra)
+    db = results / "abl.duckdb"
+    store.ingest_dirs(db, sorted((results / "runs").iterdir()))
+    return grid, db
+
+
 # ---------------------------------------------------------------- shared fixtures: plugins folders, stored runs
 
 # a norm without cost=: Dynamic Tanh (Zhu et al. 2025, arXiv:2503.10622, eq. 1) without its shift

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from abl.cli import cli
 from abl.model.costmodel import predict
-from conftest import tiny_grid_text, write_completed_runs
+from conftest import completed_store, tiny_grid_text
 
 LADDER = """
 [ladder]
@@ -18,26 +18,23 @@ tokens_per_param = 1
 """
 
 
-def _write_runs(grid_path, runs_dir, loss_of, registry):
+def _store(grid_path, loss_of, registry):
+    """Completed runs of the ladder grid, ``loss_of(cell, its training FLOPs)`` each, recorded with ``flops``."""
     from abl.grid.gridfile import load_grid
 
     g = load_grid(grid_path, registry)
     compute = {c.run_id: predict(c, registry)["train_flops_per_token"] * c.train.steps * c.train.batch_size
                * c.model.context for c in g.cells}
-    write_completed_runs(g.cells, runs_dir, str(grid_path), lambda c: loss_of(c, compute[c.run_id]),
-                         extra=lambda c: {"flops": compute[c.run_id]})
-    return g
+    return completed_store(grid_path, registry, lambda c: loss_of(c, compute[c.run_id]),
+                           extra=lambda c: {"flops": compute[c.run_id]})
 
 
 def test_a_planted_flip_reads_flips_near_and_a_steady_gap_holds(tmp_path, monkeypatch, registry):
-    from abl.store import database as store
-
     monkeypatch.chdir(tmp_path)
     text = tiny_grid_text(experiment={"seeds": [0, 1, 2, 3]},
                           grid={"model.norm": ["rmsnorm", "layernorm"]}) + LADDER
     grid = tmp_path / "grid.toml"
     grid.write_text(text)
-    runs = tmp_path / "results" / "runs"
     rng = np.random.default_rng(0)
     seed_noise = {s: rng.standard_normal() * 0.002 for s in range(4)}
     computes = []
@@ -48,9 +45,7 @@ def test_a_planted_flip_reads_flips_near_and_a_steady_gap_holds(tmp_path, monkey
         b = 0.08 if cell.model.norm == "layernorm" else 0.05
         return 3.0 * (compute / 1e10) ** -b + seed_noise[cell.seed]
 
-    _write_runs(grid, runs, loss_of, registry)
-    db = tmp_path / "results" / "abl.duckdb"
-    store.ingest_dirs(db, sorted(runs.iterdir()))
+    _, db = _store(grid, loss_of, registry)
     out = CliRunner().invoke(cli, ["ladder", str(grid), "--db", str(db), "--at", "1e15"])
     assert out.exit_code == 0, out.output
     text = " ".join(out.output.split())

@@ -74,14 +74,11 @@ def test_the_summary_answers_within_each_cell(tmp_path, monkeypatch, registry):
     from click.testing import CliRunner
 
     from abl.cli import cli
-    from abl.grid.gridfile import load_grid
-    from abl.store import database as store
-    from conftest import tiny_grid_text, write_completed_runs
+    from conftest import completed_store, tiny_grid_text
 
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "g.toml"
     path.write_text(tiny_grid_text(experiment={"seeds": [0, 1, 2]}))
-    grid = load_grid(path, registry)
 
     def noise(cell, what):
         return np.random.default_rng(zlib.crc32(f"{cell.label}{cell.seed}{what}".encode())).standard_normal()
@@ -91,9 +88,7 @@ def test_the_summary_answers_within_each_cell(tmp_path, monkeypatch, registry):
         degrade = 0.5 if cell.model.norm == "rmsnorm" else 0.0
         return {"val_loss_x1": base, "val_loss_x4": base + degrade + 0.01 * noise(cell, "x4")}
 
-    write_completed_runs(grid.cells, tmp_path / "runs", str(path), lambda c: 3.0 + 0.01 * noise(c, "v"), extra=x)
-    db = tmp_path / "abl.duckdb"
-    store.ingest_dirs(db, sorted((tmp_path / "runs").iterdir()))
+    _, db = completed_store(path, registry, lambda c: 3.0 + 0.01 * noise(c, "v"), extra=x, results=tmp_path)
     out = CliRunner().invoke(cli, ["compare", str(path), "--db", str(db), "--wide"], terminal_width=200)
     assert out.exit_code == 0, out.output
     text = out.output

@@ -9,7 +9,7 @@ import json
 from click.testing import CliRunner
 
 from abl.cli import cli
-from conftest import tiny_grid_text, write_completed_runs
+from conftest import completed_store, tiny_grid_text
 
 LADDER = """
 [ladder]
@@ -17,27 +17,19 @@ sizes = [{ d_model = 32, n_layers = 1 }, { d_model = 48, n_layers = 2 }, { d_mod
 """
 
 
-def _ladder_store(tmp_path, registry, axes=None):
-    """A ladder grid (3 sizes, ``axes`` swept beside them) with completed fake runs, ingested: bigger is better
-    by a wide margin, layernorm a little worse than rmsnorm at every size."""
-    from abl.grid.gridfile import load_grid
-    from abl.store import database as store
-
+def _ladder_store(tmp_path, registry):
+    """A ladder grid (3 sizes, the norm axis swept beside them) with completed fake runs, ingested: bigger is
+    better by a wide margin, layernorm a little worse than rmsnorm at every size. (grid file, store, grid)"""
     grid = tmp_path / "grid.toml"
-    grid.write_text(tiny_grid_text(experiment={"seeds": [0, 1, 2, 3]},
-                                   grid=axes if axes is not None else {"model.norm": ["rmsnorm", "layernorm"]})
+    grid.write_text(tiny_grid_text(experiment={"seeds": [0, 1, 2, 3]}, grid={"model.norm": ["rmsnorm", "layernorm"]})
                     + LADDER)
-    runs = tmp_path / "results" / "runs"
     noise = {0: 0.001, 1: -0.002, 2: 0.0015, 3: -0.0005}
 
     def loss(cell):
         return (4.0 - cell.model.d_model / 32 + (0.05 if cell.model.norm == "layernorm" else 0.0)
                 + noise[cell.seed])
 
-    g = load_grid(grid, registry)
-    write_completed_runs(g.cells, runs, str(grid), loss)
-    db = tmp_path / "results" / "abl.duckdb"
-    store.ingest_dirs(db, sorted(runs.iterdir()))
+    g, db = completed_store(grid, registry, loss)
     return grid, db, g
 
 
@@ -79,17 +71,10 @@ def test_the_run_summary_of_a_ladder_grid_gives_no_verdict_for_the_size_axis(tmp
 def test_a_swept_width_without_a_ladder_is_still_a_question(tmp_path, monkeypatch, registry):
     """A [grid] sweep of model.d_model alone (no tied key beside it) is the user's own question: it keeps its
     verdict."""
-    from abl.grid.gridfile import load_grid
-    from abl.store import database as store
-
     monkeypatch.chdir(tmp_path)
     grid = tmp_path / "grid.toml"
     grid.write_text(tiny_grid_text(experiment={"seeds": [0, 1, 2]}, grid={"model.d_model": [32, 64]}))
-    runs = tmp_path / "results" / "runs"
-    g = load_grid(grid, registry)
-    write_completed_runs(g.cells, runs, str(grid), lambda c: 4.0 - c.model.d_model / 32 + 0.001 * c.seed)
-    db = tmp_path / "results" / "abl.duckdb"
-    store.ingest_dirs(db, sorted(runs.iterdir()))
+    _, db = completed_store(grid, registry, lambda c: 4.0 - c.model.d_model / 32 + 0.001 * c.seed)
     out = CliRunner().invoke(cli, ["compare", str(grid), "--db", str(db), "--wide"])
     assert out.exit_code == 0, out.output
     assert "model.d_model: best 64; verdict: 64 is better than 32" in _text(out), _text(out)
