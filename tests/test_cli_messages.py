@@ -113,8 +113,8 @@ def test_a_plugins_cells_never_join_the_shipped_experiment(no_cost_plugin_dir):
     assert not _run_ids(shipped.stdout) & _run_ids(mixed.stdout)
     assert "experiment 'norms+dyt_nocost'" in mixed.stderr and "apart from the shipped 'norms'" in mixed.stderr
     # naming the experiment is the user's choice, and then it holds
-    named = run_abl(["run", "norms", "--dry-run", "--plugins-dir", str(no_cost_plugin_dir), "--set", "experiment.name=norms",
-                     "--set", 'grid.model.norm=["rmsnorm", "dyt_nocost"]', *TINY])
+    named = run_abl(["run", "norms", "--dry-run", "--plugins-dir", str(no_cost_plugin_dir),
+                     "--set", "experiment.name=norms", "--set", 'grid.model.norm=["rmsnorm", "dyt_nocost"]', *TINY])
     assert named.returncode == 0 and _run_ids(shipped.stdout) <= _run_ids(named.stdout)
     assert "apart from the shipped" not in named.stderr
 

@@ -187,6 +187,7 @@ def sizes_run(cells: Sequence[stats.CellInput], e: stats.AxisEffect) -> stats.Ax
     run, smallest first (the other axes' answers keep it as a block of their model)."""
     from dataclasses import replace
 
+    sizes = ", ".join(_sizes(cells, e.axis))
     return replace(e, levels=[], contrasts=[], interactions=[], design="",
-                   note=f"the ladder's sizes, smallest first: {', '.join(_sizes(cells, e.axis))} (no verdict: a bigger model's lower "
-                        "loss is no question asked; abl ladder says whether each ordering holds across the sizes)")
+                   note=f"the ladder's sizes, smallest first: {sizes} (no verdict: a bigger model's lower loss is no "
+                        "question asked; abl ladder says whether each ordering holds across the sizes)")
