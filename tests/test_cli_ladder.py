@@ -76,3 +76,37 @@ def test_ladder_and_compare_resolve_a_source_alike(tmp_path, monkeypatch):
             assert out.exit_code == 2 and "Traceback" not in out.output, out.output
             assert words in " ".join(out.output.split()), out.output
         assert outs[0].output == outs[1].output
+
+
+def test_a_probe_beside_the_ladder_is_read_against_the_largest_size(tmp_path, monkeypatch, registry):
+    """``abl ladder --probe``: a recorded probe accuracy at each size against the largest size's loss order,
+    and the smaller sizes' own loss as the reference; a probe no run recorded is refused, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    text = tiny_grid_text(experiment={"seeds": [0, 1, 2]},
+                          grid={"model.norm": ["rmsnorm", "layernorm", "scalenorm"]}) + LADDER
+    grid = tmp_path / "grid.toml"
+    grid.write_text(text)
+    rank = {"rmsnorm": 0, "layernorm": 1, "scalenorm": 2}
+    rng = np.random.default_rng(1)
+    noise = {(n, s): 0.001 * rng.standard_normal() for n in rank for s in range(3)}
+
+    from abl.grid.gridfile import load_grid
+
+    g = load_grid(grid, registry)
+    compute = {c.run_id: predict(c, registry)["train_flops_per_token"] * c.train.steps * c.train.batch_size
+               * c.model.context for c in g.cells}
+    _, db = completed_store(grid, registry,
+                            lambda c: 3.0 * (compute[c.run_id] / 1e9) ** -0.05 + 0.03 * rank[c.model.norm]
+                            + noise[(c.model.norm, c.seed)],
+                            extra=lambda c: {"flops": compute[c.run_id],
+                                             "mqar_accuracy": 0.9 - 0.2 * rank[c.model.norm]
+                                             + noise[(c.model.norm, c.seed)]})
+    out = CliRunner().invoke(cli, ["ladder", str(grid), "--db", str(db)])
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "beside the ladder" in text
+    assert text.count("mqar_accuracy at d_model=32") == 1 and "ranks them as the largest size does" in text
+    assert "val_loss at d_model=32 n_layers=1 against val_loss at d_model=64 n_layers=3" in text, text
+    bad = CliRunner().invoke(cli, ["ladder", str(grid), "--db", str(db), "--probe", "induction_accuracy"])
+    assert bad.exit_code == 2 and "no run recorded induction_accuracy" in bad.output
+    assert "mqar_accuracy" in bad.output  # what the runs did record

@@ -314,3 +314,104 @@ def ladder_of_runs(runs: Sequence[object], metric: str, size_paths: Sequence[str
         computes.append(float(compute))
         seeds[getattr(r, "seed")] = float(loss)
     return {v: {s: (float(np.median(c)), seeds) for s, (c, seeds) in by_size.items()} for v, by_size in raw.items()}
+
+
+# ---------------------------------------------------------------- probes beside the ladder
+
+
+@dataclass
+class ProbeAgreement:
+    """Does ``probe`` measured at ``size`` rank the variants as ``target`` (the loss) does at the largest size?
+
+    ``tau``: Kendall's tau between the variants' mean probe values at ``size`` (oriented so that better comes
+    first, whichever way the probe points) and their mean loss at the largest size; ``interval``: its
+    percentile bootstrap interval (seeds resampled within each size, the same draw for every variant that
+    ran those seeds, so pairs stay paired); ``n``: the variants ranked."""
+
+    probe: str
+    size: Hashable
+    target: str
+    largest: Hashable
+    tau: float
+    interval: tuple[float, float] | None
+    n: int
+
+    def sentence(self) -> str:
+        iv = "" if self.interval is None else f" [{self.interval[0]:+.2f}, {self.interval[1]:+.2f}]"
+        if self.interval is not None and self.interval[0] > 0:
+            word = "ranks them as the largest size does"
+        elif self.interval is not None and self.interval[1] < 0:
+            word = "ranks them against the largest size's order"
+        else:
+            word = "agreement undetermined"
+        return (f"{self.probe} at {self.size} against {self.target} at {self.largest}: Kendall's tau "
+                f"{self.tau:+.2f}{iv} over {self.n} variants: {word}")
+
+
+def probe_agreement(losses: LadderLosses, probes: Mapping[str, LadderLosses], *, target: str = "val_loss",
+                    lower_is_better: Mapping[str, bool] | None = None, alpha: float = ALPHA,
+                    resamples: int = RESAMPLES, seed: int = 0) -> list[ProbeAgreement]:
+    """For each probe metric (``probes``: metric -> the same layout as ``losses``, from the same runs) and
+    each size it was measured at: how well it ranks the variants as the loss at the largest size does.
+
+    The question a probe beside a ladder answers: can a cheap measurement at a small size (a capability
+    probe's accuracy, or the small size's own loss, which is included as the reference) stand in for the
+    largest size's loss (DataDecide, Magnusson et al. 2025, arXiv:2504.11393, sec. 3, ranks small-scale
+    proxies the same way: by agreement with the large-scale order). Variants missing a probe at a size are
+    left out of that size's tau; fewer than two variants give no row."""
+    from scipy.stats import kendalltau
+
+    lower = dict(lower_is_better or {})
+    variants, sizes = _check(losses)
+    largest = sizes[-1]
+    loss_data = {v: _points(losses, v) for v in variants}
+    rows: list[ProbeAgreement] = []
+    sources: list[tuple[str, Mapping[Hashable, Points], bool]] = [(target, loss_data, True)]
+    for name, table in probes.items():
+        sources.append((name, {v: _points(table, v) for v in variants if v in table}, lower.get(name, False)))
+    rng = np.random.default_rng(seed)
+    for name, data, low in sources:
+        for size in sizes:
+            if name == target and size == largest:
+                continue  # the largest size's loss against itself
+            have = [v for v in variants if v in data and size in data[v] and data[v][size][1]]
+            if len(have) < 2:
+                continue
+            sign = 1.0 if low else -1.0  # oriented: lower = better, like the loss
+
+            point = float(kendalltau([sign * float(np.mean(list(data[v][size][1].values()))) for v in have],
+                                     [float(np.mean(list(loss_data[v][largest][1].values()))) for v in have]).statistic)
+            if not math.isfinite(point):
+                continue
+            taus = []
+            for _ in range(resamples):
+                picks = _joint_draw(data, loss_data, have, size, largest, rng)
+                x = [sign * float(np.mean([data[v][size][1][k] for k in picks[(v, "p")]])) for v in have]
+                y = [float(np.mean([loss_data[v][largest][1][k] for k in picks[(v, "l")]])) for v in have]
+                t = float(kendalltau(x, y).statistic)
+                if math.isfinite(t):
+                    taus.append(t)
+            iv = (float(np.quantile(taus, alpha / 2)), float(np.quantile(taus, 1 - alpha / 2))) if taus else None
+            rows.append(ProbeAgreement(name, size, target, largest, point, iv, len(have)))
+    return rows
+
+
+def _joint_draw(probe: Mapping[Hashable, Points], loss: Mapping[Hashable, Points], have: list[Hashable],
+                size: Hashable, largest: Hashable, rng: np.random.Generator) -> dict[tuple, list]:
+    """One bootstrap draw of seeds for every variant's probe values at ``size`` and loss values at
+    ``largest``: one draw per size, shared by every variant that ran the same seeds (pairing kept) and by
+    both metrics when ``size`` is ``largest`` (the same runs); a variant with other seeds draws its own."""
+    seeds_at = {("p", v): probe[v][size][1] for v in have} | {("l", v): loss[v][largest][1] for v in have}
+    groups: dict[Hashable, list[tuple[str, Hashable]]] = {}
+    for kind, v in seeds_at:
+        groups.setdefault(size if kind == "p" else largest, []).append((kind, v))
+    out: dict[tuple, list] = {}
+    for members in groups.values():
+        shared = sorted(set.intersection(*(set(seeds_at[m]) for m in members)), key=str)
+        draw = [shared[i] for i in rng.choice(len(shared), size=len(shared))] if shared else None
+        for kind, v in members:
+            own = sorted(seeds_at[(kind, v)], key=str)
+            keys = draw if draw is not None and len(shared) == len(own) else \
+                [own[i] for i in rng.choice(len(own), size=len(own))]
+            out[(v, kind)] = keys
+    return out

@@ -23,10 +23,14 @@ from .resolve import compared
                    "swept model.d_model / model.n_layers).")
 @click.option("--at", "target", type=click.FloatRange(min=0, min_open=True), default=None, metavar="FLOPS",
               help="Also predict each pair's difference at this training compute, e.g. --at 1e18.")
+@click.option("--probe", "probes", multiple=True, metavar="METRIC",
+              help="Beside the ladder: does this metric at each size (a probe's accuracy, e.g. mqar_accuracy) "
+                   "rank the variants as the largest size's loss does? Repeatable; default: every *_accuracy "
+                   "the runs recorded. The smaller sizes' own loss is always shown as the reference.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Overrides used when the grid was run (so the same cells are found).")
 @plugins_dir_option
-def command(source, db_path, metric, size_paths, target, overrides):
+def command(source, db_path, metric, size_paths, target, probes, overrides):
     """Per pair of variants trained at several sizes: holds across sizes, flips near X FLOPs, or undetermined.
 
     At each size the pair is compared paired by seed (the same test and words as abl compare); each
@@ -38,7 +42,7 @@ def command(source, db_path, metric, size_paths, target, overrides):
 
     try:
         runs, paths = _runs(source, db_path, overrides, list(size_paths))
-        _show(runs, metric, paths, target)
+        _show(runs, metric, paths, target, list(probes))
     except user_errors() + (LadderError, ReportError) as exc:
         fail(str(exc))
 
@@ -58,7 +62,7 @@ def _runs(source: str, db_path: str | None, overrides, size_paths: list[str]):
     return runs, size_paths
 
 
-def _show(runs, metric: str, size_paths: list[str], target: float | None) -> None:
+def _show(runs, metric: str, size_paths: list[str], target: float | None, probes: list[str]) -> None:
     from ..analysis.ladder import analyse_ladder, ladder_of_runs
     from ..present import termlayout
 
@@ -76,3 +80,28 @@ def _show(runs, metric: str, size_paths: list[str], target: float | None) -> Non
                       f"[{lo:+.2f}, {hi:+.2f}]")
     for note in result.notes:
         console.print(f"note: {note}")
+    _show_probes(runs, metric, size_paths, probes, console)
+
+
+def _show_probes(runs, metric: str, size_paths: list[str], probes: list[str], console) -> None:
+    """Probes beside the ladder (abl.analysis.ladder.probe_agreement): each probe at each size, and the smaller
+    sizes' own loss as the reference, against the largest size's loss order."""
+    from ..analysis.ladder import ladder_of_runs, probe_agreement
+    from ..analysis.metrics import lower_is_better
+    from ..present import termlayout
+
+    recorded = sorted({m for r in runs for m in (r.final or {}) if m.endswith("_accuracy")})
+    missing = [p for p in probes if p not in {m for r in runs for m in (r.final or {})}]
+    if missing:
+        fail(f"no run recorded {', '.join(missing)}: a probe is recorded by eval.probes (docs/grids.md)"
+             + (f"; these runs recorded {', '.join(recorded)}" if recorded else ""))
+    names = probes or recorded
+    tables = {p: ladder_of_runs(runs, p, size_paths) for p in names}
+    rows = probe_agreement(ladder_of_runs(runs, metric, size_paths), {p: t for p, t in tables.items() if t},
+                           target=metric, lower_is_better={p: lower_is_better(p) for p in names})
+    if not rows:
+        return
+    console.print(f"[bold]beside the ladder[/bold]: does a measurement at a smaller size rank the variants as "
+                  f"{metric} at the largest size does (Kendall's tau, paired bootstrap interval)?")
+    for row in rows:
+        termlayout.print_wrapped(console, "  " + row.sentence())
