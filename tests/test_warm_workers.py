@@ -192,8 +192,11 @@ def test_warm_workers_by_default_on_cuda_and_the_zygote_on_a_cpu(monkeypatch, mo
     from abl.run import executors
 
     monkeypatch.setenv("ABL_WARM_WORKERS", mode)
+    monkeypatch.delenv("ABL_ZYGOTE", raising=False)
     ex = executors.LocalExecutor(workers=1, gpus=gpus)
     assert ex.use_warm is expected
+    monkeypatch.setenv("ABL_ZYGOTE", "0")  # a fresh process per cell asked for: auto is off, on is on
+    assert executors.LocalExecutor(workers=1, gpus=gpus).use_warm is (mode == "on")
     ex.use_zygote = ex.use_zygote and not gpus  # no zygote process for a stood-in GPU
     ex.prestart()
     try:

@@ -70,7 +70,8 @@ def _set_warm_workers(value: str | None) -> None:
               help="local: one worker process per slot trains cell after cell (torch imported and, on CUDA, the "
                    "context made once; a cell that crashes, is stopped or runs out of memory ends its worker and "
                    "the next cell gets a fresh one), instead of a process per cell. auto (default): on where the "
-                   "cells run on CUDA, off on a CPU, where each cell is forked from the pre-imported zygote.")
+                   "cells run on CUDA (unless ABL_ZYGOTE=0 asks for a process per cell), off on a CPU, where each cell "
+                   "is forked from the pre-imported zygote.")
 @click.option("--slurm-partition", default=None, help="slurm: partition.")
 @click.option("--slurm-time", default=60, show_default=True, type=click.IntRange(1), help="slurm: minutes per cell.")
 @click.option("--slurm-cluster", type=click.Choice(["slurm", "local"]), default="slurm", show_default=True,

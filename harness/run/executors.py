@@ -2,8 +2,9 @@
 
 All executors share one shape: the parent launches a worker per cell
 (``python -m abl.run.worker RUN_DIR``, or torchrun around it for a multi-device
-cell), watches the run folder's ``metrics.jsonl`` for progress, and calls
-``on_done`` when the worker ends; the parent then ingests the folder (it is
+cell; the local executor may hand it to a warm worker, abl.run.warm), watches
+the run folder's ``metrics.jsonl`` for progress, and calls ``on_done`` when the
+cell's worker ends; the parent then ingests the folder (it is
 the only database writer). Scale-out goes to existing engines:
 
 - ``local``: up to ``workers`` cells at once on this machine; on CUDA each
@@ -34,7 +35,7 @@ from typing import Any, Callable
 from ..contracts.config import Cell
 from ..pyexec import child_env, python
 from ..store import rundir
-from .warm import Launchers, use_warm, zygote_enabled  # noqa: F401 - zygote_enabled: its old home
+from .warm import Launchers, warm_choice, zygote_enabled  # noqa: F401 - zygote_enabled: its old home
 
 
 @dataclass
@@ -262,7 +263,7 @@ class LocalExecutor(Launchers, Executor):
         self.placement_note = ""
         self.sampler: Any = None  # abl.run.busy.Sampler while the cells run
         self.zygote: Any = None
-        self.use_zygote, self.use_warm = zygote_enabled(), use_warm(self.use_gpus)
+        self.use_zygote, self.warm_choice = zygote_enabled(), warm_choice()
         self.zygote_note = ""
 
     def run(self, jobs: list[Job], on_progress: Callable[[Job], None], on_done: Callable[[Job], None],

@@ -63,11 +63,9 @@ def warm_mode() -> str:
     return mode if mode in MODES else "auto"
 
 
-def use_warm(on_gpus: bool) -> bool:
-    """auto: warm workers where the cells run on CUDA (one context per worker, not per cell); on a CPU the
-    zygote's fork per cell is as fast and isolates more."""
-    mode = warm_mode()
-    return mode == "on" or (mode == "auto" and on_gpus)
+def warm_choice() -> bool | None:
+    """The mode as the executor reads it: on True, off False, auto None (``Launchers.use_warm`` decides)."""
+    return {"on": True, "off": False}.get(warm_mode())
 
 
 # ---------------------------------------------------------------- the warm worker's side
@@ -356,8 +354,18 @@ class Launchers:
     zygote: Any = None
     use_zygote = True
     zygote_note = ""
-    use_warm = False
+    warm_choice: bool | None = False  # --warm-workers on, off, auto (None)
+    warm_failed = False  # a warm worker could not start: the rest are spawned
     warm: WarmPool | None = None
+
+    @property
+    def use_warm(self) -> bool:
+        """Warm workers: ``on``; or ``auto`` where the cells run on CUDA (one context per worker, not per
+        cell), unless a fresh process per cell is asked for (``ABL_ZYGOTE=0`` turns ``use_zygote`` off). On a
+        CPU the zygote's fork per cell is as fast and isolates more."""
+        if self.warm_failed:
+            return False
+        return self.warm_choice if self.warm_choice is not None else self.use_gpus and self.use_zygote
 
     def _zygote_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -419,7 +427,7 @@ class Launchers:
             try:
                 return self.warm.start(run_dir, env)
             except OSError as exc:  # spawn this one and the rest
-                self.use_warm, self.zygote_note = False, f"workers spawned fresh: {exc}"
+                self.warm_failed, self.zygote_note = True, f"workers spawned fresh: {exc}"
                 return None
         zygote = self._zygote()
         if zygote is None:
