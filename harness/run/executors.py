@@ -433,23 +433,17 @@ class ExecutorEntry:
 def registered() -> dict[str, ExecutorEntry]:
     """Every executor the plugins register (hook ``register_executors``), in load order: the built-ins
     (plugins/executors.py: local, slurm, ray) first. A name registered twice is an error naming both."""
-    from ..contracts.plugin_manager import PluginLoadError, call_register_hook
+    from ..contracts.named_hooks import collect_named
 
-    out: dict[str, ExecutorEntry] = {}
+    return collect_named("register_executors", "executors", "executor", "factory", _entry)
 
-    def make_register(plugin: str, package: str, version: str):
-        def register(name: str, factory: ExecutorFactory, doc: str = "") -> None:
-            if not isinstance(name, str) or not name or not callable(factory):
-                raise PluginLoadError(f"plugin {plugin!r} registers an executor without a name and a factory")
-            if name in out:
-                raise PluginLoadError(f"executor {name!r} is registered twice: by plugin {out[name].plugin!r} "
-                                      f"({out[name].package}) and by plugin {plugin!r} ({package})")
-            first = (doc or factory.__doc__ or "").strip().split("\n")[0]
-            out[name] = ExecutorEntry(name, factory, first, plugin, package, version)
-        return register
 
-    call_register_hook("register_executors", "executors", make_register)
-    return out
+def _entry(name: str, factory: ExecutorFactory, doc: str = "", *, plugin: str, package: str,
+           version: str) -> ExecutorEntry:
+    """A plugin's ``register(name, factory, doc="")`` as an ExecutorEntry."""
+    from ..contracts.named_hooks import first_line
+
+    return ExecutorEntry(name, factory, first_line(doc or factory.__doc__), plugin, package, version)
 
 
 def make_executor(name: str, options: ExecutorOptions) -> Executor:
