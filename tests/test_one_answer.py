@@ -244,3 +244,26 @@ def test_the_report_leads_with_the_answer_and_its_rows_follow_the_legend(tmp_pat
         assert s["rank"] is None and s["rank_text"] in ("per axis", "-")
         if not s["is_baseline"] and s["p_adjusted"] is not None:
             assert s["role"] == stats.DIAGNOSTIC_ROLE and s["verdict"].startswith(stats.DIAGNOSTIC)
+
+
+def test_a_nested_axis_level_shared_by_several_cells_does_not_overwrite_their_rows():
+    """Found on the MoE grid (routing, aux loss and capacity apply to the MoE cells only): the per-axis
+    answer of ``model.ffn`` (pooled moe level against swiglu) was copied onto every 'MoE cell minus swiglu'
+    row, so eight different cells showed one Δ. A level pair answers a row only when each level is that one
+    cell; otherwise the row keeps its own paired test of its own two cells."""
+    rng = np.random.default_rng(3)
+    shared = rng.normal(0, 0.03, 3)
+    dense = {s: 1.85 + shared[s] for s in range(3)}
+    moe1 = {s: 1.85 + shared[s] + rng.normal(0, 0.002) for s in range(3)}
+    moe2 = {s: 1.99 + shared[s] + rng.normal(0, 0.002) for s in range(3)}
+    cells = [_cell("D", dense, ffn="swiglu"), _cell("M1", moe1, ffn="moe", routing="token_choice"),
+             _cell("M2", moe2, ffn="moe", routing="expert_choice")]
+    for c in cells[:1]:
+        c.settings["routing"] = json.dumps(None)
+    effects = verdicts.axis_effects(cells, ["ffn"], only="ffn")
+    an = stats.analyse(cells, stats.against_baseline([c.key for c in cells], "D"))
+    answers.reconcile(cells, an, effects)
+    rows = {r.a: r for r in an.comparisons}
+    assert rows["M1"].delta == pytest.approx(np.mean([moe1[s] - dense[s] for s in range(3)]))
+    assert rows["M2"].delta == pytest.approx(np.mean([moe2[s] - dense[s] for s in range(3)]))
+    assert stats.verdict_word(rows["M2"].verdict) == stats.WORSE
