@@ -267,3 +267,25 @@ def test_a_nested_axis_level_shared_by_several_cells_does_not_overwrite_their_ro
     assert rows["M1"].delta == pytest.approx(np.mean([moe1[s] - dense[s] for s in range(3)]))
     assert rows["M2"].delta == pytest.approx(np.mean([moe2[s] - dense[s] for s in range(3)]))
     assert stats.verdict_word(rows["M2"].verdict) == stats.WORSE
+
+
+def test_an_axis_nested_in_one_level_is_answered_among_the_cells_where_it_applies():
+    """MoE's routing applies to the MoE cells only: the swiglu cell does not hold it, so the whole grid's
+    model had no term for it and the summary never answered the axis its header says it decides."""
+    rng = np.random.default_rng(5)
+    shared = rng.normal(0, 0.03, 3)
+
+    def vals(mean):
+        return {s: mean + shared[s] + rng.normal(0, 0.002) for s in range(3)}
+
+    cells = [_cell("D", vals(1.85), ffn="swiglu"),
+             _cell("T", vals(1.95), ffn="moe", routing="token_choice"),
+             _cell("E", vals(1.88), ffn="moe", routing="expert_choice")]
+    effects = {e.axis: e for e in verdicts.axis_effects(cells, ["ffn", "routing"])}
+    assert set(effects) == {"ffn", "routing"}
+    r = effects["routing"]
+    assert r.best.level == "expert_choice" and "token_choice" in r.verdict() and "better" in r.verdict()
+    assert "among the 2 cells where it applies (ffn = moe)" in r.note
+    # the paired t of the two MoE cells, as a one-axis grid answers a pair (scipy recomputed)
+    raw = sps.ttest_rel(list(cells[1].values.values()), list(cells[2].values.values())).pvalue
+    assert r.contrasts[0].p_value == pytest.approx(raw)

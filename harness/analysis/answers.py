@@ -196,3 +196,42 @@ def sizes_run(cells: Sequence[stats.CellInput], e: stats.AxisEffect) -> stats.Ax
     return replace(e, levels=[], contrasts=[], interactions=[], design="",
                    note=f"the ladder's sizes, smallest first: {sizes} (no verdict: a bigger model's lower loss is no "
                         "question asked; abl ladder says whether each ordering holds across the sizes)")
+
+
+def nested_effects(cells: Sequence[stats.CellInput], answered: Sequence[str], paths: Sequence[str] = (),
+                   lower_is_better: bool = True) -> list[stats.AxisEffect]:
+    """The axes that apply to some cells only, each answered among the cells where it applies.
+
+    A grid can nest axes inside a level of another (MoE's routing, aux loss and capacity inside
+    ``model.ffn = moe``; fp8's scaling inside ``train.precision = fp8``): the cells of other levels do not
+    hold those settings, so the whole grid's model has no term for them. Each such axis (one of the grid's
+    ``paths`` when known, else a setting that varies among the cells that hold it) is answered by the same
+    rule as a top-level one, on the cells that hold it: pooled over the other axes nested with it (a
+    factorial model, least-squares means) or, with one, each pair of levels by its own paired t. Its note
+    names where it applies. ``answered``: the axes the whole grid's model already answers."""
+    holders: dict[frozenset, list[str]] = {}
+    held_by_some = {k for c in cells for k in c.settings} - set(answered)
+    for axis in sorted(held_by_some):
+        if paths and axis not in paths:
+            continue
+        sub = [c for c in cells if axis in c.settings]
+        if len(sub) < 2 or len(sub) == len(cells) or len({c.settings[axis] for c in sub}) < 2:
+            continue
+        holders.setdefault(frozenset(c.key for c in sub), []).append(axis)
+    out: list[stats.AxisEffect] = []
+    for keys, axes in holders.items():
+        sub = [c for c in cells if c.key in keys]
+        where = ", ".join(f"{a} = {_level(sub[0], a)}" for a in answered
+                          if a in sub[0].settings and len({c.settings.get(a) for c in sub}) == 1)
+        note = f"among the {len(sub)} cells where it applies" + (f" ({where})" if where else "")
+        try:
+            effects = stats.main_effects(sub, axes, lower_is_better=lower_is_better)
+        except Exception as exc:  # noqa: BLE001 - a nested design the model cannot fit: say so, keep the rest
+            out.append(stats.AxisEffect(", ".join(axes), [], [], note=f"{note}: per-axis analysis unavailable: "
+                                                                      f"{type(exc).__name__}: {exc}"))
+            continue
+        for e in effects:
+            e = paired_answer(sub, e) or e if e.design == "one-axis" and e.contrasts else e
+            e.note = "; ".join(x for x in (note, e.note) if x)
+            out.append(e)
+    return out

@@ -22,7 +22,7 @@ from typing import Any, Hashable, Protocol, Sequence
 from ..contracts.config import solved_paths
 from ..contracts.status import COMPLETED
 from . import comparable, metrics, stats
-from .answers import paired_answer, size_axes, sizes_run, to_best
+from .answers import nested_effects, paired_answer, size_axes, sizes_run, to_best
 from .formats import fmt, fmt_bytes, fmt_fraction, fmt_speed
 from .tables import settings_of
 from .units import TOKENS_PER_S
@@ -438,6 +438,7 @@ def axis_effects(cells: Sequence[stats.CellInput], paths: Sequence[str] = (), me
     # "Pairwise multiple comparisons in repeated measures designs", J. Educational Statistics 5(3); here
     # with Holm 1979 over the pairs)
     effects = [paired_answer(cells, e) or e if e.design == "one-axis" and e.contrasts else e for e in effects]
+    effects += nested_effects(cells, axes, paths, lower_is_better(metric))  # axes inside one level of another
     sizes = size_axes(cells, axes)  # a ladder's size axis is no question asked: its sizes, no verdict
     effects = [sizes_run(cells, e) if e.axis in sizes else e for e in effects]
     return [e for e in effects if not only or e.axis == only]
