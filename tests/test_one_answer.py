@@ -289,3 +289,24 @@ def test_an_axis_nested_in_one_level_is_answered_among_the_cells_where_it_applie
     # the paired t of the two MoE cells, as a one-axis grid answers a pair (scipy recomputed)
     raw = sps.ttest_rel(list(cells[1].values.values()), list(cells[2].values.values())).pvalue
     assert r.contrasts[0].p_value == pytest.approx(raw)
+
+
+def test_no_per_axis_verdict_on_a_per_token_loss_across_tokenizers():
+    """Found on the tokenizers grid: the per-cell rows refused val_loss across tokenizers, but the per-axis
+    answer above them called bytes better than BPE on nats per token. Now every axis says why it has no
+    verdict and which metric compares; val_bpb still gets its answer."""
+    rng = np.random.default_rng(9)
+
+    def vals(mean):
+        return {s: mean + rng.normal(0, 0.01) for s in range(3)}
+
+    cells = [_cell("B", vals(2.0), **{"data.tokenizer": "byte"}),
+             _cell("P", vals(4.4), **{"data.tokenizer": "bpe", "tokenizer.bpe.vocab_size": 1024}),
+             _cell("Q", vals(5.1), **{"data.tokenizer": "bpe", "tokenizer.bpe.vocab_size": 4096})]
+    paths = ["data.tokenizer", "tokenizer.bpe.vocab_size"]
+    effects = verdicts.axis_effects(cells, paths, "val_loss")
+    assert {e.axis for e in effects} == set(paths)
+    assert all(e.best is None and "compare val_bpb" in e.note for e in effects)
+    assert verdicts.verdict_lines(effects) == []
+    bpb = verdicts.axis_effects(cells, paths, "val_bpb")
+    assert all(e.best is not None for e in bpb)

@@ -198,8 +198,21 @@ def sizes_run(cells: Sequence[stats.CellInput], e: stats.AxisEffect) -> stats.Ax
                         "question asked; abl ladder says whether each ordering holds across the sizes)")
 
 
+def per_token_refusal(cells: Sequence[stats.CellInput], axes: Sequence[str],
+                      metric: str) -> list[stats.AxisEffect] | None:
+    """No per-axis verdict on a per-token figure across cells whose tokens differ (abl.analysis.comparable):
+    each axis gets a line saying why and which metric compares; None when ``metric`` may be compared."""
+    from . import comparable, metrics
+
+    if metrics.across_tokenizers(metric) or len({comparable.token_unit(c.settings) for c in cells}) < 2:
+        return None
+    instead = metrics.comparison_metric(metric, tokenizers_differ=True)
+    return [stats.AxisEffect(a, [], [], note=f"no verdict on {metric}: it is per token and these cells' "
+                                             f"tokenizers (or data) differ, so compare {instead}") for a in axes]
+
+
 def nested_effects(cells: Sequence[stats.CellInput], answered: Sequence[str], paths: Sequence[str] = (),
-                   lower_is_better: bool = True) -> list[stats.AxisEffect]:
+                   lower_is_better: bool = True, metric: str = "val_loss") -> list[stats.AxisEffect]:
     """The axes that apply to some cells only, each answered among the cells where it applies.
 
     A grid can nest axes inside a level of another (MoE's routing, aux loss and capacity inside
@@ -224,6 +237,10 @@ def nested_effects(cells: Sequence[stats.CellInput], answered: Sequence[str], pa
         where = ", ".join(f"{a} = {_level(sub[0], a)}" for a in answered
                           if a in sub[0].settings and len({c.settings.get(a) for c in sub}) == 1)
         note = f"among the {len(sub)} cells where it applies" + (f" ({where})" if where else "")
+        refused = per_token_refusal(sub, axes, metric)
+        if refused:
+            out += refused
+            continue
         try:
             effects = stats.main_effects(sub, axes, lower_is_better=lower_is_better)
         except Exception as exc:  # noqa: BLE001 - a nested design the model cannot fit: say so, keep the rest

@@ -22,7 +22,7 @@ from typing import Any, Hashable, Protocol, Sequence
 from ..contracts.config import solved_paths
 from ..contracts.status import COMPLETED
 from . import comparable, metrics, stats
-from .answers import nested_effects, paired_answer, size_axes, sizes_run, to_best
+from .answers import nested_effects, paired_answer, per_token_refusal, size_axes, sizes_run, to_best
 from .formats import fmt, fmt_bytes, fmt_fraction, fmt_speed
 from .tables import settings_of
 from .units import TOKENS_PER_S
@@ -425,6 +425,9 @@ def axis_effects(cells: Sequence[stats.CellInput], paths: Sequence[str] = (), me
     if not axes or len(cells) < 2:
         return []
     only = only[2:] if only and only.startswith("$.") else only
+    refused = per_token_refusal(cells, axes, metric)  # no val_loss across tokenizers, as the per-cell rows
+    if refused is not None:
+        return [e for e in refused + nested_effects(cells, axes, paths, True, metric) if not only or e.axis == only]
     try:
         effects = stats.main_effects(cells, axes, lower_is_better=lower_is_better(metric))
     except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not hide the cell tables
@@ -438,7 +441,7 @@ def axis_effects(cells: Sequence[stats.CellInput], paths: Sequence[str] = (), me
     # "Pairwise multiple comparisons in repeated measures designs", J. Educational Statistics 5(3); here
     # with Holm 1979 over the pairs)
     effects = [paired_answer(cells, e) or e if e.design == "one-axis" and e.contrasts else e for e in effects]
-    effects += nested_effects(cells, axes, paths, lower_is_better(metric))  # axes inside one level of another
+    effects += nested_effects(cells, axes, paths, lower_is_better(metric), metric)  # axes nested in a level
     sizes = size_axes(cells, axes)  # a ladder's size axis is no question asked: its sizes, no verdict
     effects = [sizes_run(cells, e) if e.axis in sizes else e for e in effects]
     return [e for e in effects if not only or e.axis == only]
