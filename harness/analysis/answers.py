@@ -85,8 +85,8 @@ def reconcile(cells: Sequence[stats.CellInput], analysis: stats.Analysis,
     for c in analysis.comparisons:
         c.model = own
     done = [e for e in effects if e.contrasts]
-    factorial = [e for e in done if e.design == "factorial"]
-    if factorial:
+    factorial = [e for e in done if e.design == "factorial" or not _levels_are_cells(cells, e.axis)]
+    if factorial:  # the axes are the questions (a factorial grid, or axes nested in a level of another)
         answer = "; ".join(f"{e.axis}: {e.model}" for e in factorial)
         for c in analysis.comparisons:
             word = stats.verdict_word(c.verdict)
@@ -252,3 +252,11 @@ def nested_effects(cells: Sequence[stats.CellInput], answered: Sequence[str], pa
             e.note = "; ".join(x for x in (note, e.note) if x)
             out.append(e)
     return out
+
+
+def _levels_are_cells(cells: Sequence[stats.CellInput], axis: str) -> bool:
+    """Is each level of ``axis`` one cell, and does every cell hold the axis (a one-axis grid)? Not where
+    several cells share a level or the axis applies to some cells only (nested): then the cells are no
+    levels, and a cell's rank or row cannot stand for the axis's answer."""
+    held = [_level(c, axis) for c in cells if axis in c.settings]
+    return len(held) == len(cells) and len(set(held)) == len(held)
