@@ -40,9 +40,25 @@ class AblGroup(click.Group):
                 raise problem
         return name, cmd, rest
 
+    def main(self, *args, **kwargs):
+        """Every command loads its plugins under the time limit of abl.run.guard (``ABL_PLUGIN_TIMEOUT``,
+        ``abl run --plugin-timeout``): a plugin whose import or registration never returns stops the command
+        with exit 2 naming the plugin file and line, not a hang."""
+        from ..contracts.plugin_manager import set_guard
+        from ..run import guard
+
+        set_guard(guard.time_limit)
+        return super().main(*args, **kwargs)
+
     def invoke(self, ctx: click.Context):
+        from ..run.guard import PluginTimeout, env_timeout_problem
+
+        if env_timeout_problem():
+            fail(env_timeout_problem())
         try:
             return super().invoke(ctx)
+        except PluginTimeout as exc:  # loading the plugins (abl run says so itself)
+            fail(str(exc))
         except click.NoSuchOption as exc:
             if exc.ctx is None or exc.ctx.parent is not ctx:
                 raise

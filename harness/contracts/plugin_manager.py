@@ -32,7 +32,9 @@ import importlib.metadata as md
 import importlib.util
 import os
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Callable
 
 import pluggy
 
@@ -78,6 +80,17 @@ _rank: dict[str, int] = {}  # plugin name -> its place in the load order (built-
 _provenance: dict[str, tuple[str, str]] = {}  # plugin name -> (package, version)
 _sources: dict[str, dict[str, str]] = {}  # plugin name -> where it came from (``source``)
 _registry: Registry | None = None
+
+
+# Bounds each plugin import and registration (``what`` names it): the command line installs a time limit
+# (abl.run.guard.time_limit, ``set_guard``), so a plugin whose import never returns stops a command with a
+# message instead of hanging it; elsewhere (a worker, a test) nothing is bounded here.
+_guard: Callable[[str], AbstractContextManager] = lambda what: nullcontext()
+
+
+def set_guard(guard: Callable[[str], AbstractContextManager]) -> None:
+    global _guard
+    _guard = guard
 
 
 class PluginLoadError(Exception):
@@ -137,7 +150,8 @@ def _load_entry_points() -> None:
         if pm.get_plugin(name) is not None:
             continue
         try:
-            obj = ep.load()
+            with _guard(f"importing plugin {ep.name!r} of package {package} {version}"):
+                obj = ep.load()
         except Exception as exc:  # a broken third-party plugin must say who it is
             raise PluginLoadError(
                 f"plugin {ep.name!r} from package {package} {version} failed to import: {exc!r}"
@@ -164,7 +178,8 @@ def _load_plugin_dirs() -> None:
             module = importlib.util.module_from_spec(spec)
             try:
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()  # the bytes executed next
-                spec.loader.exec_module(module)
+                with _guard(f"importing plugin file {path.name}"):
+                    spec.loader.exec_module(module)
             except Exception as exc:
                 raise PluginLoadError(f"plugin file {path.name} failed to import: {exc!r}") from exc
             _register(module, name=name)
@@ -211,7 +226,8 @@ def call_register_hook(hook_name: str, what: str, make_register, light: bool = F
     for impl in ordered_impls(getattr(pm.hook, hook_name)):
         package, version = provenance(impl.plugin_name)
         try:
-            impl.function(register=make_register(impl.plugin_name, package, version))
+            with _guard(f"plugin {impl.plugin_name!r}'s {hook_name} hook"):
+                impl.function(register=make_register(impl.plugin_name, package, version))
         except (RegistryError, PluginLoadError):
             raise
         except Exception as exc:
@@ -242,7 +258,8 @@ def build_registry() -> Registry:
             return reg.register(axis, name, factory, *args, plugin=_p, package=_pk, version=_v, **kw)
 
         try:
-            impl.function(register=register)
+            with _guard(f"plugin {impl.plugin_name!r}'s register_components hook"):
+                impl.function(register=register)
         except RegistryError:
             raise
         except Exception as exc:
@@ -257,7 +274,8 @@ def build_registry() -> Registry:
             return reg.register_recipe(make_recipe(name, settings, *args, plugin=_p, package=_pk, version=_v, **kw))
 
         try:
-            impl.function(register=register_recipe)
+            with _guard(f"plugin {impl.plugin_name!r}'s register_recipes hook"):
+                impl.function(register=register_recipe)
         except RegistryError:
             raise
         except Exception as exc:

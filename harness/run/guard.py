@@ -37,8 +37,28 @@ from ..contracts.status import signal_name
 NATIVE_GRACE_S = 30.0
 # after SIGTERM or SIGINT, how long a step stuck in native code has before the watchdog ends the process (exit 130)
 STOP_GRACE_S = 5.0
-# the parent's default limit for one step of plugin work before any cell starts (abl run --plugin-timeout)
-DEFAULT_PLUGIN_TIMEOUT_S = 600.0
+# the environment variable that sets the limit for every command (a plugin's import, its registration)
+TIMEOUT_ENV = "ABL_PLUGIN_TIMEOUT"
+
+
+def env_timeout_problem() -> str:
+    """Why ``ABL_PLUGIN_TIMEOUT`` is not a number of seconds >= 0 (empty when it is, or is unset)."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        ok = not raw or float(raw) >= 0
+    except ValueError:
+        ok = False
+    return "" if ok else f"{TIMEOUT_ENV}={raw!r} is not a number of seconds >= 0 (0: no limit)"
+
+
+def _env_timeout(default: float) -> float:
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    return float(raw) if raw and not env_timeout_problem() else default
+
+
+# the parent's default limit for one step of plugin work before any cell starts (abl run --plugin-timeout), and
+# for loading the plugins in every command; ABL_PLUGIN_TIMEOUT sets it
+DEFAULT_PLUGIN_TIMEOUT_S = _env_timeout(600.0)
 
 
 class Stopped(KeyboardInterrupt):
@@ -109,7 +129,8 @@ def where(frame: types.FrameType | None) -> str:
 def message(what: str, seconds: float, stuck: str) -> str:
     at = f"; it was in {stuck}" if stuck else ""
     return (f"{what} did not return within {seconds:g} s{at}. A plugin's code that never returns (a loop, "
-            f"a wait) hangs here; fix the plugin, or give it longer with abl run --plugin-timeout SECONDS")
+            f"a wait) hangs here; fix the plugin, or give it longer with abl run --plugin-timeout SECONDS "
+            f"(any command: {TIMEOUT_ENV}=SECONDS)")
 
 
 # the limit time_limit takes when it is given none (abl run --plugin-timeout sets it; 0: no limit)
@@ -191,6 +212,10 @@ def time_limit(what: str, seconds: float | None = None) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
         done.set()
+        try:  # wake the watchdog from its wait, so leaving the block costs no wait
+            os.write(wake_w, b"\0")
+        except OSError:
+            pass
         signal.set_wakeup_fd(previous_fd)
         thread.join(2.0)
         os.close(wake_r)
