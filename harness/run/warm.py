@@ -50,6 +50,7 @@ from typing import Any
 from ..contracts.status import COMPLETED, DIVERGED, EXIT_CODES
 from ..pyexec import child_env, python
 from ..store import rundir
+from .zygote import Polled
 
 MODES = ("auto", "on", "off")
 MODE_ENV = "ABL_WARM_WORKERS"
@@ -228,27 +229,16 @@ def serve() -> int:
 # ---------------------------------------------------------------- the parent's side
 
 
-class WarmCell:
-    """A cell running in a warm worker, with the part of ``subprocess.Popen`` the executor uses: ``pid`` is
-    the worker's (it leads its own session, so ``killpg`` stops the cell)."""
+class WarmCell(Polled):
+    """A cell running in a warm worker: ``pid`` is the worker's (it leads its own session, so ``killpg`` stops
+    the cell)."""
 
     def __init__(self, worker: WarmWorker, rid: int):
         self.worker, self.rid, self.pid = worker, rid, worker.proc.pid
-        self.returncode: int | None = None
+        self.returncode = None
 
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self.worker.code(self.rid)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"warm worker {self.pid}", timeout or 0.0)
-            time.sleep(0.02)
-        assert self.returncode is not None
-        return self.returncode
+    def _exit_code(self) -> int | None:
+        return self.worker.code(self.rid)
 
 
 class WarmWorker:

@@ -198,16 +198,19 @@ class ZygoteError(Exception):
     """The zygote could not start or could not fork a worker (the caller spawns one instead)."""
 
 
-class Child:
-    """A worker forked by the zygote, with the part of ``subprocess.Popen`` the executor uses."""
+class Polled:
+    """The part of ``subprocess.Popen`` the executor uses (``pid``, ``returncode``, ``poll``, ``wait``), for a
+    cell whose exit code arrives as a message: ``_exit_code`` reads it (None while the cell runs)."""
 
-    def __init__(self, zygote: Zygote, pid: int):
-        self.zygote, self.pid = zygote, pid
-        self.returncode: int | None = None
+    pid: int
+    returncode: int | None = None
+
+    def _exit_code(self) -> int | None:
+        raise NotImplementedError
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self.zygote.exit_code(self.pid)
+            self.returncode = self._exit_code()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -218,6 +221,17 @@ class Child:
             time.sleep(0.02)
         assert self.returncode is not None
         return self.returncode
+
+
+class Child(Polled):
+    """A worker forked by the zygote."""
+
+    def __init__(self, zygote: Zygote, pid: int):
+        self.zygote, self.pid = zygote, pid
+        self.returncode = None
+
+    def _exit_code(self) -> int | None:
+        return self.zygote.exit_code(self.pid)
 
 
 class Zygote:
