@@ -104,14 +104,9 @@ def reconcile(cells: Sequence[stats.CellInput], analysis: stats.Analysis,
                                                                             "n_a", "n_b", "note")]
     for e in done:
         level = {c.key: _level(c, e.axis) for c in cells if e.axis in c.settings}
-        # a level answers a row only where it is that one cell: a level several cells share (an axis whose
-        # other settings nest inside it, MoE's routing inside model.ffn = moe) leaves the row its own test
-        single = {lv for lv in level.values() if sum(1 for x in level.values() if x == lv) == 1}
-        pairs = {(x.a, x.b): x for x in e.contrasts}
+        pairs = {(x.a, x.b): x for x in e.contrasts}  # each level is one cell here (_levels_are_cells)
         for c in analysis.comparisons:
             la, lb = level.get(c.a), level.get(c.b)
-            if la not in single or lb not in single:
-                continue
             if c.a not in by_key or c.b not in by_key or stats.verdict_word(c.verdict) in (
                     stats.DID_NOT_LEARN, stats.NOT_COMPARABLE):
                 continue
