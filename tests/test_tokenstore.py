@@ -175,6 +175,47 @@ def test_workers_map_the_store_and_never_read_the_corpus(tmp_path, registry, mon
     assert data.fingerprint == json.loads((entry / "meta.json").read_text())["data_fingerprint"]
 
 
+def test_an_entry_is_mapped_once_per_process_until_it_is_rebuilt(tmp_path, registry, monkeypatch, capsys):
+    """Issue 37: a warm worker's later cells reuse the mapped entry, its token-id scan and its int64
+    validation tokens; a rebuilt entry (another meta.json) is mapped afresh."""
+    root = tmp_path / "tokens"
+    g = expand(grid(tmp_path), registry)
+    cell = g.cells[0]
+    entry = tokenstore.prepare_store(g.cells, registry, root)[cell.run_id]
+    run_dir = tmp_path / "runs" / cell.run_id
+    run_dir.mkdir(parents=True)
+    tokenstore.link_run(run_dir, entry)
+    monkeypatch.setattr(tokenstore, "_opened", {})
+    monkeypatch.setattr(tokenstore, "_bound", None)
+    maps: list[str] = []
+    real_memmap = np.memmap
+
+    def counted(path, *args, **kwargs):
+        maps.append(str(path))
+        return real_memmap(path, *args, **kwargs)
+
+    monkeypatch.setattr(tokenstore.np, "memmap", counted)
+    tokenstore.bind(run_dir)
+    first = tokenstore.cell_tokens(cell, registry)
+    first.check(16)
+    assert "mapped by an earlier cell" not in capsys.readouterr().out
+    n_maps = len(maps)
+    assert n_maps >= 2  # train and val
+    tokenstore.bind(run_dir)
+    second = tokenstore.cell_tokens(cell, registry)
+    assert second is first and len(maps) == n_maps
+    assert "max_id" in second.__dict__ and second.val_int64 is first.val_int64
+    assert f"store entry {entry.name}, mapped by an earlier cell" in capsys.readouterr().out
+
+    # the entry rebuilt in place (as commit does after a torn write): a new meta.json, so a new mapping
+    meta = (entry / "meta.json").read_text()
+    (entry / "meta.json").unlink()
+    (entry / "meta.json").write_text(meta)
+    third = tokenstore.cell_tokens(cell, registry)
+    assert third is not first and len(maps) == 2 * n_maps
+    assert np.array_equal(third.val_int64, first.val_int64)
+
+
 def test_token_bin_goes_through_the_store_as_pretokenised(tmp_path, registry):
     b = tmp_path / "t.bin"
     (np.arange(6000) % 700).astype(np.uint16).tofile(b)

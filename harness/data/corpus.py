@@ -57,9 +57,21 @@ class TokenData:
                 raise DataError(
                     f"{split} split has {len(arr)} tokens, fewer than context+2={context + 2}"
                 )
-        hi = int(max(self.train.max(initial=0), self.val.max(initial=0)))
+        hi = self.max_id
         if hi >= self.vocab_size:
             raise DataError(f"token id {hi} >= vocab_size {self.vocab_size}")
+
+    # Computed once per object: a scan of every token, which a warm worker (abl.run.warm) that keeps the
+    # mapped entry for its next cells (abl.data.tokenstore.open_tokens) does not repeat per cell.
+    @cached_property
+    def max_id(self) -> int:
+        """The largest token id in either split."""
+        return int(max(self.train.max(initial=0), self.val.max(initial=0)))
+
+    @cached_property
+    def val_int64(self) -> np.ndarray:
+        """The validation tokens as int64 (what batches index), converted once per object."""
+        return np.asarray(self.val, dtype=np.int64)
 
 
 @dataclass
@@ -248,7 +260,7 @@ class Batches:
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.train_tokens = data.train
-        self.val = torch.from_numpy(np.asarray(data.val, dtype=np.int64))
+        self.val = torch.from_numpy(data.val_int64)
         self.val_bytes = data.val_bytes
         # ``stream`` separates the ranks of a multi-process cell
         self.gen = torch.Generator().manual_seed(10_007 * seed + 1 + 7_919 * stream)

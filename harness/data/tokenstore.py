@@ -346,8 +346,39 @@ def tokendata(meta: dict[str, Any], arrays: dict[str, np.ndarray], folder: Path 
                      meta["description"], meta["tokenizer"], arrays.get("val_bytes.bin"), record, spans)
 
 
+# The entries this process has mapped: folder -> (the stamp of its meta.json, its data). An entry's key is the
+# hash of what it holds and it is written whole (commit's atomic replace), so while its meta.json is the same
+# file the data is the same; a warm worker (abl.run.warm) maps an entry once for all its cells.
+_opened: dict[Path, tuple[tuple[int, int, int], TokenData]] = {}
+_OPENED_MAX = 4
+
+
+def _stamp(folder: Path) -> tuple[int, int, int] | None:
+    try:
+        st = (folder / "meta.json").stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def open_tokens(folder: Path) -> TokenData:
-    """Map a store entry read-only (nothing is copied; batches gather their windows from it)."""
+    """Map a store entry read-only (nothing is copied; batches gather their windows from it); an entry this
+    process mapped before, unchanged since, is the same object (its checks and conversions done once)."""
+    folder = folder.resolve()
+    stamp = _stamp(folder)
+    held = _opened.get(folder)
+    if held is not None and stamp is not None and held[0] == stamp:
+        return held[1]
+    data = _map_entry(folder)
+    if stamp is not None:
+        _opened.pop(folder, None)
+        while len(_opened) >= _OPENED_MAX:
+            _opened.pop(next(iter(_opened)))
+        _opened[folder] = (stamp, data)
+    return data
+
+
+def _map_entry(folder: Path) -> TokenData:
     meta = _entry_ok(folder)
     if meta is None:
         raise DataError(f"token store entry {folder} is missing or incomplete; run abl run again to rebuild it")
@@ -507,7 +538,11 @@ def bind(run_dir: Path) -> None:
 def cell_tokens(cell, registry) -> TokenData:
     """The cell's tokens: mapped from the bound store entry, else (no parent, e.g. a test) built in memory."""
     if _bound is not None:
-        return open_tokens(_bound)
+        held = _bound in _opened
+        data = open_tokens(_bound)
+        if held and _opened.get(_bound, (None, None))[1] is data:
+            print(f"tokens: store entry {_bound.name}, mapped by an earlier cell of this worker", flush=True)
+        return data
     p = prepare_tokens(cell.components["dataset"], cell.components["tokenizer"], registry, None,
                        default_tokenizer(cell))
     assert p.arrays is not None
