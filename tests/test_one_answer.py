@@ -313,3 +313,32 @@ def test_no_per_axis_verdict_on_a_per_token_loss_across_tokenizers():
     assert verdicts.verdict_lines(effects) == []
     bpb = verdicts.axis_effects(cells, paths, "val_bpb")
     assert all(e.best is not None for e in bpb)
+
+
+def test_the_one_answer_is_built_in_one_place_and_a_model_that_cannot_fit_is_tolerated_only_when_asked(monkeypatch):
+    """answers.answered: the summary, abl compare and the dashboard's Compare page take their answer from it (the
+    page used to recompute the per-axis answers and reconcile a copy of its cached analysis itself)."""
+    cells = _one_axis()
+
+    def analyse_runs(runs, **kw):
+        return cells, stats.analyse(cells, stats.against_baseline([c.key for c in cells], "A")), "each against A"
+
+    monkeypatch.setattr(verdicts, "analyse_runs", analyse_runs)
+    answer = answers.answered([], paths=["x"])
+    (e,) = answer.effects
+    assert answer.what == "each against A" and not answer.effects_problem
+    assert all(row.model == e.model for row in answer.analysis.comparisons)  # reconciled with the axis's answer
+    assert answers.answered([], paths=["x"], pairs=("A,B",)).effects == []  # chosen pairs are their own question
+
+    def cannot_fit(*args, **kwargs):
+        raise np.linalg.LinAlgError("Singular matrix")
+
+    monkeypatch.setattr(verdicts, "axis_effects", cannot_fit)
+    with pytest.raises(np.linalg.LinAlgError):
+        answers.answered([], paths=["x"])
+    tolerated = answers.answered([], paths=["x"], tolerate=True)
+    assert tolerated.effects == [] and tolerated.effects_problem == "LinAlgError: Singular matrix"
+    assert [r.key for r in tolerated.analysis.cells] == ["A", "B", "C"]
+    # the per-cell verdicts stand, under their own test's name
+    assert all(row.verdict and stats.verdict_word(row.verdict) != stats.DIAGNOSTIC and row.model != e.model
+               for row in tolerated.analysis.comparisons)

@@ -10,16 +10,14 @@ tested. Comparisons: every cell against a baseline, chosen pairs, or every
 pair of cells that differ in one setting only (e.g. model.ffn).
 """
 
-import copy
-
 import altair as alt
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from abl.analysis import answers, formats, stats
+from abl.analysis import formats, stats
 from abl.analysis.metrics import shown_by_default
-from abl.analysis.verdicts import EFFECTS_METHOD, axis_effects, effect_lines, health_text
+from abl.analysis.verdicts import EFFECTS_METHOD, effect_lines, health_text
 from abl.dashboard import charts, common, intervals
 from abl.dashboard import queries as q
 from abl.present import palette
@@ -108,23 +106,17 @@ else:
         st.stop()
     kwargs["by"] = mid[1].selectbox("Setting", varied, key="cmp_by",
                                     help="Every pair of cells that differ in this setting only.")
+# one verdict per pair, as the summary, abl compare and the report give it (abl.analysis.answers.answered): the
+# per-axis answer leads; a one-axis grid's rows take each level pair's answer; a factorial grid's per-cell rows
+# are diagnostics and its cells are ranked per axis, not against each other
 try:
-    cell_inputs, analysis, what = common.load(q.verdicts, sel, metric, **kwargs)
+    answer = common.load(q.answered, sel, metric, **kwargs)
 except Exception as exc:  # an axis along which no two cells differ alone, ...
     st.warning(str(exc))
     st.stop()
-
-effects = []
-if mode != "pairs":  # the per-axis answer, as the CLI summary and abl compare lead with it
-    try:
-        effects = axis_effects(cell_inputs, (), metric, only=kwargs.get("by"))
-    except Exception as exc:  # noqa: BLE001 - a design the model cannot fit must not hide the cell tables
-        st.warning(f"per-axis analysis unavailable: {type(exc).__name__}: {exc}")
-# one verdict per pair, as the summary, abl compare and the report give it (abl.analysis.answers.reconcile):
-# a one-axis grid's rows take each level pair's answer; a factorial grid's per-cell rows are diagnostics and
-# its cells are ranked per axis, not against each other. On a copy: the loaded analysis is cached
-analysis = copy.deepcopy(analysis)
-answers.reconcile(cell_inputs, analysis, effects)
+cell_inputs, analysis, what, effects = answer.cells, answer.analysis, answer.what, answer.effects
+if answer.effects_problem:  # a design the model cannot fit must not hide the cell tables
+    st.warning(f"per-axis analysis unavailable: {answer.effects_problem}")
 
 lower_better = analysis.lower_is_better
 rows = [r for r in analysis.cells if r.n]

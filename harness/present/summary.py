@@ -174,8 +174,11 @@ def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | No
     A verdict table per loss metric (``every_metric``: per metric, as ``--format json`` gives them)."""
     runs = relabel(runs, paths)
     first, rest = metrics[0], list(metrics[1:])
-    cells, analysis, what = verdicts.analyse_runs(runs, metric=first, order=order, baseline=baseline,
-                                                  pairs=pairs, by=by, bootstrap=bootstrap, correction=correction)
+    # the per-axis answer leads (all swept axes, or the one --by names; none for chosen pairs), and the per-cell
+    # rows agree with (one-axis grid) or stand as diagnostics beside (factorial grid) it: one verdict per pair
+    cells, analysis, what, effects, _ = answers.answered(runs, metric=first, paths=paths, order=order,
+                                                         baseline=baseline, pairs=pairs, by=by, bootstrap=bootstrap,
+                                                         correction=correction)
     tables = [(first, analysis, what)]
     for m in [m for m in rest if every_metric or verdicts.metric_is_loss(m)]:
         _, an, w = verdicts.analyse_runs(runs, metric=m, order=order, baseline=baseline, pairs=pairs, by=by,
@@ -183,11 +186,6 @@ def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | No
         tables.append((m, an, w))
     shown = [*ALWAYS, *shown_by_default(own=False)]  # and a plugin's metrics declared shown by default
     extra = [m for m in dict.fromkeys([*rest, *shown]) if any(m in r.final for r in runs)]
-    # the per-axis answer leads (all swept axes, or the one --by names; none for chosen pairs)
-    effects = [] if pairs else verdicts.axis_effects(cells, paths, first, only=by)
-    # one verdict per pair: the per-cell rows agree with (one-axis grid) or stand as diagnostics beside
-    # (factorial grid) the per-axis answer; named pairs are their own question
-    answers.reconcile(cells, analysis, effects)
     return View(title=title, metric=first, cells=cells, numbers={c.key: i for i, c in enumerate(cells, 1)},
                 tables=tables, extra=extra, figures=figures(runs, extra), lr=_lrs(runs), effects=effects,
                 within=contrasts.within_cell(runs, order))
