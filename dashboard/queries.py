@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from abl.analysis import answers
-from abl.analysis.answers import Answer
+from abl.analysis import oneanswer
+from abl.analysis.oneanswer import Answer
 from abl.analysis.health import HEALTH_METRICS
 from abl.analysis.metrics import Metric, is_speed  # noqa: F401 - the pages read the catalogue through here
 from abl.analysis.metrics import metric as metric_info  # noqa: F401
@@ -128,11 +128,11 @@ def verdicts(store: Store, sel: Selection, metric: str = "val_loss", *, baseline
 def answered(store: Store, sel: Selection, metric: str = "val_loss", *, baseline: str | None = None,
              pairs: Sequence[str] = (), by: str | None = None, bootstrap: bool = False,
              correction: str = HOLM) -> Answer:
-    """The one answer of the selected runs (abl.analysis.answers.answered, as the summary and ``abl compare`` give
+    """The one answer of the selected runs (abl.analysis.oneanswer.answered, as the summary and ``abl compare`` give
     it): the verdict table made to agree with the per-axis answers, which lead. A design the per-axis model
     cannot fit leaves the cell tables, with the reason (``effects_problem``)."""
-    return answers.answered(verdict_runs(store, sel, metric), metric=metric, baseline=baseline, pairs=pairs, by=by,
-                            bootstrap=bootstrap, correction=correction, tolerate=True)
+    return oneanswer.answered(verdict_runs(store, sel, metric), metric=metric, baseline=baseline, pairs=pairs, by=by,
+                              bootstrap=bootstrap, correction=correction, tolerate=True)
 
 
 def grid_channels(store: Store, sel: Selection):

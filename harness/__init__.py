@@ -160,7 +160,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and editors
         from_token_bin,
     )
     from .data.tasks import IGNORE_INDEX, Examples, Task
-    from .data.tokenstore import Tokenizer
+    from .data.tokenizer import Tokenizer
     from .kernels import use_triton
     from .model.attention import softmax_attention, visible
     from .model.decoder import ForwardContext, KVCache, PositionEncoding, own_init, residual_out

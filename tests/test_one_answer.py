@@ -16,7 +16,7 @@ import pytest
 from scipy import stats as sps
 from statsmodels.stats.power import TTestPower
 
-from abl.analysis import answers, stats, verdicts
+from abl.analysis import answers, oneanswer, stats, verdicts
 
 
 def _cell(key, vals, **levels):
@@ -316,27 +316,27 @@ def test_no_per_axis_verdict_on_a_per_token_loss_across_tokenizers():
 
 
 def test_the_one_answer_is_built_in_one_place_and_a_model_that_cannot_fit_is_tolerated_only_when_asked(monkeypatch):
-    """answers.answered: the summary, abl compare and the dashboard's Compare page take their answer from it (the
+    """oneanswer.answered: the summary, abl compare and the dashboard's Compare page take their answer from it (the
     page used to recompute the per-axis answers and reconcile a copy of its cached analysis itself)."""
     cells = _one_axis()
 
     def analyse_runs(runs, **kw):
         return cells, stats.analyse(cells, stats.against_baseline([c.key for c in cells], "A")), "each against A"
 
-    monkeypatch.setattr(verdicts, "analyse_runs", analyse_runs)
-    answer = answers.answered([], paths=["x"])
+    monkeypatch.setattr(oneanswer, "analyse_runs", analyse_runs)
+    answer = oneanswer.answered([], paths=["x"])
     (e,) = answer.effects
     assert answer.what == "each against A" and not answer.effects_problem
     assert all(row.model == e.model for row in answer.analysis.comparisons)  # reconciled with the axis's answer
-    assert answers.answered([], paths=["x"], pairs=("A,B",)).effects == []  # chosen pairs are their own question
+    assert oneanswer.answered([], paths=["x"], pairs=("A,B",)).effects == []  # chosen pairs are their own question
 
     def cannot_fit(*args, **kwargs):
         raise np.linalg.LinAlgError("Singular matrix")
 
-    monkeypatch.setattr(verdicts, "axis_effects", cannot_fit)
+    monkeypatch.setattr(oneanswer, "axis_effects", cannot_fit)
     with pytest.raises(np.linalg.LinAlgError):
-        answers.answered([], paths=["x"])
-    tolerated = answers.answered([], paths=["x"], tolerate=True)
+        oneanswer.answered([], paths=["x"])
+    tolerated = oneanswer.answered([], paths=["x"], tolerate=True)
     assert tolerated.effects == [] and tolerated.effects_problem == "LinAlgError: Singular matrix"
     assert [r.key for r in tolerated.analysis.cells] == ["A", "B", "C"]
     # the per-cell verdicts stand, under their own test's name

@@ -106,7 +106,7 @@ else:
         st.stop()
     kwargs["by"] = mid[1].selectbox("Setting", varied, key="cmp_by",
                                     help="Every pair of cells that differ in this setting only.")
-# one verdict per pair, as the summary, abl compare and the report give it (abl.analysis.answers.answered): the
+# one verdict per pair, as the summary, abl compare and the report give it (abl.analysis.oneanswer.answered): the
 # per-axis answer leads; a one-axis grid's rows take each level pair's answer; a factorial grid's per-cell rows
 # are diagnostics and its cells are ranked per axis, not against each other
 try:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from .tokenstore import Tokenizer
+    from .tokenizer import Tokenizer
 
 SPAN_BYTES = 1024
 MAX_SPANS = 256

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import click
 
-from ..analysis import answers, contrasts, stats, verdicts
+from ..analysis import contrasts, oneanswer, stats, verdicts
 from ..analysis.health import MAX_LOAD_PER_CORE, MIN_CPU_UTIL
 from ..analysis.metrics import MEASURED_ALONE, is_speed  # speed figures show their spread; a contended run marks them
 from ..analysis.metrics import metric as catalogue_entry
@@ -176,7 +176,7 @@ def build(runs, *, metrics: Sequence[str], title: str, order: Sequence[str] | No
     first, rest = metrics[0], list(metrics[1:])
     # the per-axis answer leads (all swept axes, or the one --by names; none for chosen pairs), and the per-cell
     # rows agree with (one-axis grid) or stand as diagnostics beside (factorial grid) it: one verdict per pair
-    cells, analysis, what, effects, _ = answers.answered(runs, metric=first, paths=paths, order=order,
+    cells, analysis, what, effects, _ = oneanswer.answered(runs, metric=first, paths=paths, order=order,
                                                          baseline=baseline, pairs=pairs, by=by, bootstrap=bootstrap,
                                                          correction=correction)
     tables = [(first, analysis, what)]
