@@ -51,18 +51,20 @@ class AblGroup(click.Group):
         return super().main(*args, **kwargs)
 
     def invoke(self, ctx: click.Context):
-        from ..run.guard import PluginTimeout, env_timeout_problem
+        from ..run import guard
 
-        if env_timeout_problem():
-            fail(env_timeout_problem())
+        if guard.env_timeout_problem():
+            fail(guard.env_timeout_problem())
         try:
             return super().invoke(ctx)
-        except PluginTimeout as exc:  # loading the plugins (abl run says so itself)
+        except guard.PluginTimeout as exc:  # loading the plugins, or plugin code a command runs (abl run says so itself)
             fail(str(exc))
         except click.NoSuchOption as exc:
             if exc.ctx is None or exc.ctx.parent is not ctx:
                 raise
             raise usage.of_another_command(self, ctx, exc) from None
+        finally:  # abl run --plugin-timeout sets it as its options are read; a caller in this process gets the default
+            guard.set_plugin_timeout(guard.DEFAULT_PLUGIN_TIMEOUT_S)
 
     def get_command(self, ctx, name):
         cmd = super().get_command(ctx, name)

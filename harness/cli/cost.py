@@ -27,14 +27,17 @@ def command(grid_file, recipes, overrides, as_json):
     """
     from ..analysis.formats import fmt_bytes, fmt_si
     from ..model.costmodel import predict
+    from ..run.guard import time_limit
 
     registry = load_registry()
     if grid_file is None and not recipes:
         fail("abl cost needs a GRID_FILE, or --recipe NAME (repeatable; 'all' = every recipe)")
-    try:
-        grid = _grid(grid_file, recipes, list(overrides), registry)
+    try:  # plugin code (checks, cost functions, a measured forward) under the time limit (abl.run.guard)
+        with time_limit("loading the grid (its components' parameters, checks and costs)"):
+            grid = _grid(grid_file, recipes, list(overrides), registry)
         cells = list({c.cell_key: c for c in reversed(grid.cells)}.values())[::-1]
-        preds = [predict(c, registry, measure_missing=True) for c in cells]
+        with time_limit("the cells' costs (the components' cost functions, or a measured step without one)"):
+            preds = [predict(c, registry, measure_missing=True) for c in cells]
     except user_errors() as exc:
         fail(str(exc))
     for note in grid.notes:

@@ -36,6 +36,7 @@ def command(source, db_path, out_dir, fmt, baseline, overrides):
     """
     from ..present.report.runs import ReportError, experiments, load_runs
     from ..present.report.sections import build_report, write_report
+    from ..run.guard import time_limit
     from ..store.database import verify_store
 
     registry = load_registry()
@@ -47,7 +48,8 @@ def command(source, db_path, out_dir, fmt, baseline, overrides):
         if names_grid_file(source):
             from ..run.lr_sweep import compared_grid
 
-            grid = load_grid(source, registry, list(overrides))
+            with time_limit("loading the grid (its components' parameters, checks and costs)"):
+                grid = load_grid(source, registry, list(overrides))
             ws = Workspace.resolve(db_path, grid)
             db = ws.db
             out = _folder(out_dir, ws, grid.cells[0].experiment.name)  # refused before anything is read
@@ -79,8 +81,10 @@ def command(source, db_path, out_dir, fmt, baseline, overrides):
 
             # the grid positions the runs recorded give the order, as on the dashboard
             order, missing, name, raw = grid_order(runs), 0, source, None
-        rep = build_report(runs, source=source, db_path=str(db), registry=registry, order=order,
-                           baseline=baseline, grid_raw=raw, missing_runs=missing)
+        # the report runs the components' cost functions (a measured step for one without) in this process
+        with time_limit("building the report (the components' cost functions, or a measured step without one)"):
+            rep = build_report(runs, source=source, db_path=str(db), registry=registry, order=order,
+                               baseline=baseline, grid_raw=raw, missing_runs=missing)
         path = write_report(rep, out, fmt)
     except errors as exc:
         fail(str(exc))

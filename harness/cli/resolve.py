@@ -38,8 +38,11 @@ def compared(source: str, db_path: str | None, overrides, metrics: list[str]) ->
     from ..store.reader import experiments, read_runs
 
     if names_grid_file(source):
+        from ..run.guard import time_limit
+
         registry = load_registry()
-        grid = load_grid(source, registry, list(overrides))
+        with time_limit("loading the grid (its components' parameters, checks and costs)"):
+            grid = load_grid(source, registry, list(overrides))
         exp = grid.cells[0].experiment
         ws = Workspace.resolve(db_path, grid)
         verify_store(ws.db)  # a damaged store: one clear message before anything is read

@@ -38,6 +38,15 @@ def _set_warm_workers(value: str | None) -> None:
         os.environ["ABL_WARM_WORKERS"] = value
 
 
+def _set_plugin_timeout(ctx, param, value: float) -> float:
+    """--plugin-timeout is read first (an eager option), so the plugins loaded while the other options are
+    read (--executor's choices) load under it."""
+    from ..run import guard
+
+    guard.set_plugin_timeout(value)
+    return value
+
+
 @click.command("run")
 @click.argument("grid_file", type=click.Path(dir_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -96,10 +105,10 @@ def _set_warm_workers(value: str | None) -> None:
               show_default=True, help="The summary at the end as JSON, CSV or Markdown on stdout (progress goes "
               "to stderr), for piping.")
 @click.option("--plugin-timeout", default=DEFAULT_PLUGIN_TIMEOUT_S, show_default=True, metavar="SECONDS",
-              type=click.FloatRange(min=0),
-              help="The longest abl run waits on plugin code it runs itself before any cell starts (loading the "
-                   "grid, the memory check, the cost estimate), per step; past it abl run stops (exit 2) naming "
-                   "the code. 0: no limit. A cell's own limit is train.timeout_s.")
+              type=click.FloatRange(min=0), is_eager=True, callback=_set_plugin_timeout,
+              help="The longest abl run waits on plugin code it runs itself (loading the plugins and the grid, the "
+                   "memory check, the cost estimate, the lr sweep's phase-2 grid), per step; past it abl run stops "
+                   "(exit 2) naming the code. 0: no limit. A cell's own limit is train.timeout_s.")
 @click.option("--until-decided", is_flag=True,
               help="Add seeds only to the cells of comparisons still undecided (every pair of cells that differ "
                    "in one swept setting), one seed per round, until each is decided or --budget is reached; "
@@ -216,11 +225,14 @@ class _Engine:
         """The executor, or exit 2 (a missing extra package, bad settings)."""
         from ..run import executors
 
+        from ..run.guard import time_limit
+
         try:  # the executor registered as --executor (hook register_executors; the built-ins: abl.plugins.executors)
-            return executors.make_executor(self.kind, executors.ExecutorOptions(
-                workers=self.workers, runs_dir=ws.runs, slurm_partition=self.slurm_partition,
-                slurm_time=self.slurm_time, slurm_cluster=self.slurm_cluster, gpus_per_cell=self.gpus_per_cell,
-                ray_address=self.ray_address, cells_per_gpu=self.cells_per_gpu, speed_pass=self.speed_pass))
+            with time_limit(f"making the executor {self.kind!r} (its plugin's factory)"):
+                return executors.make_executor(self.kind, executors.ExecutorOptions(
+                    workers=self.workers, runs_dir=ws.runs, slurm_partition=self.slurm_partition,
+                    slurm_time=self.slurm_time, slurm_cluster=self.slurm_cluster, gpus_per_cell=self.gpus_per_cell,
+                    ray_address=self.ray_address, cells_per_gpu=self.cells_per_gpu, speed_pass=self.speed_pass))
         except ImportError as exc:
             fail(f"--executor {self.kind} needs an extra package ({exc.name}): pip install 'abl[distributed]'")
         except user_errors() as exc:

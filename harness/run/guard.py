@@ -33,27 +33,44 @@ from typing import Callable, Iterator
 from ..contracts.status import signal_name
 
 # after the limit, how long a step stuck in native code has to give the interpreter back before the
-# watchdog ends the process
+# watchdog ends the process (ABL_NATIVE_GRACE_S sets it)
 NATIVE_GRACE_S = 30.0
 # after SIGTERM or SIGINT, how long a step stuck in native code has before the watchdog ends the process (exit 130)
 STOP_GRACE_S = 5.0
 # the environment variable that sets the limit for every command (a plugin's import, its registration)
 TIMEOUT_ENV = "ABL_PLUGIN_TIMEOUT"
+# the environment variable that sets NATIVE_GRACE_S (a test's few seconds instead of 30)
+GRACE_ENV = "ABL_NATIVE_GRACE_S"
 
 
-def env_timeout_problem() -> str:
-    """Why ``ABL_PLUGIN_TIMEOUT`` is not a number of seconds >= 0 (empty when it is, or is unset)."""
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+def _env_problem(name: str, what: str) -> str:
+    raw = os.environ.get(name, "").strip()
     try:
         ok = not raw or float(raw) >= 0
     except ValueError:
         ok = False
-    return "" if ok else f"{TIMEOUT_ENV}={raw!r} is not a number of seconds >= 0 (0: no limit)"
+    return "" if ok else f"{name}={raw!r} is not a number of seconds >= 0 ({what})"
+
+
+def env_timeout_problem() -> str:
+    """Why ``ABL_PLUGIN_TIMEOUT`` or ``ABL_NATIVE_GRACE_S`` is not a number of seconds >= 0 (empty when both
+    are, or are unset)."""
+    return (_env_problem(TIMEOUT_ENV, "0: no limit")
+            or _env_problem(GRACE_ENV, "how long plugin code stuck in native code has past its limit"))
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    return float(raw) if raw and not _env_problem(name, "") else default
 
 
 def _env_timeout(default: float) -> float:
-    raw = os.environ.get(TIMEOUT_ENV, "").strip()
-    return float(raw) if raw and not env_timeout_problem() else default
+    return _env_seconds(TIMEOUT_ENV, default)
+
+
+def native_grace_s() -> float:
+    """``NATIVE_GRACE_S``, or ``ABL_NATIVE_GRACE_S`` where it is set."""
+    return _env_seconds(GRACE_ENV, NATIVE_GRACE_S)
 
 
 # the parent's default limit for one step of plugin work before any cell starts (abl run --plugin-timeout), and
@@ -159,7 +176,8 @@ def time_limit(what: str, seconds: float | None = None) -> Iterator[None]:
     ``PluginTimeout`` past it.
 
     A watchdog thread stands by while the block runs: when the main thread is stuck in native code, no
-    signal handler can run, so the watchdog ends the process itself: ``NATIVE_GRACE_S`` past the limit
+    signal handler can run, so the watchdog ends the process itself: ``NATIVE_GRACE_S`` (``ABL_NATIVE_GRACE_S``)
+    past the limit
     (exit 2), or ``STOP_GRACE_S`` after a SIGTERM or SIGINT that the main thread did not act on (exit
     130). It learns of the signals from Python's wakeup fd (``signal.set_wakeup_fd``), written by the C
     handler whatever the main thread does.
@@ -171,6 +189,7 @@ def time_limit(what: str, seconds: float | None = None) -> Iterator[None]:
         yield
         return
     limited = bool(seconds and seconds > 0)
+    grace = native_grace_s()
     done = threading.Event()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -179,7 +198,7 @@ def time_limit(what: str, seconds: float | None = None) -> Iterator[None]:
         raise PluginTimeout(message(what, seconds, where(frame)))
 
     def watchdog() -> None:
-        deadline = time.monotonic() + seconds + NATIVE_GRACE_S if limited else None
+        deadline = time.monotonic() + seconds + grace if limited else None
         stop_at, stopped_by = None, ""
         while not done.is_set():
             ends = [t for t in (deadline, stop_at) if t is not None]

@@ -43,6 +43,9 @@ experiment; ``abl compare`` / ``abl report`` of the grid file compare the
 phase 2 the store's tuning runs choose for the grid as it is now
 (``compared_grid``).
 
+Both phases' grids are expanded in the ``abl run`` parent, running the components' checks and cost
+functions (plugin code), so each expansion runs under abl.run.guard's time limit (``--plugin-timeout``).
+
 Two warnings (printed by ``abl run``, ``--dry-run`` included, and by the
 sweep itself): ``seed_warnings`` when the seeds left after the tuning seed
 are fewer than the statistics need for a verdict (abl.analysis.stats'
@@ -63,6 +66,7 @@ from ..contracts.config import Cell, Grid, run_id_of
 from ..contracts.status import COMPLETED
 from ..grid.design import compared_seeds
 from ..grid.gridfile import expand
+from .guard import time_limit
 
 TUNING_SUFFIX = ".lr_tuning"
 
@@ -98,14 +102,16 @@ def tuning_grid(grid: Grid, registry) -> Grid:
     exp = raw.setdefault("experiment", {})
     exp["name"] = grid.cells[0].experiment.name + TUNING_SUFFIX
     exp["seeds"] = tuning_seeds(grid)
-    return expand(raw, registry, source=grid.path)
+    with time_limit("the lr sweep's phase 1 grid (its components' parameters, checks and costs)"):
+        return expand(raw, registry, source=grid.path)
 
 
 def final_grid(grid: Grid, registry, best: dict[str, float]) -> Grid:
     """Phase 2: each variant at its best learning rate (``best``: variant -> lr), on the other seeds."""
     raw = _raw(grid)
     raw.setdefault("experiment", {})["seeds"] = compared_seeds(grid)
-    full = expand(raw, registry, source=grid.path)
+    with time_limit("the lr sweep's phase 2 grid (its components' parameters, checks and costs)"):
+        full = expand(raw, registry, source=grid.path)
     swept = [float(v) for v in grid.cells[0].train.lr_sweep]
     tuned_on = tuning_seeds(grid)
     cells = []

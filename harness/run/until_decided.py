@@ -121,8 +121,17 @@ def run_until_decided(expand: Callable[[list[int] | None], Grid], read: Callable
 
     ``expand(seeds)``: the grid with these seeds (None: its own); ``read(run_ids)``: their stored runs
     (abl.store.reader.read_runs); ``train(grid)``: run these cells as ``abl run`` does. Returns the last
-    round's decisions. Raises ConfigError when the grid cannot be run this way."""
-    grid = expand(None)
+    round's decisions. Raises ConfigError when the grid cannot be run this way.
+
+    Each ``expand`` runs the components' checks and cost functions (plugin code) in the ``abl run`` parent,
+    so it runs under abl.run.guard's time limit (``--plugin-timeout``)."""
+    from .guard import time_limit
+
+    def grid_of(seeds: list[int] | None) -> Grid:
+        with time_limit("a round's grid (its components' parameters, checks and costs)"):
+            return expand(seeds)
+
+    grid = grid_of(None)
     seeds = list(grid.cells[0].experiment.seeds)
     plan, pairs = design_for(grid, budget)
     say(f"until decided: {len(pairs)} comparison(s), each held to a {plan.describe()} "
@@ -130,14 +139,14 @@ def run_until_decided(expand: Callable[[list[int] | None], Grid], read: Callable
     have = len(seeds)
     trained_before: set[str] = set()
     while True:
-        grown = expand(seed_sequence(seeds, have))
+        grown = grid_of(seed_sequence(seeds, have))
         runs = read([c.run_id for c in grown.cells])
         decisions = look_at(runs, pairs, plan, metric)
         wanted = wanted_seeds(decisions, pairs, plan, len(seeds))
         if not wanted:
             break
         have = max(have, max(wanted.values()))
-        grown = expand(seed_sequence(seeds, have))
+        grown = grid_of(seed_sequence(seeds, have))
         done = {r.run_id for r in runs if r.status == COMPLETED}
         order = {s: i for i, s in enumerate(seed_sequence(seeds, have))}
         todo = [c for c in grown.cells
