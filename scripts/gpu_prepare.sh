@@ -4,7 +4,8 @@
 # The GPU image already holds Python 3.12, torch, triton and most of abl's dependencies
 # (docs/gpu.md); it lacks duckdb. This puts into a git-ignored folder (default .gpu-wheels/):
 #   - the duckdb wheel for CPython 3.12, manylinux x86-64;
-#   - liger-kernel and fla-core (pure Python over Triton: the kernel benchmark's peers),
+#   - liger-kernel and fla-core (pure Python over Triton: the kernel benchmark's peers) and
+#     nvidia-ml-py (NVML's bindings, for the grid's GPU busy share),
 #     each only if the folder, the working tree and it still fit the budget (default 64 MiB,
 #     what travels to the GPU machine per call).
 # The project itself is installed from the tree on the GPU machine (scripts/gpu_run.sh), so
@@ -67,6 +68,7 @@ fetch() {  # fetch SPEC OPTIONAL: download SPEC's wheel; an optional one is kept
 fetch "$DUCKDB" 0
 fetch liger-kernel 1
 fetch fla-core 1
+fetch nvidia-ml-py 1  # NVML's bindings: the grid's GPU busy share (abl.run.busy); pure Python, small
 total=$(( $(tree_bytes) + $(folder_bytes) ))
 echo "$DEST/: $(ls "$DEST" | tr '\n' ' ')"
 echo "what travels: $((total / 1048576)) MiB of $((BUDGET / 1048576)) MiB (the working tree and $DEST/)"

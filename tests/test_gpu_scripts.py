@@ -133,14 +133,15 @@ def _prepare(tmp_path, **env):
 
 
 def test_gpu_prepare_keeps_optional_wheels_only_within_the_budget(tmp_path):
-    # the budget: the working tree plus 100 KiB of duckdb, 200 KiB of liger-kernel; fla-core's 10 MiB is over
+    # the budget: the working tree plus 100 KiB of duckdb, 200 KiB of liger-kernel, 100 KiB of nvidia-ml-py;
+    # fla-core's 10 MiB is over
     tree = subprocess.run("git ls-files -z --cached --others --exclude-standard | du -cb --files0-from=- | tail -1",
                           shell=True, cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()[0]
     budget_mib = (int(tree) + 2 * 2**20) // 2**20 + 1
     r, kept = _prepare(tmp_path, ABL_GPU_BUDGET_MIB=str(budget_mib), FAKE_SIZE_liger_kernel="200",
                        FAKE_SIZE_fla_core=str(10 * 1024))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert kept == ["duckdb", "liger_kernel"]
+    assert kept == ["duckdb", "liger_kernel", "nvidia_ml_py"]  # the NVML bindings: the GPU busy share
     assert "skipped fla-core" in r.stdout and "budget" in r.stdout
 
 
