@@ -14,12 +14,17 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import stat
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+# the folder that holds the abl package's source (the repository of an editable install)
+_SOURCE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 def temporary_beside(path: Path) -> Path:
@@ -178,3 +183,36 @@ def read_json(path: Path, default: Any = None) -> Any:
         return json.loads(read_bytes(path))
     except (OSError, ValueError, RecursionError):  # ValueError: JSONDecodeError, UnicodeDecodeError
         return default
+
+
+# ---------------------------------------------------------------- paths in stored text
+
+
+def short_path(path: str, roots: tuple[str, ...] = ()) -> str:
+    """``path`` without the folders of the machine that ran it: relative to the import root that holds
+    it (site-packages, the standard library, the working directory, abl's source folder, any of
+    ``roots``), else under ``~``, else its name. A stored error travels with the store and its run
+    folders (shared, copied, reported)."""
+    full = os.path.abspath(path)
+    found = {os.path.abspath(r) for r in (*sys.path, *roots) if r}
+    found |= {os.getcwd(), os.path.dirname(os.__file__), _SOURCE_ROOT}
+    for root in sorted((r for r in found if len(r) > 1), key=len, reverse=True):
+        if full.startswith(root.rstrip(os.sep) + os.sep):
+            return os.path.relpath(full, root)
+    home = os.path.expanduser("~")
+    if len(home) > 1 and full.startswith(home + os.sep):
+        return "~" + full[len(home):]
+    return os.path.basename(full)
+
+
+# a traceback's or faulthandler's ``File "..."`` (a path may hold spaces there), then any bare absolute path:
+# a slash not inside a word, a relative path, a URL (``https://host/...``) or ``~/``
+_QUOTED_FILE = re.compile(r'File "([^"]+)"')
+_BARE_PATH = re.compile(r"(?<![\w.~/:%+@=-])(?:/[\w.+@%=-]+)+")
+
+
+def scrub_paths(text: str, roots: tuple[str, ...] = ()) -> str:
+    """``text`` (a traceback, a log's last lines) with every absolute path shortened by ``short_path``."""
+    text = _QUOTED_FILE.sub(lambda m: f'File "{short_path(m.group(1), roots)}"' if os.path.isabs(m.group(1))
+                            else m.group(0), text)
+    return _BARE_PATH.sub(lambda m: short_path(m.group(0), roots), text)

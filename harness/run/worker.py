@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import files
+from ..files import scrub_paths, short_path
 from ..contracts.status import COMPLETED, DIVERGED, EXIT_CODES, FAILED, KILLED, OOM, RUNNING
 from ..store import rundir
 
@@ -270,26 +270,10 @@ def _shape_cache(run_dir: Path) -> Path | None:
     return ws.shapes if ws is not None else None
 
 
-def short_path(path: str) -> str:
-    """``path`` without the folders of the machine that ran it: relative to the import root that holds
-    it (site-packages, the standard library, the working directory), else under ``~``, else its name.
-    A stored error travels with the store and its run folders (shared, copied, reported)."""
-    full = os.path.abspath(path)
-    roots = {os.path.abspath(r) for r in sys.path if r} | {os.getcwd(), os.path.dirname(os.__file__)}
-    for root in sorted((r for r in roots if len(r) > 1), key=len, reverse=True):
-        if full.startswith(root.rstrip(os.sep) + os.sep):
-            return os.path.relpath(full, root)
-    home = os.path.expanduser("~")
-    if len(home) > 1 and full.startswith(home + os.sep):
-        return "~" + full[len(home):]
-    return os.path.basename(full)
-
-
 def error_tail(exc: BaseException, lines: int = 12) -> str:
-    """The last ``lines`` lines of ``exc``'s traceback, each file named by ``short_path``."""
+    """The last ``lines`` lines of ``exc``'s traceback, each path in it shortened (abl.files.short_path)."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
-    text = re.sub(r'File "([^"]+)"', lambda m: f'File "{short_path(m.group(1))}"', text)
-    return "\n".join(text.splitlines()[-lines:])
+    return "\n".join(scrub_paths(text).splitlines()[-lines:])
 
 
 def oom_error(exc: BaseException) -> str:

@@ -102,12 +102,15 @@ def plugins_record(meta: Any) -> dict[str, dict[str, str]]:
 
 
 def log_tail(run_dir: Path, n: int = 12) -> str:
-    """The last ``n`` lines of the worker's log (what a worker that died silently left)."""
+    """The last ``n`` lines of the worker's log (what a worker that died silently left), every absolute
+    path shortened (abl.files.scrub_paths; a path in the run folder as ``runs/<run_id>/...``): the
+    parent stores them as the run's error, which travels with the store."""
     try:
         lines = files.read_bytes(run_dir / LOG).decode(errors="replace").strip().splitlines()
     except OSError:
         return "worker exited without a status"
-    return "\n".join(lines[-n:]) or "worker exited without a status"
+    tail = "\n".join(lines[-n:])
+    return files.scrub_paths(tail, (str(Path(run_dir).absolute().parent.parent),)) or "worker exited without a status"
 
 
 # ---------------------------------------------------------------- metrics.jsonl
