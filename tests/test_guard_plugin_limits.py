@@ -32,13 +32,13 @@ import torch
 from abl import Cost, hookimpl
 
 
-def in_worker():
+def in_parent():
     main = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return "abl.run.worker" in sys.modules or getattr(main, "name", "") == "abl.run.worker"
+    return getattr(main, "name", "") == "abl.cli.__main__"
 
 
 def hang_here(step):
-    if os.environ.get("HANG_AT") != step or in_worker():
+    if os.environ.get("HANG_AT") != step or not in_parent():
         return
     if os.environ.get("HANG_WHEN") and not os.path.exists(os.environ["HANG_WHEN"]):
         return
@@ -83,6 +83,18 @@ def slow_text(max_bytes: int = 300000):
 def register_components(register):
     register("norm", "hangnorm", Norm, cost=_cost, check=_check)
     register("dataset", "slow_text", slow_text)
+
+
+def _executor(options):
+    from abl import LocalExecutor
+
+    hang_here("executor")
+    return LocalExecutor(workers=options.workers or 1)
+
+
+@hookimpl
+def register_executors(register):
+    register("hanging", _executor, doc="a local executor whose factory can hang")
 '''
 
 
@@ -184,6 +196,33 @@ def test_a_check_that_hangs_in_the_lr_sweeps_phase_2_stops_abl_run_with_no_lock_
     assert len(list(runs.iterdir())) == len(stored) == 2
 
 
+@pytest.mark.slow
+def test_a_check_that_hangs_in_a_later_until_decided_round_stops_abl_run_with_no_lock(tmp_path, plugins):
+    mark = tmp_path / "trained"
+    grid = _grid(tmp_path, experiment={"seeds": [0, 1, 2]}, grid={"model.norm": ["hangnorm", "rmsnorm"]})
+    db = tmp_path / "x.duckdb"
+    started = time.time()
+    r = run_abl(["--plugins-dir", str(plugins), "run", str(grid), "--db", str(db), "--until-decided", "--budget",
+                 "4", "--plugin-timeout", "2"],
+                env={"ABL_ZYGOTE": "0", "HANG_AT": "check", "HANG_WHEN": str(mark), "TRAINED_MARK": str(mark)},
+                timeout=500)
+    _stopped(r, started, "a round's grid", within=500)
+    assert mark.exists()  # the first round trained
+    assert not Path(str(db) + ".lock").exists()
+    assert len(_runs(db)) == 6  # the first round's three seeds of both cells, nothing after
+
+
+def test_an_executor_factory_that_never_returns_stops_abl_run_with_no_lock(tmp_path, plugins):
+    db, runs = tmp_path / "x.duckdb", tmp_path / "runs"
+    started = time.time()
+    r = run_abl(["--plugins-dir", str(plugins), "run", str(_grid(tmp_path, grid={"model.norm": ["rmsnorm"]})),
+                 "--db", str(db), "--runs-dir", str(runs), "--executor", "hanging", "--plugin-timeout", "2"],
+                env={"HANG_AT": "executor"}, timeout=90)
+    _stopped(r, started, "making the executor 'hanging'")
+    assert not Path(str(db) + ".lock").exists()
+    assert not runs.exists() or not any(runs.iterdir())
+
+
 def test_plugin_code_stuck_in_native_code_is_ended_by_the_watchdog_after_abl_native_grace_s(tmp_path, plugins):
     """The cost function blocks SIGALRM, so the limit's Python handler never runs in the main thread: the
     watchdog ends ``abl run`` ABL_NATIVE_GRACE_S after the limit, exit 2, the message, the lock removed."""
@@ -212,7 +251,8 @@ def test_a_bad_abl_native_grace_s_is_refused_with_exit_2(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_while_abl_run_prepares_its_data_exits_130_with_no_lock(tmp_path, plugins, sig):
     said = tmp_path / "loading"
-    grid = _grid(tmp_path, grid={"model.norm": ["rmsnorm"]}, dataset={"slow_text": {}})
+    grid = _grid(tmp_path, grid={"model.norm": ["rmsnorm"]}, data={"dataset": "slow_text"},
+                 dataset={"slow_text": {"max_bytes": 300000}})
     db, runs = tmp_path / "x.duckdb", tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "abl.cli", "--plugins-dir", str(plugins), "run", str(grid),
                              "--db", str(db), "--runs-dir", str(runs)], cwd=ROOT, stdout=subprocess.PIPE,
@@ -234,6 +274,6 @@ def test_a_signal_while_abl_run_prepares_its_data_exits_130_with_no_lock(tmp_pat
     assert proc.returncode == 130, (proc.returncode, out, err)
     assert time.time() - sent < 30
     assert "Traceback" not in err, err
-    assert "stopped" in err and "preparing the data" in err, err
+    assert "stopped; finished cells are stored" in err, err
     assert not Path(str(db) + ".lock").exists()
     assert not runs.exists() or not any(runs.iterdir())
