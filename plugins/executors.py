@@ -46,7 +46,7 @@ class SlurmExecutor(Executor):
         super().__init__()
         import submitit
 
-        self.slots = max_jobs
+        self.slots, self.time_min = max_jobs, time_min
         self.executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster)
         params: dict[str, Any] = {"timeout_min": time_min}
         if cluster != "local":
@@ -67,11 +67,35 @@ class SlurmExecutor(Executor):
             return None
         try:
             return int(job.handle.result())
-        except Exception:  # noqa: BLE001 - the job itself failed (node loss, timeout...)
+        except Exception as exc:  # noqa: BLE001 - Slurm ended the job (its time limit, a lost node...)
+            state = str(getattr(job.handle, "state", "") or "UNKNOWN")
+            self.ended(job, *slurm_end(state, exc, self.time_min))
             return 1
 
     def stop(self, job: Job) -> None:
         job.handle.cancel(check=False)
+
+
+# Slurm's job states (sacct; submitit's local path: INTERRUPTED) for a job that left no result: its time
+# limit is the cell's own failure (it would run out again); a lost, preempted or cancelled job a stop from
+# outside (a plain re-run restarts it); OUT_OF_MEMORY the cgroup's memory limit.
+_SLURM_STOPPED = ("NODE_FAIL", "PREEMPTED", "CANCELLED", "BOOT_FAIL", "REVOKED", "INTERRUPTED")
+
+
+def slurm_end(state: str, exc: BaseException, time_min: int) -> tuple[str, str, str]:
+    """(why, Slurm's words, the limit) for ``Executor.ended``, from the job's state and the exception
+    submitit raised for it; Slurm's own line (``slurmstepd: error: *** JOB 12 ... DUE TO TIME LIMIT ***``)
+    where its error stream has one."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    said = ([line for line in lines if "slurmstepd" in line or "***" in line]
+            or [line for line in lines if "state:" in line] or lines[:1])
+    words = f"Slurm job state {state}" + (f": {said[-1]}" if said else "")
+    kind = (state.split() or ["UNKNOWN"])[0].upper()
+    if kind in ("TIMEOUT", "DEADLINE"):
+        return Executor.TIME_LIMIT, words, f"Slurm's time limit (--slurm-time {time_min} min)"
+    if kind == "OUT_OF_MEMORY":
+        return Executor.OUT_OF_MEMORY, words, ""
+    return (Executor.STOPPED if kind in _SLURM_STOPPED else Executor.ERROR), words, ""
 
 
 class RayExecutor(Executor):
@@ -102,11 +126,27 @@ class RayExecutor(Executor):
             return None
         try:
             return int(self.ray.get(job.handle))
-        except Exception:  # noqa: BLE001 - the task itself failed
+        except Exception as exc:  # noqa: BLE001 - Ray ended the task (cancelled, its node lost, out of memory...)
+            self.ended(job, ray_end(exc), f"Ray: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}")
             return 1
 
     def stop(self, job: Job) -> None:
         self.ray.cancel(job.handle, force=True)
+
+
+# ray.exceptions that end a task from outside: the Ray worker only waits for the cell's own process
+# (run_worker_process), so its crash, a lost node or raylet, a lost result or a cancel says nothing about
+# the cell (a plain re-run restarts it); Ray's memory monitor killing it is out of memory; any other (a
+# RayTaskError: the task raised) is an error
+_RAY_ENDS = {"OutOfMemoryError": Executor.OUT_OF_MEMORY, "TaskCancelledError": Executor.STOPPED,
+             "WorkerCrashedError": Executor.STOPPED, "NodeDiedError": Executor.STOPPED,
+             "LocalRayletDiedError": Executor.STOPPED, "ObjectLostError": Executor.STOPPED,
+             "RayActorError": Executor.STOPPED}
+
+
+def ray_end(exc: BaseException) -> str:
+    """Why Ray ended a task, from the exception ``ray.get`` raised (by its class or a base's name)."""
+    return next((_RAY_ENDS[c.__name__] for c in type(exc).__mro__ if c.__name__ in _RAY_ENDS), Executor.ERROR)
 
 
 def _local(options: ExecutorOptions) -> Executor:

@@ -7,6 +7,7 @@ abl.store.rundir hands them on beside the run folder's files.
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
@@ -59,22 +60,74 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def signal_end(returncode: int | None) -> tuple[str, str] | None:
-    """The status and reason of a worker that a signal ended before it wrote its own
-    (``returncode`` as ``subprocess`` reports it: minus the signal); None when no signal ended it.
+def signal_reason(num: int, who: str = "the worker") -> tuple[str, str]:
+    """The status and reason of a process (``who``) that signal ``num`` ended before it said how it ended.
 
     A crash signal is ``failed`` (a plain re-run would crash the same way; ``--retry failed`` runs it
     again); any other is ``killed`` (stopped from outside: a plain re-run restarts it)."""
-    if returncode is None or returncode >= 0:
-        return None
-    num = -returncode
     name = signal_name(num)
     if num in CRASH_SIGNALS:
-        return FAILED, (f"the worker died of {name} (signal {num}): a crash in native code (torch, a compiled "
+        return FAILED, (f"{who} died of {name} (signal {num}): a crash in native code (torch, a compiled "
                         f"kernel or a plugin's extension), not a stop from outside; it would crash again, so a "
                         f"plain abl run does not retry it (abl run --retry failed does)")
-    return KILLED, (f"the worker was stopped from outside by {name} (signal {num}): the kernel's OOM killer, a "
+    return KILLED, (f"{who} was stopped from outside by {name} (signal {num}): the kernel's OOM killer, a "
                     f"user or a scheduler; a plain abl run restarts it")
+
+
+def signal_end(returncode: int | None) -> tuple[str, str] | None:
+    """The status and reason of a worker that a signal ended before it wrote its own
+    (``returncode`` as ``subprocess`` reports it: minus the signal); None when no signal ended it."""
+    if returncode is None or returncode >= 0:
+        return None
+    return signal_reason(-returncode)
+
+
+def launcher_signal(code: int | None) -> int | None:
+    """The signal an exit status on torchrun's launch path says ended a process: minus the signal (as
+    subprocess and torchrun's report give a process a signal ended) or 128 + the signal (a shell's
+    convention, where a shell, ``srun`` or a wrapper script sits between); None for any other status.
+
+    Only for that path: there no ordinary exit status is above 128 (torchrun exits 0, 1 or 2, a worker
+    rank with EXIT_CODES or 2), so 129 and up cannot be one. A one-process worker's signal death
+    reaches abl as minus the signal, and there a plugin's ``sys.exit(139)`` is an exit status, not SIGSEGV."""
+    if code is None:
+        return None
+    num = -code if code < 0 else code - 128 if code > 128 else 0
+    try:
+        return int(signal.Signals(num)) if num > 0 else None
+    except ValueError:
+        return None
+
+
+# torchrun (torch.distributed.run; read from torch 2.13's torch.distributed.elastic) never passes a rank's end
+# on as its own exit status. When a rank fails it exits 1 after a report (ChildFailedError) whose last block,
+# "Root Cause (first observed failure)", names the rank and its exit code, minus the signal for a signal
+# ("exitcode  : -11 (pid: 6235)  (SIGSEGV)"); its log line before the report says the same ("failed
+# (exitcode: -11) local_rank: 0"). When torchrun itself gets SIGTERM, SIGINT, SIGHUP or SIGQUIT it stops the
+# ranks and exits 1 after "SignalException: Process 6309 got signal: 15".
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+_ROOT_RANK = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_RANK_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+_TORCHRUN_STOPPED = re.compile(r"SignalException: Process \d+ got signal: (\d+)")
+
+
+def torchrun_signal(returncode: int | None, log: str) -> tuple[int, str] | None:
+    """(the signal, whom it ended) for a cell launched by torchrun that did not end well: a rank's death by
+    a signal from torchrun's report in ``log`` (the cell's output since its launch), else torchrun's own
+    stop by a signal (its SignalException, or its exit status); None when neither was a signal."""
+    if returncode == 0:
+        return None
+    if _ROOT_CAUSE in log:
+        found = _ROOT_RANK.search(log.rsplit(_ROOT_CAUSE, 1)[1])
+        failed = (found.group(2), found.group(1)) if found else None
+    else:
+        failed = next(((m.group(1), m.group(2)) for m in reversed(list(_RANK_FAILED.finditer(log)))), None)
+    if failed is not None:  # torchrun's first observed failure: the cause, whatever the other ranks did then
+        num = launcher_signal(int(failed[0]))
+        return (num, f"rank {failed[1]} of the cell's torchrun") if num else None
+    stopped = _TORCHRUN_STOPPED.findall(log)
+    num = int(stopped[-1]) if stopped else launcher_signal(returncode)
+    return (num, "the cell's torchrun") if num else None
 
 
 # why a folder left running by a worker that is gone is killed (abl ingest, abl run's reconcile)

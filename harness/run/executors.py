@@ -33,9 +33,35 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..contracts.config import Cell
+from ..contracts.status import FAILED, KILLED, OOM
+from ..files import scrub_paths
 from ..pyexec import child_env, python
 from ..store import rundir
 from .warm import Launchers, warm_choice, zygote_enabled  # noqa: F401 - zygote_enabled: its old home
+
+
+@dataclass(frozen=True)
+class EngineEnd:
+    """How an engine (a scheduler) says a job ended, where its worker's exit status says nothing: ``why``,
+    one of ``Executor.TIME_LIMIT``, ``STOPPED``, ``OUT_OF_MEMORY``, ``ERROR``; ``words``, the engine's own
+    (its job state, its exception's first line); ``limit``, which time limit ran out."""
+
+    why: str
+    words: str
+    limit: str = ""
+
+    def status(self) -> tuple[str, str]:
+        """The cell's status and reason: a time limit is ``failed`` (it would run out again), a stop from
+        outside (a lost or preempted node, a cancel) ``killed``, an out-of-memory kill ``oom``."""
+        if self.why == Executor.TIME_LIMIT:
+            return FAILED, (f"timed out: {self.limit or 'the engine time limit'} ended the job ({self.words}); "
+                            f"a plain abl run does not retry it (give it a longer time limit and run abl run "
+                            f"--retry failed)")
+        if self.why == Executor.OUT_OF_MEMORY:
+            return OOM, f"out of memory: {self.words}"
+        if self.why == Executor.STOPPED:
+            return KILLED, f"stopped from outside: {self.words}; a plain abl run restarts it"
+        return FAILED, self.words
 
 
 @dataclass
@@ -56,6 +82,14 @@ class Job:
     threads_note: str = ""  # how they were chosen, for its start line
     packed: int = 1  # the most cells of the grid on its GPU at once while it ran, itself included
     ended: float | None = None  # when the parent saw its worker end
+    end: EngineEnd | None = None  # set by the executor's poll when its engine said how the job ended
+    log_offset: int = 0  # the size of its worker.log as it was launched: what follows is this attempt's
+
+    @property
+    def torchrun(self) -> bool:
+        """Its worker runs under torchrun (``worker_command``: a cell over several processes); a cell
+        without train settings (a stand-in) runs one."""
+        return getattr(getattr(self.cell, "train", None), "devices", 1) > 1
 
 
 def tail(job: Job) -> bool:
@@ -163,9 +197,19 @@ class Executor:
     def launch(self, job: Job) -> None:
         raise NotImplementedError
 
+    # why an engine ended a job (``ended``): the runner stores each as its status (``EngineEnd.status``)
+    TIME_LIMIT, STOPPED, OUT_OF_MEMORY, ERROR = "time limit", "stopped from outside", "out of memory", "error"
+
     def poll(self, job: Job) -> int | None:
-        """The worker's exit status once it has ended, else None."""
+        """The worker's exit status once it has ended, else None. An engine that says why a job ended
+        without its worker's status (a scheduler's time limit, a lost node, an out-of-memory kill) says
+        so with ``ended`` before returning."""
         raise NotImplementedError
+
+    def ended(self, job: Job, why: str, words: str, limit: str = "") -> None:
+        """Record how the engine ended ``job`` (an ``EngineEnd``; its words stored without this machine's
+        paths, abl.files.scrub_paths)."""
+        job.end = EngineEnd(why, scrub_paths(" ".join(words.split()))[:500], limit)
 
     def stop(self, job: Job) -> None:
         raise NotImplementedError

@@ -22,9 +22,9 @@ from rich.markup import escape
 from ..contracts.config import Cell, Grid, canonical_config
 from ..contracts.plugin_manager import pm
 from ..contracts.registry import Registry
-from ..contracts.status import (COMPLETED, FAILED, INCOMPLETE, KILLED, OOM, RETRY_FAILED, RUNNING, TERMINAL,
+from ..contracts.status import (COMPLETED, DIVERGED, FAILED, INCOMPLETE, KILLED, OOM, RETRY_FAILED, RUNNING, TERMINAL,
                                runs_again)
-from ..contracts.status import GONE, settle_gone, signal_end, signal_name, timed_out
+from ..contracts.status import GONE, settle_gone, signal_name, signal_reason, timed_out, torchrun_signal
 from ..data import tokenstore
 from ..present import termlayout
 from ..store import database as store
@@ -265,31 +265,67 @@ class CellEvents:
         if job.cell.run_id in self.token_entries:  # the tokens its worker maps (a task cell generates its own)
             tokenstore.link_run(job.run_dir, self.token_entries[job.cell.run_id])
         self.oom_before[job.cell.run_id] = oom_kills()
+        job.log_offset = rundir.log_size(job.run_dir)  # what earlier attempts wrote there is not this one's
         self.launched.append(job)
         self.display.update(job)  # its start line now, not after its worker is up
+
+    def end_signal(self, job: Job) -> tuple[int, str] | None:
+        """(the signal, whom it ended) when a signal ended the job's worker, else None. A one-process
+        worker's signal death is its minus-the-signal exit status; a multi-process cell's torchrun exits 1
+        whatever ended a rank, so its report in the cell's log says (abl.contracts.status.torchrun_signal)."""
+        code = job.returncode
+        if job.torchrun:
+            return torchrun_signal(code, rundir.log_text(job.run_dir, job.log_offset))
+        return (-code, "the worker") if code is not None and code < 0 else None
 
     def settled(self, job: Job, st: dict[str, Any]) -> str:
         """Write the status of a worker that ended without writing its own, and return it: killed when
         abl run stopped it or a signal from outside ended it, out of memory when the kernel's OOM killer
-        did, failed (the signal named) when it crashed or exited without a word."""
-        code = job.returncode if job.returncode is not None else 0
+        did, failed (the signal named) when it crashed or exited without a word. A multi-process cell
+        whose rank died of a signal is settled so too, whatever rank 0 wrote as torchrun stopped it."""
+        ended = self.end_signal(job)
+        said = st.get("error")
+        if st.get("status") not in (None, RUNNING):  # rank 0's own word, after another rank's death
+            said = f"rank 0 then ended {st.get('status')}: {(str(said or '').strip().splitlines() or [''])[-1]}"
         if job.killed:
-            ended = f"; its worker ended by {signal_name(-code)}" if code < 0 else ""
-            status, error = KILLED, self.stop_reason + ended
-        elif (by_signal := signal_end(code)) is not None:
-            status, why = by_signal  # its log's last lines, then the signal (the line a summary shows)
-            error = f"{st.get('error') or rundir.log_tail(job.run_dir)}\n{why}"
+            status, error = KILLED, self.stop_reason + (f"; its worker ended by {signal_name(ended[0])}"
+                                                        if ended else "")
+        elif ended is not None:
+            status, why = signal_reason(*ended)  # its log's last lines, then the signal (the line a summary shows)
+            error = f"{said or rundir.log_tail(job.run_dir)}\n{why}"
         else:
-            status, error = FAILED, st.get("error") or rundir.log_tail(job.run_dir)
+            status, error = FAILED, said or rundir.log_tail(job.run_dir)
         before, after = self.oom_before.get(job.cell.run_id), oom_kills()
-        if not job.killed and code == -signal.SIGKILL and before is not None and after is not None \
-                and after > before:
+        if not job.killed and ended is not None and ended[0] == signal.SIGKILL and before is not None \
+                and after is not None and after > before:
             status = OOM
-            error = (f"killed by the kernel's OOM killer (SIGKILL while this machine's out-of-memory "
-                     f"kills rose from {before} to {after})")
+            error = (f"killed by the kernel's OOM killer (SIGKILL to {ended[1]} while this machine's "
+                     f"out-of-memory kills rose from {before} to {after})")
         st.update(status=status, finished=time.time(), error=error)
         rundir.write_status(job.run_dir, st)
         return status
+
+    def settle_engine_end(self, job: Job, st: dict[str, Any]) -> str:
+        """Write the status the executor's engine gave the job (``job.end``: a scheduler's time limit, a lost
+        node, an out-of-memory kill), whatever its worker wrote as the engine stopped it, and return it."""
+        assert job.end is not None
+        status, why = job.end.status()
+        said = (str(st.get("error") or "").strip().splitlines() or [""])[-1]
+        error = f"{why} (then: {said})" if said else f"{rundir.log_tail(job.run_dir)}\n{why}"
+        st.update(status=status, finished=time.time(), error=error)
+        rundir.write_status(job.run_dir, st)
+        return status
+
+    def settle_from_signal(self, job: Job, st: dict[str, Any]) -> str | None:
+        """A multi-process cell whose rank died of a signal while rank 0 wrote failed or killed (torchrun's
+        SIGTERM to it, or a collective broken by the dead rank: consequences, not the cause): settled by the
+        signal (``settled``), and its status returned; None when that is not what happened."""
+        if job.killed or not job.torchrun or st.get("status") not in (FAILED, KILLED):
+            return None
+        ended = self.end_signal(job)
+        if ended is None or not ended[1].startswith("rank "):
+            return None
+        return self.settled(job, st)
 
     def watch(self, job: Job, executor) -> None:
         """Called for each running job at every poll: its time limit (``train.timeout_s``: stopped, then
@@ -335,10 +371,14 @@ class CellEvents:
             st.update(status=FAILED, finished=time.time(),
                       error=timed_out(job.cell.train.timeout_s, ran) + (f" (then: {said})" if said else ""))
             rundir.write_status(job.run_dir, st)
+        elif job.end is not None and not job.killed and st.get("status") not in (COMPLETED, DIVERGED, OOM):
+            status_override = self.settle_engine_end(job, st)
         elif st.get("status") in (None, RUNNING):
             # the worker died without writing its final status: the parent settles it, in the folder
             # first and then the store, so the two agree (docs/robustness.md)
             status_override = self.settled(job, st)
+        elif (by_rank := self.settle_from_signal(job, st)) is not None:
+            status_override = by_rank
         elif job.killed and st.get("status") in (FAILED, KILLED):
             # stopped by abl run: what the signal broke on its way in is no verdict on the cell, and the
             # reason names the signal abl run received (a Ctrl-C is SIGINT), not the SIGTERM it sent on

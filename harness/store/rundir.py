@@ -113,6 +113,23 @@ def log_tail(run_dir: Path, n: int = 12) -> str:
     return files.scrub_paths(tail, (str(Path(run_dir).absolute().parent.parent),)) or "worker exited without a status"
 
 
+def log_size(run_dir: Path) -> int:
+    """The size of the worker's log now (0: none yet)."""
+    try:
+        return (run_dir / LOG).stat().st_size
+    except OSError:
+        return 0
+
+
+def log_text(run_dir: Path, offset: int = 0) -> str:
+    """The worker's log from byte ``offset`` on ("" when it cannot be read), as written: for reading
+    what a launcher reported (abl.contracts.status.torchrun_signal), never for storing."""
+    try:
+        return files.read_bytes(run_dir / LOG)[offset:].decode(errors="replace")
+    except OSError:
+        return ""
+
+
 # ---------------------------------------------------------------- metrics.jsonl
 
 
