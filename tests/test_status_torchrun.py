@@ -176,3 +176,56 @@ def test_rank_0s_own_word_stands_when_no_rank_died_of_a_signal(tmp_path):
     assert events.end_signal(job) == (11, "rank 1 of the cell's torchrun")
     job.log_offset = rundir.log_size(run_dir)
     assert events.settle_from_signal(job, st) is None
+
+
+RANK1_SEGV_PLUGIN = """
+import os
+import signal
+import sys
+
+from abl import hookimpl
+
+
+def segv_on_rank_1(dim):
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    in_worker = "abl.run.worker" in sys.modules or getattr(main, "name", "") == "abl.run.worker"
+    if in_worker and os.environ.get("RANK") == "1":  # rank 0 and the parent build it too
+        os.kill(os.getpid(), signal.SIGSEGV)
+    import torch
+
+    return torch.nn.LayerNorm(dim)
+
+
+@hookimpl
+def register_components(register):
+    register('norm', 'segv_on_rank_1', segv_on_rank_1)
+"""
+
+
+@pytest.mark.slow
+def test_a_ddp_cell_whose_rank_1_crashes_is_stored_failed_naming_it(tmp_path):
+    """abl run of a two-process cell on CPU (gloo) whose rank 1 dies of SIGSEGV: torchrun stops rank 0 (which
+    writes killed) and exits 1; the store and the folder say failed, rank 1, SIGSEGV."""
+    import json
+
+    import duckdb
+    from conftest import run_abl, tiny_grid_text
+
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "segv1.py").write_text(RANK1_SEGV_PLUGIN)
+    grid = tmp_path / "g.toml"
+    grid.write_text(tiny_grid_text(train={"devices": 2}, grid={"model.norm": ["segv_on_rank_1"]}))
+    db, runs = tmp_path / "x.duckdb", tmp_path / "runs"
+    r = run_abl(["--plugins-dir", str(plugins), "run", str(grid), "--db", str(db), "--runs-dir", str(runs)])
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        run_id, status, error = con.execute("SELECT run_id, status, error FROM runs").fetchone()
+    finally:
+        con.close()
+    last = error.splitlines()[-1]
+    assert status == FAILED and "rank 1" in last and "SIGSEGV" in last, error
+    folder = json.loads((runs / run_id / "status.json").read_text())
+    assert (folder["status"], folder["error"]) == (status, error)
+    assert str(tmp_path) not in error and sys.prefix not in error, error
