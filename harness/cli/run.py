@@ -107,8 +107,9 @@ def _set_plugin_timeout(ctx, param, value: float) -> float:
 @click.option("--plugin-timeout", default=DEFAULT_PLUGIN_TIMEOUT_S, show_default=True, metavar="SECONDS",
               type=click.FloatRange(min=0), is_eager=True, callback=_set_plugin_timeout,
               help="The longest abl run waits on plugin code it runs itself (loading the plugins and the grid, the "
-                   "memory check, the cost estimate, the lr sweep's phase-2 grid), per step; past it abl run stops "
-                   "(exit 2) naming the code. 0: no limit. A cell's own limit is train.timeout_s.")
+                   "memory check, the cost estimate, an lr sweep's phase-2 grid, each --until-decided round's grid, "
+                   "the executor's factory), per step; past it abl run stops (exit 2) naming the code. 0: no "
+                   "limit. A cell's own limit is train.timeout_s.")
 @click.option("--until-decided", is_flag=True,
               help="Add seeds only to the cells of comparisons still undecided (every pair of cells that differ "
                    "in one swept setting), one seed per round, until each is decided or --budget is reached; "
@@ -224,7 +225,6 @@ class _Engine:
     def make(self, ws: Workspace):
         """The executor, or exit 2 (a missing extra package, bad settings)."""
         from ..run import executors
-
         from ..run.guard import time_limit
 
         try:  # the executor registered as --executor (hook register_executors; the built-ins: abl.plugins.executors)
