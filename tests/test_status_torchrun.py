@@ -229,3 +229,20 @@ def test_a_ddp_cell_whose_rank_1_crashes_is_stored_failed_naming_it(tmp_path):
     folder = json.loads((runs / run_id / "status.json").read_text())
     assert (folder["status"], folder["error"]) == (status, error)
     assert str(tmp_path) not in error and sys.prefix not in error, error
+
+
+def test_torchrun_stopped_from_outside_is_killed_even_where_rank_0_failed_on_the_way(tmp_path):
+    """SIGTERM to torchrun (not from abl run): a collective broken as the ranks stop is no failure of the cell."""
+    from abl.run.executors import Job
+    from abl.run.runner import CellEvents
+    from abl.store import rundir
+
+    run_dir = tmp_path / "runs" / "abc"
+    run_dir.mkdir(parents=True)
+    (run_dir / rundir.LOG).write_text(STOPPED)
+    st = {"status": FAILED, "error": "RuntimeError: Connection reset by peer"}
+    job = Job(cell=_cell(2), run_dir=run_dir, index=0, handle=object(), returncode=1)
+    events = CellEvents(tmp_path / "x.duckdb", tmp_path / "runs", {}, {}, None)
+    assert events.settle_from_signal(job, st) == KILLED
+    error = rundir.read_status(run_dir)["error"]
+    assert "torchrun was stopped from outside by SIGTERM" in error.splitlines()[-1], error

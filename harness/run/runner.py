@@ -317,13 +317,11 @@ class CellEvents:
         return status
 
     def settle_from_signal(self, job: Job, st: dict[str, Any]) -> str | None:
-        """A multi-process cell whose rank died of a signal while rank 0 wrote failed or killed (torchrun's
-        SIGTERM to it, or a collective broken by the dead rank: consequences, not the cause): settled by the
-        signal (``settled``), and its status returned; None when that is not what happened."""
-        if job.killed or not job.torchrun or st.get("status") not in (FAILED, KILLED):
-            return None
-        ended = self.end_signal(job)
-        if ended is None or not ended[1].startswith("rank "):
+        """A multi-process cell that a signal ended (one of its ranks, or torchrun itself from outside)
+        while rank 0 wrote failed or killed (torchrun's SIGTERM to it, or a collective broken by the dead
+        rank: consequences, not the cause): settled by the signal (``settled``), and its status returned;
+        None when no signal ended it."""
+        if job.killed or not job.torchrun or st.get("status") not in (FAILED, KILLED) or self.end_signal(job) is None:
             return None
         return self.settled(job, st)
 
