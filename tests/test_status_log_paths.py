@@ -74,3 +74,16 @@ def test_a_worker_dead_of_a_signal_is_stored_without_machine_paths(tmp_path):
     error = rundir.read_status(run_dir)["error"]
     assert "SIGSEGV" in error.splitlines()[-1], error
     assert not any(p in error for p in machine_paths(run_dir)), error
+
+
+def test_a_failed_write_stored_as_the_stopped_cells_reason_names_no_machine_folder(tmp_path):
+    import errno
+
+    from abl.run.runner import stop_reason
+
+    home = os.path.expanduser("~")
+    exc = OSError(errno.ENOSPC, "No space left on device", f"{home}/results/runs/abc/metrics.jsonl")
+    reason = stop_reason(exc)
+    assert reason.startswith("stopped: abl run could not write") and "No space left on device" in reason
+    assert home not in reason and "results/runs/abc/metrics.jsonl" in reason, reason
+    assert stop_reason(KeyboardInterrupt()) == "stopped by SIGINT to abl run"

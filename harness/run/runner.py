@@ -26,6 +26,7 @@ from ..contracts.status import (COMPLETED, DIVERGED, FAILED, INCOMPLETE, KILLED,
                                runs_again)
 from ..contracts.status import GONE, settle_gone, signal_name, signal_reason, timed_out, torchrun_signal
 from ..data import tokenstore
+from ..files import scrub_paths
 from ..present import termlayout
 from ..store import database as store
 from ..store import rundir
@@ -418,9 +419,7 @@ def execute(executor, jobs: list[Job], events: CellEvents, display: Any, console
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "a write failed"
-            sent = exc.signal_name if isinstance(exc, Stopped) else "SIGINT"  # Ctrl-C is Python's own
-            events.stop_reason = (f"stopped by {sent} to abl run" if isinstance(exc, KeyboardInterrupt)
-                                  else f"stopped: abl run could not write ({exc})")
+            events.stop_reason = stop_reason(exc)
             console.print(f"[yellow]{why}: stopping the running cells[/]")
             executor.stop_all()
             # every started cell not stored yet, also one whose on_done the interrupt cut short
@@ -431,6 +430,14 @@ def execute(executor, jobs: list[Job], events: CellEvents, display: Any, console
         finally:
             signal.signal(signal.SIGTERM, previous)
             signal.signal(signal.SIGINT, previous_int)
+
+
+def stop_reason(exc: BaseException) -> str:
+    """Why abl run stopped its cells, stored as their error: the signal it received (a Ctrl-C is Python's
+    own SIGINT), or the write that failed, its path without this machine's folders (abl.files.scrub_paths)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return f"stopped by {exc.signal_name if isinstance(exc, Stopped) else 'SIGINT'} to abl run"
+    return f"stopped: abl run could not write ({scrub_paths(str(exc))})"
 
 
 def _takes_watch(executor) -> bool:
