@@ -12,12 +12,16 @@
 #                   store under its own limit: their "whole grid done:" lines (wall time, training-step
 #                   time, busy share) and nvidia-smi's mean utilisation during each (issue 37); on a GPU
 #                   a third run, cold: packed with --warm-workers off (a process per cell, not warm workers)
+#   seeds.txt       stage seeds (not run by default): abl bench seeds on the flagship's cell, 4 seeds trained
+#                   apart, one process each and stacked as one vmapped model, train.kernels = torch and auto
+#                   (issue 37, item 4: whether stacking seeds pays on a GPU)
 #   ladder.txt      stage ladder (not run by default): scripts/gpu_ladder.toml, GELU and SwiGLU at three sizes
 #                   with cells packed on the GPU, then abl ladder's verdicts along the sizes (issue 41)
 #   abl.duckdb      the store: selftest rows, kernel bench rows, every run's metrics
 #   status.txt      each stage's exit status and wall time
 #
-# Usage: bash scripts/gpu_run.sh [STAGE...]    STAGE: selftest, grids (= norms precision), big, packing, ladder
+# Usage: bash scripts/gpu_run.sh [STAGE...]    STAGE: selftest, grids (= norms precision), big, packing, seeds,
+#        ladder
 #        (default: selftest grids big)
 #        bash scripts/gpu_run.sh probe         the GPU probe alone (python -m abl.bench.probe; docs/gpu.md,
 #        "The probe"): seven stages, each under its own time limit (abl.bench.probe.LIMITS, 465 s in
@@ -54,10 +58,10 @@ WORK=$(mktemp -d -t abl-gpu.XXXXXX)
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(selftest grids big)
 for s in "${STAGES[@]}"; do
-    case $s in selftest|grids|norms|precision|big|packing|ladder) ;;
+    case $s in selftest|grids|norms|precision|big|packing|seeds|ladder) ;;
         probe) [ ${#STAGES[@]} -eq 1 ] || {
             echo "error: probe runs alone (its 8 files are all a call brings back)" >&2; exit 2; } ;;
-        *) echo "error: unknown stage '$s' (selftest, grids, norms, precision, big, packing, ladder, probe)" >&2
+        *) echo "error: unknown stage '$s' (selftest, grids, norms, precision, big, packing, seeds, ladder, probe)" >&2
            exit 2;; esac
 done
 mkdir -p "$OUT"
@@ -179,6 +183,21 @@ for s, n in LIMITS.items(): print(s, n, n - GRACE_S)') || { status "probe: canno
                          m, s / n, n}' "$WORK/util-$mode.txt" >> "$OUT/packing.txt"
             fi
             status "packing $mode: exit $rc in $((SECONDS - t0)) s (limit ${ABL_GPU_PACKING_TIMEOUT:-240} s)"
+        done
+        ;;
+    seeds)
+        # issue 37, item 4: the flagship's cell (ablations/norms.toml: d_model 64, lr 1e-2), its seeds trained
+        # apart, one process each, and stacked (torch.func vmap), on torch's kernels and on auto's
+        cell=(--set model.d_model=64 --set train.lr=0.01 --set train.threads=1)
+        n=4 steps=20
+        if [ "$TINY" = 1 ]; then
+            cell=(--set model.d_model=16 --set model.n_layers=1 --set model.context=16 --set train.batch_size=2)
+            n=2 steps=1
+        fi
+        for kernels in torch auto; do
+            echo "== abl bench seeds, train.kernels = $kernels" >> "$OUT/seeds.txt"
+            run_stage "seeds kernels=$kernels" "$OUT/seeds.txt" "${ABL[@]}" bench seeds --seeds "$n" --steps "$steps" \
+                "${cell[@]}" --set "train.kernels=$kernels"
         done
         ;;
     ladder)

@@ -70,6 +70,22 @@ def test_gpu_probe_runs_end_to_end_on_cpu(tmp_path):
     assert "torch" in status and "python" in status  # the environment heads the status file
 
 
+@pytest.mark.slow
+def test_gpu_run_script_seeds_stage_runs_on_cpu(tmp_path):
+    """The seeds stage (issue 37, item 4): abl bench seeds on both kernel settings, each said in seeds.txt."""
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), ABL_GPU_INSTALL="0", ABL_GPU_TINY="1", ABL_GPU_PYTHON=sys.executable,
+               TMPDIR=str(tmp_path), ABL_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_run.sh"), "seeds"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600, check=False)
+    status = (out / "status.txt").read_text()
+    assert r.returncode == 0, status + r.stdout[-2000:] + r.stderr[-2000:]
+    text = (out / "seeds.txt").read_text()
+    assert text.count("stacked (vmap)") == 2 and text.count("concurrent (a process each)") == 2
+    assert "seeds kernels=torch: exit 0" in status and "seeds kernels=auto: exit 0" in status
+
+
 def test_probe_stages_fit_their_call():
     from abl.bench.probe import GRACE_S, LIMITS, STAGES
 

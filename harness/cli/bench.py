@@ -1,4 +1,4 @@
-"""``abl bench kernels`` and ``abl bench harness``: benchmarks of the kernels and of the harness."""
+"""``abl bench kernels``, ``harness`` and ``seeds``: benchmarks of the kernels and of the harness."""
 
 from __future__ import annotations
 
@@ -145,3 +145,50 @@ def harness(steps, overrides, cells, as_json):
                f"besides the grid's evaluations: {100 * out['overhead_besides_evaluations']:.1f}%")
     if out.get("grid", {}).get("line"):  # what abl run ends with (abl.run.busy)
         click.echo(out["grid"]["line"])
+
+
+@command.command("seeds")
+@click.option("--seeds", default=4, show_default=True, type=click.IntRange(min=2, max=64),
+              help="Models of one cell, one per seed.")
+@click.option("--steps", default=20, show_default=True, type=click.IntRange(min=1), help="Timed steps of each way.")
+@click.option("--warmup", default=3, show_default=True, type=click.IntRange(min=0), help="Untimed steps before.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override the default cell (as in abl run), e.g. --set train.kernels=torch.")
+@click.option("--no-concurrent", is_flag=True, help="Skip the one-process-per-seed way.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@plugins_dir_option
+def seeds(seeds, steps, warmup, overrides, no_concurrent, as_json):
+    """The seeds of one cell trained as one stacked model (torch.func vmap), apart, and one process each.
+
+    Times a step of all the seeds each way on this device and says whether the stacked losses match the
+    apart ones (issue 37, item 4: whether stacking seeds pays before abl run does it).
+    """
+    import json
+
+    from ..bench.seeds import run_seeds_bench
+
+    try:
+        out = run_seeds_bench(seeds, steps, warmup, overrides=list(overrides), concurrent=not no_concurrent)
+    except user_errors() as exc:
+        fail(str(exc))
+    except ValueError as exc:
+        fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(out, indent=1))
+        return
+    click.echo(f"cell {out['cell']}, {out['seeds']} seeds, {out['device']}, kernels {out['kernels']}, precision "
+               f"{out['precision']}; median of {out['steps']} steps after {out['warmup']}, load {out['load']:.2f}")
+    for key, what, error in (("apart_step_s", "apart (one after another)", "apart_error"),
+                             ("concurrent_step_s", "concurrent (a process each)", "concurrent_error"),
+                             ("stacked_step_s", "stacked (vmap)", "stacked_error")):
+        value = out[key]
+        shown = f"{1e3 * value:9.1f} ms a step of all seeds" if value is not None else f"not measured: {out.get(error)}"
+        click.echo(f"  {what:<28} {shown}")
+    if out.get("unbatched_ops"):
+        click.echo(f"  (no batching rule, run once per seed: {', '.join(out['unbatched_ops'])})")
+    if out.get("loss_check"):
+        lc = out["loss_check"]
+        click.echo(f"stacked vs apart: {out['speedup_vs_apart']:.2f}x"
+                   + (f", vs concurrent {out['speedup_vs_concurrent']:.2f}x" if "speedup_vs_concurrent" in out else "")
+                   + f"; losses of the first {lc['steps']} steps "
+                   + ("bit for bit the same" if lc["bitwise"] else f"differ by up to {lc['max_abs_diff']:.2g}"))
