@@ -217,14 +217,16 @@ def test_sigterm_while_plugin_code_is_stuck_in_native_code_exits_130_with_the_cl
     the process with 130 after the clean-ups."""
     marker = tmp_path / "cleaned"
     code = f"""
-import signal, sys, time
+import signal, sys, threading, time
 from abl.run import guard
 guard.STOP_GRACE_S = 1.0
 guard.stop_on_signals()
 guard.at_hard_exit(lambda: open({str(marker)!r}, "w").close())
 with guard.time_limit("the test step", 300):
     signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGALRM, signal.SIGTERM}})
-    print("stuck", flush=True)
+    # said from another thread once the main thread sleeps: a SIGTERM sent before the sleep began would find
+    # the main thread still running Python code, whose handler then raises (the Python-code path, not this one)
+    threading.Timer(0.5, lambda: print("stuck", flush=True)).start()
     time.sleep(120)
 """
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
