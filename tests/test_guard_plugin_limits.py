@@ -44,8 +44,9 @@ def hang_here(step):
         return
     if os.environ.get("HANG_IN") and os.environ["HANG_IN"] not in {f.function for f in inspect.stack()}:
         return
-    if os.environ.get("HANG_NATIVE"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    if os.environ.get("HANG_NATIVE"):  # "stops": the stop signals too, as native code that never returns
+        stops = {signal.SIGTERM, signal.SIGINT} if os.environ["HANG_NATIVE"] == "stops" else set()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, *stops})
     if os.environ.get("HANG_SAYS"):
         open(os.environ["HANG_SAYS"], "w").close()
     time.sleep(10**6)
@@ -79,10 +80,32 @@ def slow_text(max_bytes: int = 300000):
     return python_stdlib(max_bytes=max_bytes)
 
 
+def slow_bytes():
+    from abl.plugins.tokenizers import ByteTokenizer
+
+    class SlowBytes(ByteTokenizer):
+        def encode(self, docs):
+            hang_here("tokenizer")
+            return super().encode(docs)
+
+    return SlowBytes()
+
+
 @hookimpl
 def register_components(register):
     register("norm", "hangnorm", Norm, cost=_cost, check=_check)
     register("dataset", "slow_text", slow_text)
+    register("tokenizer", "slow_bytes", slow_bytes)
+
+
+@hookimpl
+def run_finished(run_id, status, config, summary):
+    if os.environ.get("HANG_AT") == "run_finished_raises":
+        raise RuntimeError("the notification service is down")
+    hang_here("run_finished")
+    if os.environ.get("FINISHED_LOG"):
+        with open(os.environ["FINISHED_LOG"], "a") as f:
+            f.write(run_id + "\\n")
 
 
 def _executor(options):
@@ -248,16 +271,24 @@ def test_a_bad_abl_native_grace_s_is_refused_with_exit_2(tmp_path):
     assert r.returncode == 2 and "ABL_NATIVE_GRACE_S" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("where,native", [("dataset", False), ("tokenizer", False), ("tokenizer", True)],
+                         ids=["dataset", "tokenizer", "tokenizer-native"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_while_abl_run_prepares_its_data_exits_130_with_no_lock(tmp_path, plugins, sig):
+def test_a_signal_while_abl_run_prepares_its_data_exits_130_with_no_lock(tmp_path, plugins, sig, where, native):
+    """The dataset's load (the memory check reads it first) or the tokenizer's encoding (the token store's
+    build) is slow when the signal comes. native: the tokenizer blocks the stop signals in the main thread and
+    sleeps, as native code that never gives the interpreter back: the watchdog around the data preparation
+    learns of the signal and ends abl run (exit 130, the lock removed) STOP_GRACE_S later."""
     said = tmp_path / "loading"
-    grid = _grid(tmp_path, grid={"model.norm": ["rmsnorm"]}, data={"dataset": "slow_text"},
+    grid = _grid(tmp_path, grid={"model.norm": ["rmsnorm"]},
+                 data={"dataset": "slow_text", "tokenizer": "slow_bytes" if where == "tokenizer" else "byte"},
                  dataset={"slow_text": {"max_bytes": 300000}})
     db, runs = tmp_path / "x.duckdb", tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "abl.cli", "--plugins-dir", str(plugins), "run", str(grid),
                              "--db", str(db), "--runs-dir", str(runs)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, ABL_ZYGOTE="0", HANG_AT="dataset", HANG_SAYS=str(said)))
+                            env=dict(os.environ, ABL_ZYGOTE="0", HANG_AT=where, HANG_SAYS=str(said),
+                                     **({"HANG_NATIVE": "stops"} if native else {})))
     try:
         deadline = time.time() + 120
         while not said.exists() and time.time() < deadline and proc.poll() is None:
@@ -274,6 +305,28 @@ def test_a_signal_while_abl_run_prepares_its_data_exits_130_with_no_lock(tmp_pat
     assert proc.returncode == 130, (proc.returncode, out, err)
     assert time.time() - sent < 30
     assert "Traceback" not in err, err
-    assert "stopped; finished cells are stored" in err, err
+    if native:
+        assert f"stopped by {signal.Signals(sig).name} while the data preparation" in " ".join(err.split()), err
+    else:
+        assert "stopped; finished cells are stored" in err, err
     assert not Path(str(db) + ".lock").exists()
     assert not runs.exists() or not any(runs.iterdir())
+
+
+@pytest.mark.parametrize("how", ["run_finished", "run_finished_raises"], ids=["hangs", "raises"])
+def test_a_run_finished_hook_that_hangs_or_raises_costs_no_cell_and_is_said(tmp_path, plugins, how):
+    """The parent calls run_finished after each cell is stored: a hook that never returns is left after
+    --plugin-timeout, one that raises is said; either way a warning names the plugin, and every cell of the
+    grid trains and is stored."""
+    db, runs = tmp_path / "x.duckdb", tmp_path / "runs"
+    r = run_abl(["--plugins-dir", str(plugins), "run", str(_grid(tmp_path, grid={"model.norm": ["rmsnorm"]},
+                                                                 experiment={"name": "tiny", "seeds": [0, 1]})),
+                 "--db", str(db), "--runs-dir", str(runs), "--plugin-timeout", "3"],
+                env={"HANG_AT": how}, timeout=150)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    text = " ".join((r.stdout + r.stderr).split())
+    assert "Traceback" not in text
+    assert "warning: plugin 'file:hang_plugin''s run_finished hook" in text and "the grid goes on" in text, text
+    assert ("did not return within 3 s" if how == "run_finished" else "the notification service is down") in text
+    assert sorted(s for _, s in _runs(db)) == ["completed", "completed"]
+    assert not Path(str(db) + ".lock").exists()

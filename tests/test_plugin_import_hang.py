@@ -54,3 +54,16 @@ def test_abl_run_stops_on_a_plugin_whose_import_hangs_with_no_lock_and_nothing_t
     _check(r, started, kind)
     assert not Path(str(db) + ".lock").exists()
     assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_a_register_commands_hook_that_never_returns_stops_the_command_it_was_asked_for(tmp_path):
+    """An unknown command makes abl ask the plugins for their commands (register_commands): a hook that never
+    returns there is bounded like the import."""
+    plugin = ("import time\n\nfrom abl import hookimpl\n\n\n@hookimpl\ndef register_commands(cli):\n"
+              "    time.sleep(10**6)\n")
+    plugins = write_plugins(tmp_path / "plug", {"hang_at_import.py": plugin})
+    started = time.time()
+    r = run_abl(["--plugins-dir", str(plugins), "no-such-command"], env={"ABL_PLUGIN_TIMEOUT": "2"}, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert time.time() - started < 50 and "Traceback" not in r.stderr, r.stderr
+    assert "register_commands" in r.stderr and "hang_at_import.py, line 8" in r.stderr, r.stderr

@@ -71,9 +71,12 @@ class AblGroup(click.Group):
         if cmd is None and not AblGroup._plugins_loaded:
             AblGroup._plugins_loaded = True
             from ..contracts.plugin_manager import load_plugins
+            from ..run.guard import time_limit
 
             try:
-                load_plugins().hook.register_commands(cli=self)
+                plugins = load_plugins()
+                with time_limit("the plugins' register_commands hooks (looking for a command abl does not have)"):
+                    plugins.hook.register_commands(cli=self)
             except user_errors() as exc:
                 fail(str(exc))
             cmd = super().get_command(ctx, name)

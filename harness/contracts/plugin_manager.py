@@ -235,6 +235,24 @@ def call_register_hook(hook_name: str, what: str, make_register, light: bool = F
                                   f"registering {what}: {exc}") from exc
 
 
+def notify(hook_name: str, **kwargs) -> list[str]:
+    """Call a notification hook (``run_finished``) of every plugin in load order, each under the guard's time
+    limit; returns why each implementation that raised or did not return failed (the caller warns and goes
+    on: a plugin's notification never stops the grid or costs a cell)."""
+    problems = []
+    for impl in ordered_impls(getattr(pm.hook, hook_name)):
+        what = f"plugin {impl.plugin_name!r}'s {hook_name} hook"
+        try:
+            with _guard(what):
+                impl.function(**{k: kwargs[k] for k in impl.argnames})
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - its exception, or the guard's time limit (a BaseException)
+            problems.append(f"{what} raised {type(exc).__name__}: {exc}; the grid goes on" if isinstance(exc, Exception)
+                            else f"{exc} (it was left; the grid goes on)")
+    return problems
+
+
 def provenance(plugin_name: str) -> tuple[str, str]:
     return _provenance.get(plugin_name, ("(registered in-process)", "-"))
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..contracts.config import Cell, Grid, canonical_config
-from ..contracts.plugin_manager import pm
+from ..contracts.plugin_manager import notify
 from ..contracts.registry import Registry
 from ..contracts.status import (COMPLETED, DIVERGED, FAILED, INCOMPLETE, KILLED, OOM, RETRY_FAILED, RUNNING, TERMINAL,
                                runs_again)
@@ -177,8 +177,11 @@ def prepare_data_and_store(cells: list[Cell], registry: Registry, ws: Workspace,
     """Check the data of every cell and tokenise it once into the store's token folder, then open the
     store (migrating it), before anything trains: bad data or a schema problem stops the run here.
     Returns the token store entry of each cell that maps tokens (abl.data.tokenstore)."""
-    token_entries = tokenstore.prepare_store(cells, registry, ws.tokens,
-                                             log=lambda line: console.print(line, soft_wrap=True, markup=False))
+    # no time limit (a big corpus may take long), but a stop signal is acted on even when a dataset's or a
+    # tokenizer's native code never gives the interpreter back: the watchdog then ends abl run (exit 130)
+    with time_limit("the data preparation (the dataset and tokenizer plugins)", seconds=0):
+        token_entries = tokenstore.prepare_store(cells, registry, ws.tokens,
+                                                 log=lambda line: console.print(line, soft_wrap=True, markup=False))
     with store.storage_errors(ws.db):
         con = store.open_store(ws.db)  # migrate early so a schema problem stops us before training
         con.close()
@@ -400,8 +403,9 @@ class CellEvents:
                                f"{escape(err.splitlines()[-1]) if err else ''}")
         # the plugins get the shape the store keeps (each component as {"name", "params"}), so a
         # run_finished hook written before the run folder's config named components once still works
-        pm.hook.run_finished(run_id=job.cell.run_id, status=status, config=canonical_config(job.cell.config),
-                             summary=summary)
+        for problem in notify("run_finished", run_id=job.cell.run_id, status=status,
+                              config=canonical_config(job.cell.config), summary=summary):
+            self.display.print(f"[yellow]warning[/]: {escape(problem)}")
 
 
 def execute(executor, jobs: list[Job], events: CellEvents, display: Any, console: Console) -> None:
