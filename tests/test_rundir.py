@@ -161,6 +161,12 @@ def test_log_tail(tmp_path):
     assert rundir.log_tail(tmp_path) == "worker exited without a status"
     (tmp_path / rundir.LOG).write_text("".join(f"line {i}\n" for i in range(20)))
     assert rundir.log_tail(tmp_path, 3) == "line 17\nline 18\nline 19"
+    # a restarted cell's worker appends to the log: the tail stored for this attempt is this attempt's only
+    offset = rundir.log_size(tmp_path)
+    assert rundir.log_tail(tmp_path, 3, offset=offset) == "worker exited without a status"
+    with open(tmp_path / rundir.LOG, "a") as f:
+        f.write("attempt 2 died here\n")
+    assert rundir.log_tail(tmp_path, 3, offset=offset) == "attempt 2 died here"
 
 
 # ---------------------------------------------------------------- metrics.jsonl

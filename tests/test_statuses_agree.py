@@ -68,26 +68,27 @@ def dead_pid() -> int:
 
 @pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL])
 def test_a_crash_signal_is_failed_with_the_signal_named(sig):
-    from abl.contracts.status import signal_end
+    from abl.contracts.status import signal_reason
 
-    status, why = signal_end(-sig)
+    status, why = signal_reason(sig)
     assert status == FAILED and not runs_again(status)
     assert f"{signal.Signals(sig).name} (signal {int(sig)})" in why
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_a_signal_from_outside_is_killed_with_the_signal_named(sig):
-    from abl.contracts.status import signal_end
+    from abl.contracts.status import signal_reason
 
-    status, why = signal_end(-sig)
+    status, why = signal_reason(sig)
     assert status == KILLED and runs_again(status)
     assert signal.Signals(sig).name in why
 
 
-def test_an_exit_without_a_signal_is_not_settled_by_signal_end():
-    from abl.contracts.status import signal_end
+def test_an_exit_without_a_signal_is_not_read_as_one():
+    from abl.contracts.status import launcher_signal
 
-    assert signal_end(0) is None and signal_end(1) is None and signal_end(None) is None
+    assert launcher_signal(0) is None and launcher_signal(1) is None and launcher_signal(None) is None
+    assert launcher_signal(-11) == signal.SIGSEGV and launcher_signal(128 + 9) == signal.SIGKILL
 
 
 @pytest.mark.slow

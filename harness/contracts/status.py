@@ -74,14 +74,6 @@ def signal_reason(num: int, who: str = "the worker") -> tuple[str, str]:
                     f"user or a scheduler; a plain abl run restarts it")
 
 
-def signal_end(returncode: int | None) -> tuple[str, str] | None:
-    """The status and reason of a worker that a signal ended before it wrote its own
-    (``returncode`` as ``subprocess`` reports it: minus the signal); None when no signal ended it."""
-    if returncode is None or returncode >= 0:
-        return None
-    return signal_reason(-returncode)
-
-
 def launcher_signal(code: int | None) -> int | None:
     """The signal an exit status on torchrun's launch path says ended a process: minus the signal (as
     subprocess and torchrun's report give a process a signal ended) or 128 + the signal (a shell's

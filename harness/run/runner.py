@@ -296,9 +296,9 @@ class CellEvents:
                                                         if ended else "")
         elif ended is not None:
             status, why = signal_reason(*ended)  # its log's last lines, then the signal (the line a summary shows)
-            error = f"{said or rundir.log_tail(job.run_dir)}\n{why}"
+            error = f"{said or rundir.log_tail(job.run_dir, offset=job.log_offset)}\n{why}"
         else:
-            status, error = FAILED, said or rundir.log_tail(job.run_dir)
+            status, error = FAILED, said or rundir.log_tail(job.run_dir, offset=job.log_offset)
         before, after = self.oom_before.get(job.cell.run_id), oom_kills()
         if not job.killed and ended is not None and ended[0] == signal.SIGKILL and before is not None \
                 and after is not None and after > before:
@@ -315,7 +315,7 @@ class CellEvents:
         assert job.end is not None
         status, why = job.end.status()
         said = (str(st.get("error") or "").strip().splitlines() or [""])[-1]
-        error = f"{why} (then: {said})" if said else f"{rundir.log_tail(job.run_dir)}\n{why}"
+        error = f"{why} (then: {said})" if said else f"{rundir.log_tail(job.run_dir, offset=job.log_offset)}\n{why}"
         st.update(status=status, finished=time.time(), error=error)
         rundir.write_status(job.run_dir, st)
         return status

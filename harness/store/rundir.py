@@ -101,12 +101,13 @@ def plugins_record(meta: Any) -> dict[str, dict[str, str]]:
             for key, origin in record.items() if isinstance(key, str) and isinstance(origin, dict)}
 
 
-def log_tail(run_dir: Path, n: int = 12) -> str:
-    """The last ``n`` lines of the worker's log (what a worker that died silently left), every absolute
-    path shortened (abl.files.scrub_paths; a path in the run folder as ``runs/<run_id>/...``): the
-    parent stores them as the run's error, which travels with the store."""
+def log_tail(run_dir: Path, n: int = 12, offset: int = 0) -> str:
+    """The last ``n`` lines of the worker's log from byte ``offset`` on (what this attempt's worker, if it died
+    silently, left; ``log_size`` as it was launched), every absolute path shortened (abl.files.scrub_paths; a
+    path in the run folder as ``runs/<run_id>/...``): the parent stores them as the run's error, which travels
+    with the store."""
     try:
-        lines = files.read_bytes(run_dir / LOG).decode(errors="replace").strip().splitlines()
+        lines = files.read_bytes(run_dir / LOG)[offset:].decode(errors="replace").strip().splitlines()
     except OSError:
         return "worker exited without a status"
     tail = "\n".join(lines[-n:])
