@@ -53,8 +53,10 @@ Post-training evaluations
     evaluations make, for a plugin's to reuse: ``decode_metrics``,
     ``extrapolation_metrics`` (at ``EXTRAPOLATION_SCALES``), ``probe_metrics``.
 Executors (hook ``register_executors``)
-    ``Executor`` (base class: ``launch``, ``poll``, ``stop``, and the declared
-    capabilities ``local``, ``slots``, ``use_gpus``, ``free_gpus``), ``ExecutorOptions``
+    ``Executor`` (base class: ``launch``, ``poll``, ``stop``, the declared
+    capabilities ``local``, ``slots``, ``use_gpus``, ``free_gpus``, and ``ended``:
+    how the engine ended a job, ``TIME_LIMIT``, ``STOPPED``, ``OUT_OF_MEMORY`` or
+    ``ERROR`` with the engine's own words, stored as its status), ``ExecutorOptions``
     (what its factory gets), ``Job`` (one cell to run), ``LocalExecutor``,
     ``worker_command`` (the command that trains a job's cell), ``run_worker_process``
     (run it to the end, on a cluster's node).
