@@ -151,14 +151,19 @@ def test_a_second_grid_reuses_the_trained_tokenizer_and_the_tokens(tmp_path, reg
     assert {p: p.stat().st_mtime_ns for p in stamp} == stamp  # nothing rewritten
 
 
-def test_workers_map_the_store_and_never_read_the_corpus(tmp_path, registry, monkeypatch):
-    root = tmp_path / "tokens"
+def _linked_run(tmp_path, registry):
+    """A cell, its token store entry as the parent builds it, and its run folder linked to the entry."""
     g = expand(grid(tmp_path), registry)
     cell = g.cells[0]
-    entry = tokenstore.prepare_store(g.cells, registry, root)[cell.run_id]
+    entry = tokenstore.prepare_store(g.cells, registry, tmp_path / "tokens")[cell.run_id]
     run_dir = tmp_path / "runs" / cell.run_id
     run_dir.mkdir(parents=True)
     tokenstore.link_run(run_dir, entry)
+    return cell, entry, run_dir
+
+
+def test_workers_map_the_store_and_never_read_the_corpus(tmp_path, registry, monkeypatch):
+    cell, entry, run_dir = _linked_run(tmp_path, registry)
 
     def unreadable(**params):
         raise AssertionError("the worker loaded the dataset")
@@ -178,13 +183,7 @@ def test_workers_map_the_store_and_never_read_the_corpus(tmp_path, registry, mon
 def test_an_entry_is_mapped_once_per_process_until_it_is_rebuilt(tmp_path, registry, monkeypatch, capsys):
     """Issue 37: a warm worker's later cells reuse the mapped entry, its token-id scan and its int64
     validation tokens; a rebuilt entry (another meta.json) is mapped afresh."""
-    root = tmp_path / "tokens"
-    g = expand(grid(tmp_path), registry)
-    cell = g.cells[0]
-    entry = tokenstore.prepare_store(g.cells, registry, root)[cell.run_id]
-    run_dir = tmp_path / "runs" / cell.run_id
-    run_dir.mkdir(parents=True)
-    tokenstore.link_run(run_dir, entry)
+    cell, entry, run_dir = _linked_run(tmp_path, registry)
     monkeypatch.setattr(tokenstore, "_opened", {})
     monkeypatch.setattr(tokenstore, "_bound", None)
     maps: list[str] = []
