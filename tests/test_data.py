@@ -57,7 +57,7 @@ def test_the_stdlib_walk_finds_the_files_and_order_the_full_glob_did(tmp_path):
     import sysconfig
     from pathlib import Path
 
-    from plugins import datasets
+    from abl.plugins import datasets
 
     for root in (Path(sysconfig.get_paths()["stdlib"]), _odd_tree(tmp_path)):
         globbed = [p for p in sorted(root.rglob("*.py"))

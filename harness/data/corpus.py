@@ -260,7 +260,9 @@ class Batches:
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size or batch_size
         self.train_tokens = data.train
-        self.val = torch.from_numpy(data.val_int64)
+        # a TokenData converts its validation tokens once (a warm worker's later cells reuse them)
+        self.val = torch.from_numpy(data.val_int64 if isinstance(data, TokenData)
+                                    else np.asarray(data.val, dtype=np.int64))
         self.val_bytes = data.val_bytes
         # ``stream`` separates the ranks of a multi-process cell
         self.gen = torch.Generator().manual_seed(10_007 * seed + 1 + 7_919 * stream)
