@@ -237,3 +237,13 @@ def stored_run(cell_key: str, seed: int, final: dict, config: dict | None = None
     values = {"run_id": f"{cell_key}{seed}", "experiment": "e", "label": cell_key, "status": COMPLETED,
               "config": config or {}, "data_fingerprint": "f", **fields}
     return StoredRun(cell_key=cell_key, seed=seed, final=final, **values)
+
+
+def default_signals():
+    """In the child, before exec: SIGINT and SIGTERM back to their defaults. A test suite started in the
+    background (``nohup pytest &``) inherits SIGINT ignored, and Python then never turns SIGINT into
+    KeyboardInterrupt; the signal tests must not depend on how the suite was started (issue 27)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)

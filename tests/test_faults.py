@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import ROOT, run_abl, tiny_grid_text
+from conftest import ROOT, default_signals, run_abl, tiny_grid_text
 
 def grid_text(steps: int, ckpt: int) -> str:
     """The tiny grid (tests/conftest.py), two layers, rmsnorm or none, ``steps`` steps, a checkpoint every ``ckpt``."""
@@ -25,14 +25,6 @@ def rows(db, sql, params=()):
         return con.execute(sql, list(params)).fetchall()
     finally:
         con.close()
-
-
-def default_signals():
-    """In the child, before exec: SIGINT and SIGTERM back to their defaults. A test suite started in the
-    background (``nohup pytest &``) inherits SIGINT ignored, and Python then never turns SIGINT into
-    KeyboardInterrupt; the signal tests must not depend on how the suite was started (issue 27)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def start_abl(args):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import ROOT, run_abl, tiny_grid_text, write_plugins
+from conftest import ROOT, default_signals, run_abl, tiny_grid_text, write_plugins
 
 HANG_PLUGIN = '''
 import inspect
@@ -286,6 +286,7 @@ def test_a_signal_while_abl_run_prepares_its_data_exits_130_with_no_lock(tmp_pat
     db, runs = tmp_path / "x.duckdb", tmp_path / "runs"
     proc = subprocess.Popen([sys.executable, "-m", "abl.cli", "--plugins-dir", str(plugins), "run", str(grid),
                              "--db", str(db), "--runs-dir", str(runs)], cwd=ROOT, stdout=subprocess.PIPE,
+                            preexec_fn=default_signals,  # noqa: PLW1509 - a suite started in the background ignores SIGINT
                             stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, ABL_ZYGOTE="0", HANG_AT=where, HANG_SAYS=str(said),
                                      **({"HANG_NATIVE": "stops"} if native else {})))
