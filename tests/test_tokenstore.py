@@ -180,7 +180,7 @@ def test_workers_map_the_store_and_never_read_the_corpus(tmp_path, registry, mon
     assert data.fingerprint == json.loads((entry / "meta.json").read_text())["data_fingerprint"]
 
 
-def test_an_entry_is_mapped_once_per_process_until_it_is_rebuilt(tmp_path, registry, monkeypatch, capsys):
+def test_an_entry_is_mapped_once_per_process_until_it_is_rebuilt(tmp_path, registry, monkeypatch):
     """Issue 37: a warm worker's later cells reuse the mapped entry, its token-id scan and its int64
     validation tokens; a rebuilt entry (another meta.json) is mapped afresh."""
     cell, entry, run_dir = _linked_run(tmp_path, registry)
@@ -197,14 +197,12 @@ def test_an_entry_is_mapped_once_per_process_until_it_is_rebuilt(tmp_path, regis
     tokenstore.bind(run_dir)
     first = tokenstore.cell_tokens(cell, registry)
     first.check(16)
-    assert "mapped by an earlier cell" not in capsys.readouterr().out
     n_maps = len(maps)
     assert n_maps >= 2  # train and val
     tokenstore.bind(run_dir)
     second = tokenstore.cell_tokens(cell, registry)
     assert second is first and len(maps) == n_maps
     assert "max_id" in second.__dict__ and second.val_int64 is first.val_int64
-    assert f"store entry {entry.name}, mapped by an earlier cell" in capsys.readouterr().out
 
     # the entry rebuilt in place (as commit does after a torn write): a new meta.json, so a new mapping
     meta = (entry / "meta.json").read_text()

@@ -83,9 +83,6 @@ def test_a_grid_in_warm_workers_has_the_losses_of_one_process_per_cell_bit_for_b
     assert len({c[1]["pid"] for c in warm}) == 1  # one worker trained all three
     assert {c[1]["origin"] for c in fresh} == {"spawned"} and len({c[1]["pid"] for c in fresh}) == 3
     by_id = {c[0]: c for c in fresh}
-    reused = ["mapped by an earlier cell of this worker" in (tmp_path / "warm" / c[0] / "worker.log").read_text()
-              for c in warm]
-    assert reused == [False, True, True]  # the token store entry is mapped once per worker
     for run_id, status, train, val in warm:
         assert status["status"] == "completed"
         assert train is not None and val is not None

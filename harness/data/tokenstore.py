@@ -494,11 +494,7 @@ def bind(run_dir: Path) -> None:
 def cell_tokens(cell, registry) -> TokenData:
     """The cell's tokens: mapped from the bound store entry, else (no parent, e.g. a test) built in memory."""
     if _bound is not None:
-        held = _bound in _opened
-        data = open_tokens(_bound)
-        if held and _opened.get(_bound, (None, None))[1] is data:
-            print(f"tokens: store entry {_bound.name}, mapped by an earlier cell of this worker", flush=True)
-        return data
+        return open_tokens(_bound)
     p = prepare_tokens(cell.components["dataset"], cell.components["tokenizer"], registry, None,
                        default_tokenizer(cell))
     assert p.arrays is not None
