@@ -90,7 +90,10 @@ def test_the_default_cap_comes_from_the_cell_sizes():
         return n
 
     assert admission.default_cells_per_gpu([need(2 * GiB)], {0: 9 * GiB}) == 4  # (9 - 1) // 2
-    assert admission.default_cells_per_gpu([need(2 * GiB), need(5 * GiB)], {0: 9 * GiB, 1: 20 * GiB}) == 1
+    # the largest cell (5) on the GPU with the most free memory: (20 - 1) // 5; GPU 0 takes fewer, by its own
+    # free memory when the cells are placed (tests/test_placement_uneven_gpus.py)
+    assert admission.default_cells_per_gpu([need(2 * GiB), need(5 * GiB)], {0: 9 * GiB, 1: 20 * GiB}) == 3
+    assert admission.default_cells_per_gpu([need(2 * GiB), need(5 * GiB)], {0: 9 * GiB}) == 1  # (9 - 1) // 5
     assert admission.default_cells_per_gpu([need(1.1 * GiB)], {0: 80 * GiB}) == admission.MAX_DEFAULT_CELLS_PER_GPU
     assert admission.default_cells_per_gpu([need(2 * GiB)], None) == 1  # free memory unknown: as before
 

@@ -21,12 +21,14 @@ the top of a band, and the messages say "measured peak":
   together;
 - CUDA: ``torch.cuda.mem_get_info`` of each GPU the cells may get, asked in a
   child process so the ``abl run`` parent never holds a CUDA context of its
-  own. A cell that does not fit a device alone is refused here; the cells that
-  do are then placed per device as they start (``Placement``): a cell joins a
-  GPU while the needs of the cells on it, its own and ``GPU_RESERVE_BYTES`` fit
-  that GPU's free memory, up to ``cells_per_gpu`` cells (``--cells-per-gpu``;
-  default ``default_cells_per_gpu``). A GPU with no cell on it takes any
-  admitted cell, so a cell that fits alone always runs.
+  own. A cell that fits no GPU alone (a cell of k processes: no k GPUs that
+  each hold one) is refused here; the cells that do are then placed per device
+  as they start (``Placement``), only on a GPU whose free memory holds them: a
+  cell joins a GPU while the needs of the cells on it, its own and
+  ``GPU_RESERVE_BYTES`` fit that GPU's free memory, up to ``cells_per_gpu``
+  cells (``--cells-per-gpu``; default ``default_cells_per_gpu``). An empty GPU
+  whose free memory holds an admitted cell takes it, so a cell that fits alone
+  always runs.
 
 A grid that does not fit is refused (``AdmissionError``, exit status 2) with
 each cell that does not fit and its predicted peak; ``--force`` runs it anyway.
@@ -245,11 +247,14 @@ def admit(cells: list[Cell], registry: Registry, *, slots: int, gpus: list[int],
         if plan is not None:
             plan(gpu_needs, free_by_gpu)
         if free_by_gpu:
-            room = min(free_by_gpu.values())  # a cell may get any of them
-            over = [n for n in gpu_needs if n.per_process > room]
+            # a cell of k processes needs k GPUs that each hold one (Placement puts it only there)
+            over = [n for n in gpu_needs
+                    if sum(n.per_process <= b for b in free_by_gpu.values()) < max(1, n.processes)]
             if over:
                 where = ", ".join(f"GPU {i}: {fmt(b)}" for i, b in sorted(free_by_gpu.items()))
-                problems.append(f"{len(over)} cell(s) need more GPU memory than is free ({where}):")
+                several = " (a cell of k processes needs k GPUs that each hold one)" \
+                    if any(n.processes > 1 for n in over) else ""
+                problems.append(f"{len(over)} cell(s) need more GPU memory than is free ({where}){several}:")
                 problems += [_line(n) for n in over[:10]]
                 if len(over) > 10:
                     problems.append(f"  ... and {len(over) - 10} more")
@@ -318,13 +323,15 @@ def check_run(cells: list[Cell], registry: Registry, runs_dir: Path, executor, r
 
 def default_cells_per_gpu(needs: list[Need], free_by_gpu: dict[int, int] | None) -> int:
     """The rule of ``--cells-per-gpu``'s default: as many of the grid's largest cell (its need at the top
-    of the band, plus a CUDA context) as fit the GPU with the least free memory less
+    of the band, plus a CUDA context) as fit the GPU with the most free memory less
     ``GPU_RESERVE_BYTES``, at least 1 and at most ``MAX_DEFAULT_CELLS_PER_GPU``; 1 when the free memory or
-    a cell's need is unknown (one cell per GPU, as before)."""
+    a cell's need is unknown (one cell per GPU, as before). A GPU with less free memory takes fewer: the
+    placement checks each GPU's own (``Placement.fits``), so a GPU mostly taken by another job does not
+    make the others run one cell at a time."""
     if not free_by_gpu or not needs:
         return 1
     largest = max(n.per_process for n in needs)
-    room = min(free_by_gpu.values()) - GPU_RESERVE_BYTES
+    room = max(free_by_gpu.values()) - GPU_RESERVE_BYTES
     if largest <= 0 or room <= largest:
         return 1
     return int(max(1, min(MAX_DEFAULT_CELLS_PER_GPU, room // largest)))
@@ -345,11 +352,14 @@ def placement_for(gpus: list[int], cells_per_gpu: int | None, needs: list[Need],
 class Placement:
     """Which GPU each starting cell goes to: per device, by the cells' predicted needs.
 
-    A cell goes to a GPU with no cell on it, or to one holding fewer than ``cap`` cells whose needs, plus
-    the new cell's and ``reserve``, fit that GPU's free memory (as measured before the grid started);
-    among those, the one with the fewest cells, then the most room. A cell whose need is unknown (no
-    prediction, or no free-memory figure) counts as filling its GPU unless ``free`` is None, when only the
-    cap counts. A multi-device cell takes that many GPUs, each placed by the same rule.
+    A cell goes to a GPU with no cell on it whose free memory (as measured before the grid started) holds
+    its need, or to one holding fewer than ``cap`` cells whose needs, plus the new cell's and ``reserve``,
+    fit that GPU's free memory; among those, the one with the fewest cells, then the most room. A cell
+    whose need is unknown (no prediction, or no free-memory figure) counts as filling its GPU unless
+    ``free`` is None, when only the cap counts. A multi-device cell takes that many GPUs, each placed by
+    the same rule. A cell that no GPU (no set of as many GPUs as it has processes) holds alone was let
+    through by ``--force``: it takes an empty GPU, the one with the most free memory, rather than waiting
+    for ever.
     """
 
     def __init__(self, gpus: list[int], cap: int = 1, free: dict[int, int] | None = None,
@@ -361,10 +371,24 @@ class Placement:
     def need(self, run_id: str) -> float | None:
         return self.needs.get(run_id)
 
-    def fits(self, gpu: int, run_id: str) -> bool:
+    def fits_alone(self, gpu: int, run_id: str) -> bool:
+        """Whether the cell fits the GPU with nothing else on it (True when its need or the free memory is
+        unknown: admission had nothing to refuse it on)."""
+        need = self.need(run_id)
+        if self.free is None or need is None:
+            return True
+        return need <= self.free.get(gpu, 0)
+
+    def fits_somewhere(self, run_id: str, devices: int = 1) -> bool:
+        """Whether ``devices`` GPUs each hold the cell alone (admission refused the cells that fit no such
+        set, unless ``--force``)."""
+        return sum(self.fits_alone(g, run_id) for g in self.gpus) >= max(1, devices)
+
+    def fits(self, gpu: int, run_id: str, devices: int = 1) -> bool:
         cells = self.on[gpu]
         if not cells:
-            return True  # alone: admission checked that it fits (or --force said run anyway)
+            # alone: where it fits; a cell that fits nowhere (--force said run anyway) on any empty GPU
+            return self.fits_alone(gpu, run_id) or not self.fits_somewhere(run_id, devices)
         if len(cells) >= self.cap:
             return False
         if self.free is None:
@@ -376,7 +400,7 @@ class Placement:
 
     def choose(self, run_id: str, devices: int = 1) -> list[int] | None:
         """The GPUs the cell would get now, or None when it must wait (nothing is taken: ``take``)."""
-        ok = [g for g in self.gpus if self.fits(g, run_id)]
+        ok = [g for g in self.gpus if self.fits(g, run_id, devices)]
         if len(ok) < devices:
             return None
         ok.sort(key=lambda g: (len(self.on[g]), -self.room(g), g))
