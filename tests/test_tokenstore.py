@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -211,6 +213,43 @@ def test_an_entry_is_mapped_once_per_process_until_it_is_rebuilt(tmp_path, regis
     third = tokenstore.cell_tokens(cell, registry)
     assert third is not first and len(maps) == 2 * n_maps
     assert np.array_equal(third.val_int64, first.val_int64)
+
+
+def test_a_build_removes_the_folders_killed_builds_left_and_keeps_a_live_builds(tmp_path, registry):
+    """A build killed mid-write (SIGKILL, OOM) leaves its ``.KEY.tmpPID`` folder; the next build removes it once
+    it is quiet and its PID is gone, and never a folder a live process (here: one building the same key) writes."""
+    cell = expand(grid(tmp_path), registry).cells[0]
+    root = tmp_path / "tokens"
+    root.mkdir()
+    prepared = tokenstore.prepare_tokens(cell.components["dataset"], cell.components["tokenizer"], registry,
+                                         root, tokenstore.default_tokenizer(cell))
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()  # reaped: its PID names no process now
+    building = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+    def left(key, pid, age_s):
+        folder = root / f".{key}.tmp{pid}"
+        folder.mkdir()
+        (folder / "train.bin").write_bytes(b"\0" * 64)
+        for p in (folder / "train.bin", folder):
+            os.utime(p, (time.time() - age_s, time.time() - age_s))
+        return folder
+
+    try:
+        stale = left(prepared.key, killed.pid, 3600)
+        other_key = left("0" * 20, killed.pid, 3600)
+        live = left(prepared.key, building.pid, 3600)  # alive: a concurrent build of the same entry
+        just_written = left("1" * 20, killed.pid, 5)  # a build in another PID namespace (container) may write
+        abandoned = left("2" * 20, building.pid, 2 * 86_400)  # no build is this quiet: its PID was reused
+        entry = tokenstore.commit(prepared, root)
+        assert tokenstore._entry_ok(entry) is not None
+        assert not stale.exists() and not other_key.exists() and not abandoned.exists()
+        assert live.is_dir() and (live / "train.bin").is_file() and just_written.is_dir()
+        assert any("3 folder(s) left by killed builds" in n for n in prepared.notes), prepared.notes
+        assert sorted(p.name for p in root.iterdir()) == sorted([entry.name, live.name, just_written.name])
+    finally:
+        building.kill()
+        building.wait()
 
 
 def test_token_bin_goes_through_the_store_as_pretokenised(tmp_path, registry):

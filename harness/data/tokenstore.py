@@ -59,18 +59,12 @@ FORMAT = 2  # 2: val_spans.bin and the round-trip check; an entry of format 1 is
 def sha256_text(*parts: str) -> str:
     h = hashlib.sha256()
     for p in parts:
-        h.update(p.encode())
-        h.update(b"\0")
+        h.update(p.encode() + b"\0")
     return h.hexdigest()
 
 
 def spec_key(spec: dict[str, Any]) -> str:
     return json.dumps(spec, sort_keys=True, default=str)
-
-
-def describe_spec(spec: dict[str, Any]) -> str:
-    params = ", ".join(f"{k}={v!r}" for k, v in sorted(spec.get("params", {}).items()))
-    return f"{spec['name']}({params})" if params else str(spec["name"])
 
 
 # ---------------------------------------------------------------- loading (memoised per process)
@@ -153,11 +147,8 @@ def _join(pieces: list[tuple[np.ndarray, np.ndarray]], sep: tuple[np.ndarray, np
     ids: list[np.ndarray] = []
     nbytes: list[np.ndarray] = []
     for i, (a, b) in enumerate(pieces):
-        if i:
-            ids.append(sep[0])
-            nbytes.append(sep[1])
-        ids.append(a)
-        nbytes.append(b)
+        ids += [sep[0], a] if i else [a]
+        nbytes += [sep[1], b] if i else [b]
     if not ids:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     return (np.concatenate([np.asarray(a, np.int64) for a in ids]),
@@ -343,14 +334,38 @@ def _map_entry(folder: Path) -> TokenData:
     for name, dtype, n in (("train.bin", meta["dtype"], meta["n_train"]), ("val.bin", meta["dtype"], meta["n_val"]),
                            ("val_bytes.bin", "<u4", meta["n_val"] if meta["has_val_bytes"] else -1),
                            ("val_spans.bin", meta["dtype"], n_spans)):
-        if n < 0:
-            continue
-        arrays[name] = np.memmap(folder / name, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
+        if n >= 0:
+            arrays[name] = np.memmap(folder / name, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
     return tokendata(meta, arrays, folder)
 
 
-def entry_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+STALE_S, ABANDONED_S = 600, 86_400  # sweep: a build's folder untouched this long was left by a killed build
+
+
+def _pid_alive(pid: int) -> bool:
+    try:  # off POSIX os.kill would end the process: age alone decides there
+        return os.name != "posix" or os.kill(pid, 0) is None
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # another user's process (or no PID at all: age decides)
+        return True
+
+
+def sweep(root: Path) -> list[str]:
+    """Remove (and name) the ``.KEY.tmpPID`` folders builds killed mid-write left in the store: one untouched for
+    STALE_S whose PID names no process here, or for ABANDONED_S whatever its PID (PIDs are reused; a build in
+    another container has PIDs we cannot see). A live build writes until its rename, never quiet for minutes."""
+    gone = []
+    for tmp in root.glob(".*.tmp*"):
+        pid = tmp.name.rpartition(".tmp")[2]
+        try:
+            quiet = time.time() - max(p.stat().st_mtime for p in (tmp, *tmp.iterdir()))
+        except OSError:  # not a folder, or renamed into place meanwhile
+            continue
+        if pid.isdigit() and (quiet > ABANDONED_S or (quiet > STALE_S and not _pid_alive(int(pid)))):
+            shutil.rmtree(tmp, ignore_errors=True)
+            gone.append(tmp.name)
+    return gone
 
 
 def commit(prepared: Prepared, root: Path) -> Path:
@@ -364,6 +379,8 @@ def commit(prepared: Prepared, root: Path) -> Path:
     if prepared.arrays is None:
         return folder
     root.mkdir(parents=True, exist_ok=True)
+    if gone := sweep(root):
+        prepared.notes.append(f"removed {len(gone)} folder(s) left by killed builds ({', '.join(gone)})")
     tmpdir = root / f".{prepared.key}.tmp{os.getpid()}"
     shutil.rmtree(tmpdir, ignore_errors=True)
     try:  # a full disk (or any failed write) leaves no half-written folder behind
@@ -457,10 +474,10 @@ def prepare_store(cells: list, registry, root: Path, log: Callable[[str], None] 
     for p in prepared.values():
         folder = commit(p, root)
         if log is not None:
-            m = p.meta
+            m, mib = p.meta, sum(f.stat().st_size for f in folder.iterdir() if f.is_file()) / 2**20
             log(f"token store {root.name}/{p.key}: {m['description']}, tokenizer {m['tokenizer']} "
                 f"(vocabulary {m['vocab_size']:,}): {m['n_train']:,} training + {m['n_val']:,} validation "
-                f"tokens, {np.dtype(m['dtype']).name}, {entry_bytes(folder) / 2**20:.1f} MiB; {'; '.join(p.notes)}")
+                f"tokens, {np.dtype(m['dtype']).name}, {mib:.1f} MiB; {'; '.join(p.notes)}")
     for run_id, pair in pairs.items():  # task cells have no entry: they generate their data
         out[run_id] = root / prepared[pair].key
     return out
