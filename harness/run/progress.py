@@ -134,6 +134,19 @@ def contention_note(final: dict[str, float], info: dict[str, Any]) -> str:
     return "machine contended (" + ", ".join(parts) + "): its speed figures are not comparable"
 
 
+def packed_note(job: Job) -> str:
+    """What a cell that shared its GPU with others of the grid says where it ends ("" when it had the GPU
+    to itself): its speed figures are marked contended in its folder (abl.run.speedpass.mark_packed)."""
+    if job.packed <= 1 or not job.gpus:
+        return ""
+    where = f"GPU {job.gpus[0]}" if len(job.gpus) == 1 else f"GPUs {','.join(map(str, job.gpus))}"
+    return f"shared {where} with {job.packed - 1} other cell(s), speed contended"
+
+
+def _notes(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
+
+
 class LineProgress:
     """Progress as plain lines, for output that is not a terminal (a log file, nohup, CI).
 
@@ -189,6 +202,7 @@ class LineProgress:
                 self.estimate.finish(job, wall_s)
             self.done += 1
             loss = _loss_text(job)
+            note = _notes(note, packed_note(job))
             self.line(f"end   {self._name(job)}: {status} at step {job.step}/{job.cell.train.steps}"
                       f"{', ' + loss if loss else ''}, wall {fmt_duration(wall_s)}"
                       f" (cells {self.done}/{self.total}){'; ' + note if note else ''}")
@@ -295,12 +309,14 @@ class BarProgress:
 
     def end_line(self, job: Job, status: str, wall_s: float | None) -> str:
         """The line a finished cell leaves above the bars: its name (fitted to what the rest leaves of
-        the terminal), status, final loss and wall time."""
+        the terminal), status, final loss and wall time, and whether it shared its GPU (``packed_note``)."""
         loss = _loss_text(job)
         rest = f": {status}{', ' + loss if loss else ''}, {fmt_duration(wall_s)}"
         if status != COMPLETED:
             rest = f": {status} at step {job.step}/{job.cell.train.steps}{', ' + loss if loss else ''}, " \
                    f"{fmt_duration(wall_s)}"
+        if packed := packed_note(job):
+            rest += f"; {packed}"
         return self._desc(job, self.console.width - len(rest)).strip() + rest
 
     def finish(self, job: Job, status: str, wall_s: float | None, note: str = "") -> None:
