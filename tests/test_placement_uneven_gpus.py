@@ -108,3 +108,16 @@ def test_the_smallest_gpu_does_not_shrink_the_default_cap_of_the_others():
 @pytest.mark.parametrize("free", [None, {}])
 def test_unknown_free_memory_keeps_one_cell_per_gpu(free):
     assert admission.default_cells_per_gpu([_need("a", 2 * GiB)], free) == 1
+
+
+def test_the_executor_runs_at_once_what_each_gpu_holds(monkeypatch):
+    """The slots follow each GPU's free memory: 8 on the large GPU, 1 on the nearly full one, not 8 on each
+    (the host threads of each GPU cell and the grid's ETA are shared among the slots)."""
+    monkeypatch.setenv("ABL_ZYGOTE", "0")
+    ex = LocalExecutor(gpus=[0, 1])
+    ex.plan_devices([_need(f"c{i}", 2 * GiB) for i in range(12)], {0: 3 * GiB, 1: 80 * GiB})
+    assert ex.placement.cap == admission.MAX_DEFAULT_CELLS_PER_GPU
+    assert ex.slots == admission.MAX_DEFAULT_CELLS_PER_GPU + 1
+    given = LocalExecutor(gpus=[0, 1], cells_per_gpu=3)  # --cells-per-gpu: that many on every GPU, as before
+    given.plan_devices([_need(f"c{i}", 2 * GiB) for i in range(12)], {0: 3 * GiB, 1: 80 * GiB})
+    assert given.slots == 6

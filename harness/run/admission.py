@@ -330,8 +330,12 @@ def default_cells_per_gpu(needs: list[Need], free_by_gpu: dict[int, int] | None)
     make the others run one cell at a time."""
     if not free_by_gpu or not needs:
         return 1
-    largest = max(n.per_process for n in needs)
-    room = max(free_by_gpu.values()) - GPU_RESERVE_BYTES
+    return _how_many(max(n.per_process for n in needs), max(free_by_gpu.values()))
+
+
+def _how_many(largest: float, free: float) -> int:
+    """How many cells of need ``largest`` fit ``free`` bytes less the reserve: 1 to the default's most."""
+    room = free - GPU_RESERVE_BYTES
     if largest <= 0 or room <= largest:
         return 1
     return int(max(1, min(MAX_DEFAULT_CELLS_PER_GPU, room // largest)))
@@ -340,13 +344,20 @@ def default_cells_per_gpu(needs: list[Need], free_by_gpu: dict[int, int] | None)
 def placement_for(gpus: list[int], cells_per_gpu: int | None, needs: list[Need],
                   free_by_gpu: dict[int, int] | None) -> tuple["Placement", str]:
     """The local executor's placement of cells on ``gpus`` by their needs, up to ``cells_per_gpu`` per GPU
-    (None: ``default_cells_per_gpu``), and a sentence saying so."""
+    (None: ``default_cells_per_gpu``), and a sentence saying so. Its ``at_once`` (the executor's slots):
+    the cap on every GPU with ``--cells-per-gpu``; by default, per GPU, as many of the largest cell as fit
+    that GPU's free memory (a GPU with less free memory adds fewer)."""
     cap = cells_per_gpu or default_cells_per_gpu(needs, free_by_gpu)
+    at_once = len(gpus) * cap
+    if not cells_per_gpu and free_by_gpu and needs:
+        largest = max(n.per_process for n in needs)
+        at_once = sum(min(cap, _how_many(largest, free_by_gpu.get(g, 0))) for g in gpus)
     how = "--cells-per-gpu" if cells_per_gpu else "chosen from the cells' predicted peaks"
     note = (f"up to {cap} cell(s) per GPU ({how}), while their predicted peaks and {fmt(GPU_RESERVE_BYTES)} kept "
             f"free fit each GPU's free memory" if free_by_gpu else
             f"up to {cap} cell(s) per GPU ({how}; free memory unknown)")
-    return Placement(gpus, cap=cap, free=free_by_gpu, needs={n.cell.run_id: n.per_process for n in needs}), note
+    return Placement(gpus, cap=cap, free=free_by_gpu, needs={n.cell.run_id: n.per_process for n in needs},
+                     at_once=at_once), note
 
 
 class Placement:
@@ -363,8 +374,11 @@ class Placement:
     """
 
     def __init__(self, gpus: list[int], cap: int = 1, free: dict[int, int] | None = None,
-                 needs: dict[str, float] | None = None, reserve: int = GPU_RESERVE_BYTES) -> None:
+                 needs: dict[str, float] | None = None, reserve: int = GPU_RESERVE_BYTES,
+                 at_once: int | None = None) -> None:
         self.gpus, self.cap, self.free, self.reserve = list(gpus), max(1, int(cap)), free, reserve
+        # the cells it holds at once (the executor's slots): the cap on every GPU unless placement_for knew more
+        self.at_once = max(1, at_once if at_once is not None else len(self.gpus) * self.cap)
         self.needs = dict(needs or {})
         self.on: dict[int, dict[str, float]] = {g: {} for g in self.gpus}  # gpu -> run id -> its need
 

@@ -331,7 +331,7 @@ class LocalExecutor(Launchers, Executor):
         if self.use_gpus:
             self.placement, self.placement_note = placement_for(self.gpus, self.cells_per_gpu, needs, free_by_gpu)
             if not self.workers:
-                self.slots = max(1, len(self.gpus) * self.placement.cap)
+                self.slots = self.placement.at_once
 
     def can_launch(self, job: Job) -> bool:
         if len(self.running) >= self.slots:
