@@ -55,6 +55,27 @@ def test_a_policy_that_scales_its_loss_is_not_stacked_and_says_so():
     assert out["apart_step_s"] > 0
 
 
+def test_a_cuda_step_is_timed_between_two_synchronizations_and_a_cpu_step_never_touches_cuda(monkeypatch):
+    """_sync's CUDA branch, which no CPU run reaches: on a CUDA device every step (warm-up too) is timed between
+    two torch.cuda.synchronize calls on that device, so its queued kernels count; on CPU none is made."""
+    import torch
+
+    calls: list = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("sync", device)))
+
+    def step():
+        calls.append("step")
+        return [1.0]
+
+    cuda = torch.device("cuda", 0)  # a device object only: nothing initialises CUDA
+    median, losses = bench_seeds._timed(step, cuda, 1, 2)
+    assert calls == [("sync", cuda), "step", ("sync", cuda)] * 3 and losses == [[1.0]] * 3 and median >= 0
+    calls.clear()
+    bench_seeds._timed(step, torch.device("cpu"), 1, 2)
+    bench_seeds._sync(torch.device("cpu"))
+    assert calls == ["step"] * 3
+
+
 @pytest.mark.slow
 def test_abl_bench_seeds_runs_all_three_ways_and_refuses_bad_input():
     args = [f"--set={o}" for o in TINY]
