@@ -185,13 +185,14 @@ def ssd_chunked_flops(seq_len: int, chunk_size: int, n_heads: int, head_dim: int
 # ``torch.backends.cuda.matmul.allow_tf32`` allows it, else exact fp32 ("ieee"). Decays,
 # cumulative sums, CB and the chunk states are fp32.
 #
-# The backward recomputes through ``ssd_chunked`` in fp32 (its vector-Jacobian product,
-# ``torch.func.vjp``): correct, and as fast as the reference's own backward.
+# The backward (``abl.kernels.ssd_scan_bwd``) recomputes kernels 1-4 (``forward_intermediates``,
+# with the passed states in fp32) and differentiates the same blocks with six more kernels, in
+# mamba_ssm's backward split (sec. 6 of the paper, block by block), at the same precision.
 #
 # Both directions are custom ops (``abl::ssd_scan_fwd``, ``abl::ssd_scan_bwd``), so
-# ``torch.compile`` traces ``ssd_scan_triton`` without graph breaks; the forward is a
+# ``torch.compile`` traces ``ssd_scan_triton`` without graph breaks; each is a
 # ``torch.library.triton_op`` whose kernels launch through ``wrap_triton`` (Inductor sees
-# the five kernels), or an opaque custom op under the Triton interpreter.
+# the kernels), or an opaque custom op under the Triton interpreter.
 
 
 from .utils import HAS_TRITON as _HAS_TRITON  # noqa: E402
@@ -454,33 +455,24 @@ else:
         return kernel
 
 
-@_op_decorator("abl::ssd_scan_fwd", mutates_args=())
-def ssd_scan_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
-                 chunk_size: int, initial_state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Triton forward (``torch.ops.abl.ssd_scan_fwd``): the chunked SSD algorithm (Dao & Gu
-    2024, arXiv:2405.21060, sec. 6; Listing 1) as the five kernels above. Returns (y [B, T, H, P]
-    in x's dtype, final_state [B, H, P, N] fp32)."""
-    _check_launch(x, dt, A, Bm, Cm, initial_state)
+def forward_intermediates(x, dt, A, Bm, Cm, L: int, initial_state, prev_dtype, cfg: dict, ops: dict):
+    """Kernels 1-4 of the forward on x, Bm, Cm already in one dtype with unit last strides:
+    (a_cum and dt [B, H, NCHUNK, L] fp32, CB [B, NCHUNK, G, L, L] fp32, the state entering each
+    chunk [B, NCHUNK, H, P, N] in ``prev_dtype``, final state [B, H, P, N] fp32). The backward
+    (``abl.kernels.ssd_scan_bwd``) recomputes them with ``prev_dtype`` fp32."""
     b, t, h, p = x.shape
     g, n = Bm.shape[2], Bm.shape[3]
-    L = chunk_size
     nchunk = max(1, triton.cdiv(t, L))
-    # one operand dtype for every product: x's (B and C are cast to it where they differ)
-    x, Bm, Cm = _unit_last(x), _unit_last(Bm.to(x.dtype)), _unit_last(Cm.to(x.dtype))
     dt, A = dt.contiguous(), A.contiguous()
     dev = x.device
-    cfg = ssd_scan_configs(x, p, n, L)
-    ops = dict(PRECISION=_dot_precision(x.dtype), UPCAST=_upcast(x.dtype))
     acum = torch.empty((b, h, nchunk, L), dtype=torch.float32, device=dev)
     dtc = torch.empty_like(acum)
     cb = torch.empty((b, nchunk, g, L, L), dtype=torch.float32, device=dev)
     states = torch.empty((b, nchunk, h, p, n), dtype=torch.float32, device=dev)
-    # the passed states are an MMA operand beside C: stored in its dtype
-    prev = torch.empty((b, nchunk, h, p, n), dtype=x.dtype, device=dev)
+    prev = torch.empty((b, nchunk, h, p, n), dtype=prev_dtype, device=dev)
     final = torch.empty((b, h, p, n), dtype=torch.float32, device=dev)
-    y = torch.empty((b, t, h, p), dtype=x.dtype, device=dev)
-    if not y.numel() and not final.numel():
-        return y, final
+    if not final.numel() and not x.numel():
+        return acum, dtc, cb, prev, final
     k = cfg["cumsum"]
     _wrap_triton(_ssd_chunk_cumsum_kernel)[(b * nchunk, triton.cdiv(h, k["BLOCK_H"]))](
         dt, A, acum, dtc, dt.stride(0), dt.stride(1), dt.stride(2), t, h, nchunk, L=L, **k)
@@ -497,7 +489,30 @@ def ssd_scan_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.T
     init = initial_state.float().contiguous() if initial_state is not None else final
     _wrap_triton(_ssd_state_passing_kernel)[(b * h, triton.cdiv(p * n, k["BLOCK"]))](
         states, acum, init, prev, final, h, nchunk, p * n, L=L, HAS_INIT=initial_state is not None,
-        UPCAST=ops["UPCAST"], **k)
+        UPCAST=ops["UPCAST"] and prev_dtype != torch.float32, **k)
+    return acum, dtc, cb, prev, final
+
+
+@_op_decorator("abl::ssd_scan_fwd", mutates_args=())
+def ssd_scan_fwd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor,
+                 chunk_size: int, initial_state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton forward (``torch.ops.abl.ssd_scan_fwd``): the chunked SSD algorithm (Dao & Gu
+    2024, arXiv:2405.21060, sec. 6; Listing 1) as the five kernels above. Returns (y [B, T, H, P]
+    in x's dtype, final_state [B, H, P, N] fp32)."""
+    _check_launch(x, dt, A, Bm, Cm, initial_state)
+    b, t, h, p = x.shape
+    L = chunk_size
+    # one operand dtype for every product: x's (B and C are cast to it where they differ)
+    x, Bm, Cm = _unit_last(x), _unit_last(Bm.to(x.dtype)), _unit_last(Cm.to(x.dtype))
+    g, n = Bm.shape[2], Bm.shape[3]
+    y = torch.empty((b, t, h, p), dtype=x.dtype, device=x.device)
+    cfg = ssd_scan_configs(x, p, n, L)
+    ops = dict(PRECISION=_dot_precision(x.dtype), UPCAST=_upcast(x.dtype))
+    # the passed states are an MMA operand beside C: stored in its dtype
+    acum, dtc, cb, prev, final = forward_intermediates(x, dt, A, Bm, Cm, L, initial_state, x.dtype, cfg, ops)
+    if not y.numel():
+        return y, final
+    nchunk = acum.shape[2]
     k = cfg["scan"]
     _wrap_triton(_ssd_chunk_scan_kernel)[((L // k["BLOCK_M"]) * triton.cdiv(p, k["BLOCK_P"]), b * nchunk, h)](
         x, Cm, cb, acum, dtc, prev, y, x.stride(0), x.stride(1), x.stride(2), Cm.stride(0), Cm.stride(1),
@@ -512,13 +527,26 @@ def _(x, dt, A, Bm, Cm, chunk_size, initial_state=None):
     return x.new_empty((b, t, h, p)), x.new_empty((b, h, p, Bm.shape[3]), dtype=torch.float32)
 
 
-@torch.library.custom_op("abl::ssd_scan_bwd", mutates_args=())
+@_op_decorator("abl::ssd_scan_bwd", mutates_args=())
 def ssd_scan_bwd(dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
                  Bm: torch.Tensor, Cm: torch.Tensor, chunk_size: int, initial_state: Optional[torch.Tensor] = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward (``torch.ops.abl.ssd_scan_bwd``): the vector-Jacobian product of
-    ``ssd_chunked`` recomputed in fp32. Returns the gradients of (x, dt, A, Bm, Cm,
-    initial_state), each in its input's dtype; the last is empty without an initial state."""
+    """The Triton backward (``torch.ops.abl.ssd_scan_bwd``): the chunked SSD algorithm (Dao & Gu
+    2024, arXiv:2405.21060, sec. 6) differentiated block by block, ``abl.kernels.ssd_scan_bwd``:
+    the forward's kernels 1-4 recomputed, then six backward kernels. Returns the gradients of
+    (x, dt, A, Bm, Cm, initial_state), each in its input's dtype; the last is empty without an
+    initial state."""
+    from .ssd_scan_bwd import ssd_scan_backward  # the module imports this one
+
+    _check_launch(dy, dfinal, x, dt, A, Bm, Cm, initial_state)
+    grads = ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, chunk_size, initial_state)
+    return (*grads[:5], grads[5] if grads[5] is not None else x.new_empty(0))
+
+
+def ssd_scan_bwd_vjp(dy, dfinal, x, dt, A, Bm, Cm, chunk_size: int, initial_state=None):
+    """The former backward, kept as a baseline for the GPU probe: the vector-Jacobian product of
+    ``ssd_chunked`` recomputed in fp32 (``torch.func.vjp``); same arguments and result as
+    ``ssd_scan_bwd``."""
     def chunked(x_, dt_, a_, b_, c_, *s0):
         return ssd_chunked(x_, dt_, a_, b_, c_, chunk_size, initial_state=s0[0] if s0 else None)
 
@@ -527,7 +555,7 @@ def ssd_scan_bwd(dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: to
     grads = [gr.to(src.dtype) for gr, src in zip(vjp((dy.float(), dfinal.float())), sources)]
     if initial_state is None:
         grads.append(x.new_empty(0))
-    return tuple(grads)  # type: ignore[return-value]
+    return tuple(grads)
 
 
 @ssd_scan_bwd.register_fake
@@ -561,8 +589,8 @@ def compile_check_cases():
 
 
 class SSDScanFunction(torch.autograd.Function):
-    """Triton forward (``abl::ssd_scan_fwd``); the backward (``abl::ssd_scan_bwd``) differentiates
-    ``ssd_chunked`` recomputed in fp32."""
+    """Triton forward (``abl::ssd_scan_fwd``) and backward (``abl::ssd_scan_bwd``, the Triton kernels
+    of ``abl.kernels.ssd_scan_bwd``)."""
 
     @staticmethod
     def forward(ctx, x, dt, A, Bm, Cm, initial_state, chunk_size):
@@ -592,8 +620,8 @@ def ssd_scan_triton(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, Bm: torc
 
     Returns:
         (y ``[B, T, H, P]`` in x's dtype, final_state ``[B, H, P, N]`` in x's dtype).
-        Differentiable in every input (the backward is the vector-Jacobian product of
-        ``ssd_chunked`` in fp32).
+        Differentiable in every input (the backward is Triton kernels too:
+        ``abl.kernels.ssd_scan_bwd``).
     """
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two >= 16 for the kernels, got {chunk_size}")
