@@ -35,6 +35,12 @@ HEARTBEAT_ENV = "ABL_HEARTBEAT_S"
 DEFAULT_HEARTBEAT_S = 30.0
 
 
+def fmt_span(low: float | None, high: float | None) -> str:
+    """``12s``, or ``12s to 36s`` where the least and the most differ as written."""
+    a, b = fmt_duration(low), fmt_duration(high)
+    return b if a == b else f"{a} to {b}"
+
+
 def heartbeat_interval() -> float:
     """Seconds between two heartbeat lines: ``ABL_HEARTBEAT_S``, else 30 (a bad value: 30)."""
     try:
@@ -334,9 +340,10 @@ class BarProgress:
 
 
 def grid_eta(estimate: Any, running: list[Job]) -> str:
-    """The whole grid's remaining time (abl.run.estimate), as the heartbeat and the bars show it."""
-    eta, source = estimate.eta(running)
-    return f"whole grid: ETA {fmt_duration(eta)} ({source})" if eta is not None else \
+    """The whole grid's remaining time (abl.run.estimate; a range at start of a grid whose cells share
+    GPUs), as the heartbeat and the bars show it."""
+    low, eta, source = estimate.eta_span(running)
+    return f"whole grid: ETA {fmt_span(low, eta)} ({source})" if eta is not None else \
         "whole grid: ETA after the first steps"
 
 
