@@ -435,7 +435,10 @@ def narrow_accesses(launch: Launch, ptx: str) -> list[str]:
 # Kernels whose 16-bit rows must be read and written as vectors when aligned: kernel -> (its data
 # pointer argument, the integer arguments that must be multiples of 16 for the rows to be aligned).
 VECTOR_KERNELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # the RoPE kernel before issue 36's rewrite (tests/kernels/data/old_rope_kernel.py), and the one now
     "_rope_kernel": ("X", ("stride_xh", "stride_xt", "stride_yh", "stride_yt", "HALF")),
+    "_rope_qk_kernel": ("Q", ("stride_qh", "stride_qt", "stride_qoh", "stride_qot", "stride_kh", "stride_kt",
+                              "stride_koh", "stride_kot", "HALF")),
 }
 
 

@@ -24,20 +24,14 @@ from .utils import check_launch, next_pow2, tl, triton
 
 
 @triton.jit
-def _rope_kernel(X, Y, COS, SIN,
-                 stride_xb, stride_xh, stride_xt, stride_yb, stride_yh, stride_yt,
-                 stride_cb, stride_ct, H, T, HALF,
-                 INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+def _rotate_tile(X, Y, COS, SIN, b, t0, h0,
+                 stride_xb, stride_xh, stride_xt, stride_yb, stride_yh, stride_yt, stride_cb, stride_ct,
+                 H, T, HALF, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
                  BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
-    # One program: BLOCK_T positions of one sequence, BLOCK_H heads of it. The angles are loaded
-    # once for all its heads; each row (one head at one position, D elements) is read and written
-    # whole, at unit stride, so the accesses are vectors; "interleaved" pairs are split and joined
-    # in registers (not loaded at stride 2). 64-bit arithmetic on the tile's base pointers only.
-    pid = tl.program_id(0)
-    n_t = tl.cdiv(T, BLOCK_T)
-    b = (pid // n_t).to(tl.int64)
-    t0 = (pid % n_t) * BLOCK_T
-    h0 = tl.program_id(1) * BLOCK_H
+    # BLOCK_T positions (from t0) of sequence b, BLOCK_H heads (from h0) of x [B, H, T, D]. The angles
+    # are loaded once for all the heads; each row (one head at one position, D elements) is read and
+    # written whole, at unit stride, so the accesses are vectors; "interleaved" pairs are split and
+    # joined in registers (not loaded at stride 2). 64-bit arithmetic on the tile's base pointers only.
     x_base = X + b * stride_xb + h0.to(tl.int64) * stride_xh + t0.to(tl.int64) * stride_xt
     y_base = Y + b * stride_yb + h0.to(tl.int64) * stride_yh + t0.to(tl.int64) * stride_yt
     c_base = b * stride_cb + t0.to(tl.int64) * stride_ct
@@ -68,6 +62,32 @@ def _rope_kernel(X, Y, COS, SIN,
         x2 = tl.load(x_base + x_off + HALF + k, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_base + y_off + k, (x1 * cos - x2 * sin).to(Y.dtype.element_ty), mask=mask)
         tl.store(y_base + y_off + HALF + k, (x1 * sin + x2 * cos).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_qk_kernel(Q, QO, K, KO, COS_Q, SIN_Q, COS_K, SIN_K,
+                 stride_qb, stride_qh, stride_qt, stride_qob, stride_qoh, stride_qot,
+                 stride_kb, stride_kh, stride_kt, stride_kob, stride_koh, stride_kot,
+                 stride_cqb, stride_cqt, stride_ckb, stride_ckt, HQ, HK, TQ, TK, HALF,
+                 INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+                 BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    # One launch rotates q [B, HQ, TQ, D] and k [B, HK, TK, D] (HK = 0: q alone). Grid: (B x the
+    # position blocks of the longer, the head blocks of q then those of k). A program is q's or k's
+    # as a whole (a uniform branch); each branch is the one tile code, specialised on its own strides.
+    pid = tl.program_id(0)
+    n_t = tl.cdiv(tl.maximum(TQ, TK), BLOCK_T)
+    b = (pid // n_t).to(tl.int64)
+    t0 = (pid % n_t) * BLOCK_T
+    hb = tl.program_id(1)
+    n_q = tl.cdiv(HQ, BLOCK_H)
+    if hb < n_q:
+        _rotate_tile(Q, QO, COS_Q, SIN_Q, b, t0, hb * BLOCK_H,
+                     stride_qb, stride_qh, stride_qt, stride_qob, stride_qoh, stride_qot, stride_cqb, stride_cqt,
+                     HQ, TQ, HALF, INTERLEAVED, BACKWARD, BLOCK_H, BLOCK_T, BLOCK_K)
+    else:
+        _rotate_tile(K, KO, COS_K, SIN_K, b, t0, (hb - n_q) * BLOCK_H,
+                     stride_kb, stride_kh, stride_kt, stride_kob, stride_koh, stride_kot, stride_ckb, stride_ckt,
+                     HK, TK, HALF, INTERLEAVED, BACKWARD, BLOCK_H, BLOCK_T, BLOCK_K)
 
 
 # ---------------------------------------------------------------- launcher
@@ -125,27 +145,52 @@ def _rope_fake(x, cos, sin, interleaved, inverse):
     return x.new_empty(x.shape)
 
 
+def _launch(q, k, cos_q, sin_q, cos_k, sin_k, interleaved, inverse):
+    """q [B, Hq, Tq, D] (and k [B, Hk, Tk, D], or None) rotated in one launch: new contiguous tensors."""
+    qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ko = qo if k is None else torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    kk, ck, sk = (q, cos_q, sin_q) if k is None else (k, cos_k, sin_k)
+    b, hq, tq, d = q.shape
+    hk, tk = (0, tq) if k is None else (k.shape[1], k.shape[2])
+    if b * d and (hq * tq or hk * tk):
+        block_h, block_t, block_k = rope_tiles(max(hq, hk), max(tq, tk), d)
+        grid = (b * triton.cdiv(max(tq, tk), block_t), triton.cdiv(hq, block_h) + triton.cdiv(hk, block_h))
+        wrap_triton(_rope_qk_kernel)[grid](
+            q, qo, kk, ko, cos_q, sin_q, ck, sk,
+            q.stride(0), q.stride(1), q.stride(2), qo.stride(0), qo.stride(1), qo.stride(2),
+            kk.stride(0), kk.stride(1), kk.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
+            cos_q.stride(0) if cos_q.shape[0] > 1 else 0, cos_q.stride(1),
+            ck.stride(0) if ck.shape[0] > 1 else 0, ck.stride(1), hq, hk, tq, tk, d // 2,
+            INTERLEAVED=interleaved, BACKWARD=inverse, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=block_k,
+            num_warps=4)
+    return qo, ko
+
+
 @kernel_op("abl::rope", _rope_fake)
 def rope_launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool,
                 inverse: bool) -> torch.Tensor:
     """x: [..., T, D] with up to 4 dims. Returns a new tensor of x's shape and dtype: x rotated
     by the angles, or by their negatives (``inverse``: the backward)."""
     check_launch(x, cos, sin)
-    shape = x.shape
-    x4 = _as4d(x)
-    b, h, t, d = x4.shape
     cos, sin = _as_angles(cos), _as_angles(sin)
-    y4 = torch.empty((b, h, t, d), dtype=x.dtype, device=x.device)
-    if x4.numel():
-        block_h, block_t, block_k = rope_tiles(h, t, d)
-        grid = (b * triton.cdiv(t, block_t), triton.cdiv(h, block_h))
-        wrap_triton(_rope_kernel)[grid](
-            x4, y4, cos, sin,
-            x4.stride(0), x4.stride(1), x4.stride(2), y4.stride(0), y4.stride(1), y4.stride(2),
-            cos.stride(0) if cos.shape[0] > 1 else 0, cos.stride(1), h, t, d // 2,
-            INTERLEAVED=interleaved, BACKWARD=inverse, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=block_k,
-            num_warps=4)
-    return y4.view(shape)
+    return _launch(_as4d(x), None, cos, sin, None, None, interleaved, inverse)[0].view(x.shape)
+
+
+def _rope_qk_fake(q, k, cos_q, sin_q, cos_k, sin_k, interleaved, inverse):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@kernel_op("abl::rope_qk", _rope_qk_fake)
+def rope_qk_launch(q: torch.Tensor, k: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
+                   cos_k: torch.Tensor, sin_k: torch.Tensor, interleaved: bool,
+                   inverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, Hq, Tq, D] and k [B, Hk, Tk, D] rotated by their own angles in one launch (``inverse``:
+    by their negatives, the backward). Returns new tensors of q's and k's shapes and dtypes."""
+    check_launch(q, k, cos_q, sin_q, cos_k, sin_k)
+    qo, ko = _launch(q if q.stride(-1) == 1 else q.contiguous(), k if k.stride(-1) == 1 else k.contiguous(),
+                     _as_angles(cos_q), _as_angles(sin_q), _as_angles(cos_k), _as_angles(sin_k),
+                     interleaved, inverse)
+    return qo, ko
 
 
 # ---------------------------------------------------------------- autograd
@@ -163,6 +208,22 @@ def _rope_backward(ctx, dy):
 
 
 rope_launch.register_autograd(_rope_backward, setup_context=_rope_setup)
+
+
+def _rope_qk_setup(ctx, inputs, output):
+    _, _, cos_q, sin_q, cos_k, sin_k, interleaved, inverse = inputs
+    ctx.save_for_backward(cos_q, sin_q, cos_k, sin_k)
+    ctx.interleaved, ctx.inverse = interleaved, inverse
+
+
+def _rope_qk_backward(ctx, dq, dk):
+    # the inverse rotation of dq and dk, in one launch
+    cos_q, sin_q, cos_k, sin_k = ctx.saved_tensors
+    dq, dk = rope_qk_launch(dq, dk, cos_q, sin_q, cos_k, sin_k, ctx.interleaved, not ctx.inverse)
+    return dq, dk, None, None, None, None, None, None
+
+
+rope_qk_launch.register_autograd(_rope_qk_backward, setup_context=_rope_qk_setup)
 
 
 def _layout(layout: str) -> bool:
@@ -190,42 +251,74 @@ def rope_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
     return rope_launch(x, cos, sin, interleaved, False)
 
 
-def rope_qk(q: torch.Tensor, k: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
-            cos_k: torch.Tensor | None = None, sin_k: torch.Tensor | None = None,
-            layout: str = "interleaved") -> tuple[torch.Tensor, torch.Tensor]:
-    """``rope`` on queries ``[B, Hq, Tq, D]`` and keys ``[B, Hk, Tk, D]`` (keys reuse q's angles
-    when cos_k/sin_k are None)."""
+def _as4d_qk(q, k, cos_q, sin_q, cos_k, sin_k):
+    _check_shapes(q, cos_q, sin_q)
+    _check_shapes(k, cos_k, sin_k)
+    q4, k4 = _as4d(q), _as4d(k)
+    if q4.shape[0] != k4.shape[0]:
+        raise ValueError(f"rope_qk needs q and k of the same batch size, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q4.shape[-1] != k4.shape[-1]:
+        raise ValueError(f"rope_qk needs q and k of the same head dim, got {q.shape[-1]} and {k.shape[-1]}")
+    return q4, k4
+
+
+def rope_qk_triton(q: torch.Tensor, k: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
+                   cos_k: torch.Tensor | None = None, sin_k: torch.Tensor | None = None,
+                   layout: str = "interleaved") -> tuple[torch.Tensor, torch.Tensor]:
+    """``rope_triton`` on queries ``[B, Hq, Tq, D]`` and keys ``[B, Hk, Tk, D]`` in one kernel launch
+    (its backward, dq and dk, one launch too). The keys may have fewer heads (GQA) and their own
+    angles ``cos_k``/``sin_k`` ``[Tk, D/2]`` or ``[B, Tk, D/2]`` (None: q's); q and k may be strided
+    views of one projection (only D needs unit stride). Differentiable in q and k."""
+    interleaved = _layout(layout)
     if cos_k is None or sin_k is None:
         cos_k, sin_k = cos_q, sin_q
-    return rope_triton(q, cos_q, sin_q, layout), rope_triton(k, cos_k, sin_k, layout)
+    q4, k4 = _as4d_qk(q, k, cos_q, sin_q, cos_k, sin_k)
+    qo, ko = rope_qk_launch(q4, k4, cos_q, sin_q, cos_k, sin_k, interleaved, False)
+    return qo.view(q.shape), ko.view(k.shape)
+
+
+def rope_qk_reference(q: torch.Tensor, k: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
+                      cos_k: torch.Tensor | None = None, sin_k: torch.Tensor | None = None,
+                      layout: str = "interleaved") -> tuple[torch.Tensor, torch.Tensor]:
+    """``rope_reference`` on q and on k (k by q's angles when cos_k/sin_k are None)."""
+    if cos_k is None or sin_k is None:
+        cos_k, sin_k = cos_q, sin_q
+    return rope_reference(q, cos_q, sin_q, layout), rope_reference(k, cos_k, sin_k, layout)
 
 
 def compile_check_cases():
-    """The launches ``abl.kernels.compilecheck`` compiles for sm_90: yields (label, function that runs
-    the forward and backward). First the 126M cell's own (scripts/gpu_big.toml: B16 T1024, 16 heads of
-    64, bf16, q a transposed view of its [B, T, H, D] projection, k one of the [B, T, 2, H, D] key/value
-    projection, one [T, D/2] angle table) in both layouts; then the bench's contiguous D128, fp32,
-    a head dim that is no power of two and per-sequence angles. Tensors are allocated, never filled:
-    nothing runs."""
-    def run(layout, dtype=torch.bfloat16, b=16, h=16, t=1024, d=64, view="cell", per_seq=False):
+    """The launches ``abl.kernels.compilecheck`` compiles for sm_90: yields (label, function that makes
+    them), the forward and the backward (the inverse rotation, of contiguous dq and dk) as cases of
+    their own, so that their labels differ. First the 126M cell's own (scripts/gpu_big.toml: B16 T1024,
+    16 heads of 64, bf16, q a transposed view of its [B, T, H, D] projection, k one of the [B, T, 2, H, D]
+    key/value projection, one [T, D/2] angle table) in both layouts, q and k in one launch
+    (``abl::rope_qk``; ``abl::rope`` on q alone specialises to the same launch, k empty); then the
+    bench's contiguous D128 with GQA keys, fp32, a head dim that is no power of two and per-sequence
+    angles. Tensors are allocated, never filled: nothing runs."""
+    def run(layout, backward, dtype=torch.bfloat16, b=16, h=16, hk=16, t=1024, d=64, view="cell",
+            per_seq=False):
         def go():
             if view == "cell":
                 q = torch.empty(b, t, h, d, dtype=dtype).transpose(1, 2)
-                k = torch.empty(b, t, 2, h, d, dtype=dtype).permute(2, 0, 3, 1, 4)[0]
+                k = torch.empty(b, t, 2, hk, d, dtype=dtype).permute(2, 0, 3, 1, 4)[0]
             else:
-                q = k = torch.empty(b, h, t, d, dtype=dtype)
+                q, k = torch.empty(b, h, t, d, dtype=dtype), torch.empty(b, hk, t, d, dtype=dtype)
+            if backward:  # the gradients reaching the op: contiguous, as its outputs are
+                q, k = torch.empty(q.shape, dtype=dtype), torch.empty(k.shape, dtype=dtype)
             ang = torch.empty((b, t, d // 2) if per_seq else (t, d // 2))
-            for x in (q, k):
-                y = rope_launch(x, ang, ang, layout == "interleaved", False)
-                rope_launch(torch.empty_like(y), ang, ang, layout == "interleaved", True)  # the backward
+            rope_qk_launch(q, k, ang, ang, ang, ang, layout == "interleaved", backward)
         return go
 
-    for layout in ("interleaved", "half"):
-        yield f"rope {layout} bf16 D64, the 126M cell's q and k views", run(layout)
-        yield f"rope {layout} bf16 D128 contiguous", run(layout, b=4, h=32, t=2048, d=128, view="contiguous")
-    yield "rope interleaved fp32 D64, the cell's views", run("interleaved", torch.float32, b=2, t=256)
-    yield "rope interleaved fp16 D96, per-sequence angles", run("interleaved", torch.float16, b=2, h=12, t=200,
-                                                                 d=96, per_seq=True)
+    for backward in (False, True):
+        way = "backward" if backward else "forward"
+        for layout in ("interleaved", "half"):
+            yield f"rope {layout} bf16 D64, the 126M cell's q and k views in one launch, {way}", run(layout, backward)
+            yield f"rope {layout} bf16 D128 contiguous, 8 key heads, {way}", run(
+                layout, backward, b=4, h=32, hk=8, t=2048, d=128, view="contiguous")
+        yield f"rope interleaved fp32 D64, the cell's views, {way}", run("interleaved", backward, torch.float32,
+                                                                         b=2, t=256)
+        yield f"rope interleaved fp16 D96, per-sequence angles, {way}", run(
+            "interleaved", backward, torch.float16, b=2, h=12, hk=4, t=200, d=96, per_seq=True)
 
 
 # ---------------------------------------------------------------- reference
@@ -257,3 +350,13 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "i
     if use_triton("rope"):
         return rope_triton(x, cos, sin, layout)
     return rope_reference(x, cos, sin, layout)
+
+
+def rope_qk(q: torch.Tensor, k: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
+            cos_k: torch.Tensor | None = None, sin_k: torch.Tensor | None = None,
+            layout: str = "interleaved") -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on queries and keys on the active kernel backend: ``rope_qk_triton`` (one launch) under
+    triton, ``rope_qk_reference`` otherwise. Arguments as ``rope_qk_triton``."""
+    if use_triton("rope"):
+        return rope_qk_triton(q, k, cos_q, sin_q, cos_k, sin_k, layout)
+    return rope_qk_reference(q, k, cos_q, sin_q, cos_k, sin_k, layout)

@@ -103,7 +103,7 @@ def test_compiled_graph_passes_the_views_to_the_op_without_a_copy(device):
     forward = codes[0]
     # the op itself (the interpreter keeps it one node), or its kernel's launch (on a GPU inductor
     # launches the kernel the op decomposes into)
-    calls = re.findall(r"= torch\.ops\.abl\.rope\.default\((.*)|_rope_kernel\w*\.run\((.*)", forward)
+    calls = re.findall(r"= torch\.ops\.abl\.rope\.default\((.*)|_rope_qk_kernel\w*\.run\((.*)", forward)
     calls = [a or b for a, b in calls]
     assert len(calls) == 2, forward
     # each call takes the mm's output buffer reinterpreted as the strided q or k view, in place
