@@ -136,3 +136,44 @@ def test_compiled_graph_passes_the_views_to_one_op_without_a_copy(device):
     assert len(calls) == 1, forward
     assert re.match(r"reinterpret_tensor\(buf\d+.*, reinterpret_tensor\(buf", calls[0]), calls
     assert "clone" not in forward.split("def call", 1)[1].split("return", 1)[0], forward
+
+
+def test_a_compiled_step_launches_rope_per_rotation_and_as_often_in_the_backward(registry, monkeypatch):
+    """The 126M cell's shape class (scripts/gpu_big.toml: MHA, RoPE, pre-norm blocks), compiled as
+    ``train.compile`` compiles the training forward, on the Triton backend: one step launches the
+    RoPE kernel for each rotation of q/k in the forward (one per block with ``rope_qk``, two while
+    q and k are rotated apart) and as many times in the backward; nothing recomputes it. (The GPU
+    probe of 2026-11-28 read 80 launches a step off torch.profiler's table for 10 blocks; this trace
+    gives 40: the table lists each launch twice, as inductor's CPU-side record of the launch, named
+    after the kernel, and as the kernel itself, each with the kernel's CUDA time.)"""
+    from torch._dynamo.utils import counters
+
+    from abl import kernels
+    from abl.contracts.config import ModelConfig
+    from abl.model.decoder import DecoderLM, ForwardContext
+
+    n_layers = 3
+    cfg = ModelConfig(d_model=32, n_layers=n_layers, n_heads=2, context=16, vocab_size=40)
+    comps = {}
+    for axis, name in (("norm", "rmsnorm"), ("block", "pre"), ("position", "rope"), ("mixer", "mha"),
+                       ("ffn", "gelu")):
+        comps[axis] = {"name": name, "params": {k: p.default for k, p in registry.get(axis, name).params.items()}}
+    torch.manual_seed(0)
+    model = DecoderLM(cfg, comps, registry, kernel_backend=kernels.KernelBackend("triton"))
+    for query in (kernels.active, kernels.use_triton):
+        torch.compiler.assume_constant_result(query)
+    launches = Launches(monkeypatch)
+    idx, targets = torch.randint(0, 40, (2, 16)), torch.randint(0, 40, (2, 16))
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        compiled = torch.compile(model._forward, backend="aot_eager")
+        with model.kernel_backend.activate():
+            _, loss, _ = compiled(idx, targets, ForwardContext(position=model.position, need_logits=False))
+            forward = len(launches.kernels)
+            loss.backward()
+        assert not counters["graph_break"], dict(counters["graph_break"])
+    finally:
+        torch._dynamo.reset()
+    assert forward in (n_layers, 2 * n_layers), launches.kernels
+    assert len(launches.kernels) == 2 * forward, launches.kernels
