@@ -89,9 +89,11 @@ def test_gpu_cells_are_checked_against_each_gpus_free_memory(registry):
 
     ram = lambda: 0  # noqa: E731 - the host RAM is not what a GPU cell is checked against
     assert admission.admit(cs, registry, slots=1, gpus=[0], ram_free=ram, gpu_free=gpu_free) == []
-    msgs = admission.admit(cs, registry, slots=2, gpus=[0, 1], ram_free=ram, gpu_free=gpu_free)
-    assert asked == [[0], [0, 1]]
-    assert "need more GPU memory than is free (GPU 0: 10.0 GiB, GPU 1: 512.0 MiB)" in msgs[0]
+    # GPU 1 is too small, but GPU 0 holds the cells: they run there (Placement puts them only where they fit)
+    assert admission.admit(cs, registry, slots=2, gpus=[0, 1], ram_free=ram, gpu_free=gpu_free) == []
+    msgs = admission.admit(cs, registry, slots=1, gpus=[1, 2], ram_free=ram, gpu_free=gpu_free)
+    assert asked == [[0], [0, 1], [1, 2]]
+    assert "need more GPU memory than is free (GPU 1: 512.0 MiB, GPU 2: 512.0 MiB)" in msgs[0]
     # a cell that asks for the CPU is checked against RAM even where GPUs exist
     (cpu_cell,) = cells(registry, device="cpu")
     assert admission.admit([cpu_cell], registry, slots=1, gpus=[0], ram_free=lambda: 1,

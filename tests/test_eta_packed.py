@@ -89,3 +89,26 @@ def test_the_heartbeat_shows_the_range(jobs, registry):
     lines.update(jobs[0])
     lines.heartbeat()
     assert "whole grid: ETA 10s to 30s (from 1 earlier run(s) in the store" in out.getvalue()
+
+
+def test_the_runner_gives_the_estimate_the_gpus_its_cells_share(jobs, registry, tmp_path, monkeypatch):
+    """``abl run``'s start line passes the local executor's GPUs to the estimate (a range when they share)."""
+    from abl.run import estimate, runner
+
+    seen = {}
+
+    class Spy(GridEstimate):
+        def __init__(self, *a, **k):
+            seen.update(k)
+            super().__init__(*a, **k)
+
+    class Local:  # a local executor with two GPUs, three slots
+        local, use_gpus, gpus, slots = True, True, [0, 1], 3
+
+    monkeypatch.setattr(estimate, "GridEstimate", Spy)
+    monkeypatch.setattr(runner.store, "completed_rates", lambda db: {})
+    runner.start_estimate(jobs, registry, tmp_path / "abl.duckdb", Local(), Console(file=io.StringIO()))
+    assert seen.get("gpus") == 2
+    Local.use_gpus = False  # the CPU: no GPUs to share
+    runner.start_estimate(jobs, registry, tmp_path / "abl.duckdb", Local(), Console(file=io.StringIO()))
+    assert seen.get("gpus") is None

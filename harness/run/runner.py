@@ -168,7 +168,9 @@ def start_estimate(jobs: list[Job], registry: Registry, db_path: Path, executor,
         busy = threads.oversubscribed(threads.usable_cores(), executor.slots, threads.load_average())
         if busy:
             console.print(f"[yellow]warning[/]: {busy}", soft_wrap=True)
-    estimate = GridEstimate(jobs, registry, executor.slots, store.completed_rates(db_path))
+    # the GPUs the slots share: cells packed on a GPU share its speed (abl.run.estimate)
+    gpus = len(getattr(executor, "gpus", None) or []) if executor.local and executor.use_gpus else None
+    estimate = GridEstimate(jobs, registry, executor.slots, store.completed_rates(db_path), gpus=gpus)
     console.print(estimate.start_line(), soft_wrap=True, markup=False)
     return estimate
 
