@@ -1,10 +1,11 @@
 """The GPU probe's RoPE measurement at the 126M cell's own arguments (run first in stage e).
 
-The probe of 2026-11-28 profiled ``_rope_kernel`` at about 54% of the 126M cell's CUDA time
-(docs/gpu.md, docs/kernels.md "RoPE"); this times the rewritten kernel where the cell calls it,
-against the kernel profiled then and the torch reference, so that the next GPU session measures
-the change. Like the other stages it takes tiny shapes (``tiny``) so a test can run every line in
-the Triton interpreter.
+The probe of 2026-11-28 profiled ``_rope_kernel`` in the 126M cell (docs/gpu.md;
+read as 54% of its CUDA time over 80 calls a step, which counts each launch twice: docs/kernels.md
+"RoPE"); this times the rewritten kernel where the cell calls it, against the kernel profiled then
+and the torch reference, and q and k rotated in one launch (``rope_qk_triton``) against two, so
+that the next GPU session measures the change. Like the other stages it takes tiny shapes
+(``tiny``) so a test can run every line in the Triton interpreter.
 """
 
 from __future__ import annotations
@@ -109,12 +110,59 @@ def rope_at_the_cell(report: Report, device, tiny: bool) -> None:
                        provider=label, fwd_ms=fwd, fwd_bwd_ms=both, rel_diff=diff)
 
 
+def rope_qk_at_the_cell(report: Report, device, tiny: bool) -> None:
+    """q and k of the 126M cell (as ``rope_at_the_cell``) rotated together: ``rope_qk_triton`` (one
+    launch, and one for dq and dk) against ``rope_triton`` on q then on k (two launches each way),
+    both layouts; fwd and fwd+bwd (``torch.autograd.grad`` of the two views)."""
+    import torch
+
+    from ..kernels.rope import rope_qk_reference, rope_qk_triton, rope_triton
+
+    b, t, h, d = (1, 8, 2, 16) if tiny else (16, 1024, 16, 64)
+    dt = torch.bfloat16
+    torch.manual_seed(0)
+    qp = torch.randn(b, t, h, d, device=device, dtype=dt)
+    kvp = torch.randn(b, t, 2, h, d, device=device, dtype=dt)
+    inv_freq = 10000.0 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    ang = torch.outer(torch.arange(t, device=device, dtype=torch.float32), inv_freq)
+    cos, sin = ang.cos(), ang.sin()
+    nbytes = 2 * 2 * b * h * t * d * 2  # read and write q and k once
+    timer = stage_timer()
+    for layout in ("interleaved", "half"):
+        q = qp.transpose(1, 2).detach().requires_grad_()
+        k = kvp.permute(2, 0, 3, 1, 4)[0].detach().requires_grad_()
+        refs = [r.detach().float() for r in rope_qk_reference(q, k, cos, sin, layout=layout)]
+        dys = [torch.randn_like(r).to(dt) for r in refs]
+        providers: list[tuple[str, Callable[..., Any]]] = [
+            (f"triton rope_qk {layout} (one launch)", lambda: rope_qk_triton(q, k, cos, sin, layout=layout)),
+            (f"triton {layout} q then k (two launches)",
+             lambda: (rope_triton(q, cos, sin, layout), rope_triton(k, cos, sin, layout)))]
+        for name, fn in providers:
+            if report.over(6):
+                report.stopped(f"rope {name} and after")
+                return
+            label = f"rope {name} q+k"
+            try:
+                outs = fn()
+                diff = max(float((o.detach().float() - r).abs().max()) / float(r.abs().max())
+                           for o, r in zip(outs, refs))
+                fwd = timer(fn)
+                both = timer(lambda: torch.autograd.grad(fn(), (q, k), dys))
+            except Exception as exc:  # noqa: BLE001 - say so, go on
+                report.row(f"{label:<52} not run: {error_text(exc)}", provider=label, error=error_text(exc))
+                continue
+            report.row(f"{label:<52} fwd {fmt_ms(fwd)} ({nbytes / fwd / 1e6:.0f} GB/s), fwd+bwd {fmt_ms(both)} "
+                       f"({2 * nbytes / both / 1e6:.0f} GB/s); max |y - ref| / max |ref| {diff:.3g}",
+                       provider=label, fwd_ms=fwd, fwd_bwd_ms=both, rel_diff=diff)
+
+
 def stage_rope_and_layernorm(report: Report, device, tiny: bool) -> None:
-    """Stage e: RoPE at the cell first (the 126M cell's slowest kernel in the last probe), then the
-    layernorm kernels at several num_warps (``stage_layernorm``)."""
+    """Stage e: RoPE at the cell first (the 126M cell's slowest kernel in the last probe; q and k apart,
+    then together in one launch), then the layernorm kernels at several num_warps (``stage_layernorm``)."""
     import torch
 
     rope_at_the_cell(report, device, tiny)
+    rope_qk_at_the_cell(report, device, tiny)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     stage_layernorm(report, device, tiny)

@@ -177,3 +177,31 @@ def test_a_compiled_step_launches_rope_per_rotation_and_as_often_in_the_backward
         torch._dynamo.reset()
     assert forward in (n_layers, 2 * n_layers), launches.kernels
     assert len(launches.kernels) == 2 * forward, launches.kernels
+
+
+def test_the_probe_times_the_one_launch_op_in_the_interpreter(tmp_path, monkeypatch, device):
+    """The GPU probe's stage e times ``rope_qk_triton`` against q then k: its code runs here at tiny
+    sizes, with the CUDA timer swapped for one CPU call."""
+    import time
+
+    from abl.bench import probe_kernels, probe_rope
+
+    if device != "cpu":
+        pytest.skip("the interpreter run; on a GPU the probe itself runs it")
+
+    def one_call_ms(fn, leaves=None, rep=40):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    monkeypatch.setattr(probe_kernels, "cuda_ms", one_call_ms)
+    report = probe_kernels.Report(tmp_path / "e.txt", "layernorm", 300)
+    probe_rope.rope_qk_at_the_cell(report, torch.device("cpu"), True)
+    report.close()
+    text = (tmp_path / "e.txt").read_text()
+    rows = {r["provider"]: r for r in report.rows}
+    for layout in ("interleaved", "half"):
+        for name in (f"rope triton rope_qk {layout} (one launch) q+k",
+                     f"rope triton {layout} q then k (two launches) q+k"):
+            assert name in rows and "error" not in rows[name], text
+            assert rows[name]["rel_diff"] < 1e-2 and rows[name]["fwd_bwd_ms"] > 0, rows[name]
