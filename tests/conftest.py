@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -247,3 +248,54 @@ def default_signals():
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def stopping(proc):
+    """``with stopping(proc) as stop:``: ``stop(sig)`` sends a started process a signal and waits for it to end
+    (its stdout and stderr); on leaving the block (a failed assertion too) a process still running is killed."""
+    def stop(sig, timeout=60):
+        proc.send_signal(sig)
+        return proc.communicate(timeout=timeout)
+
+    try:
+        yield stop
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# ---------------------------------------------------------------- the dashboard (streamlit's AppTest)
+
+
+def dashboard_app(db: Path, monkeypatch, page: str, timeout: float = 90, **state):
+    """The dashboard (dashboard/app.py) on the store ``db``, run once on ``page`` with ``state`` in its session
+    state; it raised nothing and showed no error."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("ABL_DB", str(db))
+    monkeypatch.setenv("ABL_RUNS_DIR", str(db.parent / "runs"))
+    at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=timeout)
+    for k, v in state.items():
+        at.session_state[k] = v
+    at.switch_page(f"views/{page}.py")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def chart_specs(at) -> list[dict]:
+    """The Vega-Lite specs of the charts an AppTest drew, each with its datasets as DataFrames under ``_data``."""
+    import json
+
+    from streamlit import dataframe_util
+
+    out = []
+    for el in at.get("vega_lite_chart"):
+        spec = json.loads(el.proto.spec)
+        spec["_data"] = {d.name: dataframe_util.convert_arrow_bytes_to_pandas_df(d.data.data)
+                         for d in el.proto.datasets}
+        out.append(spec)
+    return out

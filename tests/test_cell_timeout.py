@@ -20,7 +20,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import ROOT, run_abl, tiny_grid_text
+from conftest import ROOT, run_abl, stopping, tiny_grid_text
 
 HANG_PLUGIN = """
 import os
@@ -103,16 +103,11 @@ def test_sigterm_while_the_parent_waits_on_a_hung_plugin_exits_130_and_leaves_no
     proc = start_abl(["--plugins-dir", str(hang_plugins), "run", str(grid), "--db", str(db),
                       "--runs-dir", str(runs)], env={"ABL_ZYGOTE": "0"})
     lock = Path(str(db) + ".lock")
-    try:
+    with stopping(proc) as stop:
         assert wait_for(lock.exists, 120), "abl run never took the store's lock"
         time.sleep(3)  # into the memory check, which measures the hanging forward
         assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        out, err = stop(signal.SIGTERM)
     assert proc.returncode == 130, (proc.returncode, out, err)
     assert "Traceback" not in err, err
     assert not lock.exists()
@@ -230,15 +225,10 @@ with guard.time_limit("the test step", 300):
     time.sleep(120)
 """
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with stopping(proc) as stop:
         assert proc.stdout.readline().strip() == "stuck"
         started = time.time()
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        out, err = stop(signal.SIGTERM)
     assert proc.returncode == 130, (proc.returncode, err)
     assert time.time() - started < 30
     assert "stopped by SIGTERM while the test step was stuck in native code" in err, err

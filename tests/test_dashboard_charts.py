@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, chart_specs, dashboard_app
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install 'abl[dashboard]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -27,7 +27,6 @@ from abl.dashboard import charts  # noqa: E402
 from abl.grid import labels as abl_labels  # noqa: E402
 from abl.present import palette  # noqa: E402
 
-APP = ROOT / "dashboard" / "app.py"
 CONTENDED_CELLS = {(n, b) for n, b, _ in norms_store.CONTENDED}
 
 
@@ -39,31 +38,6 @@ def norms2(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def norms3(tmp_path_factory) -> Path:
     return norms_store.build(tmp_path_factory.mktemp("norms3"), seeds=(0, 1, 2))
-
-
-def app(db: Path, monkeypatch, page: str, **state) -> AppTest:
-    monkeypatch.setenv("ABL_DB", str(db))
-    monkeypatch.setenv("ABL_RUNS_DIR", str(db.parent / "runs"))
-    at = AppTest.from_file(str(APP), default_timeout=90)
-    for k, v in state.items():
-        at.session_state[k] = v
-    at.switch_page(f"views/{page}.py")
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-    return at
-
-
-def specs(at: AppTest) -> list[dict]:
-    from streamlit import dataframe_util
-
-    out = []
-    for el in at.get("vega_lite_chart"):
-        spec = json.loads(el.proto.spec)
-        spec["_data"] = {d.name: dataframe_util.convert_arrow_bytes_to_pandas_df(d.data.data)
-                         for d in el.proto.datasets}
-        out.append(spec)
-    return out
 
 
 def layers(spec: dict) -> list[dict]:
@@ -90,10 +64,10 @@ def expected_labels() -> set[str]:
 
 
 def test_curves_with_two_seeds_draw_seed_lines_not_bands(norms2, monkeypatch):
-    at = app(norms2, monkeypatch, "curves")
+    at = dashboard_app(norms2, monkeypatch, "curves")
     assert toggle(at, "95% CI band").value is False
     assert toggle(at, "individual seeds").value is True
-    spec = specs(at)[0]
+    spec = chart_specs(at)[0]
     assert "area" not in marks(spec) and marks(spec).count("line") == 2  # seeds (faint), mean
     seed_layer = layers(spec)[0]
     detail = seed_layer["encoding"]["detail"]  # a line per seed (of each cell, on a factorial grid)
@@ -103,21 +77,21 @@ def test_curves_with_two_seeds_draw_seed_lines_not_bands(norms2, monkeypatch):
     # the toggle brings the band back
     toggle(at, "95% CI band").set_value(True)
     at.run()
-    assert "area" in marks(specs(at)[0])
+    assert "area" in marks(chart_specs(at)[0])
 
 
 def test_curves_with_three_seeds_draw_bands(norms3, monkeypatch):
-    at = app(norms3, monkeypatch, "curves")
+    at = dashboard_app(norms3, monkeypatch, "curves")
     assert toggle(at, "95% CI band").value is True
     assert toggle(at, "individual seeds").value is False
-    assert marks(specs(at)[0]) == ["area", "line"]
+    assert marks(chart_specs(at)[0]) == ["area", "line"]
 
 
 def test_curves_colours_legend_and_labels(norms2, monkeypatch):
     """Issue 40 item 2: a factorial grid's curves take one channel per axis, colour for the norm and line
     style for the block layout (abl.present.palette.grid_styles), a legend of 4 + 4 entries, not 13."""
-    at = app(norms2, monkeypatch, "curves")
-    for spec in specs(at):
+    at = dashboard_app(norms2, monkeypatch, "curves")
+    for spec in chart_specs(at):
         enc = layers(spec)[-1]["encoding"]
         color, dash = enc["color"], enc["strokeDash"]
         assert color["field"] == "colour_level" and color["title"] == "model.norm"
@@ -142,7 +116,7 @@ def _by_metric(at: AppTest) -> dict[str, dict]:
     from abl.analysis.metrics import metric
 
     names = {metric(m).title: m for m in ("train_loss", "val_loss")}
-    return {names.get(t, t): sp for sp in specs(at) for t in [layers(sp)[-1]["encoding"]["y"]["title"]]}
+    return {names.get(t, t): sp for sp in chart_specs(at) for t in [layers(sp)[-1]["encoding"]["y"]["title"]]}
 
 
 def test_val_loss_is_drawn_raw_and_the_axis_holds_every_final_value(norms2, monkeypatch):
@@ -155,7 +129,7 @@ def test_val_loss_is_drawn_raw_and_the_axis_holds_every_final_value(norms2, monk
     raw_train = dict(con.sql("SELECT r.label, avg(m.value) FROM metrics m JOIN runs r USING (run_id) "
                              "WHERE m.name = 'train_loss' AND m.step = 101 GROUP BY r.label").fetchall())
     con.close()
-    at = app(norms2, monkeypatch, "curves")
+    at = dashboard_app(norms2, monkeypatch, "curves")
     assert next(s for s in at.slider if s.label.startswith("EMA smoothing")).value == 0.0  # off by default
     next(s for s in at.slider if s.label.startswith("EMA smoothing")).set_value(0.8)
     at.run()
@@ -181,7 +155,7 @@ def test_the_y_axis_spans_what_is_drawn_not_the_hidden_bands(norms2, monkeypatch
     """With 2 seeds the bands are off, yet the axis made room for them: the t(1) interval of a spiky early
     train_loss stretched a real run's axis to [-5, 15] around lines between 2 and 6 (a loss below zero).
     The axis spans the lines drawn (means, seeds) and the final values, and the band only when it is on."""
-    at = app(norms2, monkeypatch, "curves")
+    at = dashboard_app(norms2, monkeypatch, "curves")
     for metric, spec in _by_metric(at).items():
         data = next(d for d in spec["_data"].values() if "kind" in d)
         drawn = pd.concat([data[data["kind"] == "mean"]["mean"], data[data["kind"] == "seed"]["y"]]).dropna()
@@ -217,8 +191,8 @@ def _colour_of(spec: dict) -> dict[str, tuple]:
 def test_one_cell_one_colour_on_every_page(norms2, monkeypatch):
     """Curves ranked the cells, Trade-offs kept the grid's order: a cell changed colour between pages. Its
     colour is its grid position's (the order its first run started), on every page."""
-    curves = _colour_of(specs(app(norms2, monkeypatch, "curves"))[0])
-    trade = _colour_of(specs(app(norms2, monkeypatch, "tradeoffs"))[0])
+    curves = _colour_of(chart_specs(dashboard_app(norms2, monkeypatch, "curves"))[0])
+    trade = _colour_of(chart_specs(dashboard_app(norms2, monkeypatch, "tradeoffs"))[0])
     assert set(curves) == set(trade) and len(curves) == 13
     # the same colour and the same form index (line style on Curves, marker on Trade-offs) for every cell
     assert {c: v[0] for c, v in curves.items()} == {c: v[0] for c, v in trade.items()}
@@ -249,8 +223,8 @@ def _cell_of(label: str) -> tuple[str, str]:
 
 
 def test_tradeoffs_ring_contended_cells_and_show_the_speed_spread(norms2, monkeypatch):
-    at = app(norms2, monkeypatch, "tradeoffs")
-    speed = specs(at)[0]  # val_loss vs tokens_per_s
+    at = dashboard_app(norms2, monkeypatch, "tradeoffs")
+    speed = chart_specs(at)[0]  # val_loss vs tokens_per_s
     rings = [m for m in layers(speed) if m["encoding"].get("stroke", {}).get("field") == "speed"]
     assert len(rings) == 1
     ring = rings[0]
@@ -273,7 +247,7 @@ def test_tradeoffs_ring_contended_cells_and_show_the_speed_spread(norms2, monkey
     assert any("Red rings" in c.value for c in at.caption)
     # a cost that is not a speed is never marked; one that every cell shares within 5% (the store's
     # parameters, 215,872 + 64 i) is a sentence, not a plot
-    for other in specs(at)[1:]:
+    for other in chart_specs(at)[1:]:
         assert not [m for m in layers(other) if "stroke" in m.get("encoding", {})]
     assert any("Every cell shown has the same n_params" in i.value for i in at.info)
 
@@ -282,8 +256,8 @@ def test_tradeoffs_tell_every_cell_apart_past_the_nine_colours(norms2, monkeypat
     """A real 13-cell norms run showed two cells per colour on Trade-offs with the same round marker (the
     marker encoded the Pareto front): past the palette's nine colours a point is told apart by its cell's
     marker (abl.present.palette), and the Pareto front by a heavy outline."""
-    at = app(norms2, monkeypatch, "tradeoffs")
-    for spec in specs(at):
+    at = dashboard_app(norms2, monkeypatch, "tradeoffs")
+    for spec in chart_specs(at):
         pts = next(m for m in layers(spec) if m["mark"]["type"] == "point" and "shape" in m["encoding"])
         enc = pts["encoding"]
         colours = dict(zip(enc["color"]["scale"]["domain"], enc["color"]["scale"]["range"]))
@@ -297,7 +271,7 @@ def test_tradeoffs_tell_every_cell_apart_past_the_nine_colours(norms2, monkeypat
 
 
 def test_runs_table_flags_contended_runs(norms2, monkeypatch):
-    at = app(norms2, monkeypatch, "experiments")
+    at = dashboard_app(norms2, monkeypatch, "experiments")
     table = at.dataframe[-1].value
     flagged = {(n, b, int(s)) for n, b, s, c in zip(table["model.norm"], table["model.block"], table["seed"],
                                                     table["contended"]) if c}
@@ -314,7 +288,7 @@ def test_runs_table_flags_contended_runs(norms2, monkeypatch):
 
 
 def test_run_detail_figures_are_a_table_with_full_values(norms2, monkeypatch):
-    at = app(norms2, monkeypatch, "run_detail")
+    at = dashboard_app(norms2, monkeypatch, "run_detail")
     assert not at.metric  # no tiles: a tile cuts a long value at a laptop width ("573.8 …")
     figures = at.table[0].value.T  # shown one figure a row
     assert list(figures.columns)[:4] == ["final val_loss", "final train_loss", "tokens/s (median)", "peak memory"]
@@ -325,7 +299,7 @@ def test_run_detail_figures_are_a_table_with_full_values(norms2, monkeypatch):
 
 def test_run_detail_marks_a_contended_run(norms2, monkeypatch):
     run_id = next(r for r in _run_ids(norms2) if r.startswith("scalsand") and r.endswith("s0"))
-    at = app(norms2, monkeypatch, "run_detail", detail_run=run_id)
+    at = dashboard_app(norms2, monkeypatch, "run_detail", detail_run=run_id)
     figures = at.table[0].value.T
     assert "⚠ contended" in figures["tokens/s (median)"].iloc[0]
     assert any("busy with other work" in c.value for c in at.caption)
@@ -369,9 +343,9 @@ def test_width_without_snapshot_is_refused(norms2):
 
 
 def test_compare_warns_when_a_speed_was_measured_on_a_contended_machine(norms2, monkeypatch):
-    at = app(norms2, monkeypatch, "compare")
+    at = dashboard_app(norms2, monkeypatch, "compare")
     assert not [w for w in at.warning if "contended" in w.value or "busy" in w.value]  # val_loss: no warning
-    at = app(norms2, monkeypatch, "compare", cmp_metric="tokens_per_s")
+    at = dashboard_app(norms2, monkeypatch, "compare", cmp_metric="tokens_per_s")
     assert [w for w in at.warning if "3 run(s)" in w.value and "busy with other work" in w.value]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import ROOT, chart_specs, dashboard_app
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install 'abl[dashboard]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -24,8 +24,6 @@ sys.path.insert(0, str(Path(__file__).parent / "dashboard"))
 import norms_store  # noqa: E402
 
 from abl.dashboard import charts, intervals  # noqa: E402
-
-APP = ROOT / "dashboard" / "app.py"
 
 
 def _noisy(folder: Path, seeds=(0, 1)) -> Path:
@@ -53,28 +51,7 @@ def noisy3(tmp_path_factory) -> Path:
 
 
 def app(db: Path, monkeypatch, **state) -> AppTest:
-    monkeypatch.setenv("ABL_DB", str(db))
-    monkeypatch.setenv("ABL_RUNS_DIR", str(db.parent / "runs"))
-    at = AppTest.from_file(str(APP), default_timeout=120)
-    for k, v in state.items():
-        at.session_state[k] = v
-    at.switch_page("views/compare.py")
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-    return at
-
-
-def specs(at: AppTest) -> list[dict]:
-    from streamlit import dataframe_util
-
-    out = []
-    for el in at.get("vega_lite_chart"):
-        spec = json.loads(el.proto.spec)
-        spec["_data"] = {d.name: dataframe_util.convert_arrow_bytes_to_pandas_df(d.data.data)
-                         for d in el.proto.datasets}
-        out.append(spec)
-    return out
+    return dashboard_app(db, monkeypatch, "compare", timeout=120, **state)
 
 
 def interval_panels(spec: dict) -> list[dict]:
@@ -129,7 +106,7 @@ def test_the_answer_comes_first_as_a_forest_plot_per_axis(noisy2, monkeypatch):
     assert heads[0].startswith("The answer:")
     verdicts = [m.value for m in at.markdown if m.value.startswith("**model.")]
     assert [v.split("**")[1] for v in verdicts] == ["model.block", "model.norm"]  # the verdict line of each axis
-    all_specs = specs(at)
+    all_specs = chart_specs(at)
     forests = [s for s in all_specs if any("level" in d for d in s["_data"].values())]
     assert len(forests) == 2
     for spec in forests:
@@ -147,14 +124,14 @@ def test_every_interval_row_is_labelled_and_inside_the_axis_or_marked(noisy2, mo
     on which the differences between the means could not be seen."""
     at = app(noisy2, monkeypatch, cmp_baseline=None)
     n_rows = cut = 0
-    for spec in specs(at):
+    for spec in chart_specs(at):
         for panel in interval_panels(spec):
             data = _data_of(spec, panel)
             n_rows += check_every_row(panel, data)
             cut += int((data["off_lo"] | data["off_hi"]).sum())
     assert n_rows >= 13 + 8
     assert cut > 0  # the noisy 2-seed cells' intervals run off the axis, and are marked there
-    per_cell = next(d for s in specs(at) for d in s["_data"].values() if "ci_lo" in d and "lo_drawn" in d)
+    per_cell = next(d for s in chart_specs(at) for d in s["_data"].values() if "ci_lo" in d and "lo_drawn" in d)
     means = per_cell["mean"]
     lo, hi = intervals.interval_domain(means, per_cell["ci_lo"], per_cell["ci_hi"], [per_cell["baseline"].iloc[0]])
     spread = means.max() - means.min()
@@ -189,36 +166,7 @@ def test_the_statistics_legend_is_printed_once(noisy2, monkeypatch):
 
 
 def _rank_column(at: AppTest) -> list[str]:
-    from html.parser import HTMLParser
-
-    class Cells(HTMLParser):
-        def __init__(self):
-            super().__init__()
-            self.rows, self.cell = [], None
-
-        def handle_starttag(self, tag, attrs):
-            if tag == "tr":
-                self.rows.append([])
-            elif tag in ("td", "th"):
-                self.cell = ""
-
-        def handle_endtag(self, tag):
-            if tag in ("td", "th") and self.cell is not None:
-                self.rows[-1].append(self.cell.strip())
-                self.cell = None
-
-        def handle_data(self, data):
-            if self.cell is not None:
-                self.cell += data
-
-    tables = []
-    for md in at.markdown:
-        if "abl-text-table" in md.value:
-            p = Cells()
-            p.feed(md.value)
-            tables.append(pd.DataFrame(p.rows[1:], columns=p.rows[0]))
-    cells = next(t for t in tables if "seeds" in t.columns and "rank" in t.columns)
-    return list(cells["rank"])
+    return list(_cells_table(at)["rank"])
 
 
 def test_cells_no_test_could_rank_say_so_instead_of_a_rank(noisy2, noisy3, monkeypatch):
@@ -296,7 +244,7 @@ def test_grouped_and_faceted_cells_keep_a_labelled_row_each(noisy2, monkeypatch)
     next(s for s in at.selectbox if s.label == "Facet by").set_value("model.block")
     at.run()
     assert not at.exception and not at.error
-    spec = next(s for s in specs(at) if "vconcat" in s)
+    spec = next(s for s in chart_specs(at) if "vconcat" in s)
     panels = interval_panels(spec)
     assert [p["title"] for p in panels] == [f"model.block = {b}" for b in norms_store.BLOCKS]
     rows = 0
@@ -312,7 +260,7 @@ def test_each_forest_row_reads_from_its_own_level(noisy3, monkeypatch):
     on the pre row). Before, the row copied the contrast's own orientation (best − level: "better"), so the
     pre row read "vs post: better" while its interval sat to the right of post's line."""
     at = app(noisy3, monkeypatch)
-    forests = [s for s in specs(at) if any("level" in d for d in s["_data"].values())]
+    forests = [s for s in chart_specs(at) if any("level" in d for d in s["_data"].values())]
     assert forests
     seen = set()
     for spec in forests:

@@ -13,11 +13,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, chart_specs, dashboard_app
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install 'abl[dashboard]'")
 import duckdb  # noqa: E402
-from streamlit.testing.v1 import AppTest  # noqa: E402
 
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -25,7 +24,6 @@ if str(ROOT) not in sys.path:
 from abl.dashboard import queries as q  # noqa: E402
 from abl.present import palette  # noqa: E402
 
-APP = ROOT / "dashboard" / "app.py"
 NORMS = ["layernorm", "rmsnorm", "scalenorm"]
 BLOCKS = ["pre", "post"]
 POSITIONS = ["rope", "alibi"]
@@ -117,29 +115,6 @@ def test_a_third_axis_gets_a_panel_per_level_with_the_same_colours_and_markers()
 # ---------------------------------------------------------------- the dashboard
 
 
-def app(db: Path, monkeypatch, page: str) -> AppTest:
-    monkeypatch.setenv("ABL_DB", str(db))
-    monkeypatch.setenv("ABL_RUNS_DIR", str(db.parent / "runs"))
-    at = AppTest.from_file(str(APP), default_timeout=90)
-    at.switch_page(f"views/{page}.py")
-    at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-    return at
-
-
-def specs(at: AppTest) -> list[dict]:
-    from streamlit import dataframe_util
-
-    out = []
-    for el in at.get("vega_lite_chart"):
-        spec = json.loads(el.proto.spec)
-        spec["_data"] = {d.name: dataframe_util.convert_arrow_bytes_to_pandas_df(d.data.data)
-                         for d in el.proto.datasets}
-        out.append(spec)
-    return out
-
-
 def _encodings(spec: dict) -> list[dict]:
     inner = spec.get("spec", spec)
     return [layer.get("encoding", {}) for layer in inner.get("layer", [inner])]
@@ -166,8 +141,8 @@ def _check_panels_and_legends(spec: dict, form_channel: str) -> None:
 
 
 def test_curves_draw_a_panel_per_level_of_the_third_axis(three, monkeypatch):
-    at = app(three, monkeypatch, "curves")
-    shown = specs(at)
+    at = dashboard_app(three, monkeypatch, "curves")
+    shown = chart_specs(at)
     assert shown
     for spec in shown:
         _check_panels_and_legends(spec, "strokeDash")
@@ -175,8 +150,8 @@ def test_curves_draw_a_panel_per_level_of_the_third_axis(three, monkeypatch):
 
 
 def test_tradeoffs_draw_a_panel_per_level_with_the_whole_front_in_each(three, monkeypatch):
-    at = app(three, monkeypatch, "tradeoffs")
-    speed = specs(at)[0]
+    at = dashboard_app(three, monkeypatch, "tradeoffs")
+    speed = chart_specs(at)[0]
     _check_panels_and_legends(speed, "shape")
     data = max(speed["_data"].values(), key=len)
     front = data[data["part"] == "front"]
@@ -187,9 +162,9 @@ def test_tradeoffs_draw_a_panel_per_level_with_the_whole_front_in_each(three, mo
 
 
 def test_compare_facets_its_per_cell_chart_by_the_third_axis(three, monkeypatch):
-    at = app(three, monkeypatch, "compare")
+    at = dashboard_app(three, monkeypatch, "compare")
     assert next(s for s in at.selectbox if s.label == "Facet by").value == "model.position"
-    panels = [s for s in specs(at) if "vconcat" in s]
+    panels = [s for s in chart_specs(at) if "vconcat" in s]
     assert panels, "no per-cell chart with a panel per level"
     titles = [p.get("title") for p in panels[-1]["vconcat"]]
     assert titles == [f"model.position = {p}" for p in POSITIONS]

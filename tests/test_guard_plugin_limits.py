@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import ROOT, default_signals, run_abl, tiny_grid_text, write_plugins
+from conftest import ROOT, default_signals, run_abl, stopping, tiny_grid_text, write_plugins
 
 HANG_PLUGIN = '''
 import inspect
@@ -290,19 +290,14 @@ def test_a_signal_while_abl_run_prepares_its_data_exits_130_with_no_lock(tmp_pat
                             stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, ABL_ZYGOTE="0", HANG_AT=where, HANG_SAYS=str(said),
                                      **({"HANG_NATIVE": "stops"} if native else {})))
-    try:
+    with stopping(proc) as stop:
         deadline = time.time() + 120
         while not said.exists() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert said.exists(), proc.communicate(timeout=30)
         assert Path(str(db) + ".lock").exists()  # the lock is held while the data is prepared
         sent = time.time()
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        out, err = stop(sig)
     assert proc.returncode == 130, (proc.returncode, out, err)
     assert time.time() - sent < 30
     assert "Traceback" not in err, err
