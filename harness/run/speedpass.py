@@ -10,8 +10,10 @@ do. So (issue 37, item 3):
   as contended, as those of a run on a busy CPU are (abl.analysis.health);
 - after the grid, a **speed pass** times each distinct shape of the
   completed cells that shared a GPU (``--speed-pass auto``), or of every
-  completed cell (``always``), alone on the device: one child process
-  per shape trains the cell's configuration for ``WARMUP_STEPS`` untimed
+  completed cell (``always``), alone on the device (on CUDA a GPU whose
+  free memory after the grid holds the shape's predicted need alone, as
+  placement judges it: ``gpus_for``; a shape no GPU holds is not timed, and
+  the pass says so): one child process per shape trains the cell's configuration for ``WARMUP_STEPS`` untimed
   steps and ``TIMED_STEPS`` timed ones (no evaluations, no checkpoint, no
   run folder written), and its median step gives ``alone_tokens_per_s`` and
   ``alone_mfu`` (useful FLOPs per step over the median step time over the
@@ -94,21 +96,54 @@ def shapes_to_time(jobs: list[Any], mode: str) -> dict[str, list[Any]]:
     return {k: js for k, js in by_shape.items() if any(j.packed > 1 for j in js)}
 
 
-def child_env(executor: Any, cell: Cell) -> dict[str, str]:
-    """The environment of a shape's timing child: one GPU (the first the executor has) or, on the CPU, the
-    threads a cell alone on this machine gets (abl.run.threads)."""
+def child_env(executor: Any, cell: Cell, gpus: list[int] | None = None) -> dict[str, str]:
+    """The environment of a shape's timing child: its GPUs (``gpus``, from ``gpus_for``; None: the first the
+    executor has) or, on the CPU, the threads a cell alone on this machine gets (abl.run.threads)."""
     from . import threads
 
     env = dict(os.environ)
     if getattr(executor, "use_gpus", False):
-        gpus = list(getattr(executor, "gpus", []) or [0])
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus[:max(1, cell.train.devices)]))
+        gpus = gpus or list(getattr(executor, "gpus", []) or [0])[:max(1, cell.train.devices)]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     else:
         env.setdefault("TRITON_INTERPRET", "1")
         n, _ = threads.for_cell(cell.train.threads, 1)
         if n is not None:
             env["OMP_NUM_THREADS"] = str(n)
     return env
+
+
+def free_now(executor: Any) -> dict[int, int] | None:
+    """Each of the executor's GPUs' free bytes after the grid (asked in a child process,
+    abl.run.admission.gpu_free_bytes), else the figures its placement had from before the grid; None when
+    neither is known."""
+    from . import admission
+
+    return admission.gpu_free_bytes(list(executor.gpus)) or getattr(executor.placement, "free", None)
+
+
+def gpus_for(executor: Any, cell: Cell, free: Any) -> tuple[list[int] | None, str]:
+    """The GPUs a shape's timing child gets, and why none when it gets none: ``train.devices`` of the
+    executor's GPUs whose free memory (``free``: a callable giving ``free_now``'s figures, asked at most once)
+    holds the cell's need alone, by placement's rule (abl.run.admission.Placement.fits_alone), the most free
+    memory first. Its first GPUs, as before, when its need or the free memory is unknown (nothing to judge
+    by); (None, why) when no such GPUs exist now."""
+    from .admission import Placement, fmt
+
+    gpus, k = list(getattr(executor, "gpus", []) or [0]), max(1, cell.train.devices)
+    placement = getattr(executor, "placement", None)
+    need = placement.need(cell.run_id) if placement is not None else None
+    figures = free() if need is not None else None
+    if need is None or not figures:
+        return gpus[:k], ""
+    alone = Placement(gpus, free=figures, needs={cell.run_id: need})
+    ok = sorted((g for g in gpus if alone.fits_alone(g, cell.run_id)), key=lambda g: (-figures.get(g, 0), g))
+    if len(ok) >= k:
+        return sorted(ok[:k]), ""
+    where = ", ".join(f"GPU {g}: {fmt(figures.get(g, 0))}" for g in gpus)
+    what = "no GPU's free memory holds it alone" if k == 1 else f"no {k} GPUs' free memory each hold a process"
+    return None, (f"{what}: it needs {fmt(need)} per process (its predicted peak, as placement counts it), "
+                  f"free now {where}")
 
 
 def time_shape(run_dir: Path, env: dict[str, str], timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
@@ -150,12 +185,23 @@ def run_speed_pass(jobs: list[Any], executor: Any, db_path: Path, console: Any =
     lines: list[str] = []
     rows: list[list[Any]] = []
     why = "asked for (--speed-pass always)" if mode == "always" else "its cells shared a GPU"
+    known: list[dict[int, int] | None] = []  # the GPUs' free memory, asked once for the whole pass
+
+    def free() -> dict[int, int] | None:
+        if not known:
+            known.append(free_now(executor))
+        return known[0]
+
     for shape, js in todo.items():
         first = js[0]
+        gpus, none = gpus_for(executor, first.cell, free) if getattr(executor, "use_gpus", False) else (None, "")
+        if gpus is None and none:  # it would run out of memory, or push another job out of its GPU
+            lines.append(f"speed pass: {first.cell.label}: no figures ({none})")
+            continue
         if console is not None:
             console.print(f"speed pass: timing {first.cell.label} alone ({WARMUP_STEPS} + {TIMED_STEPS} steps) ...",
                           soft_wrap=True, markup=False)
-        result = time_shape(first.run_dir, child_env(executor, first.cell))
+        result = time_shape(first.run_dir, child_env(executor, first.cell, gpus))
         if "error" in result:
             lines.append(f"speed pass: {first.cell.label}: no figures ({result['error']})")
             continue
