@@ -569,7 +569,8 @@ def compile_check_cases():
     """The launches ``abl.kernels.compilecheck`` compiles for sm_90 (``register_cases("ssd_scan",
     compile_check_cases)``): yields (label, function that runs the forward) for each dtype class
     (bf16, fp16, fp32 exact, fp32 TF32) and tile class (the largest, 64-wide tiles; 32; 16), with
-    and without an initial state. Under ``compile_check()`` nothing runs (zeros suffice)."""
+    and without an initial state; then the backward's (``abl.kernels.ssd_scan_bwd``). Under
+    ``compile_check()`` nothing runs (zeros suffice)."""
     for dtype, tf32 in ((torch.bfloat16, False), (torch.float16, False), (torch.float32, False),
                         (torch.float32, True)):
         for p, n, chunk, init in ((64, 128, 64, False), (64, 128, 256, True), (32, 32, 32, False),
@@ -586,6 +587,9 @@ def compile_check_cases():
                     torch.backends.cuda.matmul.allow_tf32 = allowed
             name = f"{str(dtype)[6:]}{'-tf32' if tf32 else ''}"
             yield f"ssd_scan {name} P{p} N{n} chunk{chunk}{' init' if init else ''}", run
+    from .ssd_scan_bwd import compile_check_cases as backward_cases  # the module imports this one
+
+    yield from backward_cases()
 
 
 class SSDScanFunction(torch.autograd.Function):

@@ -198,7 +198,6 @@ def _ssd_bwd_dcb_kernel(X, DY, CB, ACUM, DTC, DCB, RROW, RCOL,
     s_mask = offs_s < chunk_len
     causal = offs_m[:, None] >= offs_s[None, :]
     cb_tile = ((b * NCHUNK + c) * G + g) * L * L + offs_m[:, None] * L + offs_s[None, :]
-    cb = tl.load(CB + cb_tile)
     acc = tl.zeros([BLOCK_M, BLOCK_S], dtype=tl.float32)
     for hh in range(0, HEADS_PER_GROUP):
         h = g * HEADS_PER_GROUP + hh
@@ -219,7 +218,7 @@ def _ssd_bwd_dcb_kernel(X, DY, CB, ACUM, DTC, DCB, RROW, RCOL,
         acc += dcb
         # d a_cum through exp(a_cum[l] - a_cum[s]) (sec. 6.1): + the row sums, - the column sums
         # of CB o dCB_h, both in fp32 from the same tile (this tile's shares)
-        w = cb * dcb
+        w = tl.load(CB + cb_tile) * dcb  # CB reloaded per head (from L2): fewer live registers
         tl.store(RROW + (vec + offs_m) * n_blocks_s + pid_s, tl.sum(w, axis=1))
         tl.store(RCOL + (vec + offs_s) * (L // BLOCK_M) + pid_m, tl.sum(w, axis=0))
     tl.store(DCB + cb_tile, acc)  # [B, NCHUNK, G, L, L] fp32, lower-triangle tiles
@@ -355,8 +354,11 @@ def ssd_scan_bwd_configs(x, p: int, n: int, chunk: int) -> dict:
     return {"dstates": dict(BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **mma),
             "passing": dict(BLOCK=min(1024, _next_pow2(p * n)), num_warps=4, num_stages=1),
             "dx": dict(BLOCK_M=bm, BLOCK_P=bp, BLOCK_N=bn, BLOCK_K=bk, **mma),
-            "dcb": dict(BLOCK_M=bm, BLOCK_S=bm, BLOCK_P=bp, **mma),
-            "dc": dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_P=bp, BLOCK_K=bk, **mma),
+            # dCB and dC hold three (two) fp32 [M, 64] tiles across their loop over the group's heads: 8
+            # warps (4 spill at 64-wide tiles); fp32 operands: 32-row tiles, a 16-wide loop over P
+            "dcb": dict(BLOCK_M=min(bm, 32), BLOCK_S=min(bm, 32), BLOCK_P=16, **mma) if wide
+            else dict(BLOCK_M=bm, BLOCK_S=bm, BLOCK_P=bp, num_warps=8, num_stages=2),
+            "dc": dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_P=bp, BLOCK_K=bk, num_warps=8, num_stages=2),
             "db": dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_P=bp, BLOCK_K=bk, **mma)}
 
 
@@ -430,3 +432,28 @@ def ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, chunk_size: int, initial_sta
     ddt = ddt.reshape(b, h, nchunk * L)[..., :t].transpose(1, 2).to(dt.dtype)
     ds0 = dinit.to(initial_state.dtype) if initial_state is not None else None
     return dx, ddt, dA.to(A.dtype), dB, dC, ds0
+
+
+def compile_check_cases():
+    """The backward's launches for ``abl.kernels.compilecheck`` (yielded by
+    ``abl.kernels.ssd_scan.compile_check_cases`` after the forward's): (label, function that runs
+    the backward op) for each dtype class (bf16, fp16, fp32 exact, fp32 TF32) and tile class (the
+    largest, 64-wide tiles with a 2-head group; 32; 16), with and without an initial state. Under
+    ``compile_check()`` nothing runs (zeros suffice)."""
+    for dtype, tf32 in ((torch.bfloat16, False), (torch.float16, False), (torch.float32, False),
+                        (torch.float32, True)):
+        for p, n, chunk, init in ((64, 128, 64, False), (64, 128, 256, True), (32, 32, 32, False),
+                                  (16, 16, 16, True)):
+            def run(dtype=dtype, tf32=tf32, p=p, n=n, chunk=chunk, init=init):
+                allowed = torch.backends.cuda.matmul.allow_tf32
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+                try:
+                    x = torch.zeros(1, 2 * chunk, 2, p, dtype=dtype)
+                    bm = torch.zeros(1, 2 * chunk, 1, n, dtype=dtype)
+                    s0 = torch.zeros(1, 2, p, n, dtype=dtype) if init else None
+                    torch.ops.abl.ssd_scan_bwd(x, torch.zeros(1, 2, p, n, dtype=dtype), x, torch.zeros(1, 2 * chunk, 2),
+                                               -torch.ones(2), bm, bm, chunk, s0)
+                finally:
+                    torch.backends.cuda.matmul.allow_tf32 = allowed
+            name = f"{str(dtype)[6:]}{'-tf32' if tf32 else ''}"
+            yield f"ssd_scan backward {name} P{p} N{n} chunk{chunk}{' init' if init else ''}", run

@@ -151,8 +151,8 @@ from abl.kernels.ssd_scan import compile_check_cases
 compilecheck.register_cases("ssd_scan", compile_check_cases)
 for launch in compilecheck.launches(["ssd_scan"]):
     r = compilecheck.check(launch)
-    print(json.dumps(dict(label=r.label, registers=r.registers, spills=r.spill_store_bytes, error=r.error)),
-          flush=True)
+    print(json.dumps(dict(label=r.label, registers=r.registers, spills=r.spill_store_bytes, error=r.error,
+                          hazards=r.hazards)), flush=True)
 """
 
 
@@ -169,9 +169,9 @@ def _sm90_unavailable():
 
 
 def test_ssd_scan_configurations_compile_for_sm90_without_spills():
-    """Every configuration the launchers ship (per dtype class and tile class), compiled for an
-    H100 without a GPU (``abl.kernels.compilecheck``, in a process without the interpreter):
-    0 bytes of spill stores."""
+    """Every configuration the launchers ship (per dtype class and tile class), forward and backward,
+    compiled for an H100 without a GPU (``abl.kernels.compilecheck``, in a process without the
+    interpreter): 0 bytes of spill stores, no asynchronous-MMA buffer hazard."""
     reason = _sm90_unavailable()
     if reason:
         pytest.skip(reason)
@@ -180,10 +180,13 @@ def test_ssd_scan_configurations_compile_for_sm90_without_spills():
     results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     kernels = {r["label"].split("[")[0] for r in results}
     assert kernels == {"_ssd_chunk_cumsum_kernel", "_ssd_bmm_chunk_kernel", "_ssd_chunk_state_kernel",
-                       "_ssd_state_passing_kernel", "_ssd_chunk_scan_kernel"}, kernels
-    bad = [r for r in results if r["error"] or r["spills"] != 0]
+                       "_ssd_state_passing_kernel", "_ssd_chunk_scan_kernel",
+                       # the backward's (abl.kernels.ssd_scan_bwd)
+                       "_ssd_bwd_dstates_kernel", "_ssd_bwd_passing_kernel", "_ssd_bwd_dx_kernel",
+                       "_ssd_bwd_dcb_kernel", "_ssd_bwd_dc_kernel", "_ssd_bwd_db_kernel"}, kernels
+    bad = [r for r in results if r["error"] or r["spills"] != 0 or r["hazards"]]
     assert not bad, "\n".join(f"{r['label']}: {r['spills']} B spill stores, {r['registers']} registers "
-                              f"{r['error'] or ''}" for r in bad)
+                              f"{r['hazards'] or ''} {r['error'] or ''}" for r in bad)
 
 
 _TRACE_SCRIPT = """
