@@ -206,11 +206,14 @@ def compiler(gm, inputs):
 def fwd(x, dt, A, Bm, Cm, s0):
     return torch.ops.abl.ssd_scan_fwd(x, dt, A, Bm, Cm, 64, s0)
 
+def bwd(x, dt, A, Bm, Cm, s0):
+    return torch.ops.abl.ssd_scan_bwd(x, s0, x, dt, A, Bm, Cm, 64, s0)
+
 x, bm = torch.zeros(1, 100, 4, 64, dtype=torch.bfloat16), torch.zeros(1, 100, 2, 128, dtype=torch.bfloat16)
 with compile_check():
     try:
-        aot_function(fwd, fw_compiler=compiler)(x, torch.zeros(1, 100, 4), -torch.ones(4), bm, bm,
-                                                torch.zeros(1, 4, 64, 128))
+        aot_function(OP, fw_compiler=compiler)(x, torch.zeros(1, 100, 4), -torch.ones(4), bm, bm,
+                                               torch.zeros(1, 4, 64, 128, dtype=torch.bfloat16))
     except Traced:
         pass
 """
@@ -222,15 +225,17 @@ def _compiler_process(script, timeout):
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def test_ssd_scan_fwd_op_opens_into_its_kernels_when_traced():
-    """Where Triton compiles (not the interpreter) the forward is a triton_op: AOTAutograd's trace
-    holds its five kernel launches (what Inductor schedules), not an opaque op. Traced only (CPU
-    tensors, the launchers' CUDA configurations): nothing runs."""
+@pytest.mark.parametrize("op, launches", [("fwd", 5), ("bwd", 10)])
+def test_ssd_scan_ops_open_into_their_kernels_when_traced(op, launches):
+    """Where Triton compiles (not the interpreter) both ops are triton_ops: AOTAutograd's trace
+    holds their kernel launches (what Inductor schedules), not an opaque op: the forward's five;
+    the backward's four recomputed forward kernels and its six. Traced only (CPU tensors, the
+    launchers' CUDA configurations): nothing runs."""
     reason = _sm90_unavailable()
     if reason:
         pytest.skip(reason)
-    out = _compiler_process(_TRACE_SCRIPT, 600)
+    out = _compiler_process(_TRACE_SCRIPT.replace("OP", op), 600)
     assert out.returncode == 0, out.stderr[-3000:]
     targets = json.loads([line for line in out.stdout.splitlines() if line.startswith("[")][-1])
-    assert sum("triton_kernel_wrapper_functional" in t for t in targets) == 5, targets
-    assert not any("ssd_scan_fwd" in t for t in targets), targets
+    assert sum("triton_kernel_wrapper_functional" in t for t in targets) == launches, targets
+    assert not any(f"ssd_scan_{op}" in t for t in targets), targets
