@@ -344,11 +344,13 @@ STALE_S, ABANDONED_S = 600, 86_400  # sweep: a build's folder untouched this lon
 
 def _pid_alive(pid: int) -> bool:
     try:  # off POSIX os.kill would end the process: age alone decides there
-        return os.name != "posix" or os.kill(pid, 0) is None
+        if os.name == "posix":
+            os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except (OSError, OverflowError):  # another user's process (or no PID at all: age decides)
-        return True
+        pass
+    return True
 
 
 def sweep(root: Path) -> list[str]:
