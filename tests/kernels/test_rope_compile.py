@@ -73,3 +73,8 @@ def test_compilecheck_covers_the_cell_launch_in_both_layouts():
     assert r.returncode == 0 and rows and all(row["ok"] for row in rows), (r.stdout[-2000:], r.stderr[-2000:])
     cell = [row for row in rows if "126M cell" in row["label"]]
     assert {("interleaved" in row["label"]) for row in cell} == {True, False}
+    # q and k in one launch; the forward and the backward (BACKWARD, a constexpr: launches of their
+    # own) under labels of their own, every label once
+    assert {row["label"].rsplit(", ", 1)[-1] for row in cell} == {"forward)", "backward)"}, [r["label"] for r in cell]
+    assert all("q and k views in one launch" in row["label"] for row in cell)
+    assert len({row["label"] for row in rows}) == len(rows), [row["label"] for row in rows]
