@@ -20,7 +20,8 @@ TITLES = {
     "determinism": "flash attention backward: bitwise repeats per forced tile configuration",
     "attention": "flash attention vs SDPA (each backend forced, and SDPA's own pick), fwd and fwd+bwd",
     "lce": "linear cross-entropy: chunk sizes, Liger, torch; forward+backward",
-    "ssd": "ssd_scan: per-launch times, the scan vs the torch reference and fla",
+    "ssd": "ssd_scan: per-launch times, the scan (its Triton backward and the former fp32-vjp one) vs the torch "
+           "reference and fla",
     "layernorm": "rope at the 126M cell's own arguments (vs the old kernel and torch); layernorm kernels at several "
                  "num_warps",
     "profile": "the 126M cell (scripts/gpu_big.toml) on the Triton kernels: profile and graph breaks",
@@ -377,6 +378,30 @@ def profile_table(prof, cuda: bool, rows: int = 25) -> list[str]:
     return averages.table(row_limit=rows).splitlines()
 
 
+def former_backward_scan(chunk: int) -> Callable[..., Any]:
+    """The Triton forward with ssd_scan's former backward (the vector-Jacobian product of
+    ``ssd_chunked`` recomputed in fp32, ``ssd_scan_bwd_vjp``): the baseline the Triton backward
+    (``abl.kernels.ssd_scan_bwd``) replaced, timed beside it. Takes (x, dt, a, bm, cm), returns y."""
+    import torch
+
+    from ..kernels.ssd_scan import ssd_scan_bwd_vjp
+
+    class Former(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, dt, a, bm, cm):
+            y, _ = torch.ops.abl.ssd_scan_fwd(x, dt, a, bm, cm, chunk, None)
+            ctx.save_for_backward(x, dt, a, bm, cm)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, dt, a, bm, cm = ctx.saved_tensors
+            dfinal = x.new_zeros(x.shape[0], x.shape[2], x.shape[3], bm.shape[3])
+            return ssd_scan_bwd_vjp(dy, dfinal, x, dt, a, bm, cm, chunk)[:5]
+
+    return Former.apply
+
+
 def stage_ssd(report: Report, device, tiny: bool) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -391,7 +416,10 @@ def stage_ssd(report: Report, device, tiny: bool) -> None:
     inp = make_inputs("ssd_scan", shape, torch.bfloat16, device)
     report.line(f"{inp.shape} bf16")
     fla = _peer("fla.ops.simple_gla")
-    providers: dict[str, Callable[..., Any]] = {"triton": inp.kernel, "torch reference (autocast bf16)": inp.torch_path}
+    # the Triton backward (abl.kernels.ssd_scan_bwd) against the former fp32-vjp one, same forward
+    providers: dict[str, Callable[..., Any]] = {"triton": inp.kernel,
+                                                "triton fwd + former fp32-vjp bwd": former_backward_scan(shape[5]),
+                                                "torch reference (autocast bf16)": inp.torch_path}
     if fla is not None and hasattr(fla, "chunk_simple_gla"):
         providers["fla chunk_simple_gla"] = lambda x, dt, a, bm, cm: fla_ssd(fla.chunk_simple_gla, x, dt, a, bm, cm)
     else:
@@ -409,6 +437,15 @@ def stage_ssd(report: Report, device, tiny: bool) -> None:
             continue
         report.row(f"{name:<32} fwd {fmt_ms(fwd)}, fwd+bwd {fmt_ms(both)}; max |y - torch| / max |torch| {diff:.3g}",
                    provider=name, fwd_ms=fwd, fwd_bwd_ms=both, rel_diff=diff)
+    if not report.over(6):  # the Triton backward's gradients against the former fp32 vjp's (same forward)
+        grads = {}
+        for name in ("triton", "triton fwd + former fp32-vjp bwd"):
+            leaves = [inp.args[i] for i in inp.leaves]
+            grads[name] = torch.autograd.grad(providers[name](*inp.args).float().square().sum(), leaves)
+        diffs = {k: float((a.float() - w.float()).abs().max()) / max(float(w.float().abs().max()), 1e-12)
+                 for k, a, w in zip(("dx", "ddt", "dA", "dB", "dC"), *grads.values())}
+        report.row("triton bwd vs former fp32-vjp bwd: max |g - g_vjp| / max |g_vjp| "
+                   + ", ".join(f"{k} {v:.3g}" for k, v in diffs.items()), provider="bwd vs vjp", **diffs)
     for name in ("triton", "fla chunk_simple_gla"):
         scan = providers.get(name)
         if scan is None or report.over(8):
