@@ -9,8 +9,10 @@ The rotation is orthogonal, so the backward is the same kernel rotating by -a
 (sin negated). cos/sin are inputs (the position plugin owns theta, position
 interpolation and the cache) and get no gradient. Arithmetic is fp32.
 
-The launcher is the custom op ``abl::rope`` (abl.kernels.registration.kernel_op), its own
-autograd formula (the inverse rotation), so ``torch.compile`` keeps a call in one graph.
+The launchers are the custom ops ``abl::rope_qk`` (q and k of a layer in one launch: ``rope_qk``)
+and ``abl::rope`` (one tensor: ``rope``), both the one kernel (abl.kernels.registration.kernel_op),
+each with its own autograd formula (the inverse rotation, one launch), so ``torch.compile`` keeps a
+call in one graph.
 """
 
 import torch
@@ -148,8 +150,12 @@ def _rope_fake(x, cos, sin, interleaved, inverse):
 def _launch(q, k, cos_q, sin_q, cos_k, sin_k, interleaved, inverse):
     """q [B, Hq, Tq, D] (and k [B, Hk, Tk, D], or None) rotated in one launch: new contiguous tensors."""
     qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    ko = qo if k is None else torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    # without k the k side is never run: q's strides, and an output of its own (an empty one: under
+    # torch.compile an output passed twice would be one the kernel mutates through two arguments,
+    # which inductor could not write in place)
+    ko = torch.empty(0 if k is None else k.shape, dtype=q.dtype if k is None else k.dtype, device=q.device)
     kk, ck, sk = (q, cos_q, sin_q) if k is None else (k, cos_k, sin_k)
+    ko_strides = qo.stride() if k is None else ko.stride()
     b, hq, tq, d = q.shape
     hk, tk = (0, tq) if k is None else (k.shape[1], k.shape[2])
     if b * d and (hq * tq or hk * tk):
@@ -158,7 +164,7 @@ def _launch(q, k, cos_q, sin_q, cos_k, sin_k, interleaved, inverse):
         wrap_triton(_rope_qk_kernel)[grid](
             q, qo, kk, ko, cos_q, sin_q, ck, sk,
             q.stride(0), q.stride(1), q.stride(2), qo.stride(0), qo.stride(1), qo.stride(2),
-            kk.stride(0), kk.stride(1), kk.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
+            kk.stride(0), kk.stride(1), kk.stride(2), ko_strides[0], ko_strides[1], ko_strides[2],
             cos_q.stride(0) if cos_q.shape[0] > 1 else 0, cos_q.stride(1),
             ck.stride(0) if ck.shape[0] > 1 else 0, ck.stride(1), hq, hk, tq, tk, d // 2,
             INTERLEAVED=interleaved, BACKWARD=inverse, BLOCK_H=block_h, BLOCK_T=block_t, BLOCK_K=block_k,
