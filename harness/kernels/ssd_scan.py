@@ -195,34 +195,19 @@ def ssd_chunked_flops(seq_len: int, chunk_size: int, n_heads: int, head_dim: int
 # the kernels), or an opaque custom op under the Triton interpreter.
 
 
-from .utils import HAS_TRITON as _HAS_TRITON  # noqa: E402
+from .ssd_scan_bwd import ssd_scan_backward  # noqa: E402
+from .ssd_scan_common import dot_precision as _dot_precision  # noqa: E402
+from .ssd_scan_common import mma as _mma  # noqa: E402
+from .ssd_scan_common import narrow as _narrow  # noqa: E402
+from .ssd_scan_common import op_decorator as _op_decorator  # noqa: E402
+from .ssd_scan_common import tile as _tile  # noqa: E402
+from .ssd_scan_common import unit_last as _unit_last  # noqa: E402
+from .ssd_scan_common import upcast as _upcast  # noqa: E402
+from .ssd_scan_common import wrap_triton as _wrap_triton  # noqa: E402
 from .utils import check_launch as _check_launch  # noqa: E402
-from .utils import interpreting as _interpreting  # noqa: E402
 from .utils import next_pow2 as _next_pow2  # noqa: E402
 from .utils import on_gpu as _on_gpu  # noqa: E402
 from .utils import tl, triton  # noqa: E402
-
-
-@triton.jit
-def _mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + a @ b with fp32 accumulation. UPCAST (bf16 in the Triton interpreter, which
-    multiplies bf16 tiles as their raw bits): the operands, already rounded to bf16, are widened
-    first; exact, the same products the tensor cores form."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc, input_precision=PRECISION)
-
-
-@triton.jit
-def _narrow(v, DTYPE: tl.constexpr, UPCAST: tl.constexpr):
-    """fp32 ``v`` rounded to DTYPE, to nearest even (the GPU's conversion). UPCAST: the
-    interpreter's fp32 -> bf16 conversion truncates, so the rounding is done on the fp32 bits
-    and the result stays fp32 (exactly a bf16 value: converting or widening it is exact)."""
-    if UPCAST:
-        bits = v.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
-    return v.to(DTYPE)
 
 
 @triton.jit
@@ -389,15 +374,6 @@ def _ssd_chunk_scan_kernel(X, CM, CB, ACUM, DTC, PREV, Y,
 # ---------------------------------------------------------------- launchers
 
 
-def _unit_last(t):
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _tile(n: int, cap: int) -> int:
-    """A power-of-two tile for a dim of ``n``: at least 16 (the MMA's minimum), at most ``cap``."""
-    return max(16, min(cap, _next_pow2(n)))
-
-
 def ssd_scan_configs(x, p: int, n: int, chunk: int) -> dict:
     """The tiles, warps and stages of each kernel for a launch on ``x`` (one configuration
     per kernel; ``abl.kernels.compilecheck`` compiles them for sm_90 and checks for spills).
@@ -425,34 +401,6 @@ def ssd_scan_configs(x, p: int, n: int, chunk: int) -> dict:
             "passing": dict(BLOCK=min(1024, _next_pow2(p * n)), num_warps=4, num_stages=1),
             "scan": dict(BLOCK_M=bm, BLOCK_P=_tile(p, 64), BLOCK_N=_tile(n, 32 if wide else 64),
                          BLOCK_K=min(chunk, 32), num_warps=4, num_stages=2)}
-
-
-def _dot_precision(dtype) -> str:
-    """fp32 operands: TF32 only where the run allows it (the tf32 precision policy), else exact.
-    16-bit operands take the tensor cores' native MMA whatever this says."""
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"
-
-
-def _upcast(dtype) -> bool:
-    return dtype == torch.bfloat16 and _interpreting()
-
-
-if _HAS_TRITON and not _interpreting():
-    # compiled kernels: a triton_op, which torch.compile can open up (its kernels launch through
-    # wrap_triton, so Inductor sees them)
-    from torch.library import triton_op as _op_decorator
-    from torch.library import wrap_triton as _wrap_triton
-else:
-    # the interpreter (or no triton: the launch raises in check_launch): an opaque custom op. The
-    # interpreter runs kernels on real tensors only, so tracing must not open the op up (a
-    # triton_op is decomposed into its kernel launches under FakeTensors); wrap_triton would hand
-    # the interpreted kernel back as is anyway
-    _op_decorator = torch.library.custom_op  # type: ignore[assignment]
-
-    def _wrap_triton(kernel):
-        return kernel
 
 
 def forward_intermediates(x, dt, A, Bm, Cm, L: int, initial_state, prev_dtype, cfg: dict, ops: dict):
@@ -536,10 +484,13 @@ def ssd_scan_bwd(dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: to
     the forward's kernels 1-4 recomputed, then six backward kernels. Returns the gradients of
     (x, dt, A, Bm, Cm, initial_state), each in its input's dtype; the last is empty without an
     initial state."""
-    from .ssd_scan_bwd import ssd_scan_backward  # the module imports this one
-
     _check_launch(dy, dfinal, x, dt, A, Bm, Cm, initial_state)
-    grads = ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, chunk_size, initial_state)
+    p, n = x.shape[3], Bm.shape[3]
+    xd, bm, cm = _unit_last(x), _unit_last(Bm.to(x.dtype)), _unit_last(Cm.to(x.dtype))
+    ops = dict(PRECISION=_dot_precision(x.dtype), UPCAST=_upcast(x.dtype))
+    acum, dtc, cb, prev, _ = forward_intermediates(xd, dt, A, bm, cm, chunk_size, initial_state, torch.float32,
+                                                   ssd_scan_configs(xd, p, n, chunk_size), ops)
+    grads = ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, initial_state, acum, dtc, cb, prev)
     return (*grads[:5], grads[5] if grads[5] is not None else x.new_empty(0))
 
 
@@ -567,29 +518,34 @@ def _(dy, dfinal, x, dt, A, Bm, Cm, chunk_size, initial_state=None):
 
 def compile_check_cases():
     """The launches ``abl.kernels.compilecheck`` compiles for sm_90 (``register_cases("ssd_scan",
-    compile_check_cases)``): yields (label, function that runs the forward) for each dtype class
-    (bf16, fp16, fp32 exact, fp32 TF32) and tile class (the largest, 64-wide tiles; 32; 16), with
-    and without an initial state; then the backward's (``abl.kernels.ssd_scan_bwd``). Under
-    ``compile_check()`` nothing runs (zeros suffice)."""
+    compile_check_cases)``): yields (label, function that runs the op) for the forward and the
+    backward (``abl::ssd_scan_bwd``: the recomputed forward kernels with fp32 passed states, and the
+    kernels of ``abl.kernels.ssd_scan_bwd``) for each dtype class (bf16, fp16, fp32 exact, fp32
+    TF32) and tile class (the largest, 64-wide tiles; 32; 16), with and without an initial state;
+    two heads share one group. Under ``compile_check()`` nothing runs (zeros suffice)."""
     for dtype, tf32 in ((torch.bfloat16, False), (torch.float16, False), (torch.float32, False),
                         (torch.float32, True)):
         for p, n, chunk, init in ((64, 128, 64, False), (64, 128, 256, True), (32, 32, 32, False),
                                   (16, 16, 16, True)):
-            def run(dtype=dtype, tf32=tf32, p=p, n=n, chunk=chunk, init=init):
-                allowed = torch.backends.cuda.matmul.allow_tf32
-                torch.backends.cuda.matmul.allow_tf32 = tf32
-                try:
-                    x = torch.zeros(1, 2 * chunk, 2, p, dtype=dtype)
-                    bm = torch.zeros(1, 2 * chunk, 1, n, dtype=dtype)
-                    s0 = torch.zeros(1, 2, p, n) if init else None
-                    ssd_scan_triton(x, torch.zeros(1, 2 * chunk, 2), -torch.ones(2), bm, bm, chunk, s0)
-                finally:
-                    torch.backends.cuda.matmul.allow_tf32 = allowed
-            name = f"{str(dtype)[6:]}{'-tf32' if tf32 else ''}"
-            yield f"ssd_scan {name} P{p} N{n} chunk{chunk}{' init' if init else ''}", run
-    from .ssd_scan_bwd import compile_check_cases as backward_cases  # the module imports this one
-
-    yield from backward_cases()
+            for backward in (False, True):
+                def run(dtype=dtype, tf32=tf32, p=p, n=n, chunk=chunk, init=init, backward=backward):
+                    allowed = torch.backends.cuda.matmul.allow_tf32
+                    torch.backends.cuda.matmul.allow_tf32 = tf32
+                    try:
+                        x = torch.zeros(1, 2 * chunk, 2, p, dtype=dtype)
+                        dt, a = torch.zeros(1, 2 * chunk, 2), -torch.ones(2)
+                        bm = torch.zeros(1, 2 * chunk, 1, n, dtype=dtype)
+                        s0 = torch.zeros(1, 2, p, n, dtype=dtype if backward else torch.float32) if init else None
+                        if backward:
+                            torch.ops.abl.ssd_scan_bwd(x, torch.zeros(1, 2, p, n, dtype=dtype), x, dt, a, bm, bm,
+                                                       chunk, s0)
+                        else:
+                            ssd_scan_triton(x, dt, a, bm, bm, chunk, s0)
+                    finally:
+                        torch.backends.cuda.matmul.allow_tf32 = allowed
+                name = f"{str(dtype)[6:]}{'-tf32' if tf32 else ''}"
+                yield (f"ssd_scan{' backward' if backward else ''} {name} P{p} N{n} chunk{chunk}"
+                       f"{' init' if init else ''}"), run
 
 
 class SSDScanFunction(torch.autograd.Function):

@@ -11,7 +11,8 @@ cumulative log-decay, X_s = dt_s x_s and h_c the state entering chunk c (notatio
     h_c+1 = exp(a_cum[L-1]) h_c + S_c                                                   (sec. 6.2, centre)
 
 The forward's cheap intermediates (a_cum, dt by chunk, CB, the passed states h_c in fp32) are
-recomputed with the forward's own kernels 1-4, then six kernels:
+recomputed with the forward's own kernels 1-4 (``abl.kernels.ssd_scan``, whose op
+``abl::ssd_scan_bwd`` calls ``ssd_scan_backward`` here), then six kernels:
 
   1. _ssd_bwd_dstates_kernel:  dH_c = sum_l exp(a_cum[l]) dy_l C_l^T, what the outputs send to h_c
   2. _ssd_bwd_passing_kernel:  the state passing run backwards, c = NCHUNK-1 .. 0:
@@ -48,8 +49,13 @@ from __future__ import annotations
 
 import torch
 
-from .ssd_scan import (_dot_precision, _mma, _narrow, _tile, _unit_last, _upcast, _wrap_triton,
-                       forward_intermediates, ssd_scan_configs)
+from .ssd_scan_common import dot_precision as _dot_precision
+from .ssd_scan_common import mma as _mma
+from .ssd_scan_common import narrow as _narrow
+from .ssd_scan_common import tile as _tile
+from .ssd_scan_common import unit_last as _unit_last
+from .ssd_scan_common import upcast as _upcast
+from .ssd_scan_common import wrap_triton as _wrap_triton
 from .utils import next_pow2 as _next_pow2
 from .utils import on_gpu as _on_gpu
 from .utils import tl, triton
@@ -362,20 +368,20 @@ def ssd_scan_bwd_configs(x, p: int, n: int, chunk: int) -> dict:
             "db": dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_P=bp, BLOCK_K=bk, **mma)}
 
 
-def ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, chunk_size: int, initial_state=None):
+def ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, initial_state, acum, dtc, cb, prev):
     """Gradients of (x, dt, A, Bm, Cm, initial_state) of the Triton SSD scan, each in its input's
-    dtype (the last None without an initial state): the forward's kernels 1-4 recomputed, then
-    the six kernels above, then the decay's gradient gathered in torch (module docstring)."""
+    dtype (the last None without an initial state), from the forward's recomputed intermediates
+    (``abl.kernels.ssd_scan.forward_intermediates`` on x, Bm, Cm in x's dtype with unit last
+    strides: a_cum and dt by chunk, CB, the passed states in fp32): the six kernels above, then
+    the decay's gradient gathered in torch (module docstring)."""
     b, t, h, p = x.shape
-    L = chunk_size
+    L = acum.shape[3]
     xd = _unit_last(x)
     bm, cm = _unit_last(Bm.to(x.dtype)), _unit_last(Cm.to(x.dtype))
     g, n = bm.shape[2], bm.shape[3]
     dy = _unit_last(dy.to(x.dtype))
     dev = x.device
     ops = dict(PRECISION=_dot_precision(x.dtype), UPCAST=_upcast(x.dtype))
-    acum, dtc, cb, prev, _ = forward_intermediates(xd, dt, A, bm, cm, L, initial_state, torch.float32,
-                                                   ssd_scan_configs(xd, p, n, L), ops)
     nchunk = acum.shape[2]
     cfg = ssd_scan_bwd_configs(xd, p, n, L)
     f32 = dict(dtype=torch.float32, device=dev)
@@ -433,27 +439,3 @@ def ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, chunk_size: int, initial_sta
     ds0 = dinit.to(initial_state.dtype) if initial_state is not None else None
     return dx, ddt, dA.to(A.dtype), dB, dC, ds0
 
-
-def compile_check_cases():
-    """The backward's launches for ``abl.kernels.compilecheck`` (yielded by
-    ``abl.kernels.ssd_scan.compile_check_cases`` after the forward's): (label, function that runs
-    the backward op) for each dtype class (bf16, fp16, fp32 exact, fp32 TF32) and tile class (the
-    largest, 64-wide tiles with a 2-head group; 32; 16), with and without an initial state. Under
-    ``compile_check()`` nothing runs (zeros suffice)."""
-    for dtype, tf32 in ((torch.bfloat16, False), (torch.float16, False), (torch.float32, False),
-                        (torch.float32, True)):
-        for p, n, chunk, init in ((64, 128, 64, False), (64, 128, 256, True), (32, 32, 32, False),
-                                  (16, 16, 16, True)):
-            def run(dtype=dtype, tf32=tf32, p=p, n=n, chunk=chunk, init=init):
-                allowed = torch.backends.cuda.matmul.allow_tf32
-                torch.backends.cuda.matmul.allow_tf32 = tf32
-                try:
-                    x = torch.zeros(1, 2 * chunk, 2, p, dtype=dtype)
-                    bm = torch.zeros(1, 2 * chunk, 1, n, dtype=dtype)
-                    s0 = torch.zeros(1, 2, p, n, dtype=dtype) if init else None
-                    torch.ops.abl.ssd_scan_bwd(x, torch.zeros(1, 2, p, n, dtype=dtype), x, torch.zeros(1, 2 * chunk, 2),
-                                               -torch.ones(2), bm, bm, chunk, s0)
-                finally:
-                    torch.backends.cuda.matmul.allow_tf32 = allowed
-            name = f"{str(dtype)[6:]}{'-tf32' if tf32 else ''}"
-            yield f"ssd_scan backward {name} P{p} N{n} chunk{chunk}{' init' if init else ''}", run
