@@ -32,6 +32,9 @@ the top of a band, and the messages say "measured peak":
 
 A grid that does not fit is refused (``AdmissionError``, exit status 2) with
 each cell that does not fit and its predicted peak; ``--force`` runs it anyway.
+A cell the executor can never start, whatever its memory (one of more
+processes than there are GPUs: ``too_many_devices``), is refused so too, and
+``--force`` does not let it through (it would wait for GPUs for ever).
 Memory that does run out is recorded as ``oom``: the worker classifies its
 allocation errors (harness/run/worker.py), and ``oom_kills`` tells the parent when
 the kernel's OOM killer ended a worker.
@@ -306,7 +309,8 @@ def oom_kills() -> int | None:
 def check_run(cells: list[Cell], registry: Registry, runs_dir: Path, executor, retry_failed: bool) -> list[str]:
     """``admit`` for the cells ``abl run`` will start (their folders say they run again) on a
     local executor (one that declares ``local``). Cells sent to Slurm or Ray run on other machines, whose
-    memory abl cannot see."""
+    memory abl cannot see. Raises ``AdmissionError`` for a cell the executor can never start
+    (``Executor.never_fits``: more devices than GPUs), which ``--force`` does not override."""
     from ..contracts.status import runs_again
     from ..store import rundir
 
@@ -314,8 +318,22 @@ def check_run(cells: list[Cell], registry: Registry, runs_dir: Path, executor, r
         return []
     todo = [c for c in cells
             if runs_again((rundir.read_status(runs_dir / c.run_id) or {}).get("status"), retry_failed)]
+    never = [why for c in todo if (why := executor.never_fits(c))]  # whatever the memory, even with --force
+    if never:
+        raise AdmissionError("cell(s) that can never start on this machine:\n" + "\n".join(f"  {w}" for w in never))
     gpus = list(executor.free_gpus) if executor.use_gpus else []
     return admit(todo, registry, slots=int(executor.slots), gpus=gpus, plan=executor.plan_devices)
+
+
+def too_many_devices(cell: Cell, gpus: list[int]) -> str | None:
+    """Why ``cell`` can never be placed on ``gpus`` (one GPU per process): more processes than GPUs; None when
+    it can. ``--force`` overrides the memory check, not this: such a cell would wait for GPUs for ever."""
+    k = cell.train.devices
+    if k <= len(gpus):
+        return None
+    return (f"{cell.label} seed={cell.seed} (run {cell.run_id}): train.devices = {k} (one GPU per process), but "
+            f"{len(gpus)} GPU(s) ({', '.join(f'GPU {g}' for g in gpus)}) are there to place it on; set "
+            f"train.devices to at most {len(gpus)} (--force overrides the memory check, not the GPU count)")
 
 
 # ---------------------------------------------------------------- several cells per GPU
@@ -370,7 +388,8 @@ class Placement:
     ``free`` is None, when only the cap counts. A multi-device cell takes that many GPUs, each placed by
     the same rule. A cell that no GPU (no set of as many GPUs as it has processes) holds alone was let
     through by ``--force``: it takes an empty GPU, the one with the most free memory, rather than waiting
-    for ever.
+    for ever. A cell of more processes than there are GPUs is never placed (``too_many_devices``: refused
+    before the grid starts, stored failed by the executor if it comes anyway).
     """
 
     def __init__(self, gpus: list[int], cap: int = 1, free: dict[int, int] | None = None,

@@ -222,6 +222,10 @@ class Executor:
     def can_launch(self, job: Job) -> bool:
         return len(self.running) < self.slots
 
+    def never_fits(self, cell: Cell) -> str | None:
+        """Why ``cell`` can never start here, whatever ends (None: it can); ``run`` stores it failed unstarted."""
+        return None
+
     def plan_devices(self, needs: list[Any], free_by_gpu: dict[int, int] | None) -> None:
         """The memory admission's GPU figures (abl.run.admission.admit's ``plan``): the GPU cells'
         needs and each GPU's free bytes (None: unknown). An executor that places cells on this
@@ -244,13 +248,18 @@ class Executor:
             watch: Callable[[Job], None] | None = None) -> None:
         """Launch every job as a slot frees up; ``on_launch`` runs just before each launch, ``watch`` on each
         running job at every poll (the runner's time limit and stall warning)."""
-        pending = list(jobs)
+        pending, starting = list(jobs), on_launch or (lambda job: None)
         while pending or self.running:
-            while pending and self.can_launch(pending[0]):
+            while pending and (self.never_fits(pending[0].cell) or self.can_launch(pending[0])):
                 job = pending.pop(0)
+                if why := self.never_fits(job.cell):  # its folder set up as for a start, then stored failed
+                    starting(job)
+                    self.ended(job, self.ERROR, why)
+                    job.returncode, job.ended = 1, time.time()
+                    on_done(job)
+                    continue
                 self.assign_threads(job)
-                if on_launch is not None:
-                    on_launch(job)
+                starting(job)
                 self.launch(job)
                 self.running.append(job)
                 on_progress(job)
@@ -332,6 +341,11 @@ class LocalExecutor(Launchers, Executor):
             self.placement, self.placement_note = placement_for(self.gpus, self.cells_per_gpu, needs, free_by_gpu)
             if not self.workers:
                 self.slots = self.placement.at_once
+
+    def never_fits(self, cell: Cell) -> str | None:
+        """A cell of more processes than there are GPUs (abl.run.admission.too_many_devices)."""
+        from .admission import too_many_devices
+        return too_many_devices(cell, self.gpus) if self.use_gpus else None
 
     def can_launch(self, job: Job) -> bool:
         if len(self.running) >= self.slots:
