@@ -186,7 +186,7 @@ def ssd_chunked_flops(seq_len: int, chunk_size: int, n_heads: int, head_dim: int
 # cumulative sums, CB and the chunk states are fp32.
 #
 # The backward (``abl.kernels.ssd_scan_bwd``) recomputes kernels 1-4 (``forward_intermediates``,
-# with the passed states in fp32) and differentiates the same blocks with six more kernels, in
+# with the passed states in fp32) and differentiates the same blocks with seven more kernels, in
 # mamba_ssm's backward split (sec. 6 of the paper, block by block), at the same precision.
 #
 # Both directions are custom ops (``abl::ssd_scan_fwd``, ``abl::ssd_scan_bwd``), so
@@ -481,7 +481,7 @@ def ssd_scan_bwd(dy: torch.Tensor, dfinal: torch.Tensor, x: torch.Tensor, dt: to
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Triton backward (``torch.ops.abl.ssd_scan_bwd``): the chunked SSD algorithm (Dao & Gu
     2024, arXiv:2405.21060, sec. 6) differentiated block by block, ``abl.kernels.ssd_scan_bwd``:
-    the forward's kernels 1-4 recomputed, then six backward kernels. Returns the gradients of
+    the forward's kernels 1-4 recomputed, then seven backward kernels. Returns the gradients of
     (x, dt, A, Bm, Cm, initial_state), each in its input's dtype; the last is empty without an
     initial state."""
     _check_launch(dy, dfinal, x, dt, A, Bm, Cm, initial_state)

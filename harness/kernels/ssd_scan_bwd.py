@@ -12,7 +12,7 @@ cumulative log-decay, X_s = dt_s x_s and h_c the state entering chunk c (notatio
 
 The forward's cheap intermediates (a_cum, dt by chunk, CB, the passed states h_c in fp32) are
 recomputed with the forward's own kernels 1-4 (``abl.kernels.ssd_scan``, whose op
-``abl::ssd_scan_bwd`` calls ``ssd_scan_backward`` here), then six kernels:
+``abl::ssd_scan_bwd`` calls ``ssd_scan_backward`` here), then seven kernels:
 
   1. _ssd_bwd_dstates_kernel:  dH_c = sum_l exp(a_cum[l]) dy_l C_l^T, what the outputs send to h_c
   2. _ssd_bwd_passing_kernel:  the state passing run backwards, c = NCHUNK-1 .. 0:
@@ -26,7 +26,8 @@ recomputed with the forward's own kernels 1-4 (``abl.kernels.ssd_scan``, whose o
                                and per head dy_l . (exp(a_cum[l]) h_c C_l) (for d a_cum[l])
   6. _ssd_bwd_db_kernel:       dB_s = sum_{l>=s} dCB[l, s] C_l + sum_{h in g} exp(a_cum[L-1] - a_cum[s]) dt_s dS_c^T x_s
 
-and the gradient of a_cum gathered in torch from the kernels' per-row sums (O(B H T) work):
+and 7. _ssd_bwd_ddt_kernel, the gradient of a_cum from the kernels' per-row partial sums (O(B H T)
+work), the in-chunk reverse cumulative sum, and the dt gradient (d A: per-chunk sums added in torch):
 
     d a_cum[l] = (rows of W)[l] - (columns of W)[l] + (dy . y_off)[l] - dt_l x_l . dX_l^state
                  + [l = L-1] (sum_s dt_s x_s . dX_s^state + exp(a_cum[L-1]) <h_c, dS_c>)
@@ -41,8 +42,8 @@ inputs' dtype (decay-weighted tiles rounded to it first; TF32 for fp32 only wher
 it), decays, cumulative sums and all gradients of the decays in fp32.
 
 Deterministic: no atomics. Sums over heads of a group (dB, dC, dCB) run in a loop inside one
-program; partial sums over tiles (of P or N, and of the chunk's columns) are written to their own
-slots and added in torch in a fixed order.
+program; partial sums over tiles (of P or N, of the chunk's rows or columns) are written to their
+own slots and added in a fixed order (kernel 7; d A's per-chunk sums by torch's sum).
 """
 
 from __future__ import annotations
@@ -338,6 +339,38 @@ def _ssd_bwd_db_kernel(X, CM, DCB, ACUM, DTC, DSTATES, DB,
              mask=m_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _partial_rows(PTR, rows, NB, BLOCK_B: tl.constexpr):
+    """sum over the last dim of the [.., NB] partial sums of ``rows``, in a fixed order."""
+    offs = tl.arange(0, BLOCK_B)
+    return tl.sum(tl.load(PTR + rows[:, None] * NB + offs[None, :], mask=offs[None, :] < NB, other=0.0), axis=1)
+
+
+@triton.jit
+def _ssd_bwd_ddt_kernel(RROW, RCOL, RYOFF, RALL, RSTATE, DTOTAL, DTC, A, DDT, DA_SUM,
+                        stride_db, stride_dt, stride_dh, T, H, NCHUNK, NS, NM, NN, NP, NPASS,
+                        L: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    pid = tl.program_id(0)  # (b, h, c)
+    b = (pid // (H * NCHUNK)).to(tl.int64)
+    h = (pid // NCHUNK) % H
+    c = pid % NCHUNK
+    offs_l = tl.arange(0, L)
+    rows = pid.to(tl.int64) * L + offs_l
+    dt = tl.load(DTC + rows)
+    r_state = _partial_rows(RSTATE, rows, NP, BLOCK_B)
+    dacum = _partial_rows(RROW, rows, NS, BLOCK_B) - _partial_rows(RCOL, rows, NM, BLOCK_B) \
+        + _partial_rows(RYOFF, rows, NN, BLOCK_B) - dt * r_state
+    offs_pass = tl.arange(0, BLOCK_PASS)
+    last = tl.sum(dt * r_state, axis=0) + tl.sum(tl.load(DTOTAL + pid.to(tl.int64) * NPASS + offs_pass,
+                                                         mask=offs_pass < NPASS, other=0.0), axis=0)
+    dacum += tl.where(offs_l == L - 1, last, 0.0)
+    da = tl.cumsum(dacum, axis=0, reverse=True)  # a_cum[l] = sum_{s<=l} a_s, so d a_s = sum_{l>=s} d a_cum[l]
+    ddt = _partial_rows(RALL, rows, NP, BLOCK_B) + tl.load(A + h).to(tl.float32) * da
+    ptr = DDT + b * stride_db + (c.to(tl.int64) * L + offs_l) * stride_dt + h * stride_dh
+    tl.store(ptr, ddt.to(DDT.dtype.element_ty), mask=offs_l < T - c * L)
+    tl.store(DA_SUM + pid, tl.sum(da * dt, axis=0))  # this chunk's share of d A = sum dt d a
+
+
 # ---------------------------------------------------------------- launcher
 
 
@@ -351,7 +384,7 @@ def ssd_scan_bwd_configs(x, p: int, n: int, chunk: int) -> dict:
                 "dx": dict(BLOCK_M=16, BLOCK_P=16, BLOCK_N=16, BLOCK_K=16, **t),
                 "dcb": dict(BLOCK_M=16, BLOCK_S=16, BLOCK_P=16, **t),
                 "dc": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_P=16, BLOCK_K=16, **t),
-                "db": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_P=16, BLOCK_K=16, **t)}
+                "db": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_P=16, BLOCK_K=16, **t), "ddt": t}
     wide = x.dtype == torch.float32  # fp32 operands: twice the registers per tile
     bm = min(chunk, 64)
     bp, bn = _tile(p, 32 if wide else 64), _tile(n, 32 if wide else 64)
@@ -365,15 +398,16 @@ def ssd_scan_bwd_configs(x, p: int, n: int, chunk: int) -> dict:
             "dcb": dict(BLOCK_M=min(bm, 32), BLOCK_S=min(bm, 32), BLOCK_P=16, **mma) if wide
             else dict(BLOCK_M=bm, BLOCK_S=bm, BLOCK_P=bp, num_warps=8, num_stages=2),
             "dc": dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_P=bp, BLOCK_K=bk, num_warps=8, num_stages=2),
-            "db": dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_P=bp, BLOCK_K=bk, **mma)}
+            "db": dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_P=bp, BLOCK_K=bk, **mma),
+            "ddt": dict(num_warps=4, num_stages=1)}
 
 
 def ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, initial_state, acum, dtc, cb, prev):
     """Gradients of (x, dt, A, Bm, Cm, initial_state) of the Triton SSD scan, each in its input's
     dtype (the last None without an initial state), from the forward's recomputed intermediates
     (``abl.kernels.ssd_scan.forward_intermediates`` on x, Bm, Cm in x's dtype with unit last
-    strides: a_cum and dt by chunk, CB, the passed states in fp32): the six kernels above, then
-    the decay's gradient gathered in torch (module docstring)."""
+    strides: a_cum and dt by chunk, CB, the passed states in fp32): the seven kernels above
+    (module docstring)."""
     b, t, h, p = x.shape
     L = acum.shape[3]
     xd = _unit_last(x)
@@ -386,7 +420,8 @@ def ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, initial_state, acum, dtc, cb
     cfg = ssd_scan_bwd_configs(xd, p, n, L)
     f32 = dict(dtype=torch.float32, device=dev)
     dx = torch.empty((b, t, h, p), dtype=x.dtype, device=dev)
-    dB, dC = torch.empty((b, t, g, n), dtype=Bm.dtype, device=dev), torch.empty((b, t, g, n), dtype=Cm.dtype, device=dev)
+    dB = torch.empty((b, t, g, n), dtype=Bm.dtype, device=dev)
+    dC = torch.empty((b, t, g, n), dtype=Cm.dtype, device=dev)
     dsy = torch.empty((b, nchunk, h, p, n), **f32)
     dstates = torch.empty_like(dsy)
     dinit = torch.empty((b, h, p, n), **f32)
@@ -427,15 +462,17 @@ def ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, initial_state, acum, dtc, cb
         xd, cm, dcb, acum, dtc, dstates, dB, xd.stride(0), xd.stride(1), xd.stride(2),
         cm.stride(0), cm.stride(1), cm.stride(2), dB.stride(0), dB.stride(1), dB.stride(2),
         t, h, h // g, g, nchunk, p, n, L=L, **ops, **k)
-    # the decay's gradient (module docstring), fp32, partial sums added in a fixed order
-    r_all, r_state = r_all.sum(-1), r_state.sum(-1)
-    dacum = r_row.sum(-1) - r_col.sum(-1) + r_yoff.sum(-1) - dtc * r_state
-    last = (dtc * r_state).sum(-1) + dtotal.sum(-1)
-    dacum = torch.cat([dacum[..., :-1], dacum[..., -1:] + last[..., None]], dim=-1)
-    da = dacum.flip(-1).cumsum(-1).flip(-1)  # a_cum[l] = sum_{s<=l} a_s
-    ddt = r_all + A.float()[None, :, None, None] * da
-    dA = (da * dtc).sum((0, 2, 3))
-    ddt = ddt.reshape(b, h, nchunk * L)[..., :t].transpose(1, 2).to(dt.dtype)
+    # the decay's gradient (module docstring), fp32, the partial sums added in a fixed order
+    ddt = torch.empty_like(dt)
+    da_sum = torch.empty((b, h, nchunk), **f32)
+    k = cfg["ddt"]
+    block_b = max(2, _next_pow2(max(n_p, n_s, L // cfg["dcb"]["BLOCK_M"], n_n)))
+    _wrap_triton(_ssd_bwd_ddt_kernel)[(b * h * nchunk,)](
+        r_row, r_col, r_yoff, r_all, r_state, dtotal, dtc, A.contiguous(), ddt, da_sum,
+        ddt.stride(0), ddt.stride(1), ddt.stride(2),
+        t, h, nchunk, n_s, L // cfg["dcb"]["BLOCK_M"], n_n, n_p, n_pass, L=L, BLOCK_B=block_b,
+        BLOCK_PASS=max(2, _next_pow2(n_pass)), **k)
+    dA = da_sum.sum((0, 2))
     ds0 = dinit.to(initial_state.dtype) if initial_state is not None else None
     return dx, ddt, dA.to(A.dtype), dB, dC, ds0
 

@@ -183,7 +183,8 @@ def test_ssd_scan_configurations_compile_for_sm90_without_spills():
                        "_ssd_state_passing_kernel", "_ssd_chunk_scan_kernel",
                        # the backward's (abl.kernels.ssd_scan_bwd)
                        "_ssd_bwd_dstates_kernel", "_ssd_bwd_passing_kernel", "_ssd_bwd_dx_kernel",
-                       "_ssd_bwd_dcb_kernel", "_ssd_bwd_dc_kernel", "_ssd_bwd_db_kernel"}, kernels
+                       "_ssd_bwd_dcb_kernel", "_ssd_bwd_dc_kernel", "_ssd_bwd_db_kernel",
+                       "_ssd_bwd_ddt_kernel"}, kernels
     bad = [r for r in results if r["error"] or r["spills"] != 0 or r["hazards"]]
     assert not bad, "\n".join(f"{r['label']}: {r['spills']} B spill stores, {r['registers']} registers "
                               f"{r['hazards'] or ''} {r['error'] or ''}" for r in bad)
@@ -225,11 +226,11 @@ def _compiler_process(script, timeout):
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("op, launches", [("fwd", 5), ("bwd", 10)])
+@pytest.mark.parametrize("op, launches", [("fwd", 5), ("bwd", 11)])
 def test_ssd_scan_ops_open_into_their_kernels_when_traced(op, launches):
     """Where Triton compiles (not the interpreter) both ops are triton_ops: AOTAutograd's trace
     holds their kernel launches (what Inductor schedules), not an opaque op: the forward's five;
-    the backward's four recomputed forward kernels and its six. Traced only (CPU tensors, the
+    the backward's four recomputed forward kernels and its seven. Traced only (CPU tensors, the
     launchers' CUDA configurations): nothing runs."""
     reason = _sm90_unavailable()
     if reason:
