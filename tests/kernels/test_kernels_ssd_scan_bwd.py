@@ -112,3 +112,20 @@ def test_ssd_scan_backward_matches_the_former_fp32_vjp(device):
     for name, g, w in zip(NAMES, got, want):
         c = check_error(g, w, dtype=torch.float32)
         assert c.ok, f"{name}: {c.detail()}"
+
+
+@pytest.mark.parametrize("case", [(1, 150, 4, 64, 2, 128, 64, True, torch.float32),
+                                  (1, 150, 4, 64, 2, 128, 64, False, torch.bfloat16),
+                                  (1, 300, 2, 64, 1, 64, 256, True, torch.float16)], ids=_id)
+def test_ssd_scan_backward_at_the_cuda_tiles(case, device, monkeypatch):
+    """The tiles the launchers pick on CUDA (64-row blocks of the chunk, 64-wide P and N, 32-row
+    dCB tiles for fp32, a chunk of 256 in four row blocks), run in the interpreter: the same bounds
+    against the recurrence (the other tests take the interpreter's 16-wide tiles)."""
+    import abl.kernels.ssd_scan as fwd
+    import abl.kernels.ssd_scan_bwd as bwd
+
+    if device != "cpu":
+        pytest.skip("on a GPU every test runs the CUDA tiles")
+    monkeypatch.setattr(fwd, "_on_gpu", lambda x: True)
+    monkeypatch.setattr(bwd, "_on_gpu", lambda x: True)
+    test_ssd_scan_backward_against_the_recurrence(case, device)
