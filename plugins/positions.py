@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from abl import Arg, Cost, PositionEncoding, hookimpl
-from abl.kernels.rope import rope
+from abl.kernels.rope import rope_qk
 
 
 class LearnedPosition(PositionEncoding):
@@ -131,12 +131,14 @@ class RotaryPosition(PositionEncoding):
         self._cache = None
         return super()._apply(fn, *args, **kwargs)
 
-    def _rotate(self, x, start):
-        cos, sin = self.angles(start, x.size(-2), x.device, x.size(-1))
-        return rope(x, cos, sin, self.layout)
-
     def rotate(self, q, k, q_start, k_start):
-        return self._rotate(q, q_start), self._rotate(k, k_start)
+        # q and k in one launch (abl.kernels.rope.rope_qk); the keys take their own angles only where
+        # their positions differ from the queries' (a KV cache, Tq != Tk)
+        cos_q, sin_q = self.angles(q_start, q.size(-2), q.device, q.size(-1))
+        cos_k = sin_k = None
+        if (k_start, k.size(-2), k.size(-1)) != (q_start, q.size(-2), q.size(-1)):
+            cos_k, sin_k = self.angles(k_start, k.size(-2), k.device, k.size(-1))
+        return rope_qk(q, k, cos_q, sin_q, cos_k, sin_k, self.layout)
 
 
 def alibi_slopes(n_heads: int) -> list[float]:

@@ -143,7 +143,7 @@ def test_a_model_on_the_triton_backend_compiles_to_one_graph(compiling, registry
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     want, want_grads = step(model._forward)
-    calls = Calls(monkeypatch, f"{norm}.{norm}_triton", "rope.rope_triton", "swiglu.swiglu_triton",
+    calls = Calls(monkeypatch, f"{norm}.{norm}_triton", "rope.rope_qk_triton", "swiglu.swiglu_triton",
                   "flash_attention.flash_attention_triton", "cross_entropy.linear_cross_entropy_triton")
     got, got_grads = step(torch.compile(model._forward, backend="aot_eager"))
     assert not compiling["graph_break"], dict(compiling["graph_break"])

@@ -88,11 +88,11 @@ def test_triton_backend_matches_torch_backend(registry, monkeypatch, device, mix
     idx = torch.randint(0, 50, (2, 24), device=device)
     targets = torch.randint(0, 50, (2, 24), device=device)
     ref_logits, ref_loss, ref_grads = loss_and_grads(model, idx, targets, "torch")
-    calls = Calls(monkeypatch, "flash_attention.flash_attention_triton", "rope.rope_triton",
+    calls = Calls(monkeypatch, "flash_attention.flash_attention_triton", "rope.rope_qk_triton",
                   "cross_entropy.cross_entropy_triton", "rmsnorm.rmsnorm_triton", "swiglu.swiglu_triton")
     logits, loss, grads = loss_and_grads(model, idx, targets, "triton")
     assert calls.counts["flash_attention.flash_attention_triton"] == (2 if flash else 0)
-    assert calls.counts["rope.rope_triton"] == (4 if rope else 0)  # q and k of both layers
+    assert calls.counts["rope.rope_qk_triton"] == (2 if rope else 0)  # q and k together, once per layer
     assert calls.counts["cross_entropy.cross_entropy_triton"] == 1
     assert calls.counts["rmsnorm.rmsnorm_triton"] == 5 and calls.counts["swiglu.swiglu_triton"] == 2
     assert_close("logits", ref_logits, logits)
