@@ -118,13 +118,17 @@ class RotaryPosition(PositionEncoding):
     def angles(self, start: int, length: int, device, dim: int | None = None):
         dim = dim or self.head_dim
         key = (start, length, device, dim)
-        if self._cache is not None and self._cache[0] == key:
+        # under torch.compile the tables are computed in the graph (a few T x D/2 element-wise ops):
+        # the cache is Python state, and filling it would fail the next call's guards (a second compile)
+        compiling = torch.compiler.is_compiling()
+        if not compiling and self._cache is not None and self._cache[0] == key:
             return self._cache[1], self._cache[2]
         inv_freq = self.inv_freq if dim == self.head_dim else self._inv_freq(dim)
         pos = torch.arange(start, start + length, device=device, dtype=torch.float32)
         freqs = torch.outer(pos / self.interpolation_factor, inv_freq.to(device))  # [T, d/2]
         cos, sin = freqs.cos(), freqs.sin()
-        self._cache = (key, cos, sin)
+        if not compiling:
+            self._cache = (key, cos, sin)
         return cos, sin
 
     def _apply(self, fn, *args, **kwargs):  # drop the cache when the module moves device

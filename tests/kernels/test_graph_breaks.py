@@ -152,3 +152,22 @@ def test_a_model_on_the_triton_backend_compiles_to_one_graph(compiling, registry
     assert set(got_grads) == set(want_grads)
     for name, g in want_grads.items():
         assert_close(f"grad {name}", g, got_grads[name])
+
+
+def test_a_compiled_model_is_not_compiled_again_on_its_next_steps(compiling, registry):
+    """Python state a module fills in its forward (RoPE's angle cache) fails the next call's guards:
+    every compiled cell then compiled twice. Three steps, one graph."""
+    from abl.model.decoder import ForwardContext
+
+    from .test_kernels_wiring import build
+
+    model = build(registry, "mha", "rope", backend="triton")
+    idx = torch.randint(0, 50, (2, 24))
+    targets = torch.randint(0, 50, (2, 24))
+    forward = torch.compile(model._forward, backend="aot_eager")
+    for _ in range(3):
+        with model.kernel_backend.activate():
+            _, loss, _ = forward(idx, targets, ForwardContext(position=model.position, need_logits=False))
+        loss.backward()
+    assert not compiling["graph_break"], dict(compiling["graph_break"])
+    assert compiling["stats"]["unique_graphs"] == 1, dict(compiling["stats"])
