@@ -68,6 +68,26 @@ TINY_CELL = ["train.steps=4", "train.eval_every=4", "train.eval_batches=1", "tra
 # ---------------------------------------------------------------- f, g: the 126M cell
 
 
+def kernel_table(prof, rows: int = 25) -> list[str]:
+    """The GPU kernels alone, by their own time, with each one's share of all kernel time. torch.profiler's
+    table also holds the CPU-side record inductor opens around each launch, named after the kernel
+    (``_rope_kernel_0``, ...) and given that kernel's CUDA time, so summing its rows by name counts every
+    compiled launch twice; device events count each once."""
+    from torch.autograd import DeviceType
+
+    kernels = [a for a in prof.key_averages() if getattr(a, "device_type", None) == DeviceType.CUDA]
+    total = sum(a.self_device_time_total for a in kernels)
+    if not kernels or total <= 0:
+        return ["GPU kernels: none recorded"]
+    kernels.sort(key=lambda a: -a.self_device_time_total)
+    out = [f"GPU kernels alone ({len(kernels)} distinct, {total / 1e3:.2f} ms in all):",
+           f"{'share':>6} {'ms':>9} {'calls':>6} {'us/call':>9}  kernel"]
+    for a in kernels[:rows]:
+        t = a.self_device_time_total
+        out.append(f"{100 * t / total:5.1f}% {t / 1e3:9.3f} {a.count:6d} {t / max(1, a.count):9.1f}  {a.key[:90]}")
+    return out
+
+
 def cell_file() -> Path:
     """The cell's grid file: ABL_PROBE_CELL (set from --cell), scripts/gpu_big.toml here, or beside
     this source tree's harness/."""
@@ -169,6 +189,9 @@ def stage_profile(report: Report, device, tiny: bool) -> None:
         report.line(f"torch.profiler, {1 if tiny else 3} step(s), top ops by self {'CUDA' if cuda else 'CPU'} time:")
         for line in profile_table(prof, cuda):
             report.line(line)
+        if cuda:  # each launch once: the table above counts a compiled launch twice (kernel_table)
+            for line in kernel_table(prof):
+                report.line(line)
     if counters is not None:
         breaks = dict(counters.get("graph_break", {}))
         stats = dict(counters.get("stats", {}))

@@ -85,3 +85,26 @@ def test_the_gpu_stages_run_in_the_interpreter_at_tiny_sizes(stage, tmp_path, mo
     if stage == "ssd":
         assert next(r for r in ran if r["provider"] == "triton")["rel_diff"] < 2e-2
         assert "per launch" in (tmp_path / "x.txt").read_text()
+
+
+def test_the_kernel_table_counts_each_launch_once():
+    """torch.profiler's table gives inductor's CPU-side record around a launch (``_rope_kernel_0``) its
+    kernel's CUDA time; the kernel table reads device events only, so shares and calls count each launch
+    once (no GPU: profiler averages stood in)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def avg(key, dev, us, n):
+        return SimpleNamespace(key=key, device_type=dev, self_device_time_total=us, count=n)
+
+    rows = [avg("_rope_kernel_0", DeviceType.CPU, 300.0, 40),  # the record inductor opens around a launch
+            avg("_rope_kernel", DeviceType.CUDA, 300.0, 40),
+            avg("sm90_gemm", DeviceType.CUDA, 900.0, 60)]
+    prof = SimpleNamespace(key_averages=lambda: rows)
+    lines = probe.kernel_table(prof)
+    assert lines[0].startswith("GPU kernels alone (2 distinct, 1.20 ms")
+    rope = next(line for line in lines if line.endswith("_rope_kernel"))
+    assert rope.split()[:3] == ["25.0%", "0.300", "40"]
+    assert not any("_rope_kernel_0" in line for line in lines)
+    assert probe.kernel_table(SimpleNamespace(key_averages=lambda: rows[:1])) == ["GPU kernels: none recorded"]
