@@ -522,7 +522,8 @@ def compile_check_cases():
     backward (``abl::ssd_scan_bwd``: the recomputed forward kernels with fp32 passed states, and the
     kernels of ``abl.kernels.ssd_scan_bwd``) for each dtype class (bf16, fp16, fp32 exact, fp32
     TF32) and tile class (the largest, 64-wide tiles; 32; 16), with and without an initial state;
-    two heads share one group. Under ``compile_check()`` nothing runs (zeros suffice)."""
+    two heads share one group (the backward: eight, so two programs share a group's heads). Under
+    ``compile_check()`` nothing runs (zeros suffice)."""
     for dtype, tf32 in ((torch.bfloat16, False), (torch.float16, False), (torch.float32, False),
                         (torch.float32, True)):
         for p, n, chunk, init in ((64, 128, 64, False), (64, 128, 256, True), (32, 32, 32, False),
@@ -532,12 +533,13 @@ def compile_check_cases():
                     allowed = torch.backends.cuda.matmul.allow_tf32
                     torch.backends.cuda.matmul.allow_tf32 = tf32
                     try:
-                        x = torch.zeros(1, 2 * chunk, 2, p, dtype=dtype)
-                        dt, a = torch.zeros(1, 2 * chunk, 2), -torch.ones(2)
+                        h = 8 if backward else 2
+                        x = torch.zeros(1, 2 * chunk, h, p, dtype=dtype)
+                        dt, a = torch.zeros(1, 2 * chunk, h), -torch.ones(h)
                         bm = torch.zeros(1, 2 * chunk, 1, n, dtype=dtype)
-                        s0 = torch.zeros(1, 2, p, n, dtype=dtype if backward else torch.float32) if init else None
+                        s0 = torch.zeros(1, h, p, n, dtype=dtype if backward else torch.float32) if init else None
                         if backward:
-                            torch.ops.abl.ssd_scan_bwd(x, torch.zeros(1, 2, p, n, dtype=dtype), x, dt, a, bm, bm,
+                            torch.ops.abl.ssd_scan_bwd(x, torch.zeros(1, h, p, n, dtype=dtype), x, dt, a, bm, bm,
                                                        chunk, s0)
                         else:
                             ssd_scan_triton(x, dt, a, bm, bm, chunk, s0)

@@ -41,9 +41,10 @@ Precision as the forward: every product a ``tl.dot`` with fp32 accumulation on o
 inputs' dtype (decay-weighted tiles rounded to it first; TF32 for fp32 only where the run allows
 it), decays, cumulative sums and all gradients of the decays in fp32.
 
-Deterministic: no atomics. Sums over heads of a group (dB, dC, dCB) run in a loop inside one
-program; partial sums over tiles (of P or N, of the chunk's rows or columns) are written to their
-own slots and added in a fixed order (kernel 7; d A's per-chunk sums by torch's sum).
+Deterministic: no atomics. Sums over heads of a group (dB, dC, dCB) run in a loop inside a
+program (four heads a program on CUDA, so a single group still fills the GPU), the programs'
+shares added in torch; partial sums over tiles (of P or N, of the chunk's rows or columns) are
+written to their own slots and added in a fixed order (kernel 7; d A's per-chunk sums by torch).
 """
 
 from __future__ import annotations
@@ -184,8 +185,8 @@ def _ssd_bwd_dx_kernel(X, DY, BM, CB, ACUM, DTC, DSTATES, DX, RALL, RSTATE,
 @triton.jit
 def _ssd_bwd_dcb_kernel(X, DY, CB, ACUM, DTC, DCB, RROW, RCOL,
                         stride_xb, stride_xt, stride_xh, stride_yb, stride_yt, stride_yh,
-                        T, H, HEADS_PER_GROUP, G, NCHUNK, P, L: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr,
+                        T, H, HEADS_PER_GROUP, G, NCHUNK, P, B, NSPLIT, HEADS_PER_PROGRAM,
+                        L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr,
                         PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     n_blocks_s = L // BLOCK_S
     pid_m = tl.program_id(0) // n_blocks_s
@@ -193,7 +194,8 @@ def _ssd_bwd_dcb_kernel(X, DY, CB, ACUM, DTC, DCB, RROW, RCOL,
     if pid_s * BLOCK_S >= (pid_m + 1) * BLOCK_M:  # above the diagonal: zero (causal)
         return
     pid_bc = tl.program_id(1)
-    g = tl.program_id(2)
+    g = tl.program_id(2) // NSPLIT
+    split = tl.program_id(2) % NSPLIT  # this program's share of the group's heads
     b = (pid_bc // NCHUNK).to(tl.int64)
     c = pid_bc % NCHUNK
     chunk_len = tl.minimum(T - c * L, L)
@@ -206,7 +208,7 @@ def _ssd_bwd_dcb_kernel(X, DY, CB, ACUM, DTC, DCB, RROW, RCOL,
     causal = offs_m[:, None] >= offs_s[None, :]
     cb_tile = ((b * NCHUNK + c) * G + g) * L * L + offs_m[:, None] * L + offs_s[None, :]
     acc = tl.zeros([BLOCK_M, BLOCK_S], dtype=tl.float32)
-    for hh in range(0, HEADS_PER_GROUP):
+    for hh in range(split * HEADS_PER_PROGRAM, tl.minimum((split + 1) * HEADS_PER_PROGRAM, HEADS_PER_GROUP)):
         h = g * HEADS_PER_GROUP + hh
         dy_ptr = DY + b * stride_yb + c0 * stride_yt + h * stride_yh + offs_m[:, None] * stride_yt
         x_ptr = X + b * stride_xb + c0 * stride_xt + h * stride_xh + offs_s[None, :] * stride_xt  # x^T: [P, S]
@@ -228,20 +230,22 @@ def _ssd_bwd_dcb_kernel(X, DY, CB, ACUM, DTC, DCB, RROW, RCOL,
         w = tl.load(CB + cb_tile) * dcb  # CB reloaded per head (from L2): fewer live registers
         tl.store(RROW + (vec + offs_m) * n_blocks_s + pid_s, tl.sum(w, axis=1))
         tl.store(RCOL + (vec + offs_s) * (L // BLOCK_M) + pid_m, tl.sum(w, axis=0))
-    tl.store(DCB + cb_tile, acc)  # [B, NCHUNK, G, L, L] fp32, lower-triangle tiles
+    # [NSPLIT, B, NCHUNK, G, L, L] fp32, lower-triangle tiles: this share of the heads' sum
+    tl.store(DCB + split.to(tl.int64) * B * NCHUNK * G * L * L + cb_tile, acc)
 
 
 @triton.jit
 def _ssd_bwd_dc_kernel(DY, BM, CM, DCB, ACUM, PREV, DC, RYOFF,
                        stride_yb, stride_yt, stride_yh, stride_bb, stride_bt, stride_bg,
-                       stride_dcb, stride_dct, stride_dcg, T, H, HEADS_PER_GROUP, G, NCHUNK, P, N,
+                       T, H, HEADS_PER_GROUP, G, NCHUNK, P, N, B, NSPLIT, HEADS_PER_PROGRAM,
                        L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
                        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     n_blocks_n = tl.cdiv(N, BLOCK_N)
     pid_m = tl.program_id(0) // n_blocks_n
     pid_n = tl.program_id(0) % n_blocks_n
     pid_bc = tl.program_id(1)
-    g = tl.program_id(2)
+    g = tl.program_id(2) // NSPLIT
+    split = tl.program_id(2) % NSPLIT  # this program's share of the group's heads
     b = (pid_bc // NCHUNK).to(tl.int64)
     c = pid_bc % NCHUNK
     chunk_len = tl.minimum(T - c * L, L)
@@ -256,7 +260,7 @@ def _ssd_bwd_dc_kernel(DY, BM, CM, DCB, ACUM, PREV, DC, RYOFF,
                  mask=m_mask[:, None] & n_mask[None, :], other=0.0).to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # through the passed state (sec. 6.2, left factor): exp(a_cum[l]) dy_l h_c, per head of the group
-    for hh in range(0, HEADS_PER_GROUP):
+    for hh in range(split * HEADS_PER_PROGRAM, tl.minimum((split + 1) * HEADS_PER_PROGRAM, HEADS_PER_GROUP)):
         h = g * HEADS_PER_GROUP + hh
         dy_ptr = DY + b * stride_yb + c0 * stride_yt + h * stride_yh + offs_m[:, None] * stride_yt
         prev_ptr = PREV + ((b * NCHUNK + c) * H + h) * P * N + offs_n[None, :]  # h_c: [P, N]
@@ -271,10 +275,11 @@ def _ssd_bwd_dc_kernel(DY, BM, CM, DCB, ACUM, PREV, DC, RYOFF,
         # dy_l . y_off_l: this N block's share of d a_cum[l] (the left factor's side)
         tl.store(RYOFF + (vec + offs_m) * n_blocks_n + pid_n, tl.sum(t * cm, axis=1))
         acc += t
-    # within the chunk (sec. 6.1): dCB B over the lower triangle, to this row block's diagonal
+    # within the chunk (sec. 6.1): dCB B over the lower triangle, to this row block's diagonal (once:
+    # by the first share of the heads)
     dcb_ptr = DCB + ((b * NCHUNK + c) * G + g) * L * L + offs_m[:, None] * L
     b_ptr = BM + b * stride_bb + c0 * stride_bt + g * stride_bg + offs_n[None, :]
-    hi = tl.minimum((pid_m + 1) * BLOCK_M, chunk_len)
+    hi = tl.where(split == 0, tl.minimum((pid_m + 1) * BLOCK_M, chunk_len), 0)
     for k in range(0, hi, BLOCK_K):
         kk = k + offs_k
         k_mask = kk < chunk_len
@@ -282,22 +287,22 @@ def _ssd_bwd_dc_kernel(DY, BM, CM, DCB, ACUM, PREV, DC, RYOFF,
         dcb = tl.load(dcb_ptr + kk[None, :], mask=causal & k_mask[None, :], other=0.0)
         bk = tl.load(b_ptr + kk[:, None] * stride_bt, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         acc = _mma(_narrow(dcb, BM.dtype.element_ty, UPCAST), bk, acc, PRECISION, UPCAST)
-    dc_ptr = DC + b * stride_dcb + c0 * stride_dct + g * stride_dcg
-    tl.store(dc_ptr + offs_m[:, None] * stride_dct + offs_n[None, :], _narrow(acc, DC.dtype.element_ty, UPCAST),
-             mask=m_mask[:, None] & n_mask[None, :])
+    out = DC + (((split.to(tl.int64) * B + b) * T + c0 + offs_m[:, None]) * G + g) * N  # [NSPLIT, B, T, G, N] fp32
+    tl.store(out + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
 def _ssd_bwd_db_kernel(X, CM, DCB, ACUM, DTC, DSTATES, DB,
                        stride_xb, stride_xt, stride_xh, stride_cb, stride_ct, stride_cg,
-                       stride_dbb, stride_dbt, stride_dbg, T, H, HEADS_PER_GROUP, G, NCHUNK, P, N,
+                       T, H, HEADS_PER_GROUP, G, NCHUNK, P, N, B, NSPLIT, HEADS_PER_PROGRAM,
                        L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
                        BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     n_blocks_n = tl.cdiv(N, BLOCK_N)
     pid_m = tl.program_id(0) // n_blocks_n
     pid_n = tl.program_id(0) % n_blocks_n
     pid_bc = tl.program_id(1)
-    g = tl.program_id(2)
+    g = tl.program_id(2) // NSPLIT
+    split = tl.program_id(2) % NSPLIT  # this program's share of the group's heads
     b = (pid_bc // NCHUNK).to(tl.int64)
     c = pid_bc % NCHUNK
     chunk_len = tl.minimum(T - c * L, L)
@@ -310,7 +315,7 @@ def _ssd_bwd_db_kernel(X, CM, DCB, ACUM, DTC, DSTATES, DB,
     n_mask = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # through the chunk state (sec. 6.2, right factor): exp(a_cum[L-1] - a_cum[s]) dt_s x_s dS_c, per head
-    for hh in range(0, HEADS_PER_GROUP):
+    for hh in range(split * HEADS_PER_PROGRAM, tl.minimum((split + 1) * HEADS_PER_PROGRAM, HEADS_PER_GROUP)):
         h = g * HEADS_PER_GROUP + hh
         x_ptr = X + b * stride_xb + c0 * stride_xt + h * stride_xh + offs_m[:, None] * stride_xt
         ds_ptr = DSTATES + ((b * NCHUNK + c) * H + h) * P * N + offs_n[None, :]  # dS_c: [P, N]
@@ -325,18 +330,18 @@ def _ssd_bwd_db_kernel(X, CM, DCB, ACUM, DTC, DSTATES, DB,
         w = tl.exp(a_last - tl.load(ACUM + vec + offs_m)) * tl.load(DTC + vec + offs_m)
         acc += t * w[:, None]
     # within the chunk (sec. 6.1): dCB^T C over the lower triangle, from this row block's diagonal
+    # (once: by the first share of the heads)
     dcb_ptr = DCB + ((b * NCHUNK + c) * G + g) * L * L + offs_m[:, None]  # dCB^T: [s, l]
     c_ptr = CM + b * stride_cb + c0 * stride_ct + g * stride_cg + offs_n[None, :]
-    for k in range(pid_m * BLOCK_M, chunk_len, BLOCK_K):
+    for k in range(pid_m * BLOCK_M, tl.where(split == 0, chunk_len, 0), BLOCK_K):
         kk = k + offs_k
         k_mask = kk < chunk_len
         causal = kk[None, :] >= offs_m[:, None]
         dcbt = tl.load(dcb_ptr + kk[None, :] * L, mask=causal & k_mask[None, :], other=0.0)
         ck = tl.load(c_ptr + kk[:, None] * stride_ct, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
         acc = _mma(_narrow(dcbt, CM.dtype.element_ty, UPCAST), ck, acc, PRECISION, UPCAST)
-    db_ptr = DB + b * stride_dbb + c0 * stride_dbt + g * stride_dbg
-    tl.store(db_ptr + offs_m[:, None] * stride_dbt + offs_n[None, :], _narrow(acc, DB.dtype.element_ty, UPCAST),
-             mask=m_mask[:, None] & n_mask[None, :])
+    out = DB + (((split.to(tl.int64) * B + b) * T + c0 + offs_m[:, None]) * G + g) * N  # [NSPLIT, B, T, G, N] fp32
+    tl.store(out + offs_n[None, :], acc, mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
@@ -384,7 +389,8 @@ def ssd_scan_bwd_configs(x, p: int, n: int, chunk: int) -> dict:
                 "dx": dict(BLOCK_M=16, BLOCK_P=16, BLOCK_N=16, BLOCK_K=16, **t),
                 "dcb": dict(BLOCK_M=16, BLOCK_S=16, BLOCK_P=16, **t),
                 "dc": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_P=16, BLOCK_K=16, **t),
-                "db": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_P=16, BLOCK_K=16, **t), "ddt": t}
+                "db": dict(BLOCK_M=16, BLOCK_N=16, BLOCK_P=16, BLOCK_K=16, **t), "ddt": t,
+                "heads_per_program": 1}
     wide = x.dtype == torch.float32  # fp32 operands: twice the registers per tile
     bm = min(chunk, 64)
     bp, bn = _tile(p, 32 if wide else 64), _tile(n, 32 if wide else 64)
@@ -399,7 +405,9 @@ def ssd_scan_bwd_configs(x, p: int, n: int, chunk: int) -> dict:
             else dict(BLOCK_M=bm, BLOCK_S=bm, BLOCK_P=bp, num_warps=8, num_stages=2),
             "dc": dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_P=bp, BLOCK_K=bk, num_warps=8, num_stages=2),
             "db": dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_P=bp, BLOCK_K=bk, **mma),
-            "ddt": dict(num_warps=4, num_stages=1)}
+            "ddt": dict(num_warps=4, num_stages=1),
+            # dCB, dC and dB loop over a group's heads: 4 a program (8 programs a group at 32 heads)
+            "heads_per_program": 4}
 
 
 def ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, initial_state, acum, dtc, cb, prev):
@@ -420,8 +428,6 @@ def ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, initial_state, acum, dtc, cb
     cfg = ssd_scan_bwd_configs(xd, p, n, L)
     f32 = dict(dtype=torch.float32, device=dev)
     dx = torch.empty((b, t, h, p), dtype=x.dtype, device=dev)
-    dB = torch.empty((b, t, g, n), dtype=Bm.dtype, device=dev)
-    dC = torch.empty((b, t, g, n), dtype=Cm.dtype, device=dev)
     dsy = torch.empty((b, nchunk, h, p, n), **f32)
     dstates = torch.empty_like(dsy)
     dinit = torch.empty((b, h, p, n), **f32)
@@ -442,26 +448,33 @@ def ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, initial_state, acum, dtc, cb
         xd, dy, bm, cb, acum, dtc, dstates, dx, r_all, r_state, xd.stride(0), xd.stride(1), xd.stride(2),
         dy.stride(0), dy.stride(1), dy.stride(2), bm.stride(0), bm.stride(1), bm.stride(2),
         t, h, h // g, g, nchunk, p, n, L=L, **ops, **k)
+    # the group's heads shared out over NSPLIT programs (parallelism where G is small); their sums added in torch
+    hpg = h // g
+    hpp = min(hpg, cfg["heads_per_program"])
+    nsplit = triton.cdiv(hpg, hpp)
+    split = dict(B=b, NSPLIT=nsplit, HEADS_PER_PROGRAM=hpp)
     k = cfg["dcb"]
     n_s = L // k["BLOCK_S"]
-    dcb = torch.empty((b, nchunk, g, L, L), **f32)
+    dcb_part = torch.empty((nsplit, b, nchunk, g, L, L), **f32)
     r_row = torch.zeros((b, h, nchunk, L, n_s), **f32)  # the tiles above the diagonal stay 0
     r_col = torch.zeros((b, h, nchunk, L, L // k["BLOCK_M"]), **f32)
-    _wrap_triton(_ssd_bwd_dcb_kernel)[((L // k["BLOCK_M"]) * n_s, b * nchunk, g)](
-        xd, dy, cb, acum, dtc, dcb, r_row, r_col, xd.stride(0), xd.stride(1), xd.stride(2),
-        dy.stride(0), dy.stride(1), dy.stride(2), t, h, h // g, g, nchunk, p, L=L, **ops, **k)
+    _wrap_triton(_ssd_bwd_dcb_kernel)[((L // k["BLOCK_M"]) * n_s, b * nchunk, g * nsplit)](
+        xd, dy, cb, acum, dtc, dcb_part, r_row, r_col, xd.stride(0), xd.stride(1), xd.stride(2),
+        dy.stride(0), dy.stride(1), dy.stride(2), t, h, hpg, g, nchunk, p, **split, L=L, **ops, **k)
+    dcb = dcb_part[0] if nsplit == 1 else dcb_part.sum(0)
     k = cfg["dc"]
     n_n = triton.cdiv(n, k["BLOCK_N"])
     r_yoff = torch.empty((b, h, nchunk, L, n_n), **f32)
-    _wrap_triton(_ssd_bwd_dc_kernel)[((L // k["BLOCK_M"]) * n_n, b * nchunk, g)](
-        dy, bm, cm, dcb, acum, prev, dC, r_yoff, dy.stride(0), dy.stride(1), dy.stride(2),
-        cm.stride(0), cm.stride(1), cm.stride(2), dC.stride(0), dC.stride(1), dC.stride(2),
-        t, h, h // g, g, nchunk, p, n, L=L, **ops, **k)
+    dc_part = torch.empty((nsplit, b, t, g, n), **f32)
+    _wrap_triton(_ssd_bwd_dc_kernel)[((L // k["BLOCK_M"]) * n_n, b * nchunk, g * nsplit)](
+        dy, bm, cm, dcb, acum, prev, dc_part, r_yoff, dy.stride(0), dy.stride(1), dy.stride(2),
+        cm.stride(0), cm.stride(1), cm.stride(2), t, h, hpg, g, nchunk, p, n, **split, L=L, **ops, **k)
     k = cfg["db"]
-    _wrap_triton(_ssd_bwd_db_kernel)[((L // k["BLOCK_M"]) * triton.cdiv(n, k["BLOCK_N"]), b * nchunk, g)](
-        xd, cm, dcb, acum, dtc, dstates, dB, xd.stride(0), xd.stride(1), xd.stride(2),
-        cm.stride(0), cm.stride(1), cm.stride(2), dB.stride(0), dB.stride(1), dB.stride(2),
-        t, h, h // g, g, nchunk, p, n, L=L, **ops, **k)
+    db_part = torch.empty((nsplit, b, t, g, n), **f32)
+    _wrap_triton(_ssd_bwd_db_kernel)[((L // k["BLOCK_M"]) * triton.cdiv(n, k["BLOCK_N"]), b * nchunk, g * nsplit)](
+        xd, cm, dcb, acum, dtc, dstates, db_part, xd.stride(0), xd.stride(1), xd.stride(2),
+        cm.stride(0), cm.stride(1), cm.stride(2), t, h, hpg, g, nchunk, p, n, **split, L=L, **ops, **k)
+    dB, dC = db_part.sum(0).to(Bm.dtype), dc_part.sum(0).to(Cm.dtype)
     # the decay's gradient (module docstring), fp32, the partial sums added in a fixed order
     ddt = torch.empty_like(dt)
     da_sum = torch.empty((b, h, nchunk), **f32)

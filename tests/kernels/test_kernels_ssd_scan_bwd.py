@@ -115,12 +115,13 @@ def test_ssd_scan_backward_matches_the_former_fp32_vjp(device):
 
 
 @pytest.mark.parametrize("case", [(1, 150, 4, 64, 2, 128, 64, True, torch.float32),
-                                  (1, 150, 4, 64, 2, 128, 64, False, torch.bfloat16),
+                                  (1, 120, 12, 64, 2, 128, 64, False, torch.bfloat16),
                                   (1, 300, 2, 64, 1, 64, 256, True, torch.float16)], ids=_id)
 def test_ssd_scan_backward_at_the_cuda_tiles(case, device, monkeypatch):
     """The tiles the launchers pick on CUDA (64-row blocks of the chunk, 64-wide P and N, 32-row
-    dCB tiles for fp32, a chunk of 256 in four row blocks), run in the interpreter: the same bounds
-    against the recurrence (the other tests take the interpreter's 16-wide tiles)."""
+    dCB tiles for fp32, a chunk of 256 in four row blocks, a group's 6 heads shared out 4 + 2 over
+    two programs), run in the interpreter: the same bounds against the recurrence (the other tests
+    take the interpreter's 16-wide tiles and one head a program)."""
     import abl.kernels.ssd_scan as fwd
     import abl.kernels.ssd_scan_bwd as bwd
 
