@@ -30,10 +30,19 @@ ATTENTION_SHAPES = [(2, 16, 2048, 128), (2, 16, 2048, 64)]
 
 
 def uses_atomics(op: str) -> bool:
-    """Whether the op's kernel module calls a Triton atomic (its sums then depend on program order)."""
+    """Whether the op's kernel module, or a kernel module of its own beside it (``ssd_scan_bwd`` beside
+    ``ssd_scan``), calls a Triton atomic (its sums then depend on program order)."""
+    import importlib
+    import pkgutil
+
+    from .. import kernels
     from ..kernels import module_of
 
-    return "atomic_" in inspect.getsource(module_of(op))
+    base = module_of(op)
+    stem = base.__name__.rpartition(".")[2]
+    mods = [base] + [importlib.import_module(f"{kernels.__name__}.{m.name}")
+                     for m in pkgutil.iter_modules(kernels.__path__) if m.name.startswith(stem + "_")]
+    return any("atomic_" in inspect.getsource(mod) for mod in mods)
 
 
 def repeat_backward(kernel: Callable[..., Any], args: list[Any], leaves: list[int], repeats: int = REPEATS,

@@ -82,6 +82,18 @@ def test_ops_with_atomics_are_left_out(monkeypatch, tmp_path, device):
     assert determinism_rows(rows)[0].status == "skip"
 
 
+def test_an_atomic_in_an_ops_second_kernel_module_counts(monkeypatch):
+    """ssd_scan's backward kernels live beside its forward (abl.kernels.ssd_scan_bwd): an atomic there
+    makes the op's sums order-dependent as much as one in the forward's module."""
+    import inspect
+
+    assert not det.uses_atomics("ssd_scan")
+    real = inspect.getsource
+    monkeypatch.setattr(det.inspect, "getsource", lambda obj: "tl.atomic_add(X, 1)"
+                        if getattr(obj, "__name__", "") == "abl.kernels.ssd_scan_bwd" else real(obj))
+    assert det.uses_atomics("ssd_scan") and not det.uses_atomics("rmsnorm")
+
+
 def test_the_selftest_section_is_a_skip_on_a_cpu():
     (check,) = determinism_checks(torch.device("cpu"), quick=True, log=lambda m: None)
     assert check.status == "skip" and "CUDA" in check.detail
