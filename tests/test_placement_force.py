@@ -5,7 +5,7 @@ and nothing after it started. It is now refused before anything starts (exit 2, 
 the GPUs named, no lock nor store left), and one that reaches the executor anyway (``run_grid`` called
 without the admission) is stored failed with that reason while the other cells go on.
 
-There is no GPU here: the GPUs are ``CUDA_VISIBLE_DEVICES``' (abl.run.executors._visible_gpus) or given to
+There is no GPU here: the GPUs are ``CUDA_VISIBLE_DEVICES``' (abl.run.admission.visible_gpus) or given to
 the executor, the free memory query is stood in for, and the workers are fake processes. A loop that spins
 is stopped by a ``time.sleep`` that gives up after many calls, so the test fails instead of hanging.
 """
@@ -66,11 +66,11 @@ def test_force_does_not_start_a_grid_with_a_cell_of_more_devices_than_gpus(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.toml"]  # no store, no lock, no run folder
 
 
-def _job(tmp_path, name: str, devices: int, index: int) -> Job:
+def _job(tmp_path, name: str, devices: int, index: int, device: str = "auto") -> Job:
     d = tmp_path / name
     d.mkdir()
-    cell = SimpleNamespace(train=SimpleNamespace(devices=devices, threads=0, timeout_s=0), run_id=name,
-                           label=name, seed=0)
+    cell = SimpleNamespace(train=SimpleNamespace(devices=devices, threads=0, timeout_s=0, device=device),
+                           run_id=name, label=name, seed=0)
     return Job(cell=cell, run_dir=d, index=index)  # type: ignore[arg-type]
 
 
@@ -144,3 +144,23 @@ def test_run_grid_without_the_admission_stores_the_wide_cell_failed_and_trains_t
     assert (rundir.read_status(runs / narrow.run_id) or {}).get("status") == COMPLETED
     assert dict(store.statuses(db, [wide.run_id, narrow.run_id])) == {wide.run_id: FAILED, narrow.run_id: COMPLETED}
     assert "2 GPU(s) (GPU 0, GPU 1)" in out.getvalue()
+
+
+def test_a_cell_that_asks_for_the_cpu_takes_no_gpu(tmp_path, monkeypatch, no_spinning):
+    """``train.device = "cpu"`` on a GPU machine: its processes are not GPUs, so a 4-process CPU cell on two
+    GPUs is neither refused nor placed on one, and it leaves the GPUs to the cells that use them."""
+    monkeypatch.setenv("ABL_ZYGOTE", "0")
+    monkeypatch.setattr(subprocess, "Popen", _FakePopen)
+    ex = LocalExecutor(gpus=[0, 1])
+    cpu, gpu = _job(tmp_path, "cpu", 4, 0, device="cpu"), _job(tmp_path, "gpu", 1, 1)
+    assert ex.never_fits(cpu.cell) is None and ex.never_fits(_job(tmp_path, "wide", 4, 2).cell)
+    ex.slots = 2
+    assert ex.can_launch(cpu)
+    ex.launch(cpu)
+    ex.running.append(cpu)
+    assert cpu.gpus == [] and ex.placement.on == {0: {}, 1: {}}
+    assert ex.can_launch(gpu)
+    ex.launch(gpu)
+    assert gpu.gpus == [0] and list(ex.placement.on[0]) == ["gpu"]
+    ex.release(cpu)  # nothing of its own to free, and the GPU cell keeps its GPU
+    assert list(ex.placement.on[0]) == ["gpu"]

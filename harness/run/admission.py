@@ -193,6 +193,19 @@ def cuda_free_bytes(indices: list[int]) -> dict[int, int]:
     return {i: int(torch.cuda.mem_get_info(i)[0]) for i in indices}
 
 
+def visible_gpus() -> list[int]:
+    """GPU indices this process may use, without importing torch when there is no GPU runtime."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return [i for i, v in enumerate(vis.split(",")) if v.strip() and v.strip() != "-1"]
+    try:
+        import torch
+
+        return list(range(torch.cuda.device_count()))
+    except Exception:  # noqa: BLE001
+        return []
+
+
 def gpu_free_bytes(indices: list[int]) -> dict[int, int] | None:
     """``cuda_free_bytes`` of the visible GPUs ``indices``, asked in a child process; None if it fails."""
     code = "import json, sys; from abl.run.admission import cuda_free_bytes; " \

@@ -302,10 +302,10 @@ class LocalExecutor(Launchers, Executor):
     def __init__(self, workers: int | None = None, gpus: list[int] | None = None,
                  cells_per_gpu: int | None = None, speed_pass: str = "auto"):
         super().__init__()
-        from .admission import Placement
+        from .admission import Placement, visible_gpus
 
         if gpus is None:
-            gpus = _visible_gpus()
+            gpus = visible_gpus()
         self.gpus = list(gpus)
         self.free_gpus = list(gpus)
         self.use_gpus = bool(gpus)
@@ -337,20 +337,25 @@ class LocalExecutor(Launchers, Executor):
         run at once as the GPUs hold."""
         from .admission import placement_for
 
-        if self.use_gpus:
+        if self.use_gpus:  # the cells that take GPUs (a cell asking for the CPU is checked against RAM)
+            needs = [n for n in needs if n.device != "cpu"]
             self.placement, self.placement_note = placement_for(self.gpus, self.cells_per_gpu, needs, free_by_gpu)
             if not self.workers:
                 self.slots = self.placement.at_once
 
+    def on_gpus(self, cell: Cell) -> bool:
+        """Whether the cell takes GPUs: this machine has some and the cell does not ask for the CPU."""
+        return self.use_gpus and getattr(cell.train, "device", "auto") != "cpu"
+
     def never_fits(self, cell: Cell) -> str | None:
         """A cell of more processes than there are GPUs (abl.run.admission.too_many_devices)."""
         from .admission import too_many_devices
-        return too_many_devices(cell, self.gpus) if self.use_gpus else None
+        return too_many_devices(cell, self.gpus) if self.on_gpus(cell) else None
 
     def can_launch(self, job: Job) -> bool:
         if len(self.running) >= self.slots:
             return False
-        return not self.use_gpus or self.placement.choose(job.cell.run_id, job.cell.train.devices) is not None
+        return not self.on_gpus(job.cell) or self.placement.choose(job.cell.run_id, job.cell.train.devices) is not None
 
     def _place(self, job: Job) -> None:
         """Take the job's GPUs (a direct launch that can_launch did not clear: the emptiest), and count the
@@ -366,7 +371,7 @@ class LocalExecutor(Launchers, Executor):
 
     def launch(self, job: Job) -> None:
         env = dict(os.environ)
-        if self.use_gpus:
+        if self.on_gpus(job.cell):
             self._place(job)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpus))
         if job.threads is not None:
@@ -390,7 +395,7 @@ class LocalExecutor(Launchers, Executor):
     def release(self, job: Job) -> None:
         """Free the job's place on its GPUs; a cell that shared its GPU is marked contended in its folder
         before the parent stores it (abl.run.speedpass.mark_packed)."""
-        if not self.use_gpus:
+        if not self.on_gpus(job.cell):
             return
         self.placement.release(job.cell.run_id)
         self.free_gpus = [g for g in self.gpus if not self.placement.on[g]]
@@ -414,7 +419,7 @@ class LocalExecutor(Launchers, Executor):
         job.threads, job.threads_note = threads.for_cell(requested, self.slots, ours)
         if job.threads_note.endswith("(OMP_NUM_THREADS)"):
             return
-        procs = max(1, job.cell.train.devices) if self.use_gpus else 1
+        procs = max(1, job.cell.train.devices) if self.on_gpus(job.cell) else 1
         if job.threads is not None and procs > 1 and requested == 0:
             job.threads = max(1, job.threads // procs)
             job.threads_note += f", {job.threads} for each of its {procs} processes"
@@ -440,19 +445,6 @@ class LocalExecutor(Launchers, Executor):
             except subprocess.TimeoutExpired:
                 os.killpg(job.handle.pid, signal.SIGKILL)
                 job.returncode = job.handle.wait()
-
-
-def _visible_gpus() -> list[int]:
-    """GPU indices this process may use, without importing torch when there is no GPU runtime."""
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis is not None:
-        return [i for i, v in enumerate(vis.split(",")) if v.strip() and v.strip() != "-1"]
-    try:
-        import torch
-
-        return list(range(torch.cuda.device_count()))
-    except Exception:  # noqa: BLE001
-        return []
 
 
 # ---------------------------------------------------------------- the registry (hook register_executors)
