@@ -24,7 +24,7 @@
 #        ladder
 #        (default: selftest grids big)
 #        bash scripts/gpu_run.sh probe         the GPU probe alone (python -m abl.bench.probe; docs/gpu.md,
-#        "The probe"): seven stages, each under its own time limit (abl.bench.probe.LIMITS, 465 s in
+#        "The probe"): seven stages, each under its own time limit (abl.bench.probe.LIMITS, 495 s in
 #        all), each writing its own probe-<letter>-<stage>.txt; status.txt holds the environment and
 #        each stage's exit status and wall time: 8 files
 # Environment:
