@@ -123,7 +123,8 @@ def _ssd_bwd_passing_kernel(DSY, ACUM, PREV, DFINAL, DSTATES, DINIT, DTOTAL, H, 
 @triton.jit
 def _ssd_bwd_dx_kernel(X, DY, BM, CB, ACUM, DTC, DSTATES, DX, RALL, RSTATE,
                        stride_xb, stride_xt, stride_xh, stride_yb, stride_yt, stride_yh,
-                       stride_bb, stride_bt, stride_bg, T, H, HEADS_PER_GROUP, G, NCHUNK, P, N,
+                       stride_bb, stride_bt, stride_bg, stride_ob, stride_ot, stride_oh,
+                       T, H, HEADS_PER_GROUP, G, NCHUNK, P, N,
                        L: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
@@ -177,8 +178,8 @@ def _ssd_bwd_dx_kernel(X, DY, BM, CB, ACUM, DTC, DSTATES, DX, RALL, RSTATE,
     tl.store(RALL + part, tl.sum(acc * x, axis=1))
     tl.store(RSTATE + part, r_state)
     dt_m = tl.load(DTC + vec + offs_m)
-    dx_ptr = DX + b * stride_xb + c0 * stride_xt + h * stride_xh
-    tl.store(dx_ptr + offs_m[:, None] * stride_xt + offs_p[None, :],
+    dx_ptr = DX + b * stride_ob + c0 * stride_ot + h * stride_oh  # dx's own strides: x may be a strided view
+    tl.store(dx_ptr + offs_m[:, None] * stride_ot + offs_p[None, :],
              _narrow(acc * dt_m[:, None], DX.dtype.element_ty, UPCAST), mask=m_mask[:, None] & p_mask[None, :])
 
 
@@ -447,7 +448,7 @@ def ssd_scan_backward(dy, dfinal, x, dt, A, Bm, Cm, initial_state, acum, dtc, cb
     _wrap_triton(_ssd_bwd_dx_kernel)[((L // k["BLOCK_M"]) * n_p, b * nchunk, h)](
         xd, dy, bm, cb, acum, dtc, dstates, dx, r_all, r_state, xd.stride(0), xd.stride(1), xd.stride(2),
         dy.stride(0), dy.stride(1), dy.stride(2), bm.stride(0), bm.stride(1), bm.stride(2),
-        t, h, h // g, g, nchunk, p, n, L=L, **ops, **k)
+        dx.stride(0), dx.stride(1), dx.stride(2), t, h, h // g, g, nchunk, p, n, L=L, **ops, **k)
     # the group's heads shared out over NSPLIT programs (parallelism where G is small); their sums added in torch
     hpg = h // g
     hpp = min(hpg, cfg["heads_per_program"])

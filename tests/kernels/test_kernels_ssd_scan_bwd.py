@@ -114,6 +114,27 @@ def test_ssd_scan_backward_matches_the_former_fp32_vjp(device):
         assert c.ok, f"{name}: {c.detail()}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=lambda d: DTYPE_NAMES[d])
+def test_ssd_scan_backward_on_strided_views_as_the_mixer_passes_them(dtype, device):
+    """The Mamba-2 mixer hands the scan x, B, C and dt as views of one projection (strided along time).
+    dx is a fresh tensor: written with x's strides it landed outside its storage (a crash in the
+    interpreter, a corrupt heap). The op's gradients on the views equal those on contiguous copies."""
+    b, t, h, p, g, n, chunk = 2, 37, 4, 8, 1, 16, 16
+    torch.manual_seed(0)
+    proj = torch.randn(b, t, h * p + 2 * g * n + h, device=device).to(dtype)
+    u, bv, cv, dtv = proj.split([h * p, g * n, g * n, h], dim=-1)
+    x, Bm, Cm = u.unflatten(-1, (h, p)), bv.unflatten(-1, (g, n)), cv.unflatten(-1, (g, n))
+    dt = F.softplus(dtv.float())
+    A = -torch.rand(h, device=device) - 0.5
+    dy, dfinal = torch.randn(b, t, h, p, device=device).to(dtype), torch.randn(b, h, p, n, device=device).to(dtype)
+    assert not x.is_contiguous() and x.stride(1) != h * p
+    got = torch.ops.abl.ssd_scan_bwd(dy, dfinal, x, dt, A, Bm, Cm, chunk, None)
+    want = torch.ops.abl.ssd_scan_bwd(dy, dfinal, x.contiguous(), dt, A, Bm.contiguous(), Cm.contiguous(),
+                                      chunk, None)
+    for name, a, w in zip(NAMES, got[:5], want[:5]):
+        assert torch.equal(a, w), name
+
+
 @pytest.mark.parametrize("case", [(1, 150, 4, 64, 2, 128, 64, True, torch.float32),
                                   (1, 120, 12, 64, 2, 128, 64, False, torch.bfloat16),
                                   (1, 300, 2, 64, 1, 64, 256, True, torch.float16)], ids=_id)
