@@ -105,6 +105,22 @@ def tiny_grid_text(**sections) -> str:
 
 
 @pytest.fixture
+def norm_grid_jobs(registry, tmp_path):
+    """Jobs of a three-cell grid (model.norm over rmsnorm, layernorm, none; 100 steps, no evaluations), each
+    with its run folder under tmp_path (not created): what the ETA and thread tests hand an executor."""
+    from abl.grid.gridfile import expand
+    from abl.grid.parsing import parse_toml_text
+    from abl.run.executors import Job
+
+    grid = tiny_grid_text(experiment={"name": "eta"}, model={"n_layers": 2, "context": 32},
+                          train={"steps": 100, "batch_size": 4, "eval_every": None, "eval_batches": None,
+                                 "threads": None},
+                          eval=None, dataset=None, grid={"model.norm": ["rmsnorm", "layernorm", "none"]})
+    cells = expand(parse_toml_text(grid, "g"), registry).cells
+    return [Job(cell=c, run_dir=tmp_path / c.run_id, index=i) for i, c in enumerate(cells)]
+
+
+@pytest.fixture
 def tiny_grid(tmp_path):
     """Write the tiny grid (sections replaced as ``tiny_grid_raw`` does) to a file; returns its path."""
     def write(name: str = "g.toml", **sections) -> Path:

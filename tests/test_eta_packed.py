@@ -13,25 +13,15 @@ import io
 import time
 
 import pytest
-from conftest import tiny_grid_text
 from rich.console import Console
 
 from abl.run.estimate import GridEstimate
-from abl.run.executors import Job
 from abl.run.progress import LineProgress, grid_eta
-
-GRID = tiny_grid_text(experiment={"name": "eta"}, model={"n_layers": 2, "context": 32},
-                      train={"steps": 100, "batch_size": 4, "eval_every": None, "eval_batches": None, "threads": None},
-                      eval=None, dataset=None, grid={"model.norm": ["rmsnorm", "layernorm", "none"]})
 
 
 @pytest.fixture
-def jobs(registry, tmp_path):
-    from abl.grid.gridfile import expand
-    from abl.grid.parsing import parse_toml_text
-
-    cells = expand(parse_toml_text(GRID, "g"), registry).cells
-    return [Job(cell=c, run_dir=tmp_path / c.run_id, index=i) for i, c in enumerate(cells)]
+def jobs(norm_grid_jobs):
+    return norm_grid_jobs
 
 
 def _ten_seconds_a_cell(jobs, registry) -> dict[str, list[float]]:

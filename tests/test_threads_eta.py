@@ -6,26 +6,17 @@ import math
 import time
 
 import pytest
-from conftest import tiny_grid_text
 from rich.console import Console
 
 from abl.run import threads
 from abl.run.estimate import GridEstimate
-from abl.run.executors import Job, LocalExecutor
+from abl.run.executors import LocalExecutor
 from abl.run.progress import LineProgress
-
-GRID = tiny_grid_text(experiment={"name": "eta"}, model={"n_layers": 2, "context": 32},
-                      train={"steps": 100, "batch_size": 4, "eval_every": None, "eval_batches": None, "threads": None},
-                      eval=None, dataset=None, grid={"model.norm": ["rmsnorm", "layernorm", "none"]})
 
 
 @pytest.fixture
-def jobs(registry, tmp_path):
-    from abl.grid.gridfile import expand
-    from abl.grid.parsing import parse_toml_text
-
-    cells = expand(parse_toml_text(GRID, "g"), registry).cells
-    return [Job(cell=c, run_dir=tmp_path / c.run_id, index=i) for i, c in enumerate(cells)]
+def jobs(norm_grid_jobs):
+    return norm_grid_jobs
 
 
 @pytest.mark.parametrize("requested,cores,workers,load,ours,want", [
