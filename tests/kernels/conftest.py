@@ -57,3 +57,23 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture
+def probe_on_cpu(monkeypatch, device):
+    """The GPU probe's stages at tiny sizes in the interpreter: its CUDA-only timer (``probe_kernels.cuda_ms``)
+    swapped for one timed CPU call, so every line of a stage's code runs without a GPU. Skipped on a GPU,
+    where the probe itself runs them."""
+    import time
+
+    from abl.bench import probe_kernels
+
+    if device != "cpu":
+        pytest.skip("the interpreter run; on a GPU the probe itself runs it")
+
+    def one_call_ms(fn, leaves=None, rep=40):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    monkeypatch.setattr(probe_kernels, "cuda_ms", one_call_ms)

@@ -57,19 +57,7 @@ def test_the_determinism_stage_on_the_interpreter(tmp_path, device):
 
 
 @pytest.mark.parametrize("stage", ["attention", "lce", "ssd", "layernorm"])
-def test_the_gpu_stages_run_in_the_interpreter_at_tiny_sizes(stage, tmp_path, monkeypatch, device):
-    # their CUDA-only timer swapped for one CPU call: every line of the stage's code runs without a GPU
-    import time
-
-    if device != "cpu":
-        pytest.skip("the interpreter run; on a GPU the probe itself runs it")
-
-    def one_call_ms(fn, leaves=None, rep=40):
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-
-    monkeypatch.setattr(probe_kernels, "cuda_ms", one_call_ms)
+def test_the_gpu_stages_run_in_the_interpreter_at_tiny_sizes(stage, tmp_path, probe_on_cpu):
     report = probe.Report(tmp_path / "x.txt", stage, 300)
     probe.RUNNERS[stage](report, torch.device("cpu"), True)
     report.close()

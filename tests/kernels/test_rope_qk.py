@@ -179,22 +179,11 @@ def test_a_compiled_step_launches_rope_per_rotation_and_as_often_in_the_backward
     assert len(launches.kernels) == 2 * forward, launches.kernels
 
 
-def test_the_probe_times_the_one_launch_op_in_the_interpreter(tmp_path, monkeypatch, device):
+def test_the_probe_times_the_one_launch_op_in_the_interpreter(tmp_path, probe_on_cpu):
     """The GPU probe's stage e times ``rope_qk_triton`` against q then k: its code runs here at tiny
     sizes, with the CUDA timer swapped for one CPU call."""
-    import time
-
     from abl.bench import probe_kernels, probe_rope
 
-    if device != "cpu":
-        pytest.skip("the interpreter run; on a GPU the probe itself runs it")
-
-    def one_call_ms(fn, leaves=None, rep=40):
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-
-    monkeypatch.setattr(probe_kernels, "cuda_ms", one_call_ms)
     report = probe_kernels.Report(tmp_path / "e.txt", "layernorm", 300)
     probe_rope.rope_qk_at_the_cell(report, torch.device("cpu"), True)
     report.close()
